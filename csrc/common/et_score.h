@@ -1,0 +1,42 @@
+// Per-pair math of the Energy-Tweedie score (DESIGN §1), shared by CPU and CUDA kernels.
+//
+// For one query y and one posterior draw x_i with u = y − x_i and q = uᵀPu:
+//   w      = q^{(β−2)/2}                 residual weight      (0 at q = 0: coincident draw)
+//   slope  = (β−2) q^{(β−4)/2} = (β−2) w/q   d w / d q · 2       (0 at q = 0)
+//   s(y)   = −λ P (1/N) Σ_i w_i u_i
+// Backward with upstream g and h = −λ P g:
+//   ∂L/∂u_i = (1/N) [ w_i h + slope_i (h·u_i) P u_i ]
+//   ∂L/∂β   = (1/N) Σ_i (h·u_i) w_i · ½ ln q_i
+//   ∂L/∂P   = −λ g mᵀ + (1/N) Σ_i ½ slope_i (h·u_i) u_i u_iᵀ      (m = (1/N) Σ w_i u_i)
+// The importance-sampling oracle uses the generalized-Gaussian log-kernel
+//   log q(u) = −(λ/β) q^{β/2} + const  and its score −λ q^{(β−2)/2} P u.
+#pragma once
+
+#include "fastmath.h"
+
+namespace etweedie {
+
+// At q = 0 the weight is 0 (the draw contributes nothing, never NaN), except for β = 2 where
+// w ≡ 1 so that the Gaussian score stays linear (and its gradient continuous) through x_i = y.
+template <typename T>
+ET_HD T residual_weight(T q, T beta) {
+  return q > T(0) ? pow_pos(q, (beta - T(2)) * T(0.5)) : (beta == T(2) ? T(1) : T(0));
+}
+
+template <typename T>
+ET_HD T residual_weight_slope(T q, T w, T beta) {
+  return q > T(0) ? (beta - T(2)) * w / (q > T(0) ? q : T(1)) : T(0);
+}
+
+template <typename T>
+ET_HD T half_log(T q) {
+  return q > T(0) ? T(0.5) * fast_log(q > T(0) ? q : T(1)) : T(0);
+}
+
+// −(λ/β)‖u‖_P^β from q = ‖u‖²_P: the log of the unnormalized generalized-Gaussian density.
+template <typename T>
+ET_HD T gg_log_kernel(T q, T beta, T lam) {
+  return -(lam / beta) * pow_pos(q, beta * T(0.5));
+}
+
+}  // namespace etweedie

@@ -1,0 +1,127 @@
+// CPU kernel of etweedie::is_score_fwd: the self-normalized importance-sampling oracle
+//   w_j ∝ q(y − x_j) = exp(−(λ/β)‖y − x_j‖_P^β),
+//   score(y) = Σ_j w_j (−λ ‖u_j‖_P^{β−2} P u_j),  mean(y) = Σ_j w_j x_j,  ESS = 1/Σ_j w_j²,
+// over a clean bank x_1..x_M, for every query y.
+//
+// One pass over the bank per query with an online log-sum-exp: a running maximum log-weight
+// and running sums that are rescaled when the maximum grows.  The bank is processed in tiles
+// of kTile points: log-weights and residual weights of a tile in one vectorized loop
+// (fastmath.h), then O(d) accumulation per point.  Memory: O(d) per thread; the Q×M weight
+// matrix never exists.  Parallel over queries.
+//
+// Shapes: y (Q, d) contiguous, bank (M, d) contiguous, prec (1, *param) (one shared metric),
+// beta and lam scalars.  Returns (score (Q, d), mean (Q, d), ess (Q,)).
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "et_score_cpu.h"
+
+namespace etweedie {
+namespace cpu {
+namespace {
+
+template <typename T, typename Prec>
+void is_score_row(const Prec& P, const T* y, const T* bank, int64_t M, int64_t d, T beta, T lam, T* score, T* mean,
+                  T* ess, T* acc_u) {
+  T q[kTile], logw[kTile], r[kTile], e[kTile];
+  T run_max = -std::numeric_limits<T>::infinity();
+  T sum_e = 0, sum_e2 = 0;
+  std::fill(acc_u, acc_u + d, T(0));
+  std::fill(mean, mean + d, T(0));
+  const T half_beta = T(0.5) * beta, lam_over_beta = lam / beta;
+  for (int64_t j0 = 0; j0 < M; j0 += kTile) {
+    const int64_t n = std::min(kTile, M - j0);
+    for (int64_t t = 0; t < n; ++t) q[t] = P.quad(y, bank + (j0 + t) * d, d);
+    T tile_max = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : tile_max)
+    for (int64_t t = 0; t < n; ++t) {
+      const T qb = pow_pos(q[t], half_beta);  // ‖u‖^β
+      logw[t] = -lam_over_beta * qb;
+      r[t] = q[t] > T(0) ? qb / q[t] : (beta == T(2) ? T(1) : T(0));  // ‖u‖^{β−2}
+      tile_max = std::max(tile_max, logw[t]);
+    }
+    if (tile_max > run_max) {  // rescale the running sums to the new maximum
+      const T scale = run_max == -std::numeric_limits<T>::infinity() ? T(0) : fast_exp(run_max - tile_max);
+      sum_e *= scale;
+      sum_e2 *= scale * scale;
+      for (int64_t k = 0; k < d; ++k) {
+        acc_u[k] *= scale;
+        mean[k] *= scale;
+      }
+      run_max = tile_max;
+    }
+    T se = 0, se2 = 0;
+#pragma omp simd reduction(+ : se, se2)
+    for (int64_t t = 0; t < n; ++t) {
+      e[t] = fast_exp(logw[t] - run_max);
+      se += e[t];
+      se2 += e[t] * e[t];
+    }
+    sum_e += se;
+    sum_e2 += se2;
+    for (int64_t t = 0; t < n; ++t) {
+      const T* xt = bank + (j0 + t) * d;
+      const T et = e[t], er = e[t] * r[t];
+#pragma omp simd
+      for (int64_t k = 0; k < d; ++k) {
+        acc_u[k] += er * (y[k] - xt[k]);
+        mean[k] += et * xt[k];
+      }
+    }
+  }
+  const T inv = T(1) / sum_e;
+  for (int64_t k = 0; k < d; ++k) {
+    acc_u[k] *= inv;
+    mean[k] *= inv;
+  }
+  P.apply(acc_u, -lam, score, d);
+  *ess = sum_e * sum_e / sum_e2;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> is_score_fwd_cpu(const at::Tensor& y, const at::Tensor& bank,
+                                                                double beta, double lam, const at::Tensor& prec,
+                                                                int64_t kind) {
+  TORCH_CHECK(y.dim() == 2 && y.is_contiguous(), "is_score: y must be contiguous (Q, d)");
+  TORCH_CHECK(bank.dim() == 2 && bank.is_contiguous() && bank.size(1) == y.size(1),
+              "is_score: bank must be contiguous (M, d) with y's d, got ", bank.sizes());
+  TORCH_CHECK(bank.size(0) > 0, "is_score: the bank must hold at least one point");
+  TORCH_CHECK(prec.size(0) == 1 && prec.is_contiguous(), "is_score: prec must be one contiguous metric (1, *param)");
+  TORCH_CHECK(kind >= kIsotropic && kind <= kBlock, "is_score: unknown metric kind ", kind);
+  const int64_t Q = y.size(0), M = bank.size(0), d = y.size(1);
+  auto score = at::empty({Q, d}, y.options());
+  auto mean = at::empty({Q, d}, y.options());
+  auto ess = at::empty({Q}, y.options());
+  if (Q == 0 || d == 0) return {score, mean, ess};
+  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "is_score_fwd_cpu", [&] {
+    using T = scalar_t;
+    const T* yp = y.data_ptr<T>();
+    const T* xp = bank.data_ptr<T>();
+    T* sp = score.data_ptr<T>();
+    T* mp = mean.data_ptr<T>();
+    T* ep = ess.data_ptr<T>();
+    const int64_t kblock = kind == kBlock ? prec.size(1) : 0;
+    ET_DISPATCH_METRIC(kind, kblock, T, [&] {
+      const Prec P{prec.data_ptr<T>()};
+      at::parallel_for(0, Q, 4, [&](int64_t q0, int64_t q1) {
+        std::vector<T> acc(d);
+        for (int64_t i = q0; i < q1; ++i)
+          is_score_row<T, Prec>(P, yp + i * d, xp, M, d, static_cast<T>(beta), static_cast<T>(lam), sp + i * d,
+                                mp + i * d, ep + i, acc.data());
+      });
+    });
+  });
+  return {score, mean, ess};
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace etweedie
+
+TORCH_LIBRARY_IMPL(etweedie, CPU, m) { m.impl("is_score_fwd", &etweedie::cpu::is_score_fwd_cpu); }

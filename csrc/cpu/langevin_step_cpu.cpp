@@ -1,0 +1,76 @@
+// CPU kernel of etweedie::langevin_step_fwd: the Energy-Tweedie score and the Langevin update
+//   y' = y + α s(y) + sqrt(2α) ξ
+// in one pass per row (the score row routine of et_score_cpu.h, then the O(d) update while the
+// row is hot).  Canonical inputs as et_score plus noise ξ (B, d) contiguous and step α (B,)
+// (any stride).  Returns (y', m) with m = (1/N) Σ w_i u_i saved for the backward, which
+// reuses et_score_bwd (etweedie/ops/langevin_step.py).
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <vector>
+
+#include "et_score_cpu.h"
+
+namespace etweedie {
+namespace cpu {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> langevin_step_fwd_cpu(const at::Tensor& y, const at::Tensor& x,
+                                                         const at::Tensor& noise, const at::Tensor& step,
+                                                         const at::Tensor& beta, const at::Tensor& lam,
+                                                         const at::Tensor& prec, int64_t kind) {
+  TORCH_CHECK(y.dim() == 2 && y.is_contiguous(), "langevin_step: y must be contiguous (B, d)");
+  TORCH_CHECK(x.dim() == 3 && x.size(0) == y.size(0) && x.size(2) == y.size(1) && (x.size(2) <= 1 || x.stride(2) == 1),
+              "langevin_step: x must be (B, N, d) with unit stride over d, got ", x.sizes());
+  TORCH_CHECK(noise.sizes() == y.sizes() && noise.is_contiguous(), "langevin_step: noise must be contiguous (B, d)");
+  TORCH_CHECK(step.dim() == 1 && step.size(0) == y.size(0), "langevin_step: step must be (B,)");
+  TORCH_CHECK(beta.dim() == 1 && lam.dim() == 1 && beta.size(0) == y.size(0) && lam.size(0) == y.size(0),
+              "langevin_step: beta and lam must be (B,)");
+  TORCH_CHECK(kind >= kIsotropic && kind <= kBlock, "langevin_step: unknown metric kind ", kind);
+  const int64_t B = y.size(0), N = x.size(1), d = y.size(1);
+  TORCH_CHECK(N > 0 || B == 0, "langevin_step: need at least one posterior draw (N >= 1)");
+  auto out = at::empty({B, d}, y.options());
+  auto m = at::empty({B, d}, y.options());
+  if (B == 0 || d == 0) return {out, m};
+  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "langevin_step_fwd_cpu", [&] {
+    using T = scalar_t;
+    const T* yp = y.data_ptr<T>();
+    const T* xp = x.data_ptr<T>();
+    const T* np = noise.data_ptr<T>();
+    const T* ap = step.data_ptr<T>();
+    const T* bp = beta.data_ptr<T>();
+    const T* lp = lam.data_ptr<T>();
+    const T* pp = prec.data_ptr<T>();
+    T* op = out.data_ptr<T>();
+    T* mp = m.data_ptr<T>();
+    const int64_t sxb = x.stride(0), sxn = x.stride(1), sa = step.stride(0), sb = beta.stride(0),
+                  sl = lam.stride(0), sp0 = prec.stride(0);
+    const int64_t kblock = kind == kBlock ? prec.size(1) : 0;
+    ET_DISPATCH_METRIC(kind, kblock, T, [&] {
+      at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+        std::vector<T> s(d);
+        for (int64_t b = b0; b < b1; ++b) {
+          const Prec P{pp + b * sp0};
+          const T* yb = yp + b * d;
+          const T* nb = np + b * d;
+          T* ob = op + b * d;
+          et_score_row<T, Prec>(P, yb, xp + b * sxb, sxn, N, d, bp[b * sb], lp[b * sl], mp + b * d, s.data());
+          const T alpha = ap[b * sa];
+          const T diffusion = std::sqrt(T(2) * alpha);
+          _Pragma("omp simd")
+          for (int64_t j = 0; j < d; ++j) ob[j] = yb[j] + alpha * s[j] + diffusion * nb[j];
+        }
+      });
+    });
+  });
+  return {out, m};
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace etweedie
+
+TORCH_LIBRARY_IMPL(etweedie, CPU, m) { m.impl("langevin_step_fwd", &etweedie::cpu::langevin_step_fwd_cpu); }

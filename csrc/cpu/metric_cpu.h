@@ -1,0 +1,248 @@
+// CPU view of one row's precision P, specialized per metric kind so the inner loops over
+// the d coordinates compile to straight SIMD code.  P is never materialized as d×d:
+//   isotropic: P = p·I (1 number), diagonal: P = diag(p) (d numbers),
+//   block:     P = I_{d/K} ⊗ Pk (K×K numbers, K ≤ 4, compile-time K).
+// Every routine takes the residual implicitly as u = y − x (two pointers) so that no
+// u buffer of size N·d is ever written.
+#pragma once
+
+#include <cstdint>
+
+#include "../common/macros.h"
+
+namespace etweedie {
+namespace cpu {
+
+template <typename T, int KIND, int K>
+struct RowPrec;
+
+template <typename T>
+struct RowPrec<T, kIsotropic, 0> {
+  const T* p;
+  // uᵀPu
+  T quad(const T* y, const T* x, int64_t d) const {
+    T acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t j = 0; j < d; ++j) {
+      const T u = y[j] - x[j];
+      acc += u * u;
+    }
+    return p[0] * acc;
+  }
+  // uᵀPu and h·u in one pass
+  void quad_dot(const T* y, const T* x, const T* h, int64_t d, T& q, T& hu) const {
+    T acc = 0, dot = 0;
+#pragma omp simd reduction(+ : acc, dot)
+    for (int64_t j = 0; j < d; ++j) {
+      const T u = y[j] - x[j];
+      acc += u * u;
+      dot += h[j] * u;
+    }
+    q = p[0] * acc;
+    hu = dot;
+  }
+  // out = scale · P v
+  void apply(const T* v, T scale, T* out, int64_t d) const {
+    const T c = scale * p[0];
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) out[j] = c * v[j];
+  }
+  // gy += a·h + c·P u ;  gx = −(a·h + c·P u)  (gx may be null)
+  void grad_u(const T* y, const T* x, const T* h, T a, T c, T* gy, T* gx, int64_t d) const {
+    const T cp = c * p[0];
+    if (gx) {
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) {
+        const T g = a * h[j] + cp * (y[j] - x[j]);
+        gy[j] += g;
+        gx[j] = -g;
+      }
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) gy[j] += a * h[j] + cp * (y[j] - x[j]);
+    }
+  }
+  // gP += c · (u uᵀ reduced to the parameter's shape)
+  void accum_outer(const T* y, const T* x, T c, T* gp, int64_t d) const {
+    T acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t j = 0; j < d; ++j) {
+      const T u = y[j] - x[j];
+      acc += u * u;
+    }
+    gp[0] += c * acc;
+  }
+  // gP += c · (a bᵀ reduced to the parameter's shape)
+  void accum_outer2(const T* a, const T* b, T c, T* gp, int64_t d) const {
+    T acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t j = 0; j < d; ++j) acc += a[j] * b[j];
+    gp[0] += c * acc;
+  }
+  static constexpr int64_t param_size(int64_t) { return 1; }
+};
+
+template <typename T>
+struct RowPrec<T, kDiagonal, 0> {
+  const T* p;
+  T quad(const T* y, const T* x, int64_t d) const {
+    T acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t j = 0; j < d; ++j) {
+      const T u = y[j] - x[j];
+      acc += p[j] * u * u;
+    }
+    return acc;
+  }
+  void quad_dot(const T* y, const T* x, const T* h, int64_t d, T& q, T& hu) const {
+    T acc = 0, dot = 0;
+#pragma omp simd reduction(+ : acc, dot)
+    for (int64_t j = 0; j < d; ++j) {
+      const T u = y[j] - x[j];
+      acc += p[j] * u * u;
+      dot += h[j] * u;
+    }
+    q = acc;
+    hu = dot;
+  }
+  void apply(const T* v, T scale, T* out, int64_t d) const {
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) out[j] = scale * p[j] * v[j];
+  }
+  void grad_u(const T* y, const T* x, const T* h, T a, T c, T* gy, T* gx, int64_t d) const {
+    if (gx) {
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) {
+        const T g = a * h[j] + c * p[j] * (y[j] - x[j]);
+        gy[j] += g;
+        gx[j] = -g;
+      }
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) gy[j] += a * h[j] + c * p[j] * (y[j] - x[j]);
+    }
+  }
+  void accum_outer(const T* y, const T* x, T c, T* gp, int64_t d) const {
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) {
+      const T u = y[j] - x[j];
+      gp[j] += c * u * u;
+    }
+  }
+  void accum_outer2(const T* a, const T* b, T c, T* gp, int64_t d) const {
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) gp[j] += c * a[j] * b[j];
+  }
+  static constexpr int64_t param_size(int64_t d) { return d; }
+};
+
+template <typename T, int K>
+struct RowPrec<T, kBlock, K> {
+  const T* p;  // row-major K×K
+  T quad(const T* y, const T* x, int64_t d) const {
+    T acc = 0;
+    const int64_t nb = d / K;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t t = 0; t < nb; ++t) {
+      T u[K];
+      for (int a = 0; a < K; ++a) u[a] = y[t * K + a] - x[t * K + a];
+      for (int a = 0; a < K; ++a)
+        for (int b = 0; b < K; ++b) acc += u[a] * p[a * K + b] * u[b];
+    }
+    return acc;
+  }
+  void quad_dot(const T* y, const T* x, const T* h, int64_t d, T& q, T& hu) const {
+    T acc = 0, dot = 0;
+    const int64_t nb = d / K;
+#pragma omp simd reduction(+ : acc, dot)
+    for (int64_t t = 0; t < nb; ++t) {
+      T u[K];
+      for (int a = 0; a < K; ++a) u[a] = y[t * K + a] - x[t * K + a];
+      for (int a = 0; a < K; ++a) {
+        dot += h[t * K + a] * u[a];
+        for (int b = 0; b < K; ++b) acc += u[a] * p[a * K + b] * u[b];
+      }
+    }
+    q = acc;
+    hu = dot;
+  }
+  void apply(const T* v, T scale, T* out, int64_t d) const {
+    const int64_t nb = d / K;
+    for (int64_t t = 0; t < nb; ++t)
+      for (int a = 0; a < K; ++a) {
+        T acc = 0;
+        for (int b = 0; b < K; ++b) acc += p[a * K + b] * v[t * K + b];
+        out[t * K + a] = scale * acc;
+      }
+  }
+  void grad_u(const T* y, const T* x, const T* h, T a_, T c, T* gy, T* gx, int64_t d) const {
+    const int64_t nb = d / K;
+#pragma omp simd
+    for (int64_t t = 0; t < nb; ++t) {
+      T u[K];
+      for (int a = 0; a < K; ++a) u[a] = y[t * K + a] - x[t * K + a];
+      for (int a = 0; a < K; ++a) {
+        T pu = 0;
+        for (int b = 0; b < K; ++b) pu += p[a * K + b] * u[b];
+        const T g = a_ * h[t * K + a] + c * pu;
+        gy[t * K + a] += g;
+        if (gx) gx[t * K + a] = -g;
+      }
+    }
+  }
+  void accum_outer(const T* y, const T* x, T c, T* gp, int64_t d) const {
+    T acc[K * K] = {};
+    const int64_t nb = d / K;
+    for (int64_t t = 0; t < nb; ++t) {
+      T u[K];
+      for (int a = 0; a < K; ++a) u[a] = y[t * K + a] - x[t * K + a];
+      for (int a = 0; a < K; ++a)
+        for (int b = 0; b < K; ++b) acc[a * K + b] += u[a] * u[b];
+    }
+    for (int e = 0; e < K * K; ++e) gp[e] += c * acc[e];
+  }
+  void accum_outer2(const T* va, const T* vb, T c, T* gp, int64_t d) const {
+    const int64_t nb = d / K;
+    for (int64_t t = 0; t < nb; ++t)
+      for (int a = 0; a < K; ++a)
+        for (int b = 0; b < K; ++b) gp[a * K + b] += c * va[t * K + a] * vb[t * K + b];
+  }
+  static constexpr int64_t param_size(int64_t) { return K * K; }
+};
+
+// Calls f(RowPrec-typed tag) for the kind/block size given at run time.
+#define ET_DISPATCH_METRIC(KIND_, KBLOCK_, T_, ...)                                   \
+  [&] {                                                                               \
+    switch (KIND_) {                                                                  \
+      case ::etweedie::kIsotropic: {                                                  \
+        using Prec = ::etweedie::cpu::RowPrec<T_, ::etweedie::kIsotropic, 0>;         \
+        return __VA_ARGS__();                                                         \
+      }                                                                               \
+      case ::etweedie::kDiagonal: {                                                   \
+        using Prec = ::etweedie::cpu::RowPrec<T_, ::etweedie::kDiagonal, 0>;          \
+        return __VA_ARGS__();                                                         \
+      }                                                                               \
+      default:                                                                        \
+        switch (KBLOCK_) {                                                            \
+          case 1: {                                                                   \
+            using Prec = ::etweedie::cpu::RowPrec<T_, ::etweedie::kBlock, 1>;         \
+            return __VA_ARGS__();                                                     \
+          }                                                                           \
+          case 2: {                                                                   \
+            using Prec = ::etweedie::cpu::RowPrec<T_, ::etweedie::kBlock, 2>;         \
+            return __VA_ARGS__();                                                     \
+          }                                                                           \
+          case 3: {                                                                   \
+            using Prec = ::etweedie::cpu::RowPrec<T_, ::etweedie::kBlock, 3>;         \
+            return __VA_ARGS__();                                                     \
+          }                                                                           \
+          default: {                                                                  \
+            using Prec = ::etweedie::cpu::RowPrec<T_, ::etweedie::kBlock, 4>;         \
+            return __VA_ARGS__();                                                     \
+          }                                                                           \
+        }                                                                             \
+    }                                                                                 \
+  }()
+
+}  // namespace cpu
+}  // namespace etweedie

@@ -1,0 +1,34 @@
+// Operator schemas of the etweedie library (registered once, here).  Backends register
+// kernels with TORCH_LIBRARY_IMPL(etweedie, CPU|CUDA, m) in csrc/cpu/<op>_cpu.cpp and
+// csrc/cuda/bindings.cpp; autograd and fake (meta) implementations are registered from
+// Python (etweedie/ops/<op>.py) so that torch.compile traces the ops without graph breaks.
+//
+// Canonical arguments (built by etweedie/ops/_prep.py):
+//   y (B, d), x (B, N, d), beta/lam/step (B,), prec (B, *param) with kind
+//   0 = isotropic (param ()), 1 = diagonal (param (d,)), 2 = block (param (k, k)).
+//   Dense metrics are whitened on the host and reach the kernels as isotropic.
+#include <Python.h>
+#include <torch/library.h>
+
+TORCH_LIBRARY(etweedie, m) {
+  // -> (s, m): the score s = −λ P m and the weighted mean residual m (saved for backward).
+  m.def("et_score_fwd(Tensor y, Tensor x, Tensor beta, Tensor lam, Tensor prec, int kind) -> (Tensor, Tensor)");
+  // Upstream gradients of both outputs -> (grad_y, grad_x, grad_beta, grad_lam, grad_prec);
+  // an unrequested gradient is an empty tensor.
+  m.def(
+      "et_score_bwd(Tensor grad, Tensor grad_m, Tensor y, Tensor x, Tensor beta, Tensor lam, Tensor prec, int kind, Tensor m, "
+      "bool need_y, bool need_x, bool need_beta, bool need_lam, bool need_prec) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // -> (y_next, m): y_next = y + step·s(y) + sqrt(2·step)·noise.
+  m.def(
+      "langevin_step_fwd(Tensor y, Tensor x, Tensor noise, Tensor step, Tensor beta, Tensor lam, Tensor prec, "
+      "int kind) -> (Tensor, Tensor)");
+  // -> (score, posterior_mean, ess) of the importance-sampling oracle over a clean bank.
+  m.def("is_score_fwd(Tensor y, Tensor bank, float beta, float lam, Tensor prec, int kind) -> (Tensor, Tensor, Tensor)");
+}
+
+// `import etweedie._C` loads this shared object, which runs the registrations above.
+extern "C" PyObject* PyInit__C(void) {
+  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "etweedie compiled kernels", -1, nullptr};
+  return PyModule_Create(&module);
+}

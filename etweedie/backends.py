@@ -1,0 +1,180 @@
+"""Backend discovery and dispatch (DESIGN §5).
+
+Backends: ``"reference"`` (pure PyTorch, float64-capable, the spec), ``"cpu"`` (the C++
+extension), ``"cuda"`` (the CUDA C++ extension) and ``"triton"``.
+
+Choice per call, from the tensors' device and what loaded:
+
+* CPU tensors  → ``cpu`` if the extension loaded, else ``reference``;
+* CUDA tensors → ``cuda`` → ``triton`` → ``reference``.
+
+An explicit request — the ``backend=`` argument of an op, the :func:`use_backend` context,
+or the ``ETWEEDIE_BACKEND`` environment variable, in that order of precedence — is honoured
+or fails with the reason the backend is unavailable; it never silently falls back.
+
+    >>> import etweedie
+    >>> etweedie.backends.available()["reference"]
+    (True, 'pure PyTorch')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import importlib
+import importlib.util
+import os
+from typing import Dict, Iterator, Optional, Tuple
+
+import torch
+
+__all__ = ["BACKENDS", "available", "use_backend", "resolve", "BackendUnavailable"]
+
+BACKENDS = ("reference", "cpu", "cuda", "triton")
+
+_requested: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("etweedie_backend", default=None)
+
+
+class BackendUnavailable(RuntimeError):
+    """An explicitly requested backend cannot run here (the message says why)."""
+
+
+def _load_extension() -> Tuple[bool, str]:
+    try:
+        importlib.import_module("etweedie._C")
+    except Exception as exc:  # ImportError, or an OSError from a broken build
+        return False, f"etweedie._C failed to load: {exc!r} (rebuild with `pip install --no-build-isolation -e .`)"
+    return True, "C++ extension etweedie._C"
+
+
+_EXT_OK, _EXT_WHY = _load_extension()
+
+
+def _has_op(name: str, dispatch_key: str) -> bool:
+    if not _EXT_OK:
+        return False
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(f"etweedie::{name}", dispatch_key)
+    except RuntimeError:
+        return False
+
+
+def _triton_status() -> Tuple[bool, str]:
+    try:
+        importlib.import_module("triton")
+    except Exception as exc:
+        return False, f"triton is not installed ({exc.__class__.__name__})"
+    try:
+        have = importlib.util.find_spec("etweedie.kernels.et_score") is not None
+    except Exception as exc:
+        return False, f"etweedie.kernels failed to import: {exc!r}"
+    if not have:
+        return False, "the Triton kernels (etweedie.kernels) are not part of this build yet"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True, "triton (interpreter mode, TRITON_INTERPRET=1)"
+    return True, "triton (compiled; needs CUDA tensors)"
+
+
+def available() -> Dict[str, Tuple[bool, str]]:
+    """Map every backend name to ``(usable, reason)``. Queries no GPU (at import or here)."""
+    return dict(_available_cached(os.environ.get("TRITON_INTERPRET")))
+
+
+@functools.lru_cache(maxsize=None)
+def _available_cached(_triton_interpret: Optional[str]) -> Tuple[Tuple[str, Tuple[bool, str]], ...]:
+    cuda_ok = _has_op("et_score_fwd", "CUDA")
+    if cuda_ok:
+        cuda_why = "CUDA kernels in etweedie._C"
+    elif not _EXT_OK:
+        cuda_why = _EXT_WHY
+    elif torch.version.cuda is None:
+        cuda_why = "torch is a CPU-only build (torch.version.cuda is None); CUDA kernels were not built"
+    else:
+        cuda_why = "etweedie._C was built without CUDA (no CUDA_HOME at build time, or FORCE_ONLY_CPU=1)"
+    return (
+        ("reference", (True, "pure PyTorch")),
+        ("cpu", (_EXT_OK and _has_op("et_score_fwd", "CPU"), _EXT_WHY)),
+        ("cuda", (cuda_ok, cuda_why)),
+        ("triton", _triton_status()),
+    )
+
+
+@contextlib.contextmanager
+def use_backend(name: Optional[str]) -> Iterator[None]:
+    """Run every op in this context on backend ``name`` (None restores automatic choice).
+
+    >>> with etweedie.use_backend("reference"):
+    ...     s = etweedie.et_score(y, x, beta=1.4)
+    """
+    if name is not None:
+        _check_name(name, "use_backend")
+    token = _requested.set(name)
+    try:
+        yield
+    finally:
+        _requested.reset(token)
+
+
+def _check_name(name, where: str) -> None:
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise ValueError(f"{where}: backend must be one of {BACKENDS} or None, got {name!r}")
+
+
+def requested(backend: Optional[str] = None) -> Optional[str]:
+    """The explicitly requested backend, if any (argument > context > ETWEEDIE_BACKEND)."""
+    if backend is not None:
+        _check_name(backend, "backend")
+        return backend
+    ctx = _requested.get()
+    if ctx is not None:
+        return ctx
+    env = os.environ.get("ETWEEDIE_BACKEND") or None
+    if env is not None:
+        _check_name(env, "ETWEEDIE_BACKEND")
+    return env
+
+
+def resolve(op: str, device: torch.device, backend: Optional[str] = None, *, supported=BACKENDS) -> str:
+    """Pick the backend that runs ``op`` on ``device``.
+
+    ``supported`` lists the backends that implement ``op``.  An explicit request that cannot
+    run raises :class:`BackendUnavailable` naming the reason.
+    """
+    if torch.compiler.is_compiling():
+        # Under torch.compile only the argument counts (contexts and the environment are read
+        # when tracing would have to guard on them); automatic choice as below.
+        if backend is not None:
+            _check_name(backend, "backend")
+            return backend
+        if device.type == "cpu" and _EXT_OK and "cpu" in supported:
+            return "cpu"
+        return "reference" if device.type == "cpu" else _auto_gpu(supported)
+    want = requested(backend)
+    status = available()
+    if want is not None:
+        ok, why = status[want]
+        if want not in supported:
+            raise BackendUnavailable(f"{op}: backend {want!r} does not implement this op (has {supported})")
+        if not ok:
+            raise BackendUnavailable(f"{op}: backend {want!r} is unavailable: {why}")
+        if want == "cpu" and device.type != "cpu":
+            raise BackendUnavailable(f"{op}: backend 'cpu' needs CPU tensors, got device {device}")
+        if want == "cuda" and device.type != "cuda":
+            raise BackendUnavailable(f"{op}: backend 'cuda' needs CUDA tensors, got device {device}")
+        if want == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise BackendUnavailable(f"{op}: backend 'triton' needs CUDA tensors or TRITON_INTERPRET=1, got device {device}")
+        return want
+    order = ("cpu",) if device.type == "cpu" else ("cuda", "triton")
+    for name in order:
+        if name in supported and status[name][0]:
+            return name
+    return "reference"
+
+
+def _auto_gpu(supported) -> str:
+    status = available()
+    for name in ("cuda", "triton"):
+        if name in supported and status[name][0]:
+            return name
+    return "reference"

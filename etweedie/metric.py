@@ -1,0 +1,366 @@
+"""Noise geometry: the covariance Σ (and precision P = Σ⁻¹) every op takes.
+
+Four structures, one small type (DESIGN §3):
+
+=============  ==========================  ====================  ==========================
+kind           Σ                           stored tensor          kernel parameter (P)
+=============  ==========================  ====================  ==========================
+isotropic      var · I                     ``var``  (*batch)      ``1/var``      (*batch)
+diagonal       diag(var)                   ``var``  (*batch, d)   ``1/var``      (*batch, d)
+block          I_{d/k} ⊗ S  (k ≤ 4)        ``S``    (*batch,k,k)  ``S⁻¹``        (*batch,k,k)
+dense          Σ                           ``Σ``    (*batch,d,d)  whitened on the host (GEMM)
+=============  ==========================  ====================  ==========================
+
+``*batch`` is empty for one metric shared by all rows, or a leading batch shape that
+broadcasts against the ops' batch shape (one metric per row: training draws a fresh noise
+tuple per example).  Everything here is differentiable, so gradients of the fused ops with
+respect to the kernel parameter P flow back to ``var``/``S``/``Σ`` and further to
+``(σ, u, v, β)`` through :meth:`Metric.from_params`.
+
+Example::
+
+    >>> import torch, etweedie
+    >>> m = etweedie.Metric.block(torch.tensor([[1.2, 0.3], [0.3, 0.8]]))
+    >>> m.apply_precision(torch.tensor([[1.0, 0.0, 0.0, 1.0]]))
+    tensor([[ 0.9195, -0.3448, -0.3448,  1.3793]])
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+__all__ = ["Metric", "scale_constant", "shape_matrix"]
+
+_KINDS = ("isotropic", "diagonal", "block", "dense")
+MAX_BLOCK = 4
+
+
+def _is_compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def _as_float_tensor(value, name: str, like: Optional[torch.Tensor] = None) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        if not (value.is_floating_point()):
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float or a floating-point tensor, got {type(value).__name__}")
+    dtype = like.dtype if like is not None else torch.get_default_dtype()
+    device = like.device if like is not None else None
+    return torch.tensor(float(value), dtype=dtype, device=device)
+
+
+class Metric:
+    """Covariance Σ of the noise, with its precision P = Σ⁻¹ and whitening factor L (P = L Lᵀ).
+
+    Build with :meth:`isotropic`, :meth:`diagonal`, :meth:`block`, :meth:`dense` or
+    :meth:`from_params`; ``None`` wherever an op takes a metric means Σ = I.
+    """
+
+    __slots__ = ("kind", "param")
+
+    def __init__(self, kind: str, param: torch.Tensor):
+        if kind not in _KINDS:
+            raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
+        self.kind = kind
+        self.param = param
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def isotropic(cls, var) -> "Metric":
+        """Σ = var·I. ``var``: float or tensor of shape ``(*batch,)``; must be > 0."""
+        var = _as_float_tensor(var, "var")
+        if not _is_compiling() and var.numel() and not bool((var > 0).all()):
+            raise ValueError(f"var must be > 0 for an isotropic metric, got min {var.min().item():.4g}")
+        return cls("isotropic", var)
+
+    @classmethod
+    def diagonal(cls, var: torch.Tensor) -> "Metric":
+        """Σ = diag(var). ``var``: tensor ``(*batch, d)``; every entry > 0."""
+        var = _as_float_tensor(var, "var")
+        if var.dim() < 1:
+            raise ValueError(f"var must have shape (*batch, d) for a diagonal metric, got shape {tuple(var.shape)}")
+        if not _is_compiling() and var.numel() and not bool((var > 0).all()):
+            raise ValueError(f"var must be > 0 for a diagonal metric, got min {var.min().item():.4g}")
+        return cls("diagonal", var)
+
+    @classmethod
+    def block(cls, S: torch.Tensor) -> "Metric":
+        """Σ = I_{d/k} ⊗ S: the k×k block S repeats along the diagonal (k ≤ 4, k divides d).
+
+        ``S``: ``(k, k)`` or ``(*batch, k, k)``, symmetric positive definite.  For images with
+        k = 2, S couples horizontally adjacent pixel pairs (DESIGN §2).
+        """
+        S = _as_float_tensor(S, "S")
+        if S.dim() < 2 or S.shape[-1] != S.shape[-2]:
+            raise ValueError(f"S must have shape (*batch, k, k), got {tuple(S.shape)}")
+        k = S.shape[-1]
+        if not 1 <= k <= MAX_BLOCK:
+            raise ValueError(f"S must be a k×k block with k in [1, {MAX_BLOCK}], got k={k}; use Metric.dense for larger blocks")
+        _check_spd(S, "S")
+        return cls("block", S)
+
+    @classmethod
+    def dense(cls, Sigma: torch.Tensor) -> "Metric":
+        """Full covariance Σ: ``(d, d)`` or ``(*batch, d, d)``, symmetric positive definite."""
+        Sigma = _as_float_tensor(Sigma, "Sigma")
+        if Sigma.dim() < 2 or Sigma.shape[-1] != Sigma.shape[-2]:
+            raise ValueError(f"Sigma must have shape (*batch, d, d), got {tuple(Sigma.shape)}")
+        _check_spd(Sigma, "Sigma")
+        return cls("dense", Sigma)
+
+    @classmethod
+    def from_params(cls, sigma, u, v, beta, d: int) -> "Metric":
+        """Five-parameter geometry: Σ = (σ / c_{β,d})² · (I_{d/2} ⊗ S(u, v)) (DESIGN §2).
+
+        ``sigma, u, v, beta``: floats or tensors of one common batch shape; differentiable in all
+        four.  ``d`` must be even.  With this scaling the noise of ``(β, λ, σ, u, v)`` has
+        per-coordinate RMS ``σ λ^{-1/β}``.
+        """
+        if not isinstance(d, int) or d < 2 or d % 2:
+            raise ValueError(f"d must be an even integer >= 2 for the (sigma, u, v) geometry, got {d!r}")
+        sigma = _as_float_tensor(sigma, "sigma")
+        u = _as_float_tensor(u, "u", like=sigma)
+        v = _as_float_tensor(v, "v", like=sigma)
+        beta = _as_float_tensor(beta, "beta", like=sigma)
+        if not _is_compiling():
+            if sigma.numel() and not bool((sigma > 0).all()):
+                raise ValueError(f"sigma must be > 0, got min {sigma.min().item():.4g}")
+            if beta.numel() and not bool(((beta > 0) & (beta <= 2)).all()):
+                raise ValueError(f"beta must lie in (0, 2], got values in [{beta.min().item():.4g}, {beta.max().item():.4g}]")
+            r2 = u * u + v * v
+            if r2.numel() and not bool((r2 < 1).all()):
+                raise ValueError(f"(u, v) must lie in the open unit disk (u²+v²<1), got max u²+v² = {r2.max().item():.4g}")
+        scale = (sigma / scale_constant(beta, d)) ** 2
+        S = shape_matrix(u, v) * scale[..., None, None]
+        return cls("block", S)
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def block_size(self) -> int:
+        if self.kind != "block":
+            raise ValueError(f"block_size is defined for block metrics, this one is {self.kind}")
+        return self.param.shape[-1]
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        core = {"isotropic": 0, "diagonal": 1, "block": 2, "dense": 2}[self.kind]
+        return self.param.shape[: self.param.dim() - core]
+
+    @property
+    def dim(self) -> Optional[int]:
+        """The dimension d fixed by the metric, or None (isotropic and block fit any valid d)."""
+        if self.kind in ("diagonal", "dense"):
+            return self.param.shape[-1]
+        return None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.param.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.param.device
+
+    def to(self, *args, **kwargs) -> "Metric":
+        return Metric(self.kind, self.param.to(*args, **kwargs))
+
+    def check_dim(self, d: int, name: str = "metric") -> None:
+        """Raise ValueError unless this metric can act on vectors of dimension ``d``."""
+        if self.kind in ("diagonal", "dense") and self.param.shape[-1] != d:
+            raise ValueError(f"{name} is {self.kind} of dimension {self.param.shape[-1]}, but the data has d={d}")
+        if self.kind == "block" and d % self.block_size:
+            raise ValueError(f"{name} has block size k={self.block_size}, which must divide d={d}")
+
+    def __repr__(self) -> str:
+        return f"Metric.{self.kind}(param shape={tuple(self.param.shape)}, dtype={self.param.dtype})"
+
+    # ------------------------------------------------------------------ linear algebra
+    def precision_param(self) -> torch.Tensor:
+        """The kernel parameter of P: 1/var (isotropic, diagonal), S⁻¹ (block), Σ⁻¹ (dense)."""
+        if self.kind in ("isotropic", "diagonal"):
+            return 1.0 / self.param
+        return torch.linalg.inv(self.param)
+
+    def whitening_factor(self) -> torch.Tensor:
+        """L with P = L Lᵀ: sqrt(1/var) for isotropic/diagonal, lower Cholesky of S⁻¹ or Σ⁻¹."""
+        if self.kind in ("isotropic", "diagonal"):
+            return self.param.rsqrt()
+        return torch.linalg.cholesky(torch.linalg.inv(self.param))
+
+    def covariance(self, d: int) -> torch.Tensor:
+        """Dense Σ, shape ``(*batch, d, d)``."""
+        self.check_dim(d)
+        eye = torch.eye(d, dtype=self.dtype, device=self.device)
+        if self.kind == "isotropic":
+            return self.param[..., None, None] * eye
+        if self.kind == "diagonal":
+            return torch.diag_embed(self.param)
+        if self.kind == "block":
+            k = self.block_size
+            blocks = torch.eye(d // k, dtype=self.dtype, device=self.device)
+            # not torch.kron: it fails on non-contiguous params (e.g. the output of linalg.inv).
+            return _batched_kron(blocks, self.param)
+        return self.param
+
+    def precision(self, d: int) -> torch.Tensor:
+        """Dense P = Σ⁻¹, shape ``(*batch, d, d)``."""
+        return Metric(self.kind, self.param).inverse().covariance(d)
+
+    def inverse(self) -> "Metric":
+        """The metric whose covariance is P (swaps Σ and P)."""
+        return Metric(self.kind, self.precision_param())
+
+    def _blocks(self, u: torch.Tensor) -> torch.Tensor:
+        k = self.block_size
+        return u.reshape(*u.shape[:-1], u.shape[-1] // k, k)
+
+    def _param_for(self, u: torch.Tensor, core: int, sample_dims: int) -> torch.Tensor:
+        """Metric parameter shaped to broadcast against u = (*batch, *sample, d).
+
+        The metric's batch shape is right-aligned with u's batch dims (ordinary torch
+        broadcasting); the ``sample_dims`` dims just before d (e.g. posterior draws) get size 1.
+        """
+        p = self.param
+        if len(self.batch_shape) and sample_dims:
+            p = p.reshape(*self.batch_shape, *([1] * sample_dims), *p.shape[p.dim() - core :])
+        return p
+
+    def apply_precision(self, u: torch.Tensor, sample_dims: int = 0) -> torch.Tensor:
+        """P u for u of shape ``(*batch, *sample, d)`` (``sample_dims`` = len(sample))."""
+        return self.inverse().apply_covariance(u, sample_dims)
+
+    def apply_covariance(self, u: torch.Tensor, sample_dims: int = 0) -> torch.Tensor:
+        """Σ u for u of shape ``(*batch, *sample, d)`` (``sample_dims`` = len(sample))."""
+        self.check_dim(u.shape[-1], "metric")
+        if self.kind == "isotropic":
+            return self._param_for(u, 0, sample_dims)[..., None] * u
+        if self.kind == "diagonal":
+            return self._param_for(u, 1, sample_dims) * u
+        if self.kind == "block":
+            # blocks (..., d/k, k) @ (..., k, k): the block index is already the matrix row
+            # dim, so S needs no extra broadcast dim (one would pair every row of u with every
+            # per-row metric).
+            S = self._param_for(u, 2, sample_dims)
+            ub = self._blocks(u)
+            return (ub @ S.transpose(-1, -2)).reshape(u.shape)
+        Sigma = self._param_for(u, 2, sample_dims)
+        return (u.unsqueeze(-2) @ Sigma.transpose(-1, -2)).squeeze(-2)
+
+    def whiten(self, u: torch.Tensor, sample_dims: int = 0) -> torch.Tensor:
+        """z = Lᵀ u, so that ‖u‖²_P = ‖z‖². u: ``(*batch, *sample, d)``."""
+        self.check_dim(u.shape[-1], "metric")
+        L = Metric(self.kind, self.whitening_factor())
+        if self.kind == "isotropic":
+            return L._param_for(u, 0, sample_dims)[..., None] * u
+        if self.kind == "diagonal":
+            return L._param_for(u, 1, sample_dims) * u
+        if self.kind == "block":
+            Lk = L._param_for(u, 2, sample_dims)
+            return (self._blocks(u) @ Lk).reshape(u.shape)
+        Ld = L._param_for(u, 2, sample_dims)
+        return (u.unsqueeze(-2) @ Ld).squeeze(-2)
+
+    def unwhiten(self, z: torch.Tensor, sample_dims: int = 0) -> torch.Tensor:
+        """u with Lᵀ u = z, the inverse of :meth:`whiten`. z: ``(*batch, *sample, d)``.
+
+        L⁻ᵀ is a square root of Σ (L⁻ᵀ L⁻¹ = Σ), so z ~ N(0, I) gives u ~ N(0, Σ).  Uses
+        triangular solves, no explicit inverse of L.
+
+        Example::
+
+            >>> Metric.diagonal(torch.tensor([4.0, 9.0])).unwhiten(torch.tensor([1.0, 1.0]))
+            tensor([2., 3.])
+        """
+        self.check_dim(z.shape[-1], "metric")
+        if self.kind == "isotropic":
+            return self._param_for(z, 0, sample_dims).sqrt()[..., None] * z
+        if self.kind == "diagonal":
+            return self._param_for(z, 1, sample_dims).sqrt() * z
+        L = Metric(self.kind, self.whitening_factor())
+        if self.kind == "block":
+            Lk = L._param_for(z, 2, sample_dims)
+            # row form of Lᵀ u = z is uᵀ L = zᵀ: solve X L = Z for the rows X.
+            ub = torch.linalg.solve_triangular(Lk, self._blocks(z), upper=False, left=False)
+            return ub.reshape(z.shape)
+        Ld = L._param_for(z, 2, sample_dims)
+        return torch.linalg.solve_triangular(Ld, z.unsqueeze(-2), upper=False, left=False).squeeze(-2)
+
+    def sq_norm(self, u: torch.Tensor, sample_dims: int = 0) -> torch.Tensor:
+        """‖u‖²_P = uᵀ P u, shape ``u.shape[:-1]``."""
+        return (u * self.apply_precision(u, sample_dims)).sum(-1)
+
+    def logdet(self, d: Optional[int] = None) -> torch.Tensor:
+        """log det Σ (of the full d×d covariance; ``d`` needed for isotropic and block)."""
+        if self.kind in ("isotropic", "block") and d is None:
+            raise ValueError(f"logdet of a {self.kind} metric needs the dimension d")
+        if d is not None:
+            self.check_dim(d)
+        if self.kind == "isotropic":
+            return d * torch.log(self.param)
+        if self.kind == "diagonal":
+            return torch.log(self.param).sum(-1)
+        return (d // self.block_size if self.kind == "block" else 1) * torch.linalg.slogdet(self.param)[1]
+
+    def trace(self, d: Optional[int] = None) -> torch.Tensor:
+        """tr Σ (``d`` needed for isotropic and block)."""
+        if self.kind in ("isotropic", "block") and d is None:
+            raise ValueError(f"trace of a {self.kind} metric needs the dimension d")
+        if d is not None:
+            self.check_dim(d)
+        if self.kind == "isotropic":
+            return d * self.param
+        if self.kind == "diagonal":
+            return self.param.sum(-1)
+        if self.kind == "block":
+            return (d // self.block_size) * torch.diagonal(self.param, dim1=-2, dim2=-1).sum(-1)
+        return torch.diagonal(self.param, dim1=-2, dim2=-1).sum(-1)
+
+    def trace_normalized(self) -> "Metric":
+        """Σ rescaled so that tr Σ = d (mean per-coordinate variance 1)."""
+        if self.kind == "isotropic":
+            return Metric("isotropic", torch.ones_like(self.param))
+        if self.kind == "diagonal":
+            return Metric("diagonal", self.param / self.param.mean(-1, keepdim=True))
+        k = self.param.shape[-1]
+        mean_var = torch.diagonal(self.param, dim1=-2, dim2=-1).sum(-1) / k
+        return Metric(self.kind, self.param / mean_var[..., None, None])
+
+
+def _check_spd(M: torch.Tensor, name: str) -> None:
+    if _is_compiling() or M.numel() == 0:
+        return
+    if not torch.allclose(M, M.transpose(-1, -2), rtol=1e-5, atol=1e-6 * float(M.abs().max())):
+        raise ValueError(f"{name} must be symmetric positive definite, got a non-symmetric matrix")
+    info = torch.linalg.cholesky_ex(M.detach()).info
+    if bool((info != 0).any()):
+        raise ValueError(f"{name} must be symmetric positive definite, got a matrix that is not positive definite")
+
+
+def _batched_kron(eye: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    n, k = eye.shape[0], S.shape[-1]
+    out = eye[:, None, :, None] * S[..., None, :, None, :]
+    return out.reshape(*S.shape[:-2], n * k, n * k)
+
+
+def shape_matrix(u, v) -> torch.Tensor:
+    """S(u, v) = [[1+u, v], [v, 1−u]]: trace 2, SPD for u²+v² < 1. Shape ``(*batch, 2, 2)``."""
+    u = _as_float_tensor(u, "u")
+    v = _as_float_tensor(v, "v", like=u)
+    u, v = torch.broadcast_tensors(u, v)
+    return torch.stack([torch.stack([1 + u, v], -1), torch.stack([v, 1 - u], -1)], -2)
+
+
+def scale_constant(beta, d: int) -> torch.Tensor:
+    """c_{β,d} = sqrt(β^{2/β} Γ((d+2)/β) / (d Γ(d/β))) (DESIGN §2), differentiable in β.
+
+    With Σ = (σ/c)² S and tr S = d, generalized-Gaussian noise of parameter (β, λ) has
+    per-coordinate RMS σ λ^{-1/β}.  For β = 2, c = 1 in every dimension.
+    """
+    beta = _as_float_tensor(beta, "beta")
+    log_c2 = (2.0 / beta) * torch.log(beta) + torch.lgamma((d + 2) / beta) - math.log(d) - torch.lgamma(d / beta)
+    return torch.exp(0.5 * log_c2)

@@ -1,0 +1,99 @@
+"""is_score: the importance-sampling oracle for the noisy score and the posterior mean.
+
+For additive generalized-Gaussian noise q and a clean bank x_1..x_M,
+
+    w_j ∝ q(y − x_j),   s_ref(y) = Σ_j w_j ∇_y log q(y − x_j),   E[X | y] ≈ Σ_j w_j x_j,
+    ESS = 1 / Σ_j w_j²,
+
+self-normalized with an online log-sum-exp in one pass over the bank per query (the
+``queries × bank`` weight matrix never exists).  It is the reference the learned scores are
+scored against (paper §5.1: 160,000 clean points).  Not differentiable (an oracle).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from .. import backends
+from . import reference
+from ._prep import DENSE, check_beta_lam, check_metric, check_tensor, metric_param
+
+__all__ = ["is_score"]
+
+
+def is_score(
+    y: torch.Tensor, bank: torch.Tensor, noise_law, *, backend: Optional[str] = None, chunk: int = 256
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Self-normalized importance-sampling score, posterior mean and ESS.
+
+    Args:
+        y: noisy queries ``(*batch, d)``.
+        bank: clean samples ``(M, d)``, M ≥ 1.
+        noise_law: an :class:`etweedie.GeneralizedGaussian` (β, λ scalars; metric without batch).
+        backend: as in :func:`etweedie.et_score`.
+        chunk: queries per block in the reference backend (memory chunk·M·d).
+
+    Returns:
+        ``(score (*batch, d), posterior_mean (*batch, d), ess (*batch,))``.
+
+    Example::
+
+        >>> bank = torch.tensor([[-1.0], [1.0]])
+        >>> s, mean, ess = etweedie.is_score(torch.zeros(1, 1), bank, etweedie.GeneralizedGaussian(2.0))
+        >>> s, mean, ess                           # symmetric bank: zero score, mean 0, ESS 2
+        (tensor([[0.]]), tensor([[0.]]), tensor([2.]))
+    """
+    op = "is_score"
+    y = check_tensor(y, "y", op)
+    bank = check_tensor(bank, "bank", op)
+    if y.dim() < 1:
+        raise ValueError(f"{op}: y must have shape (*batch, d), got a 0-d tensor")
+    if bank.dim() != 2 or bank.shape[-1] != y.shape[-1]:
+        raise ValueError(f"{op}: bank must have shape (M, d={y.shape[-1]}), got {tuple(bank.shape)}")
+    if bank.shape[0] == 0:
+        raise ValueError(f"{op}: bank must hold at least one clean point, got shape {tuple(bank.shape)}")
+    if bank.dtype != y.dtype or bank.device != y.device:
+        raise TypeError(f"{op}: bank must match y's dtype/device ({y.dtype}, {y.device}), got ({bank.dtype}, {bank.device})")
+    for attr in ("beta", "lam", "metric"):
+        if not hasattr(noise_law, attr):
+            raise TypeError(f"{op}: noise_law must be a GeneralizedGaussian (with beta, lam, metric), got {type(noise_law).__name__}")
+    beta = torch.as_tensor(noise_law.beta, dtype=torch.float64)
+    lam = torch.as_tensor(noise_law.lam, dtype=torch.float64)
+    if beta.numel() != 1 or lam.numel() != 1:
+        raise ValueError(f"{op}: noise_law must have scalar beta and lam (one law for the bank), got shapes {tuple(beta.shape)}, {tuple(lam.shape)}")
+    check_beta_lam(beta, lam, op)
+    metric = check_metric(noise_law.metric, y.shape[-1], y, op)
+    if len(metric.batch_shape):
+        raise ValueError(f"{op}: noise_law.metric must not have a batch shape, got {tuple(metric.batch_shape)}")
+    if not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"{op}: chunk must be a positive int, got {chunk!r}")
+    b, l = float(beta), float(lam)
+    d = y.shape[-1]
+    batch = y.shape[:-1]
+    yq = y.reshape(-1, d).contiguous()
+    prec, kind = metric_param(metric, torch.Size([1]), d)
+    name = backends.resolve(op, y.device, backend)
+    with torch.no_grad():
+        if name == "reference":
+            score, mean, ess = reference.is_score(yq, bank, b, l, prec, kind, chunk=chunk)
+        elif kind == DENSE:
+            L = metric.whitening_factor()
+            ones = torch.ones(1, dtype=y.dtype, device=y.device)
+            zs, zmean, ess = torch.ops.etweedie.is_score_fwd(yq @ L, (bank @ L).contiguous(), b, l, ones, 0)
+            score = zs @ L.T
+            mean = torch.linalg.solve_triangular(L.T, zmean.T, upper=True).T
+        else:
+            score, mean, ess = torch.ops.etweedie.is_score_fwd(yq, bank.contiguous(), b, l, prec.contiguous(), kind)
+    return score.reshape(*batch, d), mean.reshape(*batch, d), ess.reshape(batch)
+
+
+def _register() -> None:
+    @torch.library.register_fake("etweedie::is_score_fwd")
+    def _(y, bank, beta, lam, prec, kind):
+        return y.new_empty(y.shape), y.new_empty(y.shape), y.new_empty(y.shape[:1])
+
+
+if backends._EXT_OK:
+    _register()

@@ -1,0 +1,125 @@
+"""langevin_step: one unadjusted Langevin update driven by the Energy-Tweedie score.
+
+    y' = y + α s(y) + sqrt(2α) ξ,      s = et_score(y, x, β, λ, metric),  ξ supplied
+
+The compiled op ``etweedie::langevin_step_fwd`` computes the score and the update in one pass
+over the draws.  Its backward reuses the fused et_score backward kernel with upstream α·g
+(the update is linear in s), plus the direct terms for y, ξ and α.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import backends
+from ..metric import Metric
+from . import reference
+from ._prep import DENSE, as_param, broadcast_batch, canonicalize, check_tensor, flat, unwhiten_score, whiten_dense
+
+__all__ = ["langevin_step"]
+
+
+def langevin_step(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    noise: torch.Tensor,
+    step,
+    beta,
+    lam=1.0,
+    metric: Optional[Metric] = None,
+    *,
+    backend: Optional[str] = None,
+) -> torch.Tensor:
+    """One Langevin step ``y + step·s(y) + sqrt(2·step)·noise`` with the fused score.
+
+    Args:
+        y: current states ``(*batch, d)``.
+        x: posterior draws at y, ``(*batch, N, d)``.
+        noise: standard normal ξ, shape of y (draw it with your own ``torch.Generator``).
+        step: α > 0, float or tensor broadcasting to ``batch``.
+        beta, lam, metric, backend: as in :func:`etweedie.et_score`.
+
+    Returns:
+        the next states, ``(*batch, d)``.
+
+    Example::
+
+        >>> y = torch.zeros(1, 2); x = torch.ones(1, 4, 2); xi = torch.zeros(1, 2)
+        >>> etweedie.langevin_step(y, x, xi, step=0.5, beta=2.0)   # y + α(mean x − y)
+        tensor([[0.5000, 0.5000]])
+    """
+    op = "langevin_step"
+    c = canonicalize(op, y, x, beta, lam, metric)
+    noise = check_tensor(noise, "noise", op)
+    if noise.shape != y.shape:
+        raise ValueError(f"{op}: noise must have y's shape {tuple(y.shape)}, got {tuple(noise.shape)}")
+    if noise.dtype != y.dtype or noise.device != y.device:
+        raise TypeError(f"{op}: noise must match y's dtype/device ({y.dtype}, {y.device}), got ({noise.dtype}, {noise.device})")
+    step = as_param(step, "step", op, y)
+    if not torch.compiler.is_compiling() and step.numel() and not bool((step > 0).all()):
+        raise ValueError(f"{op}: step must be > 0, got min {step.min().item():.6g}")
+    batch = broadcast_batch(op, batch=c.batch, step=step.shape)
+    if batch != c.batch:
+        raise ValueError(f"{op}: step of shape {tuple(step.shape)} does not broadcast to the batch {tuple(c.batch)}")
+    d = c.y.shape[-1]
+    xi = flat(noise.expand(*c.batch, d), c.batch, (d,)).contiguous()
+    alpha = flat(step, c.batch, ())
+    name = backends.resolve(op, c.y.device, backend)
+    if name == "reference":
+        out = reference.langevin_step(c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
+    elif c.kind == DENSE:
+        # The update lives in the original space: whitened score kernel, then the update.
+        zy, zx, ones, L = whiten_dense(c)
+        s = unwhiten_score(torch.ops.etweedie.et_score_fwd(zy, zx, c.beta, c.lam, ones, 0)[0], L)
+        a = alpha.unsqueeze(-1)
+        out = c.y + a * s + torch.sqrt(2 * a) * xi
+    else:
+        out = torch.ops.etweedie.langevin_step_fwd(c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)[0]
+    return out.reshape(*c.batch, d)
+
+
+def _register() -> None:
+    name = "etweedie::langevin_step_fwd"
+
+    @torch.library.register_fake(name)
+    def _(y, x, noise, step, beta, lam, prec, kind):
+        return y.new_empty(y.shape), y.new_empty(y.shape)
+
+    def setup_context(ctx, inputs, output):
+        y, x, noise, step, beta, lam, prec, kind = inputs
+        ctx.kind = kind
+        ctx.save_for_backward(y, x, noise, step, beta, lam, prec, output[1])
+
+    def backward(ctx, grad_out, grad_m):
+        y, x, noise, step, beta, lam, prec, m = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        g = torch.zeros_like(y) if grad_out is None else grad_out
+        gm = torch.zeros_like(y) if grad_m is None else grad_m
+        a = step.unsqueeze(-1)
+        gy_s, gx, gb, gl, gp = torch.ops.etweedie.et_score_bwd(
+            a * g, gm, y, x, beta, lam, prec, ctx.kind, m, need[0], need[1], need[4], need[5], need[6]
+        )
+        grad_y = g + gy_s if need[0] else None
+        grad_noise = torch.sqrt(2 * a) * g if need[2] else None
+        grad_step = None
+        if need[3]:
+            s = -lam.unsqueeze(-1) * reference.apply_precision(prec, ctx.kind, m)
+            grad_step = (g * (s + noise / torch.sqrt(2 * a))).sum(-1)
+        return (
+            grad_y,
+            gx if need[1] else None,
+            grad_noise,
+            grad_step,
+            gb if need[4] else None,
+            gl if need[5] else None,
+            gp if need[6] else None,
+            None,
+        )
+
+    torch.library.register_autograd(name, backward, setup_context=setup_context)
+
+
+if backends._EXT_OK:
+    _register()

@@ -1,0 +1,1 @@
+"""Triton kernels (installed as etweedie.kernels); see issue 4."""
