@@ -1,0 +1,95 @@
+"""Shared test helpers: which backends/devices run here, fresh seeds, and the quality-bar check.
+
+Kernel results are accepted when |out − ref64| ≤ 2·|ref32 − ref64| + atol elementwise, where
+ref64 is the float64 reference and ref32 the reference at the kernel's precision (the
+flash-attention criterion, DESIGN §8).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import etweedie
+
+# Backends under test besides the reference, on this machine.
+KERNEL_BACKENDS = [name for name, (ok, _) in etweedie.backends.available().items() if ok and name != "reference"]
+# Triton is only exercised on CPU tensors in interpreter mode.
+if "triton" in KERNEL_BACKENDS and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    KERNEL_BACKENDS.remove("triton")
+
+DEVICES = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+
+
+def backend_device_pairs():
+    """(backend, device) pairs a kernel can run on here."""
+    pairs = []
+    for dev in DEVICES:
+        for name in KERNEL_BACKENDS:
+            if name == "cpu" and dev.type != "cpu":
+                continue
+            if name == "cuda" and dev.type != "cuda":
+                continue
+            pairs.append((name, dev))
+    return pairs
+
+
+BACKEND_DEVICE = backend_device_pairs()
+BACKEND_IDS = [f"{b}-{d.type}" for b, d in BACKEND_DEVICE]
+
+
+@pytest.fixture
+def seed():
+    """A fresh seed per test (reported on failure via the test's messages)."""
+    return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+
+
+def gen(seed: int, device="cpu") -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def assert_close_to_ref(out, ref32, ref64, *, name: str, seed: int, atol_scale: float = 1e-5):
+    """|out − ref64| ≤ 2|ref32 − ref64| + atol, atol = atol_scale·max|ref64| (+tiny)."""
+    assert out.shape == ref64.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref64.shape)}"
+    out64, ref32_64 = out.detach().double().cpu(), ref32.detach().double().cpu()
+    ref64 = ref64.detach().cpu()
+    assert torch.isfinite(out64).all(), f"{name}: non-finite values (seed {seed})"
+    atol = atol_scale * float(ref64.abs().max()) if ref64.numel() else 0.0
+    atol = max(atol, 1e-30)
+    err = (out64 - ref64).abs()
+    bound = 2 * (ref32_64 - ref64).abs() + atol
+    worst = float((err - bound).max()) if err.numel() else -1.0
+    assert bool((err <= bound).all()), (
+        f"{name}: max |out-ref64| = {float(err.max()):.3e} exceeds 2|ref32-ref64|+atol by {worst:.3e} "
+        f"(atol {atol:.2e}, seed {seed})"
+    )
+
+
+def random_metric(kind: str, B: int, d: int, g: torch.Generator, dtype=torch.float64, per_row: bool = True):
+    """A random SPD metric of the given kind; per-row (batch B) or shared."""
+    shape = (B,) if per_row else ()
+    if kind == "none":
+        return None
+    if kind == "isotropic":
+        return etweedie.Metric.isotropic(0.5 + torch.rand(shape, generator=g, dtype=dtype))
+    if kind == "diagonal":
+        return etweedie.Metric.diagonal(0.5 + torch.rand(*shape, d, generator=g, dtype=dtype))
+    if kind.startswith("block"):
+        k = int(kind[5:])
+        A = torch.randn(*shape, k, k, generator=g, dtype=dtype)
+        S = A @ A.transpose(-1, -2) / k + 0.5 * torch.eye(k, dtype=dtype)
+        return etweedie.Metric.block(S)
+    if kind == "dense":
+        A = torch.randn(*shape, d, d, generator=g, dtype=dtype)
+        return etweedie.Metric.dense(A @ A.transpose(-1, -2) / d + 0.5 * torch.eye(d, dtype=dtype))
+    raise ValueError(kind)
+
+
+def metric_to(metric, dtype, device="cpu", requires_grad=False):
+    """Copy a metric's parameter to dtype/device as a fresh leaf (for gradient checks)."""
+    if metric is None:
+        return None, None
+    p = metric.param.detach().to(dtype=dtype, device=device).clone().requires_grad_(requires_grad)
+    return etweedie.Metric(metric.kind, p), p

@@ -1,0 +1,57 @@
+"""Backend discovery and dispatch (DESIGN §5)."""
+
+import pytest
+import torch
+
+import etweedie
+from etweedie import backends
+
+
+def test_available_reports_every_backend_with_a_reason():
+    status = backends.available()
+    assert set(status) == set(backends.BACKENDS)
+    for name, (ok, why) in status.items():
+        assert isinstance(ok, bool) and isinstance(why, str) and why, name
+    assert status["reference"][0]
+
+
+def test_automatic_choice_on_cpu():
+    want = "cpu" if backends.available()["cpu"][0] else "reference"
+    assert backends.resolve("et_score", torch.device("cpu")) == want
+
+
+def test_explicit_requests_precedence(monkeypatch):
+    y, x = torch.randn(2, 3), torch.randn(2, 4, 3)
+    monkeypatch.setenv("ETWEEDIE_BACKEND", "reference")
+    assert backends.resolve("et_score", y.device) == "reference"
+    if backends.available()["cpu"][0]:
+        with etweedie.use_backend("cpu"):  # context beats the environment
+            assert backends.resolve("et_score", y.device) == "cpu"
+            assert backends.resolve("et_score", y.device, "reference") == "reference"  # argument beats both
+    monkeypatch.setenv("ETWEEDIE_BACKEND", "bogus")
+    with pytest.raises(ValueError, match="ETWEEDIE_BACKEND"):
+        etweedie.et_score(y, x, 1.0)
+
+
+def test_unavailable_backend_raises_with_reason(monkeypatch):
+    y, x = torch.randn(2, 3), torch.randn(2, 4, 3)
+    for name in ("cuda", "triton"):
+        ok, why = backends.available()[name]
+        if ok:
+            continue
+        with pytest.raises(backends.BackendUnavailable, match="unavailable"):
+            etweedie.et_score(y, x, 1.0, backend=name)
+        with etweedie.use_backend(name), pytest.raises(backends.BackendUnavailable):
+            etweedie.et_score(y, x, 1.0)
+    with pytest.raises(ValueError, match="use_backend"):
+        with etweedie.use_backend("fast"):
+            pass
+
+
+def test_backends_agree():
+    g = torch.Generator().manual_seed(0)
+    y, x = torch.randn(3, 5, generator=g), torch.randn(3, 9, 5, generator=g)
+    ref = etweedie.et_score(y, x, 1.3, backend="reference")
+    for name, (ok, _) in backends.available().items():
+        if ok and name == "cpu":
+            torch.testing.assert_close(etweedie.et_score(y, x, 1.3, backend=name), ref)

@@ -1,0 +1,91 @@
+"""langevin_step: fused score + update against the float64 reference, gradients, opcheck."""
+
+import math
+
+import pytest
+import torch
+
+import etweedie
+from conftest import BACKEND_DEVICE, BACKEND_IDS, assert_close_to_ref, gen, metric_to, random_metric
+
+
+def _inputs(seed, B, N, d, kind):
+    g = gen(seed)
+    y = torch.randn(B, d, generator=g, dtype=torch.float64)
+    x = y.unsqueeze(1) + 0.5 * torch.randn(B, N, d, generator=g, dtype=torch.float64)
+    xi = torch.randn(B, d, generator=g, dtype=torch.float64)
+    step = 0.01 + 0.1 * torch.rand(B, generator=g, dtype=torch.float64)
+    beta = 0.9 + torch.rand(B, generator=g, dtype=torch.float64)
+    lam = 0.5 + torch.rand(B, generator=g, dtype=torch.float64)
+    return y, x, xi, step, beta, lam, random_metric(kind, B, d, g)
+
+
+def _run(backend, device, dtype, args, metric):
+    leaves = [t.detach().to(device=device, dtype=dtype).clone().requires_grad_() for t in args]
+    m, p = metric_to(metric, dtype, device, requires_grad=True)
+    out = etweedie.langevin_step(*leaves, metric=m, backend=backend)
+    up = torch.cos(torch.arange(out.numel(), dtype=dtype, device=device)).reshape(out.shape)
+    grads = list(torch.autograd.grad((out * up).sum(), leaves + [p]))
+    if m.kind == "dense":
+        grads[-1] = (grads[-1] + grads[-1].transpose(-1, -2)) / 2
+    return out, grads
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "block2", "dense"])
+def test_matches_float64_reference(backend, device, kind, seed):
+    y, x, xi, step, beta, lam, metric = _inputs(seed, 4, 21, 6, kind)
+    args = (y, x, xi, step, beta, lam)
+    out, gout = _run(backend, device, torch.float32, args, metric)
+    r32, g32 = _run("reference", "cpu", torch.float32, args, metric)
+    r64, g64 = _run("reference", "cpu", torch.float64, args, metric)
+    assert_close_to_ref(out, r32, r64, name=f"langevin[{kind}]", seed=seed)
+    for name, a, b, c in zip(["y", "x", "noise", "step", "beta", "lam", "metric"], gout, g32, g64):
+        assert_close_to_ref(a, b, c, name=f"grad {name}[{kind}]", seed=seed, atol_scale=3e-5)
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+def test_equals_score_then_update(backend, device, seed):
+    y, x, xi, step, beta, lam, metric = _inputs(seed, 5, 13, 4, "block2")
+    s = etweedie.et_score(y, x, beta, lam, metric, backend=backend)
+    want = y + step[:, None] * s + torch.sqrt(2 * step[:, None]) * xi
+    torch.testing.assert_close(etweedie.langevin_step(y, x, xi, step, beta, lam, metric, backend=backend), want)
+    # scalar step broadcast
+    torch.testing.assert_close(
+        etweedie.langevin_step(y, x, xi, 0.05, beta, lam, metric, backend=backend),
+        y + 0.05 * s + math.sqrt(0.1) * xi,
+    )
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+def test_gradcheck_and_zero_size(backend, device, seed):
+    y, x, xi, step, beta, lam, metric = _inputs(seed, 2, 4, 4, "isotropic")
+    leaves = [t.to(device).requires_grad_() for t in (y, x, xi, step, beta, lam)]
+    m = etweedie.Metric("isotropic", metric.param.to(device).requires_grad_())
+    f = lambda *a: etweedie.langevin_step(*a[:6], etweedie.Metric("isotropic", a[6]), backend=backend)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (*leaves, m.param)), f"seed {seed}"
+    z = torch.zeros(0, 3, device=device)
+    assert etweedie.langevin_step(z, torch.zeros(0, 2, 3, device=device), z, 0.1, 1.2, backend=backend).shape == (0, 3)
+
+
+def test_opcheck(seed):
+    if "cpu" not in [b for b, _ in BACKEND_DEVICE]:
+        pytest.skip("compiled extension not available")
+    from etweedie.ops._prep import canonicalize
+
+    y, x, xi, step, beta, lam, metric = _inputs(seed, 3, 5, 4, "block2")
+    c = canonicalize("langevin_step", y, x, beta, lam, metric)
+    args = [t.clone().requires_grad_() for t in (c.y, c.x, xi, step, c.beta, c.lam, c.prec.contiguous())] + [c.kind]
+    torch.library.opcheck(torch.ops.etweedie.langevin_step_fwd.default, args)
+
+
+def test_bad_input():
+    y, x = torch.zeros(2, 3), torch.zeros(2, 4, 3)
+    with pytest.raises(ValueError, match="noise must have y's shape"):
+        etweedie.langevin_step(y, x, torch.zeros(3), 0.1, 1.0)
+    with pytest.raises(ValueError, match="step must be > 0"):
+        etweedie.langevin_step(y, x, torch.zeros(2, 3), 0.0, 1.0)
+    with pytest.raises(TypeError, match="noise must be float32 or float64"):
+        etweedie.langevin_step(y, x, torch.zeros(2, 3, dtype=torch.int64), 0.1, 1.0)
+    with pytest.raises(ValueError, match="batch shapes do not broadcast"):
+        etweedie.langevin_step(y, x, torch.zeros(2, 3), torch.ones(4), 1.0)
