@@ -24,7 +24,6 @@ NMSE = E‖ŝ − s‖² / E‖s‖² over queries; cosine is the mean per-query
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time

@@ -23,6 +23,36 @@ namespace cpu {
 constexpr int64_t kSmallD = 16;
 constexpr int64_t kTile = 64;
 
+// ut[k * kTile + t] = y[k] − x_t[k] for the n points x_t = x + t·sx of a tile (d ≤ kSmallD).
+// Contiguous points with d ≤ 4 take an unrolled fixed-stride path (GCC turns it into shuffles);
+// the generic path loops k outside so the inner loop still runs over points.
+template <typename T, int D>
+inline void residual_tile_fixed(const T* y, const T* x, int64_t n, T* ut) {
+#pragma GCC unroll 4
+  for (int k = 0; k < D; ++k) {
+    const T yk = y[k];
+#pragma omp simd
+    for (int64_t t = 0; t < n; ++t) ut[k * kTile + t] = yk - x[t * D + k];
+  }
+}
+
+template <typename T>
+inline void residual_tile(const T* y, const T* x, int64_t sx, int64_t n, int64_t d, T* ut) {
+  if (sx == d) {
+    switch (d) {
+      case 1: return residual_tile_fixed<T, 1>(y, x, n, ut);
+      case 2: return residual_tile_fixed<T, 2>(y, x, n, ut);
+      case 3: return residual_tile_fixed<T, 3>(y, x, n, ut);
+      case 4: return residual_tile_fixed<T, 4>(y, x, n, ut);
+      default: break;
+    }
+  }
+  for (int64_t k = 0; k < d; ++k) {
+    const T yk = y[k];
+    for (int64_t t = 0; t < n; ++t) ut[k * kTile + t] = yk - x[t * sx + k];
+  }
+}
+
 // acc (length d) must be zeroed by the caller; on return acc = Σ_i w_i u_i.
 template <typename T, typename Prec>
 void et_score_accumulate(const Prec& prec, const T* y, const T* x, int64_t sxn, int64_t N, int64_t d,
@@ -37,15 +67,21 @@ void et_score_accumulate(const Prec& prec, const T* y, const T* x, int64_t sxn, 
     }
     return;
   }
-  T q[kTile], w[kTile];
+  // Small d: residuals of a tile transposed to structure-of-arrays so that q, the weights and
+  // the accumulation all vectorize across draws.
+  T ut[kSmallD * kTile], q[kTile], w[kTile];
   for (int64_t i0 = 0; i0 < N; i0 += kTile) {
     const int64_t n = std::min(kTile, N - i0);
-    for (int64_t t = 0; t < n; ++t) q[t] = prec.quad(y, x + (i0 + t) * sxn, d);
+    residual_tile(y, x + i0 * sxn, sxn, n, d, ut);
+    prec.quad_soa(ut, kTile, n, d, q);
 #pragma omp simd
     for (int64_t t = 0; t < n; ++t) w[t] = residual_weight(q[t], beta);
-    for (int64_t t = 0; t < n; ++t) {
-      const T* xi = x + (i0 + t) * sxn;
-      for (int64_t j = 0; j < d; ++j) acc[j] += w[t] * (y[j] - xi[j]);
+    for (int64_t j = 0; j < d; ++j) {
+      const T* uj = ut + j * kTile;
+      T a = 0;
+#pragma omp simd reduction(+ : a)
+      for (int64_t t = 0; t < n; ++t) a += w[t] * uj[t];
+      acc[j] += a;
     }
   }
 }

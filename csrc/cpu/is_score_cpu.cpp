@@ -6,7 +6,8 @@
 // One pass over the bank per query with an online log-sum-exp: a running maximum log-weight
 // and running sums that are rescaled when the maximum grows.  The bank is processed in tiles
 // of kTile points: log-weights and residual weights of a tile in one vectorized loop
-// (fastmath.h), then O(d) accumulation per point.  Memory: O(d) per thread; the Q×M weight
+// (fastmath.h), then O(d) accumulation per point; for small d the tile's residuals are
+// transposed (structure of arrays) so that every loop vectorizes across bank points.  Memory: O(d) per thread; the Q×M weight
 // matrix never exists.  Parallel over queries.
 //
 // Shapes: y (Q, d) contiguous, bank (M, d) contiguous, prec (1, *param) (one shared metric),
@@ -27,62 +28,96 @@ namespace etweedie {
 namespace cpu {
 namespace {
 
-template <typename T, typename Prec>
-void is_score_row(const Prec& P, const T* y, const T* bank, int64_t M, int64_t d, T beta, T lam, T* score, T* mean,
-                  T* ess, T* acc_u) {
-  T q[kTile], logw[kTile], r[kTile], e[kTile];
+// Running state of the online log-sum-exp for one query.
+template <typename T>
+struct LseState {
   T run_max = -std::numeric_limits<T>::infinity();
   T sum_e = 0, sum_e2 = 0;
+  // Rescale the running sums (and the two d-vectors) when a tile raises the maximum log-weight.
+  void rebase(T tile_max, T* a, T* b, int64_t d) {
+    if (!(tile_max > run_max)) return;
+    const T scale = run_max == -std::numeric_limits<T>::infinity() ? T(0) : fast_exp(run_max - tile_max);
+    sum_e *= scale;
+    sum_e2 *= scale * scale;
+    for (int64_t k = 0; k < d; ++k) {
+      a[k] *= scale;
+      b[k] *= scale;
+    }
+    run_max = tile_max;
+  }
+};
+
+// On return: score = −λ P Σ w r u, mean = y − Σ w u (u = y − x_j; the second form keeps the
+// mean accurate in the SoA path, where only residuals are stored), ess = 1/Σ w².
+template <typename T, typename Prec>
+void is_score_row(const Prec& P, const T* y, const T* bank, int64_t M, int64_t d, T beta, T lam, T* score, T* mean,
+                  T* ess, T* acc_r) {
+  T ut[kSmallD * kTile], q[kTile], logw[kTile], r[kTile], e[kTile];
+  LseState<T> st;
+  T* acc_u = mean;  // Σ e u, turned into the mean at the end
+  std::fill(acc_r, acc_r + d, T(0));
   std::fill(acc_u, acc_u + d, T(0));
-  std::fill(mean, mean + d, T(0));
   const T half_beta = T(0.5) * beta, lam_over_beta = lam / beta;
+  const bool small = d <= kSmallD;
   for (int64_t j0 = 0; j0 < M; j0 += kTile) {
     const int64_t n = std::min(kTile, M - j0);
-    for (int64_t t = 0; t < n; ++t) q[t] = P.quad(y, bank + (j0 + t) * d, d);
+    if (small) {
+      residual_tile(y, bank + j0 * d, d, n, d, ut);
+      P.quad_soa(ut, kTile, n, d, q);
+    } else {
+      for (int64_t t = 0; t < n; ++t) q[t] = P.quad(y, bank + (j0 + t) * d, d);
+    }
     T tile_max = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : tile_max)
     for (int64_t t = 0; t < n; ++t) {
       const T qb = pow_pos(q[t], half_beta);  // ‖u‖^β
       logw[t] = -lam_over_beta * qb;
-      r[t] = q[t] > T(0) ? qb / q[t] : (beta == T(2) ? T(1) : T(0));  // ‖u‖^{β−2}
-      tile_max = std::max(tile_max, logw[t]);
+      r[t] = q[t] > T(0) ? qb / (q[t] > T(0) ? q[t] : T(1)) : (beta == T(2) ? T(1) : T(0));  // ‖u‖^{β−2}
+      tile_max = tile_max > logw[t] ? tile_max : logw[t];
     }
-    if (tile_max > run_max) {  // rescale the running sums to the new maximum
-      const T scale = run_max == -std::numeric_limits<T>::infinity() ? T(0) : fast_exp(run_max - tile_max);
-      sum_e *= scale;
-      sum_e2 *= scale * scale;
-      for (int64_t k = 0; k < d; ++k) {
-        acc_u[k] *= scale;
-        mean[k] *= scale;
-      }
-      run_max = tile_max;
-    }
+    st.rebase(tile_max, acc_r, acc_u, d);
     T se = 0, se2 = 0;
+    const T mx = st.run_max;
 #pragma omp simd reduction(+ : se, se2)
     for (int64_t t = 0; t < n; ++t) {
-      e[t] = fast_exp(logw[t] - run_max);
+      e[t] = fast_exp(logw[t] - mx);
       se += e[t];
       se2 += e[t] * e[t];
     }
-    sum_e += se;
-    sum_e2 += se2;
-    for (int64_t t = 0; t < n; ++t) {
-      const T* xt = bank + (j0 + t) * d;
-      const T et = e[t], er = e[t] * r[t];
-#pragma omp simd
+    st.sum_e += se;
+    st.sum_e2 += se2;
+    if (small) {
       for (int64_t k = 0; k < d; ++k) {
-        acc_u[k] += er * (y[k] - xt[k]);
-        mean[k] += et * xt[k];
+        const T* uk = ut + k * kTile;
+        T a = 0, b = 0;
+#pragma omp simd reduction(+ : a, b)
+        for (int64_t t = 0; t < n; ++t) {
+          a += e[t] * r[t] * uk[t];
+          b += e[t] * uk[t];
+        }
+        acc_r[k] += a;
+        acc_u[k] += b;
+      }
+    } else {
+      for (int64_t t = 0; t < n; ++t) {
+        const T* xt = bank + (j0 + t) * d;
+        const T et = e[t], er = e[t] * r[t];
+#pragma omp simd
+        for (int64_t k = 0; k < d; ++k) {
+          const T u = y[k] - xt[k];
+          acc_r[k] += er * u;
+          acc_u[k] += et * u;
+        }
       }
     }
   }
-  const T inv = T(1) / sum_e;
+  const T inv = T(1) / st.sum_e;
   for (int64_t k = 0; k < d; ++k) {
-    acc_u[k] *= inv;
-    mean[k] *= inv;
+    acc_r[k] *= inv;
+    mean[k] = y[k] - acc_u[k] * inv;
   }
-  P.apply(acc_u, -lam, score, d);
-  *ess = sum_e * sum_e / sum_e2;
+  P.apply(acc_r, -lam, score, d);
+  *ess = st.sum_e * st.sum_e / st.sum_e2;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> is_score_fwd_cpu(const at::Tensor& y, const at::Tensor& bank,

@@ -79,6 +79,18 @@ struct RowPrec<T, kIsotropic, 0> {
     for (int64_t j = 0; j < d; ++j) acc += a[j] * b[j];
     gp[0] += c * acc;
   }
+  // Small-d tiles in structure-of-arrays form: ut[j * ld + t] = u_t[j] for n residuals;
+  // q[t] = u_tᵀ P u_t, vectorized across t.
+  void quad_soa(const T* ut, int64_t ld, int64_t n, int64_t d, T* q) const {
+    for (int64_t t = 0; t < n; ++t) q[t] = 0;
+    for (int64_t j = 0; j < d; ++j) {
+      const T* uj = ut + j * ld;
+#pragma omp simd
+      for (int64_t t = 0; t < n; ++t) q[t] += uj[t] * uj[t];
+    }
+#pragma omp simd
+    for (int64_t t = 0; t < n; ++t) q[t] *= p[0];
+  }
   static constexpr int64_t param_size(int64_t) { return 1; }
 };
 
@@ -133,6 +145,15 @@ struct RowPrec<T, kDiagonal, 0> {
 #pragma omp simd
     for (int64_t j = 0; j < d; ++j) gp[j] += c * a[j] * b[j];
   }
+  void quad_soa(const T* ut, int64_t ld, int64_t n, int64_t d, T* q) const {
+    for (int64_t t = 0; t < n; ++t) q[t] = 0;
+    for (int64_t j = 0; j < d; ++j) {
+      const T* uj = ut + j * ld;
+      const T pj = p[j];
+#pragma omp simd
+      for (int64_t t = 0; t < n; ++t) q[t] += pj * uj[t] * uj[t];
+    }
+  }
   static constexpr int64_t param_size(int64_t d) { return d; }
 };
 
@@ -176,17 +197,28 @@ struct RowPrec<T, kBlock, K> {
       }
   }
   void grad_u(const T* y, const T* x, const T* h, T a_, T c, T* gy, T* gx, int64_t d) const {
+    if (gx)
+      grad_u_impl<true>(y, x, h, a_, c, gy, gx, d);
+    else
+      grad_u_impl<false>(y, x, h, a_, c, gy, gx, d);
+  }
+  template <bool WITH_X>
+  void grad_u_impl(const T* y, const T* x, const T* h, T a_, T c, T* gy, T* gx, int64_t d) const {
     const int64_t nb = d / K;
+    T pk[K * K];
+    for (int e = 0; e < K * K; ++e) pk[e] = c * p[e];
 #pragma omp simd
     for (int64_t t = 0; t < nb; ++t) {
       T u[K];
+#pragma GCC unroll 4
       for (int a = 0; a < K; ++a) u[a] = y[t * K + a] - x[t * K + a];
+#pragma GCC unroll 4
       for (int a = 0; a < K; ++a) {
-        T pu = 0;
-        for (int b = 0; b < K; ++b) pu += p[a * K + b] * u[b];
-        const T g = a_ * h[t * K + a] + c * pu;
+        T g = a_ * h[t * K + a];
+#pragma GCC unroll 4
+        for (int b = 0; b < K; ++b) g += pk[a * K + b] * u[b];
         gy[t * K + a] += g;
-        if (gx) gx[t * K + a] = -g;
+        if (WITH_X) gx[t * K + a] = -g;
       }
     }
   }
@@ -206,6 +238,18 @@ struct RowPrec<T, kBlock, K> {
     for (int64_t t = 0; t < nb; ++t)
       for (int a = 0; a < K; ++a)
         for (int b = 0; b < K; ++b) gp[a * K + b] += c * va[t * K + a] * vb[t * K + b];
+  }
+  void quad_soa(const T* ut, int64_t ld, int64_t n, int64_t d, T* q) const {
+    for (int64_t t = 0; t < n; ++t) q[t] = 0;
+    for (int64_t blk = 0; blk < d / K; ++blk)
+      for (int a = 0; a < K; ++a)
+        for (int b = 0; b < K; ++b) {
+          const T* ua = ut + (blk * K + a) * ld;
+          const T* ub = ut + (blk * K + b) * ld;
+          const T pab = p[a * K + b];
+#pragma omp simd
+          for (int64_t t = 0; t < n; ++t) q[t] += pab * ua[t] * ub[t];
+        }
   }
   static constexpr int64_t param_size(int64_t) { return K * K; }
 };

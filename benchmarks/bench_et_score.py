@@ -1,0 +1,146 @@
+"""Benchmarks of etweedie.et_score (forward; backward for y and x), float32.
+
+Workloads (the foundation issue's targets; ``quick`` shrinks B and N for smoke runs):
+
+    et_score_iso_784     B=64,   N=256, d=784, isotropic metric
+    et_score_block_784   B=64,   N=256, d=784, block metric I ⊗ S, S 2×2 SPD
+    et_score_iso_2       B=4096, N=64,  d=2,   isotropic metric
+    et_score_bwd_784     B=64,   N=256, d=784, forward + ∂/∂y, ∂/∂x (extra: forward alone)
+
+Draws are the query plus Gaussian scatter, like a denoising posterior around y; β = 1.4,
+λ = 1.8 (the paper's base tuple), so the kernel pays for the real power ‖u‖^{β−2}.
+
+    pytest benchmarks/bench_et_score.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import etweedie
+from etweedie.ops import reference
+from etweedie.ops._prep import canonicalize
+
+from .common import BACKENDS, Case, check_close, run_benchmark
+
+BETA, LAM = 1.4, 1.8
+BLOCK_S = torch.tensor([[0.5, 0.3], [0.3, 0.5]])  # SPD, correlated pixel pairs
+
+
+def draws(B: int, N: int, d: int, seed: int = 0):
+    """y (B, d) and x (B, N, d) = y + 0.5·noise, float32."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randn(B, d, generator=g)
+    x = y.unsqueeze(1) + 0.5 * torch.randn(B, N, d, generator=g)
+    return y, x
+
+
+def canonical_args(y, x, metric) -> tuple:
+    """The reference's arguments (y, x, beta, lam, prec, kind) for the same inputs."""
+    c = canonicalize("et_score", y, x, BETA, LAM, metric)
+    return c.y, c.x, c.beta, c.lam, c.prec, c.kind
+
+
+def to64(args) -> tuple:
+    return tuple(a.detach().double() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def forward_case(id: str, B: int, N: int, d: int, metric, label: str) -> Case:
+    y, x = draws(B, N, d)
+    args = canonical_args(y, x, metric)
+
+    def kernel():
+        return etweedie.et_score(y, x, BETA, LAM, metric, backend="cpu")
+
+    def check():
+        check_close(id, kernel(), reference.et_score(*args), reference.et_score(*to64(args)))
+
+    return Case(
+        id=id,
+        workload=f"et_score {label} B={B} N={N} d={d}",
+        kernel=kernel,
+        reference_fn=reference.et_score,
+        baseline=lambda fn: (lambda: fn(*args)),
+        check=check,
+        bytes_x=x.numel() * x.element_size(),
+        meta=dict(B=B, N=N, d=d),
+    )
+
+
+def et_score_iso_784(quick: bool = False) -> Case:
+    B, N = (16, 64) if quick else (64, 256)
+    return forward_case("et_score_iso_784", B, N, 784, etweedie.Metric.isotropic(0.5), "iso")
+
+
+def et_score_block_784(quick: bool = False) -> Case:
+    B, N = (16, 64) if quick else (64, 256)
+    return forward_case("et_score_block_784", B, N, 784, etweedie.Metric.block(BLOCK_S), "block 2×2")
+
+
+def et_score_iso_2(quick: bool = False) -> Case:
+    B = 512 if quick else 4096
+    return forward_case("et_score_iso_2", B, 64, 2, etweedie.Metric.isotropic(0.5), "iso")
+
+
+def et_score_bwd_784(quick: bool = False) -> Case:
+    """Forward + backward for y and x; the extra ``fwd`` times the forward alone (grad mode
+    on, so it also saves what backward needs) for bwd = (fwd+bwd) − fwd."""
+    B, N, d = (16, 64, 784) if quick else (64, 256, 784)
+    id, metric = "et_score_bwd_784", etweedie.Metric.isotropic(0.5)
+    y, x = draws(B, N, d)
+    y.requires_grad_()
+    x.requires_grad_()
+    grad_s = torch.randn(B, d, generator=torch.Generator().manual_seed(1))
+    # The reference differentiates with respect to its own leaves (views of the same data).
+    ry, rx, *rest = canonical_args(y.detach(), x.detach(), metric)
+    ry, rx = ry.requires_grad_(), rx.requires_grad_()
+
+    def forward():
+        return etweedie.et_score(y, x, BETA, LAM, metric, backend="cpu")
+
+    def kernel():
+        return torch.autograd.grad(forward(), (y, x), grad_s)
+
+    def baseline(fn):
+        return lambda: torch.autograd.grad(fn(ry, rx, *rest), (ry, rx), grad_s)
+
+    def check():
+        y64, x64 = ry.detach().double().requires_grad_(), rx.detach().double().requires_grad_()
+        ref64 = torch.autograd.grad(reference.et_score(y64, x64, *to64(rest)), (y64, x64), grad_s.double())
+        check_close(id, kernel(), baseline(reference.et_score)(), ref64, atol_scale=3e-5)
+
+    return Case(
+        id=id,
+        workload=f"et_score fwd+bwd(y,x) iso B={B} N={N} d={d}",
+        kernel=kernel,
+        reference_fn=reference.et_score,
+        baseline=baseline,
+        check=check,
+        bytes_x=x.numel() * x.element_size(),
+        meta=dict(B=B, N=N, d=d),
+        extras={"fwd": forward},
+    )
+
+
+CASES = (et_score_iso_784, et_score_block_784, et_score_iso_2, et_score_bwd_784)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_et_score_iso_784(benchmark, backend, quick):
+    run_benchmark(benchmark, et_score_iso_784(quick), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_et_score_block_784(benchmark, backend, quick):
+    run_benchmark(benchmark, et_score_block_784(quick), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_et_score_iso_2(benchmark, backend, quick):
+    run_benchmark(benchmark, et_score_iso_2(quick), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_et_score_bwd_784(benchmark, backend, quick):
+    run_benchmark(benchmark, et_score_bwd_784(quick), backend)

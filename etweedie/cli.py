@@ -1,0 +1,112 @@
+"""The ``etweedie`` command line (also ``python -m etweedie``).
+
+    etweedie demo [--seed N] [--out DIR] [--quick] [--no-progress]   score demo on eight Gaussians
+    etweedie bench [ARGS...]                                          benchmarks.table (from the repo root)
+    etweedie info                                                     backends, torch, threads
+
+Every command returns an exit status (0 on success, 2 on a usage error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import platform
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+__all__ = ["main"]
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="etweedie", description="Energy-Tweedie scores from denoising-posterior samples."
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    demo = commands.add_parser("demo", help="score demo on the eight-Gaussians ring (paper §5.1)")
+    demo.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
+    demo.add_argument("--out", metavar="DIR", help="also write the results as DIR/score_demo.json")
+    demo.add_argument("--quick", action="store_true", help="small sizes (a few seconds)")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    commands.add_parser(
+        "bench",
+        help="run the benchmark table (benchmarks.table; run from the repository root)",
+        description="Forwards every further argument to benchmarks.table, e.g. `etweedie bench --quick`.",
+        add_help=False,
+    )
+    commands.add_parser("info", help="show which backends loaded, the torch build and threads")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        # `bench` forwards everything after it untouched (its flags belong to benchmarks.table).
+        if argv and argv[0] == "bench":
+            return _bench(argv[1:])
+        args = _build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse's --help and usage errors: a status, not an exception
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    if args.command == "demo":
+        return _demo(args)
+    return _info()
+
+
+# ---------------------------------------------------------------------------- commands
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import QUICK_SIZES, print_score_demo, run_score_demo
+
+    if args.seed < 0:
+        print(f"etweedie demo: error: --seed must be >= 0, got {args.seed}", file=sys.stderr)
+        return 2
+    sizes = QUICK_SIZES if args.quick else {}
+    results = run_score_demo(seed=args.seed, progress=not args.no_progress, out_dir=args.out, **sizes)
+    print_score_demo(results)
+    if "json_path" in results:
+        print(f"results written to {results['json_path']}")
+    return 0
+
+
+def _bench(forwarded: List[str]) -> int:
+    root = Path.cwd()
+    if not (root / "benchmarks" / "table.py").is_file():
+        print(
+            "etweedie bench: error: benchmarks/table.py is not in the current directory; the benchmarks "
+            "ship with the source tree, not the installed package, so run `etweedie bench` from the "
+            "etweedie repository root",
+            file=sys.stderr,
+        )
+        return 2
+    # The console script's sys.path starts at its own bin/ folder, not the working directory.
+    if str(root) not in sys.path and "" not in sys.path:
+        sys.path.insert(0, str(root))
+    try:
+        table = importlib.import_module("benchmarks.table")
+    except ImportError as exc:
+        print(f"etweedie bench: error: cannot import benchmarks.table from {root}: {exc}", file=sys.stderr)
+        return 2
+    status = table.main(forwarded)
+    return 0 if status is None else int(status)
+
+
+def _info() -> int:
+    import torch
+
+    from . import __version__, backends
+
+    status = backends.available()
+    width = max(len(name) for name in status)
+    print(f"etweedie {__version__}")
+    print(f"python   {platform.python_version()} ({sys.executable})")
+    print(f"torch    {torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")
+    print(f"threads  {torch.get_num_threads()} intra-op, {torch.get_num_interop_threads()} inter-op")
+    print("backends")
+    for name, (ok, why) in status.items():
+        print(f"  {name:<{width}}  {'yes' if ok else 'no ':<3}  {why}")
+    print(f"automatic choice for CPU tensors: {backends.resolve('et_score', torch.device('cpu'))}")
+    return 0

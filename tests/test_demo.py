@@ -1,0 +1,98 @@
+"""The score demo and the command line (`etweedie demo | bench | info`, `python -m etweedie`)."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from etweedie.cli import main
+from etweedie.demo import QUICK_SIZES, format_score_table, run_score_demo
+
+TINY = dict(n_queries=32, n_draws=16, bank_size=2_000)
+
+
+def test_quick_demo_through_the_cli(tmp_path, capsys):
+    assert main(["demo", "--quick", "--out", str(tmp_path), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    for column in ("noise", "σ", "β", "λ", "method", "NMSE", "cosine", "#draws"):
+        assert column in printed
+    assert "IS half A (floor)" in printed and str(tmp_path / "score_demo.json") in printed
+
+    results = json.loads((tmp_path / "score_demo.json").read_text())
+    assert results["config"]["n_queries"] == QUICK_SIZES["n_queries"]
+    rows = results["rows"]
+    assert len(rows) == 3 * 2 + 4 * 2
+    for row in rows:
+        assert math.isfinite(row["nmse"]) and row["nmse"] >= 0
+        assert -1 <= row["cosine"] <= 1
+
+    # ET on N exact posterior draws under Gaussian noise: the error of the mean of N draws
+    # gives NMSE ≈ E tr Cov(X|y) / (N s⁴ E‖∇log p_Y‖²) ≈ τ²/(N s²) for small s (within-mode
+    # posterior variance τ²s²/(τ²+s²), E‖∇log p_Y‖² ≈ 2/(τ²+s²)): 0.04/(128·0.01) ≈ 0.031 at
+    # s = 0.1 with the quick N = 128, less at larger s.  0.1 leaves > 3× margin for the
+    # spread of a 128-query average.
+    exact = [r for r in rows if r["method"] == "ET exact posterior"]
+    assert len(exact) == 3
+    for row in exact:
+        assert row["nmse"] < 0.1, row
+        assert row["cosine"] > 0.9, row
+    # ET on SIR draws from half A is IS on half A plus resampling noise, so it cannot beat
+    # the two-halves reference floor (fixed seed: deterministic).
+    for et, floor in zip(rows[6::2], rows[7::2]):
+        assert et["method"] == "ET SIR half A" and floor["method"] == "IS half A (floor)"
+        assert (et["beta"], et["sigma"]) == (floor["beta"], floor["sigma"])
+        assert et["nmse"] >= floor["nmse"]
+
+
+def test_demo_reproducible_from_seed_and_json_matches(tmp_path):
+    a = run_score_demo(seed=3, progress=False, out_dir=tmp_path, **TINY)
+    b = run_score_demo(seed=3, progress=False, **TINY)
+    c = run_score_demo(seed=4, progress=False, **TINY)
+    nmse = lambda r: [row["nmse"] for row in r["rows"]]
+    assert nmse(a) == nmse(b) and nmse(a) != nmse(c)
+    written = json.loads((tmp_path / "score_demo.json").read_text())
+    assert written["rows"] == a["rows"]
+    table = format_score_table(a)
+    assert len(table.splitlines()) > len(a["rows"])
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, name",
+    [
+        (dict(n_queries=0), ValueError, "n_queries"),
+        (dict(n_draws=1.5), TypeError, "n_draws"),
+        (dict(bank_size=1), ValueError, "bank_size"),
+        (dict(seed=-1), ValueError, "seed"),
+        (dict(dtype="float64"), TypeError, "dtype"),
+    ],
+)
+def test_demo_rejects_bad_arguments(kwargs, error, name):
+    with pytest.raises(error, match=name):
+        run_score_demo(progress=False, **kwargs)
+
+
+def test_cli_info(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "reference" in out and "torch" in out and "threads" in out
+
+
+def test_cli_usage_errors_return_status(capsys):
+    assert main([]) == 2
+    assert main(["demo", "--bogus"]) == 2
+    assert main(["demo", "--seed", "-1"]) == 2
+    assert main(["--help"]) == 0
+
+
+def test_cli_bench_outside_the_repository(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--quick"]) == 2
+    assert "repository root" in capsys.readouterr().err
+
+
+def test_python_dash_m():
+    done = subprocess.run([sys.executable, "-m", "etweedie", "info"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "backends" in done.stdout
