@@ -19,6 +19,7 @@ from .backends import use_backend
 from .metric import Metric
 from .noise import GeneralizedGaussian, Laplace, NoiseParams, StudentT
 from .ops import et_score, is_score, langevin_step
+from .ops._prep import set_debug
 
 __version__ = "0.1.0"
 
@@ -32,5 +33,6 @@ __all__ = [
     "et_score",
     "is_score",
     "langevin_step",
+    "set_debug",
     "use_backend",
 ]

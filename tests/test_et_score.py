@@ -47,30 +47,30 @@ def _run(backend, device, dtype, y, x, beta, lam, metric, grads=True):
     return s, grads
 
 
+def _check_against_reference(backend, device, args, metric, tag, seed):
+    """Kernel at float32 vs the reference at float32 and float64: score and every gradient."""
+    out, gout = _run(backend, device, torch.float32, *args, metric)
+    r32, g32 = _run("reference", "cpu", torch.float32, *args, metric)
+    r64, g64 = _run("reference", "cpu", torch.float64, *args, metric)
+    assert_close_to_ref(out, r32, r64, name=f"score{tag}", seed=seed)
+    for name, a, b, c in zip(["y", "x", "beta", "lam", "metric"], gout, g32, g64):
+        assert_close_to_ref(a, b, c, name=f"grad {name}{tag}", seed=seed, atol_scale=3e-5)
+
+
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("shape", [(5, 33, 6), (3, 130, 48), (1, 1, 6)], ids=["small", "large-d", "N1"])
 def test_matches_float64_reference(backend, device, kind, shape, seed):
     B, N, d = shape
     y, x, beta, lam, metric = _inputs(seed, B, N, d, kind)
-    out, gout = _run(backend, device, torch.float32, y, x, beta, lam, metric)
-    r32, g32 = _run("reference", "cpu", torch.float32, y, x, beta, lam, metric)
-    r64, g64 = _run("reference", "cpu", torch.float64, y, x, beta, lam, metric)
-    assert_close_to_ref(out, r32, r64, name=f"score[{kind}]", seed=seed)
-    for name, a, b, c in zip(["y", "x", "beta", "lam", "metric"], gout, g32, g64):
-        assert_close_to_ref(a, b, c, name=f"grad {name}[{kind}]", seed=seed, atol_scale=3e-5)
+    _check_against_reference(backend, device, (y, x, beta, lam), metric, f"[{kind}]", seed)
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
 @pytest.mark.parametrize("beta", [1.0, 2.0, 0.05, 1e-3, 1.4])
 def test_beta_values(backend, device, beta, seed):
     y, x, b, lam, metric = _inputs(seed, 4, 17, 3, "block3", beta=beta)
-    out, gout = _run(backend, device, torch.float32, y, x, b, lam, metric)
-    r32, g32 = _run("reference", "cpu", torch.float32, y, x, b, lam, metric)
-    r64, g64 = _run("reference", "cpu", torch.float64, y, x, b, lam, metric)
-    assert_close_to_ref(out, r32, r64, name=f"score beta={beta}", seed=seed)
-    for name, a, bb, c in zip(["y", "x", "beta", "lam", "metric"], gout, g32, g64):
-        assert_close_to_ref(a, bb, c, name=f"grad {name} beta={beta}", seed=seed, atol_scale=3e-5)
+    _check_against_reference(backend, device, (y, x, b, lam), metric, f" beta={beta}", seed)
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
@@ -93,13 +93,7 @@ def test_gradcheck_float64(backend, device, kind, seed):
 def test_coincident_draws_are_zero_not_nan(backend, device, beta, seed):
     y, x, b, lam, metric = _inputs(seed, 4, 9, 6, "block2", beta=beta)
     x[:, ::3] = y.unsqueeze(1)  # every third draw sits exactly on its query
-    out, gout = _run(backend, device, torch.float32, y, x, b, lam, metric)
-    r32, g32 = _run("reference", "cpu", torch.float32, y, x, b, lam, metric)
-    r64, g64 = _run("reference", "cpu", torch.float64, y, x, b, lam, metric)
-    assert_close_to_ref(out, r32, r64, name="score coincident", seed=seed)
-    for name, a, bb, c in zip(["y", "x", "beta", "lam", "metric"], gout, g32, g64):
-        assert torch.isfinite(a).all(), f"grad {name} not finite at coincident draws (seed {seed})"
-        assert_close_to_ref(a, bb, c, name=f"grad {name} coincident", seed=seed, atol_scale=3e-5)
+    _check_against_reference(backend, device, (y, x, b, lam), metric, " coincident", seed)  # also checks finiteness
     # all draws coincident: the score is exactly zero
     s = etweedie.et_score(y.float().to(device), y.float().to(device).unsqueeze(1).expand(4, 5, 6).contiguous(), beta, backend=backend)
     assert torch.equal(s, torch.zeros_like(s))
@@ -252,3 +246,17 @@ class TestBadInput:
         if not etweedie.backends.available()["cuda"][0]:
             with pytest.raises(etweedie.backends.BackendUnavailable, match="'cuda' is unavailable"):
                 etweedie.et_score(y, x, 1.0, backend="cuda")
+
+
+def test_debug_flag_catches_nan():
+    y, x = torch.zeros(2, 3), torch.zeros(2, 4, 3)
+    x[1, 2, 0] = float("nan")
+    assert torch.isnan(etweedie.et_score(y, x, 1.0)).any()  # off by default: NaN propagates
+    etweedie.set_debug(True)
+    try:
+        with pytest.raises(ValueError, match="x contains NaN"):
+            etweedie.et_score(y, x, 1.0)
+        with pytest.raises(ValueError, match="bank contains NaN"):
+            etweedie.is_score(y, x[1], etweedie.GeneralizedGaussian(1.4))
+    finally:
+        etweedie.set_debug(False)

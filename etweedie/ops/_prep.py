@@ -15,6 +15,7 @@ by :func:`whiten_dense` on the kernel path; the reference uses the dense precisi
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -28,6 +29,28 @@ _KIND = {"isotropic": ISOTROPIC, "diagonal": DIAGONAL, "block": BLOCK, "dense": 
 
 def _is_compiling() -> bool:
     return torch.compiler.is_compiling()
+
+
+# Debug checks (NaN/inf in the data) cost a full pass over x, so they are off by default.
+_DEBUG = {"on": os.environ.get("ETWEEDIE_DEBUG", "0") not in ("", "0")}
+
+
+def set_debug(enabled: bool) -> None:
+    """Turn the ops' finiteness checks on or off (also: environment ETWEEDIE_DEBUG=1).
+
+    With checks on, a NaN or infinity in y, x, a bank or a parameter raises ValueError naming
+    the argument instead of propagating into the result.
+    """
+    _DEBUG["on"] = bool(enabled)
+
+
+def check_finite(op: str, **tensors) -> None:
+    """ValueError naming the first non-finite argument (only when debug checks are on)."""
+    if not _DEBUG["on"] or _is_compiling():
+        return
+    for name, t in tensors.items():
+        if t is not None and t.numel() and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{op}: {name} contains NaN or infinite values (debug checks are on)")
 
 
 def check_tensor(t, name: str, op: str) -> torch.Tensor:
@@ -130,6 +153,7 @@ def canonicalize(op: str, y, x, beta, lam, metric) -> Canonical:
         raise ValueError(f"{op}: x must hold at least one posterior draw (N >= 1), got shape {tuple(x.shape)}")
     beta = as_param(beta, "beta", op, y)
     lam = as_param(lam, "lam", op, y)
+    check_finite(op, y=y, x=x)
     check_beta_lam(beta, lam, op)
     metric = check_metric(metric, d, y, op)
     batch = broadcast_batch(

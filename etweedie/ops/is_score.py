@@ -18,7 +18,7 @@ import torch
 
 from .. import backends
 from . import reference
-from ._prep import DENSE, check_beta_lam, check_metric, check_tensor, metric_param
+from ._prep import DENSE, check_beta_lam, check_finite, check_metric, check_tensor, metric_param
 
 __all__ = ["is_score"]
 
@@ -56,6 +56,7 @@ def is_score(
         raise ValueError(f"{op}: bank must hold at least one clean point, got shape {tuple(bank.shape)}")
     if bank.dtype != y.dtype or bank.device != y.device:
         raise TypeError(f"{op}: bank must match y's dtype/device ({y.dtype}, {y.device}), got ({bank.dtype}, {bank.device})")
+    check_finite(op, y=y, bank=bank)
     for attr in ("beta", "lam", "metric"):
         if not hasattr(noise_law, attr):
             raise TypeError(f"{op}: noise_law must be a GeneralizedGaussian (with beta, lam, metric), got {type(noise_law).__name__}")
