@@ -1,6 +1,9 @@
 # etweedie — two commands do all set-up on a fresh machine:
 #   make demo    create .venv, install torch + etweedie (with its compiled extension), run the demo
-#   make test    same set-up, then the test suite
+#   make test    same set-up, then the CUDA compile check (when nvcc is on PATH), then the test suite
+#   make check-cuda   compile every csrc/cuda/*.cu with plain nvcc (sm_80, sm_90); ptxas report
+#   make check-triton compile the Triton kernels for sm_80 with Triton's compiler (no GPU needed)
+#   make gpu-check    on a machine with a GPU and a CUDA torch: build, tests on CUDA, benchmarks
 # TORCH_SPEC picks the torch to install when the venv has none (an installed torch is kept).
 
 PYTHON     ?= python3
@@ -11,9 +14,10 @@ PYTEST_ARGS ?=
 PY    := $(VENV)/bin/python
 PIP   := $(PY) -m pip --disable-pip-version-check
 STAMP := $(VENV)/.etweedie-installed
-SOURCES := setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*/*.h csrc/*/*.cpp csrc/*/*.cu)
+SOURCES := setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*/*.h csrc/*/*.cpp csrc/*/*.cu csrc/*/*.cuh)
+NVCC    ?= nvcc
 
-.PHONY: all demo test install bench clean
+.PHONY: all demo test install bench clean check-cuda check-cuda-if-available check-triton gpu-check
 
 all: test
 
@@ -37,8 +41,34 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m etweedie demo
 
-test: $(STAMP)
+test: $(STAMP) check-cuda-if-available
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Plain-nvcc compile of the CUDA kernels (no GPU, no CUDA torch needed); writes
+# benchmarks/ptxas_report.txt (registers/spills per kernel).
+check-cuda:
+	NVCC=$(NVCC) bash scripts/check_cuda.sh
+
+check-cuda-if-available:
+	@if command -v $(NVCC) >/dev/null 2>&1; then \
+		$(MAKE) --no-print-directory check-cuda; \
+	else \
+		echo "notice: $(NVCC) not found on PATH; skipping the CUDA compile check (make check-cuda)"; \
+	fi
+
+# Lower every Triton kernel variant to a cubin for sm_80 with Triton's own compiler (no GPU needed;
+# about a minute for float32, TRITON_CHECK_ARGS="--dtypes fp32,fp64" adds several minutes).
+TRITON_CHECK_ARGS ?=
+check-triton: $(STAMP)
+	env -u TRITON_INTERPRET $(PY) scripts/check_triton.py $(TRITON_CHECK_ARGS)
+
+# Needs an NVIDIA GPU and a CUDA build of torch; stops with the reason before building otherwise.
+# Log and JSON results in gpu_check/ (GPU_CHECK_ARGS=--quick for smaller benchmark shapes).
+GPU_CHECK_ARGS ?=
+gpu-check: $(PY)
+	@$(PY) scripts/gpu_check.py --preflight
+	$(MAKE) --no-print-directory install
+	$(PY) scripts/gpu_check.py --skip-build $(GPU_CHECK_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.table

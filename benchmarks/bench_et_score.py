@@ -2,7 +2,7 @@
 
 Workloads (the foundation issue's targets; ``quick`` shrinks B and N for smoke runs):
 
-    et_score_iso_784     B=64,   N=256, d=784, isotropic metric
+    et_score_iso_784     B=64,   N=256, d=784, isotropic metric (extras: 256 MiB copy, x.sum())
     et_score_block_784   B=64,   N=256, d=784, block metric I ⊗ S, S 2×2 SPD
     et_score_iso_2       B=4096, N=64,  d=2,   isotropic metric
     et_score_bwd_784     B=64,   N=256, d=784, forward + ∂/∂y, ∂/∂x (extra: forward alone)
@@ -22,7 +22,7 @@ import etweedie
 from etweedie.ops import reference
 from etweedie.ops._prep import canonicalize
 
-from .common import BACKENDS, Case, check_close, run_benchmark
+from .common import BACKENDS, Case, check_close, copy_thunk, run_benchmark
 
 BETA, LAM = 1.4, 1.8
 BLOCK_S = torch.tensor([[0.5, 0.3], [0.3, 0.5]])  # SPD, correlated pixel pairs
@@ -46,7 +46,8 @@ def to64(args) -> tuple:
     return tuple(a.detach().double() if isinstance(a, torch.Tensor) else a for a in args)
 
 
-def forward_case(id: str, B: int, N: int, d: int, metric, label: str) -> Case:
+def forward_case(id: str, B: int, N: int, d: int, metric, label: str, extras=None) -> Case:
+    """``extras(x)``, if given, returns more thunks to time in the same rounds."""
     y, x = draws(B, N, d)
     args = canonical_args(y, x, metric)
 
@@ -65,12 +66,22 @@ def forward_case(id: str, B: int, N: int, d: int, metric, label: str) -> Case:
         check=check,
         bytes_x=x.numel() * x.element_size(),
         meta=dict(B=B, N=N, d=d),
+        extras=extras(x) if extras else {},
     )
 
 
 def et_score_iso_784(quick: bool = False) -> Case:
+    """Extras timed in the same interleaved rounds, so under the same load as the kernel:
+    ``copy`` (a 256 MiB ``dst.copy_(src)``: the memory-bandwidth floor) and ``x.sum()``
+    (torch's own streaming read of the same x: what a plain read-only pass achieves)."""
     B, N = (16, 64) if quick else (64, 256)
-    return forward_case("et_score_iso_784", B, N, 784, etweedie.Metric.isotropic(0.5), "iso")
+    copy, copy_bytes = copy_thunk(64 if quick else 256)
+    case = forward_case(
+        "et_score_iso_784", B, N, 784, etweedie.Metric.isotropic(0.5), "iso",
+        extras=lambda x: {"copy": copy, "x.sum()": lambda: x.sum()},
+    )
+    case.meta["copy_bytes"] = copy_bytes
+    return case
 
 
 def et_score_block_784(quick: bool = False) -> Case:

@@ -57,46 +57,67 @@ class Timing:
         return f"{_num(self.median_ms)} ({_num(self.p20_ms)}–{_num(self.p80_ms)})"
 
 
-def time_call(
-    fn: Callable[[], object],
+def time_calls(
+    fns: Dict[str, Callable[[], object]],
     *,
     warmup: int = 2,
     min_repeats: int = 5,
     max_repeats: int = 200,
     budget_s: float = 2.0,
-) -> Timing:
-    """Median and p20/p80 wall time of ``fn()`` in ms (time.perf_counter).
+) -> Dict[str, Timing]:
+    """Median and p20/p80 wall time in ms (time.perf_counter) of each ``fns[name]()``.
 
-    After ``warmup`` untimed calls, the first timed call sizes the repeat count so that the
-    measurement takes about ``budget_s`` (between ``min_repeats`` and ``max_repeats``
-    calls): a 5 ms kernel gets hundreds of samples, a 20 s oracle the minimum.
+    After ``warmup`` untimed calls, the first timed call of each function sizes its repeat
+    count so that it takes about ``budget_s`` (between ``min_repeats`` and ``max_repeats``
+    calls): a 5 ms kernel gets hundreds of samples, a 20 s oracle the minimum.  The functions
+    are timed in interleaved rounds, so load from other processes that comes and goes hits
+    the kernel and its baselines alike and their ratios stay meaningful.
     """
-    for _ in range(warmup):
-        fn()
-    times = []
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-    n = int(min(max_repeats, max(min_repeats, budget_s / max(times[0], 1e-9))))
-    for _ in range(n - 1):
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: Dict[str, List[float]] = {}
+    repeats: Dict[str, int] = {}
+    for name, fn in fns.items():
         t0 = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t0)
-    p20, p50, p80 = np.percentile(np.array(times) * 1e3, [20, 50, 80])
-    return Timing(float(p50), float(p20), float(p80), len(times))
+        times[name] = [time.perf_counter() - t0]
+        repeats[name] = int(min(max_repeats, max(min_repeats, budget_s / max(times[name][0], 1e-9))))
+    for r in range(1, max(repeats.values(), default=0)):
+        for name, fn in fns.items():
+            if r < repeats[name]:
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    out = {}
+    for name, ts in times.items():
+        p20, p50, p80 = np.percentile(np.array(ts) * 1e3, [20, 50, 80])
+        out[name] = Timing(float(p50), float(p20), float(p80), len(ts))
+    return out
+
+
+def time_call(fn: Callable[[], object], **kwargs) -> Timing:
+    """:func:`time_calls` for one function."""
+    return time_calls({"fn": fn}, **kwargs)["fn"]
+
+
+def copy_thunk(mbytes: int = 256) -> tuple:
+    """(thunk, bytes moved per call): ``dst.copy_(src)`` on float32 buffers of ``mbytes`` MiB.
+
+    Bytes moved count read + write (2 × buffer).  256 MiB is far beyond the last-level cache,
+    so this measures the DRAM bandwidth the threads in use can drive.
+    """
+    n = mbytes * 2**20 // 4
+    src = torch.ones(n)  # ones/zeros, not empty: touch every page before timing
+    dst = torch.zeros(n)
+    return (lambda: dst.copy_(src)), 2 * n * 4
 
 
 def copy_bandwidth(mbytes: int = 256) -> float:
-    """Copy bandwidth in GB/s of ``dst.copy_(src)`` on a float32 buffer of ``mbytes`` MiB.
-
-    Counts read + write (2 × buffer bytes per copy).  256 MiB is far beyond the last-level
-    cache, so this is the DRAM bandwidth the threads in use can drive.
-    """
-    n = mbytes * 2**20 // 4
-    src = torch.ones(n)  # ones, not empty: touch every page before timing
-    dst = torch.zeros(n)
-    t = time_call(lambda: dst.copy_(src), warmup=2, min_repeats=10, max_repeats=30)
-    return 2 * n * 4 / (t.median_ms * 1e-3) / 1e9
+    """Copy bandwidth in GB/s (read + write counted) of :func:`copy_thunk`."""
+    thunk, moved = copy_thunk(mbytes)
+    t = time_call(thunk, warmup=2, min_repeats=10, max_repeats=30)
+    return moved / (t.median_ms * 1e-3) / 1e9
 
 
 # ----------------------------------------------------------------------------- memory
@@ -261,15 +282,14 @@ def measure(
     if compile and case.compile_skip is None:
         stage("compile")
         thunks["compile"], compile_s = compiled_thunk(case)
-    timings, peaks = {}, {}
+    peaks = {}
     for name, thunk in thunks.items():
-        stage(name)
+        stage(f"{name} memory")
         peaks[name] = peak_extra_bytes(thunk)  # also a warm-up call
-        timings[name] = time_call(thunk, **timing)
-    extras = {}
-    for name, thunk in case.extras.items():
-        stage(name)
-        extras[name] = time_call(thunk, **timing)
+    stage("timing " + ", ".join([*thunks, *case.extras]))
+    timed = time_calls({**thunks, **case.extras}, **timing)
+    timings = {name: timed[name] for name in thunks}
+    extras = {name: timed[name] for name in case.extras}
     return Result(case, timings, peaks, extras, compile_s)
 
 

@@ -25,6 +25,21 @@ TORCH_LIBRARY(etweedie, m) {
       "int kind) -> (Tensor, Tensor)");
   // -> (score, posterior_mean, ess) of the importance-sampling oracle over a clean bank.
   m.def("is_score_fwd(Tensor y, Tensor bank, float beta, float lam, Tensor prec, int kind) -> (Tensor, Tensor, Tensor)");
+  // -> (B,) energy score of samples (B, M, d) against target (B, d); fair = unbiased pair term.
+  m.def("energy_score_fwd(Tensor samples, Tensor target, Tensor beta, Tensor prec, int kind, bool fair) -> Tensor");
+  // Upstream gradient (B,) -> (grad_samples, grad_target, grad_beta, grad_prec); empty if not requested.
+  m.def(
+      "energy_score_bwd(Tensor grad, Tensor samples, Tensor target, Tensor beta, Tensor prec, int kind, bool fair, "
+      "bool need_samples, bool need_target, bool need_beta, bool need_prec) -> (Tensor, Tensor, Tensor, Tensor)");
+  // Fused training path -> (value (B,), and the gradients of value.sum(): samples, target, beta, prec).
+  m.def(
+      "energy_score_fwd_grad(Tensor samples, Tensor target, Tensor beta, Tensor prec, int kind, bool fair, "
+      "bool need_samples, bool need_target, bool need_beta, bool need_prec) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // -> (B,) energy distance between clouds a (B, n, d) and b (B, m, d); unbiased = U-statistic.
+  m.def("energy_distance_fwd(Tensor a, Tensor b, Tensor beta, Tensor prec, int kind, bool unbiased) -> Tensor");
+  m.def(
+      "energy_distance_bwd(Tensor grad, Tensor a, Tensor b, Tensor beta, Tensor prec, int kind, bool unbiased, "
+      "bool need_a, bool need_b, bool need_beta, bool need_prec) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 // `import etweedie._C` loads this shared object, which runs the registrations above.

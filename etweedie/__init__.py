@@ -18,7 +18,7 @@ from . import backends
 from .backends import use_backend
 from .metric import Metric
 from .noise import GeneralizedGaussian, Laplace, NoiseParams, StudentT
-from .ops import et_score, is_score, langevin_step
+from .ops import energy_distance, energy_score, et_score, is_score, kernel_score, langevin_step, student_t_score
 from .ops._prep import set_debug
 
 __version__ = "0.1.0"
@@ -30,9 +30,13 @@ __all__ = [
     "NoiseParams",
     "StudentT",
     "backends",
+    "energy_distance",
+    "energy_score",
     "et_score",
     "is_score",
+    "kernel_score",
     "langevin_step",
+    "student_t_score",
     "set_debug",
     "use_backend",
 ]

@@ -66,13 +66,22 @@ def _triton_status() -> Tuple[bool, str]:
     except Exception as exc:
         return False, f"triton is not installed ({exc.__class__.__name__})"
     try:
-        have = importlib.util.find_spec("etweedie.kernels.et_score") is not None
+        # find_spec of a submodule would import the package; locate its file instead
+        spec = importlib.util.find_spec("etweedie.kernels")
+        have = spec is not None and any(
+            os.path.exists(os.path.join(loc, "et_score.py")) for loc in (spec.submodule_search_locations or ())
+        )
     except Exception as exc:
         return False, f"etweedie.kernels failed to import: {exc!r}"
     if not have:
-        return False, "the Triton kernels (etweedie.kernels) are not part of this build yet"
+        return False, "the Triton kernels (etweedie.kernels) are not part of this install"
+    # etweedie.kernels is located, not imported: triton fixes compiled-vs-interpreted when a
+    # kernel is defined, so importing here could lock in the wrong mode before a caller sets
+    # TRITON_INTERPRET.  Only the torch build is consulted, never a GPU.
     if os.environ.get("TRITON_INTERPRET") == "1":
-        return True, "triton (interpreter mode, TRITON_INTERPRET=1)"
+        return True, "triton (interpreter mode, TRITON_INTERPRET=1; runs on CPU tensors)"
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return False, "torch is a CPU-only build: compiled Triton needs CUDA tensors (set TRITON_INTERPRET=1 to interpret on CPU)"
     return True, "triton (compiled; needs CUDA tensors)"
 
 

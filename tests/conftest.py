@@ -32,6 +32,8 @@ def backend_device_pairs():
                 continue
             if name == "cuda" and dev.type != "cuda":
                 continue
+            if name == "triton" and dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+                continue  # compiled Triton needs CUDA tensors; CPU tensors only in interpreter mode
             pairs.append((name, dev))
     return pairs
 

@@ -66,8 +66,10 @@ std::tuple<at::Tensor, at::Tensor> et_score_fwd_cpu(const at::Tensor& y, const a
     const int64_t sxb = x.stride(0), sxn = x.stride(1), sb = beta.stride(0), sl = lam.stride(0), sp0 = prec.stride(0);
     ET_DISPATCH_METRIC(kind, block_of(prec, kind), T, [&] {
       at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+        std::vector<T> pattern;
         for (int64_t b = b0; b < b1; ++b) {
-          const Prec P{pp + b * sp0};
+          Prec P{pp + b * sp0};
+          prepare_row(P, pattern, d);
           et_score_row<T, Prec>(P, yp + b * d, xp + b * sxb, sxn, N, d, bp[b * sb], lp[b * sl], mp + b * d, sp + b * d);
         }
       });
@@ -117,9 +119,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> et_score_
       const T inv_n = T(1) / static_cast<T>(N);
       ET_DISPATCH_METRIC(kind, block_of(prec, kind), T, [&] {
         at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
-          std::vector<T> h(d), pm(d);
+          std::vector<T> h(d), pm(d), pattern;
           for (int64_t b = b0; b < b1; ++b) {
-            const Prec P{pp + b * sp0};
+            Prec P{pp + b * sp0};
+            prepare_row(P, pattern, d);
             const T be = bp[b * sb], la = lp[b * sl];
             const T* yb = yp + b * d;
             const T* gb_in = gp_in + b * d;

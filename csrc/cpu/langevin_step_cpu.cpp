@@ -51,9 +51,10 @@ std::tuple<at::Tensor, at::Tensor> langevin_step_fwd_cpu(const at::Tensor& y, co
     const int64_t kblock = kind == kBlock ? prec.size(1) : 0;
     ET_DISPATCH_METRIC(kind, kblock, T, [&] {
       at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
-        std::vector<T> s(d);
+        std::vector<T> s(d), pattern;
         for (int64_t b = b0; b < b1; ++b) {
-          const Prec P{pp + b * sp0};
+          Prec P{pp + b * sp0};
+          prepare_row(P, pattern, d);
           const T* yb = yp + b * d;
           const T* nb = np + b * d;
           T* ob = op + b * d;

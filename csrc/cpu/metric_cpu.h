@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "../common/macros.h"
 
@@ -160,7 +161,42 @@ struct RowPrec<T, kDiagonal, 0> {
 template <typename T, int K>
 struct RowPrec<T, kBlock, K> {
   const T* p;  // row-major K×K
+  // Optional coefficient rows (prepare_row): pat[j] = P_aa and, for o = 1..K−1,
+  // pat[o·d + j] = P_{a,a+o} + P_{a+o,a} (a = j mod K; 0 where a+o leaves the block), so that
+  // uᵀPu = Σ_j u_j (pat[j] u_j + Σ_o pat[o·d+j] u_{j+o}) runs over contiguous, shifted loads
+  // and vectorizes; the per-block form below gathers with stride K and does not.
+  const T* pat = nullptr;
+  static void build_pattern(const T* p, int64_t d, T* pat) {
+    for (int64_t j = 0; j < d; ++j) {
+      const int a = static_cast<int>(j % K);
+      pat[j] = p[a * K + a];
+      for (int o = 1; o < K; ++o) pat[o * d + j] = a + o < K ? p[a * K + a + o] + p[(a + o) * K + a] : T(0);
+    }
+  }
+  T quad_pattern(const T* y, const T* x, const T* h, int64_t d, T* hu_out) const {
+    T acc = 0, dot = 0;
+    const int64_t jmax = d - (K - 1);  // j + o < d for every offset o < K
+#pragma omp simd reduction(+ : acc, dot)
+    for (int64_t j = 0; j < jmax; ++j) {
+      const T uj = y[j] - x[j];
+      T sj = pat[j] * uj;
+#pragma GCC unroll 4
+      for (int o = 1; o < K; ++o) sj += pat[o * d + j] * (y[j + o] - x[j + o]);
+      acc += uj * sj;
+      if (h) dot += h[j] * uj;
+    }
+    for (int64_t j = jmax < 0 ? 0 : jmax; j < d; ++j) {  // tail: out-of-row offsets have coefficient 0
+      const T uj = y[j] - x[j];
+      T sj = pat[j] * uj;
+      for (int o = 1; j + o < d; ++o) sj += pat[o * d + j] * (y[j + o] - x[j + o]);
+      acc += uj * sj;
+      if (h) dot += h[j] * uj;
+    }
+    if (hu_out) *hu_out = dot;
+    return acc;
+  }
   T quad(const T* y, const T* x, int64_t d) const {
+    if (pat) return quad_pattern(y, x, nullptr, d, nullptr);
     T acc = 0;
     const int64_t nb = d / K;
 #pragma omp simd reduction(+ : acc)
@@ -173,6 +209,10 @@ struct RowPrec<T, kBlock, K> {
     return acc;
   }
   void quad_dot(const T* y, const T* x, const T* h, int64_t d, T& q, T& hu) const {
+    if (pat) {
+      q = quad_pattern(y, x, h, d, &hu);
+      return;
+    }
     T acc = 0, dot = 0;
     const int64_t nb = d / K;
 #pragma omp simd reduction(+ : acc, dot)
@@ -253,6 +293,19 @@ struct RowPrec<T, kBlock, K> {
   }
   static constexpr int64_t param_size(int64_t) { return K * K; }
 };
+
+// Per-row set-up before the draw loop: block metrics with large d get their coefficient rows
+// (K·d numbers in buf); isotropic and diagonal metrics need none.
+template <typename T, int KIND, int K>
+inline void prepare_row(RowPrec<T, KIND, K>&, std::vector<T>&, int64_t) {}
+
+template <typename T, int K>
+inline void prepare_row(RowPrec<T, kBlock, K>& P, std::vector<T>& buf, int64_t d) {
+  if (K == 1 || d < 8 * K) return;  // small d: the per-block loop (or the SoA tile path) is fine
+  buf.resize(static_cast<size_t>(K) * d);
+  RowPrec<T, kBlock, K>::build_pattern(P.p, d, buf.data());
+  P.pat = buf.data();
+}
 
 // Calls f(RowPrec-typed tag) for the kind/block size given at run time.
 #define ET_DISPATCH_METRIC(KIND_, KBLOCK_, T_, ...)                                   \

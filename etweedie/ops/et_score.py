@@ -65,6 +65,10 @@ def et_score(
 
 
 def _kernel(name, y, x, beta, lam, prec, kind) -> torch.Tensor:
+    if name == "triton":
+        from ..kernels.et_score import et_score_op  # imports triton: only when asked for
+
+        return et_score_op(y, x, beta, lam, prec, kind)[0]
     # "cpu" and "cuda" are the same compiled op; the dispatcher picks the device's kernel.
     return torch.ops.etweedie.et_score_fwd(y, x, beta, lam, prec, kind)[0]
 

@@ -82,12 +82,20 @@ def is_score(
         elif kind == DENSE:
             L = metric.whitening_factor()
             ones = torch.ones(1, dtype=y.dtype, device=y.device)
-            zs, zmean, ess = torch.ops.etweedie.is_score_fwd(yq @ L, (bank @ L).contiguous(), b, l, ones, 0)
+            zs, zmean, ess = _kernel(name, yq @ L, (bank @ L).contiguous(), b, l, ones, 0)
             score = zs @ L.T
             mean = torch.linalg.solve_triangular(L.T, zmean.T, upper=True).T
         else:
-            score, mean, ess = torch.ops.etweedie.is_score_fwd(yq, bank.contiguous(), b, l, prec.contiguous(), kind)
+            score, mean, ess = _kernel(name, yq, bank.contiguous(), b, l, prec.contiguous(), kind)
     return score.reshape(*batch, d), mean.reshape(*batch, d), ess.reshape(batch)
+
+
+def _kernel(name, y, bank, beta: float, lam: float, prec, kind):
+    if name == "triton":
+        from ..kernels.is_score import is_score_op  # imports triton: only when asked for
+
+        return is_score_op(y, bank, beta, lam, prec, kind)
+    return torch.ops.etweedie.is_score_fwd(y, bank, beta, lam, prec, kind)
 
 
 def _register() -> None:

@@ -17,6 +17,7 @@ from .. import backends
 from ..metric import Metric
 from . import reference
 from ._prep import DENSE, as_param, broadcast_batch, canonicalize, check_tensor, flat, unwhiten_score, whiten_dense
+from .et_score import _kernel as _score_kernel
 
 __all__ = ["langevin_step"]
 
@@ -72,12 +73,20 @@ def langevin_step(
     elif c.kind == DENSE:
         # The update lives in the original space: whitened score kernel, then the update.
         zy, zx, ones, L = whiten_dense(c)
-        s = unwhiten_score(torch.ops.etweedie.et_score_fwd(zy, zx, c.beta, c.lam, ones, 0)[0], L)
+        s = unwhiten_score(_score_kernel(name, zy, zx, c.beta, c.lam, ones, 0), L)
         a = alpha.unsqueeze(-1)
         out = c.y + a * s + torch.sqrt(2 * a) * xi
     else:
-        out = torch.ops.etweedie.langevin_step_fwd(c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)[0]
+        out = _kernel(name, c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
     return out.reshape(*c.batch, d)
+
+
+def _kernel(name, y, x, noise, step, beta, lam, prec, kind) -> torch.Tensor:
+    if name == "triton":
+        from ..kernels.langevin_step import langevin_step_op  # imports triton: only when asked for
+
+        return langevin_step_op(y, x, noise, step, beta, lam, prec, kind)[0]
+    return torch.ops.etweedie.langevin_step_fwd(y, x, noise, step, beta, lam, prec, kind)[0]
 
 
 def _register() -> None:

@@ -99,3 +99,80 @@ def is_score(y, bank, beta: float, lam: float, prec, kind, chunk: int = 1024):
         d = y.shape[-1]
         return y.new_empty(0, d), y.new_empty(0, d), y.new_empty(0)
     return torch.cat(scores), torch.cat(means), torch.cat(esss)
+
+
+# ---------------------------------------------------------------------------- energy losses
+# Pair terms use torch.cdist in its direct-difference mode on whitened points (z = Lᵀx,
+# P = L Lᵀ, so ‖z_i − z_j‖ = ‖x_i − x_j‖_P): exact for clouds far from the origin, unlike the
+# Gram (matrix-multiply) mode, and O(n·m) memory rather than O(n·m·d).  A coincident pair
+# contributes 0 and, for every β ∈ (0, 2], a zero (never NaN) gradient — the kernels' convention.
+
+
+def whiten_rows(x: torch.Tensor, prec: torch.Tensor, kind: int) -> torch.Tensor:
+    """z (B, n, d) with ‖z_i − z_j‖² = (x_i − x_j)ᵀ P (x_i − x_j) for x (B, n, d), prec (B, *param)."""
+    B = prec.shape[0]
+    if kind == ISOTROPIC:
+        return x * prec.sqrt().reshape(B, 1, 1)
+    if kind == DIAGONAL:
+        return x * prec.sqrt().reshape(B, 1, prec.shape[-1])
+    L = torch.linalg.cholesky(prec)  # P = L Lᵀ; z = Lᵀu is the row vector u @ L
+    if kind == BLOCK:
+        k = prec.shape[-1]
+        xb = x.reshape(*x.shape[:-1], x.shape[-1] // k, k)
+        return (xb @ L.reshape(B, 1, k, k)).reshape(x.shape)
+    if kind == DENSE:
+        return x @ L
+    raise ValueError(f"kind must be 0..3, got {kind}")
+
+
+def pair_energy(za: torch.Tensor, zb: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """‖za_i − zb_j‖^β, shape (B, n, m); 0 with a zero gradient where the points coincide."""
+    r = torch.cdist(za, zb, compute_mode="donot_use_mm_for_euclid_dist")
+    pos = r > 0
+    r_safe = torch.where(pos, r, torch.ones_like(r))
+    return torch.where(pos, r_safe ** beta.reshape(-1, 1, 1), torch.zeros_like(r))
+
+
+def energy_score(samples, target, beta, prec, kind, fair: bool = True) -> torch.Tensor:
+    """ES = (1/M) Σ_i ‖x_i − y‖_P^β − 1/(2M(M−1)) Σ_{i≠j} ‖x_i − x_j‖_P^β, shape (B,).
+
+    samples (B, M, d), target (B, d); ``fair=False`` uses 1/(2M²) Σ_{i,j} (biased).
+    """
+    M = samples.shape[1]
+    zx = whiten_rows(samples, prec, kind)
+    zy = whiten_rows(target.unsqueeze(1), prec, kind)
+    cross = pair_energy(zx, zy, beta).sum((1, 2)) / M
+    within = pair_energy(zx, zx, beta).sum((1, 2))
+    return cross - within / (2 * M * (M - 1) if fair else 2 * M * M)
+
+
+def energy_distance(a, b, beta, prec, kind, unbiased: bool = True) -> torch.Tensor:
+    """2E‖a − b‖_P^β − E‖a − a'‖_P^β − E‖b − b'‖_P^β per row, shape (B,).
+
+    a (B, n, d), b (B, m, d).  ``unbiased``: within-cloud means over i ≠ j (the signed
+    U-statistic); otherwise over all (i, j) (the V-statistic, ≥ 0 for β ∈ (0, 2)).
+    """
+    n, m = a.shape[1], b.shape[1]
+    za, zb = whiten_rows(a, prec, kind), whiten_rows(b, prec, kind)
+    cross = pair_energy(za, zb, beta).sum((1, 2)) / (n * m)
+    within_a = pair_energy(za, za, beta).sum((1, 2)) / (n * (n - 1) if unbiased else n * n)
+    within_b = pair_energy(zb, zb, beta).sum((1, 2)) / (m * (m - 1) if unbiased else m * m)
+    return 2 * cross - within_a - within_b
+
+
+def student_t_kernel_score(samples, target, prec, kind, fair: bool = True) -> torch.Tensor:
+    """Kernel score with the Student-t matched potential E(u) = log(1 + ‖u‖_P²), shape (B,)."""
+    M = samples.shape[1]
+    zx = whiten_rows(samples, prec, kind)
+    zy = whiten_rows(target.unsqueeze(1), prec, kind)
+    cross = torch.log1p(((zx - zy) ** 2).sum(-1)).sum(1) / M
+    within = torch.log1p(((zx.unsqueeze(2) - zx.unsqueeze(1)) ** 2).sum(-1)).sum((1, 2))
+    return cross - within / (2 * M * (M - 1) if fair else 2 * M * M)
+
+
+def student_t_score(y, x, c, prec, kind) -> torch.Tensor:
+    """−2c P (1/N) Σ_i (y − x_i) / (1 + ‖y − x_i‖_P²), shape (B, d); c (B,)."""
+    u = y.unsqueeze(1) - x
+    q = (u * apply_precision(prec, kind, u)).sum(-1)
+    m = (u / (1 + q).unsqueeze(-1)).mean(1)
+    return -2 * c.unsqueeze(-1) * apply_precision(prec, kind, m)

@@ -1,0 +1,115 @@
+"""Benchmarks of etweedie.energy_distance (forward), float32, β = 1, Σ = I, U-statistic.
+
+    energy_distance_4096_2    n=m=4096, d=2      ≥ 10× faster than the eager cdist form; memory O(n·d)
+    energy_distance_768_256   n=768, m=2048, d=256  within 1.2× of the eager cdist form, or faster
+
+The eager baseline is the reference (torch.cdist in its exact direct-difference mode).  The
+extra ``cdist_mm`` row times torch.cdist's default Gram (matrix-multiply) mode — faster for
+large d but it loses precision to cancellation for clouds away from the origin, so it is shown
+for comparison only.
+
+    pytest benchmarks/bench_energy_distance.py
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+import pytest
+import torch
+
+import etweedie
+from etweedie.ops import reference
+
+from .common import BACKENDS, Case, check_close, format_bytes, run_benchmark
+
+
+def clouds(n: int, m: int, d: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(1, n, d, generator=g)
+    b = 1.1 * torch.randn(1, m, d, generator=g) + 0.2
+    return a, b
+
+
+def cdist_mm_form(a, b):
+    """2E‖a−b‖ − E‖a−a'‖ − E‖b−b'‖ with torch.cdist's default (Gram / GEMM) mode, β = 1."""
+    n, m = a.shape[1], b.shape[1]
+    return (
+        2 * torch.cdist(a, b).mean((1, 2))
+        - torch.cdist(a, a).sum((1, 2)) / (n * (n - 1))
+        - torch.cdist(b, b).sum((1, 2)) / (m * (m - 1))
+    )
+
+
+def forward_case(id: str, n: int, m: int, d: int) -> Case:
+    a, b = clouds(n, m, d)
+    beta = torch.ones(1)
+    prec = torch.ones(1)
+
+    def kernel():
+        return etweedie.energy_distance(a, b, 1.0, backend="cpu")
+
+    def check():
+        ref64 = reference.energy_distance(a.double(), b.double(), beta.double(), prec.double(), 0)
+        check_close(id, kernel(), reference.energy_distance(a, b, beta, prec, 0), ref64)
+
+    return Case(
+        id=id,
+        workload=f"energy_distance fwd iso β=1 n={n} m={m} d={d}",
+        kernel=kernel,
+        reference_fn=reference.energy_distance,
+        baseline=lambda fn: (lambda: fn(a, b, beta, prec, 0)),
+        check=check,
+        bytes_x=(a.numel() + b.numel()) * a.element_size(),
+        meta=dict(n=n, m=m, d=d),
+        extras={"cdist_mm": lambda: cdist_mm_form(a, b)},
+        work=("pairs", n * m + n * (n - 1) // 2 + m * (m - 1) // 2),
+    )
+
+
+def energy_distance_4096_2(quick: bool = False) -> Case:
+    n = 1024 if quick else 4096
+    return forward_case("energy_distance_4096_2", n, n, 2)
+
+
+def energy_distance_768_256(quick: bool = False) -> Case:
+    n, m = (192, 512) if quick else (768, 2048)
+    return forward_case("energy_distance_768_256", n, m, 256)
+
+
+CASES = (energy_distance_4096_2, energy_distance_768_256)
+
+
+def targets(res: Dict[str, object]) -> List[object]:
+    """Issue 3 targets of these workloads."""
+    from .table import Target, _speedup_target
+
+    out = []
+    if "energy_distance_4096_2" in res:
+        r = res["energy_distance_4096_2"]
+        out.append(_speedup_target(res, r.case.id, r.case.workload, "reference", 10))
+        n, d = r.case.meta["n"], r.case.meta["d"]
+        peak, cloud = r.peaks["cpu"], 2 * n * d * 4
+        if peak is not None:
+            out.append(Target(r.case.workload, "memory O(n·d) (criterion: ≤ the clouds' own bytes)",
+                              f"{format_bytes(peak)} (clouds {format_bytes(cloud)}; eager {format_bytes(r.peaks['reference'])})",
+                              peak <= cloud))
+    if "energy_distance_768_256" in res:
+        # Judged against the fastest eager cdist form: torch.cdist's default Gram (GEMM) mode.
+        r = res["energy_distance_768_256"]
+        ours, mm = r.timings["cpu"].median_ms, r.extras["cdist_mm"].median_ms
+        exact = r.timings["reference"].median_ms
+        out.append(Target(r.case.workload, "within 1.2× of the eager cdist (Gram mode) form, or faster",
+                          f"{ours / mm:.2f}× the time of cdist Gram mode ({ours:.1f} vs {mm:.1f} ms); "
+                          f"{exact / ours:.1f}× faster than cdist direct mode", ours <= 1.2 * mm))
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_energy_distance_4096_2(benchmark, backend, quick):
+    run_benchmark(benchmark, energy_distance_4096_2(quick), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_energy_distance_768_256(benchmark, backend, quick):
+    run_benchmark(benchmark, energy_distance_768_256(quick), backend)

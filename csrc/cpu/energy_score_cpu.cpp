@@ -1,0 +1,80 @@
+// CPU kernels of etweedie::energy_score_fwd / energy_score_bwd (schemas in csrc/etweedie.cpp).
+//
+//   ES(x_{1..M}, y) = (1/M) Σ_i ‖x_i − y‖_P^β − c_M Σ_{i<j} ‖x_i − x_j‖_P^β,
+//   c_M = 1/(M(M−1)) (fair, the unbiased pairwise term) or 1/M² (biased, i = j terms are 0).
+//
+// The pair engine (csrc/cpu/energy_cpu.h) runs with cloud a = the M samples and cloud b = the
+// target as a one-point cloud; parallel over (row, block of samples).  Inputs are canonical
+// (etweedie/ops/_prep.py): samples (B, M, d), target (B, d), beta (B,), prec (B, *param).
+#include <torch/library.h>
+
+#include "energy_cpu.h"
+
+namespace etweedie {
+namespace cpu {
+namespace {
+
+PairWeights energy_score_weights(int64_t M, bool fair) {
+  const double m = static_cast<double>(M);
+  const double within = M < 2 ? 0.0 : (fair ? 1.0 / (m * (m - 1.0)) : 1.0 / (m * m));
+  return {M > 0 ? 1.0 / m : 0.0, -within, 0.0};
+}
+
+void check_target(const at::Tensor& samples, const at::Tensor& target) {
+  TORCH_CHECK(samples.dim() == 3, "energy_score: samples must be (B, M, d), got ", samples.sizes());
+  TORCH_CHECK(target.dim() == 2 && target.size(0) == samples.size(0) && target.size(1) == samples.size(2),
+              "energy_score: target must be (B, d) = (", samples.size(0), ", ", samples.size(2), "), got ",
+              target.sizes());
+  TORCH_CHECK(samples.size(1) >= 1 || samples.size(0) == 0, "energy_score: need at least one sample (M >= 1)");
+}
+
+at::Tensor energy_score_fwd_cpu(const at::Tensor& samples, const at::Tensor& target, const at::Tensor& beta,
+                                const at::Tensor& prec, int64_t kind, bool fair) {
+  check_target(samples, target);
+  TORCH_CHECK(!fair || samples.size(1) >= 2 || samples.size(0) == 0,
+              "energy_score: the fair estimator needs M >= 2 samples, got M = ", samples.size(1));
+  return energy_forward("energy_score", samples, target.unsqueeze(1), beta, prec, kind,
+                              energy_score_weights(samples.size(1), fair));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_score_bwd_cpu(
+    const at::Tensor& grad, const at::Tensor& samples, const at::Tensor& target, const at::Tensor& beta,
+    const at::Tensor& prec, int64_t kind, bool fair, bool need_samples, bool need_target, bool need_beta,
+    bool need_prec) {
+  check_target(samples, target);
+  auto out = energy_backward("energy_score", grad, samples, target.unsqueeze(1), beta, prec, kind,
+                                   energy_score_weights(samples.size(1), fair), need_samples, need_target, need_beta,
+                                   need_prec);
+  auto gt = std::get<1>(out);
+  if (need_target) gt = gt.reshape({target.size(0), target.size(1)});
+  return {std::get<0>(out), gt, std::get<2>(out), std::get<3>(out)};
+}
+
+// Training path: the value and the gradients for a unit upstream gradient in one pass over
+// the pairs (the backward then only scales them by grad[r]); with many rows every pair is
+// formed once instead of once in the forward and again in the backward.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_score_fwd_grad_cpu(
+    const at::Tensor& samples, const at::Tensor& target, const at::Tensor& beta, const at::Tensor& prec, int64_t kind,
+    bool fair, bool need_samples, bool need_target, bool need_beta, bool need_prec) {
+  check_target(samples, target);
+  TORCH_CHECK(!fair || samples.size(1) >= 2 || samples.size(0) == 0,
+              "energy_score: the fair estimator needs M >= 2 samples, got M = ", samples.size(1));
+  at::Tensor value;
+  auto ones = at::ones({samples.size(0)}, samples.options());
+  auto out = energy_backward("energy_score", ones, samples, target.unsqueeze(1), beta, prec, kind,
+                             energy_score_weights(samples.size(1), fair), need_samples, need_target, need_beta,
+                             need_prec, &value);
+  auto gt = std::get<1>(out);
+  if (need_target) gt = gt.reshape({target.size(0), target.size(1)});
+  return {value, std::get<0>(out), gt, std::get<2>(out), std::get<3>(out)};
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace etweedie
+
+TORCH_LIBRARY_IMPL(etweedie, CPU, m) {
+  m.impl("energy_score_fwd", &etweedie::cpu::energy_score_fwd_cpu);
+  m.impl("energy_score_bwd", &etweedie::cpu::energy_score_bwd_cpu);
+  m.impl("energy_score_fwd_grad", &etweedie::cpu::energy_score_fwd_grad_cpu);
+}

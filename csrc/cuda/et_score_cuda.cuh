@@ -1,0 +1,120 @@
+// CUDA kernels of the Energy-Tweedie score, shared by et_score_cuda.cu (score) and
+// langevin_step_cuda.cu (score + Langevin update).  Math: csrc/common/et_score.h.
+//
+// Work split: one block of kThreads threads per query row (forward: per row and chunk of
+// coordinates when there are too few rows to fill the GPU — each block then recomputes q over
+// all of d and accumulates only its chunk, whose length is a multiple of the metric block k so
+// that s = −λ P m stays local to the block).  The row's draws are processed in
+// tiles of kTile: (1) one warp per draw computes q_i = u_iᵀPu_i with its lanes striding over
+// the coordinates (coalesced reads of x_i) and a shuffle reduction, and stores the draw's
+// weight in shared memory; (2) the threads then stride over the coordinates and accumulate
+// Σ_t w_t u_t[j] into a shared-memory row accumulator (coalesced again).  Each draw is read
+// twice from global memory, the second time mostly from L1/L2; nothing of size N·d is
+// written.  Shared memory: d + kTile values.  Forward and backward follow the same pattern.
+// Indexing is int64 (row · stride products can exceed 2³¹).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "launchers.cuh"
+#include "metric_cuda.cuh"
+
+namespace etweedie {
+namespace cuda {
+
+constexpr int kTile = 64;        // draws per tile (weights staged in shared memory)
+constexpr int64_t kMinChunk = 128;  // fewest coordinates per block when a row is split
+constexpr int kMinBlocks = 4;       // resident blocks per SM asked of ptxas (register cap 128)
+
+// __launch_bounds__(kThreads, kMinBlocks): without a minimum-blocks hint ptxas (CUDA 13, sm_80)
+// capped these kernels at 40–72 registers and spilled; asking for 4 resident blocks allows up
+// to 128 registers, removes the spills (benchmarks/ptxas_report.txt) and still keeps 16 warps
+// per SM in flight.
+template <typename T, int KIND, int K, bool LANGEVIN>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtScoreArgs<T> a, int64_t chunk, T* __restrict__ out,
+                                                                 T* __restrict__ m_out) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int64_t row = blockIdx.x, d = a.d, N = a.N;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.y) * chunk;  // this block's coordinates [j0, j1)
+  const int64_t j1 = j0 + chunk < d ? j0 + chunk : d;
+  T* acc = reinterpret_cast<T*>(smem_raw);  // acc[j − j0] for j in [j0, j1): Σ w u, then m
+  T* wt = acc + chunk;                       // kTile weights
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const T* __restrict__ y = a.y + row * d;
+  const T* __restrict__ x = a.x + row * a.sxb;
+  const RowPrec<T, KIND, K> P{a.prec + row * a.sp};
+  const T beta = a.beta[row * a.sb], lam = a.lam[row * a.sl];
+  for (int64_t j = j0 + threadIdx.x; j < j1; j += kThreads) acc[j - j0] = T(0);
+  for (int64_t i0 = 0; i0 < N; i0 += kTile) {
+    const int n = static_cast<int>(N - i0 < kTile ? N - i0 : kTile);
+    __syncthreads();  // the previous tile's weights are consumed
+    for (int t = warp; t < n; t += kWarps) {
+      const T* __restrict__ xi = x + (i0 + t) * a.sxn;
+      T q = 0;
+      for (int64_t j = lane; j < d; j += kWarp)
+        q += (y[j] - xi[j]) * P.apply_at(j, [y, xi](int64_t c) { return y[c] - xi[c]; });
+      q = warp_sum(q);
+      if (lane == 0) wt[t] = residual_weight(q, beta);
+    }
+    __syncthreads();
+    for (int64_t j = j0 + threadIdx.x; j < j1; j += kThreads) {
+      const T yj = y[j];
+      T s = 0;
+#pragma unroll 4
+      for (int t = 0; t < n; ++t) s += wt[t] * (yj - x[(i0 + t) * a.sxn + j]);
+      acc[j - j0] += s;
+    }
+  }
+  const T inv_n = T(1) / static_cast<T>(N);
+  for (int64_t j = j0 + threadIdx.x; j < j1; j += kThreads) {
+    acc[j - j0] *= inv_n;
+    m_out[row * d + j] = acc[j - j0];
+  }
+  __syncthreads();  // s needs m at the other coordinates of j's block
+  T alpha = 0, diffusion = 0;
+  if (LANGEVIN) {
+    alpha = a.step[row * a.sa];
+    diffusion = sqrt(T(2) * alpha);
+  }
+  for (int64_t j = j0 + threadIdx.x; j < j1; j += kThreads) {
+    const T s = -lam * P.apply_at(j, [acc, j0](int64_t c) { return acc[c - j0]; });  // j's block ⊂ [j0, j1)
+    out[row * d + j] = LANGEVIN ? y[j] + alpha * s + diffusion * a.noise[row * d + j] : s;
+  }
+}
+
+template <typename T, bool LANGEVIN>
+cudaError_t et_score_fwd_dispatch(const EtScoreArgs<T>& a, T* out, T* m, cudaStream_t stream) {
+  if (a.B == 0 || a.d == 0) return cudaSuccess;
+  if (a.N <= 0) return cudaErrorInvalidValue;
+  // Coordinate chunks: enough blocks for ~2 per SM when rows are few and d is large.
+  int device = 0, sms = 1;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const int64_t k = a.kind == kBlock ? a.kblock : 1;
+  int64_t nch = 1;
+  if (a.d > 2 * kMinChunk && a.B < 2 * sms) {
+    const int64_t want = (2 * sms + a.B - 1) / a.B, most = a.d / kMinChunk;
+    nch = want < most ? want : most;
+  }
+  int64_t chunk = (a.d + nch - 1) / nch;
+  chunk = (chunk + k - 1) / k * k;  // whole metric blocks per chunk
+  nch = (a.d + chunk - 1) / chunk;
+  if (nch > 65535) return cudaErrorInvalidConfiguration;
+  const size_t smem = static_cast<size_t>(chunk + kTile) * sizeof(T);
+  return dispatch_metric(a.kind, a.kblock, [&](auto kind_c, auto k_c) {
+    constexpr int KIND = decltype(kind_c)::value, K = decltype(k_c)::value;
+    auto kernel = et_score_fwd_kernel<T, KIND, K, LANGEVIN>;
+    if (smem > 48 * 1024) {
+      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem));
+      if (e != cudaSuccess) return e;
+    }
+    const dim3 grid(static_cast<unsigned>(a.B), static_cast<unsigned>(nch));
+    kernel<<<grid, kThreads, smem, stream>>>(a, chunk, out, m);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace cuda
+}  // namespace etweedie

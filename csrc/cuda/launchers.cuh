@@ -1,0 +1,54 @@
+// Host-side entry points of the CUDA kernels (csrc/cuda/<op>_cuda.cu).  Plain C++ over the
+// CUDA runtime: raw pointers, sizes, element strides and a stream — no torch types — so that
+// the .cu files compile with plain nvcc and only csrc/cuda/bindings.cpp needs a CUDA torch.
+//
+// Canonical arguments (etweedie/ops/_prep.py, csrc/etweedie.cpp):
+//   y (B, d) contiguous; x (B, N, d) with element strides sxb, sxn over B and N (0 = shared)
+//   and unit stride over d; beta/lam/step (B,) with strides sb/sl/sa; prec (B, *param) with
+//   row stride sp and contiguous parameter dims; kind 0 isotropic, 1 diagonal, 2 block (k ≤ 4).
+// Outputs are contiguous.  Every launcher returns the launch's cudaError_t (cudaSuccess when
+// there is nothing to do) and never synchronizes.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace etweedie {
+namespace cuda {
+
+template <typename T>
+struct EtScoreArgs {
+  const T* y;
+  const T* x;
+  const T* beta;
+  const T* lam;
+  const T* prec;
+  const T* noise;  // langevin_step only (B, d) contiguous
+  const T* step;   // langevin_step only (B,)
+  int64_t B, N, d;
+  int64_t sxb, sxn, sb, sl, sp, sa;
+  int kind, kblock;
+};
+
+// out = s = −λ P m (or, for langevin_step, y + α s + sqrt(2α) ξ) and m = (1/N) Σ w_i u_i, (B, d).
+template <typename T>
+cudaError_t et_score_fwd_launch(const EtScoreArgs<T>& a, T* out, T* m, cudaStream_t stream);
+template <typename T>
+cudaError_t langevin_step_fwd_launch(const EtScoreArgs<T>& a, T* out, T* m, cudaStream_t stream);
+
+// Gradients of et_score_fwd.  grad, grad_m, m: (B, d) contiguous.  Outputs (null = not
+// requested): gy (B, d), gx (B, N, d), gb (B,), gl (B,), gp (B, *param), all contiguous and
+// fully written (no zero-initialization needed).
+template <typename T>
+cudaError_t et_score_bwd_launch(const EtScoreArgs<T>& a, const T* grad, const T* grad_m, const T* m, T* gy, T* gx,
+                                T* gb, T* gl, T* gp, cudaStream_t stream);
+
+// Importance-sampling oracle: y (Q, d), bank (M, d), prec (1, *param), all contiguous.
+// Outputs score (Q, d), mean (Q, d), ess (Q,).
+template <typename T>
+cudaError_t is_score_fwd_launch(const T* y, const T* bank, const T* prec, int64_t Q, int64_t M, int64_t d, T beta,
+                                T lam, int kind, int kblock, T* score, T* mean, T* ess, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace etweedie

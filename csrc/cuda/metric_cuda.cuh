@@ -1,0 +1,112 @@
+// Device-side helpers shared by the CUDA kernels: the row's precision P (never materialized
+// as d×d) and warp/block reductions.  The per-pair math (weights, slopes, logs) is the
+// HOST_DEVICE code of csrc/common/et_score.h, shared with the CPU kernels.
+//
+//   isotropic: P = p·I        diagonal: P = diag(p)        block: P = I_{d/K} ⊗ Pk (K ≤ 4)
+// (P v)_j = Σ_b Pk[j%K][b] · v[j − j%K + b] for a block metric: a coordinate needs only the
+// K entries of its own block, read through a functor so that v may live in registers,
+// shared memory or global memory (a residual y − x_i computed on the fly).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../common/et_score.h"
+
+namespace etweedie {
+namespace cuda {
+
+constexpr int kWarp = 32;
+constexpr int kThreads = 128;  // threads per block of the row kernels (4 warps)
+constexpr int kWarps = kThreads / kWarp;
+
+template <typename T, int KIND, int K>
+struct RowPrec {
+  const T* p;
+  // (P v)_j with v read as v(c) for the columns c of j's block.
+  template <typename V>
+  __device__ __forceinline__ T apply_at(int64_t j, V&& v) const {
+    if (KIND == kIsotropic) return p[0] * v(j);
+    if (KIND == kDiagonal) return p[j] * v(j);
+    const int a = static_cast<int>(j % K);
+    const int64_t base = j - a;
+    T acc = 0;
+#pragma unroll
+    for (int b = 0; b < K; ++b) acc += p[a * K + b] * v(base + b);
+    return acc;
+  }
+  static constexpr int param_size() { return KIND == kBlock ? K * K : 1; }
+};
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ T warp_max(T v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    const T other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = other > v ? other : v;
+  }
+  return v;
+}
+
+// Sum over the block (kThreads threads); every thread gets the result.  scratch: kWarps Ts.
+template <typename T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  T total = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += scratch[w];
+  return total;
+}
+
+template <typename T>
+__device__ __forceinline__ T block_max(T v, T* scratch) {
+  v = warp_max(v);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  T total = scratch[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) total = scratch[w] > total ? scratch[w] : total;
+  return total;
+}
+
+// Host side: f(kind_c, k_c) with std::integral_constant arguments for the metric kind and block
+// size given at run time, so that f instantiates the kernel template for them.
+template <typename F>
+cudaError_t dispatch_metric(int kind, int kblock, F&& f) {
+  using std::integral_constant;
+  switch (kind) {
+    case kIsotropic:
+      return f(integral_constant<int, kIsotropic>{}, integral_constant<int, 1>{});
+    case kDiagonal:
+      return f(integral_constant<int, kDiagonal>{}, integral_constant<int, 1>{});
+    default:
+      switch (kblock) {
+        case 1:
+          return f(integral_constant<int, kBlock>{}, integral_constant<int, 1>{});
+        case 2:
+          return f(integral_constant<int, kBlock>{}, integral_constant<int, 2>{});
+        case 3:
+          return f(integral_constant<int, kBlock>{}, integral_constant<int, 3>{});
+        default:
+          return f(integral_constant<int, kBlock>{}, integral_constant<int, 4>{});
+      }
+  }
+}
+
+}  // namespace cuda
+}  // namespace etweedie

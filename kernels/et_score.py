@@ -1,0 +1,458 @@
+"""Triton kernels of the Energy-Tweedie score (DESIGN §1) and their torch ops.
+
+Computes exactly what the C++ op ``etweedie::et_score_fwd/bwd`` computes (csrc/cpu/
+et_score_cpu.cpp), on the same canonical inputs (etweedie/ops/_prep.py):
+
+    y (B, d) contiguous, x (B, N, d) unit stride over d (any stride over B and N, 0 = a
+    broadcast cloud), beta/lam (B,) any stride, prec (B, *param) any stride over B,
+    kind 0 isotropic (param ()), 1 diagonal (param (d,)), 2 block (param (k, k), k ≤ 4).
+
+Forward:  u_i = y − x_i, q_i = u_iᵀPu_i, w_i = q_i^{(β−2)/2},
+          m = (1/N) Σ w_i u_i and s = −λ P m = −λ (1/N) Σ w_i P u_i.
+Backward: csrc/common/et_score.h (h = −λ P g + g_m; ∂L/∂u_i = (w_i h + slope_i (h·u_i) P u_i)/N).
+
+Work split: one program per (query row, chunk of BLOCK_D coordinates); it loops over the
+draws in tiles of BLOCK_N.  q_i needs every coordinate, so with several chunks each program
+recomputes the tile's q over all of d (cheap next to reading the draws) and then accumulates
+only its own coordinates; with one chunk (d ≤ BLOCK_D, the common case) it reads each draw once.
+P u is formed in registers from "shifted" loads: for a block metric the coordinate j needs
+u at j − j%k + b for b < k, loaded as a (BLOCK_N, BLOCK_D, KP) tile (KP = next power of two
+≥ k; KP = 1 for isotropic and diagonal metrics), so P is never materialized and
+s = −λ (1/N) Σ w_i P u_i needs no cross-chunk exchange.  Gradients of the metric (and λ) are
+reduced per chunk into small partial buffers that the host sums (no atomics).
+Indexing is int64 (row offsets, draw offsets); no GPU is queried at import time.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["et_score_forward", "et_score_backward", "et_score_op", "block_sizes", "define_op"]
+
+# Largest coordinate chunk per program, and the element budget of one (BLOCK_N, BLOCK_D, KP)
+# tile (registers on a GPU; tests lower _MAX_BLOCK_D to exercise several chunks).
+_MAX_BLOCK_D = 256
+_TILE = 2048
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def define_op(name: str, fn, mutates_args=()):
+    """``torch.library.triton_op`` (torch.compile traces into the Triton kernels) — or, in
+    interpreter mode, an opaque ``custom_op`` with a fake: the interpreter runs kernels on
+    real CPU memory, so it cannot be traced with fake tensors."""
+    if interpreting():
+        return torch.library.custom_op(name, fn, mutates_args=mutates_args)
+    return torch.library.triton_op(name, fn, mutates_args=mutates_args)
+
+
+def launcher(kernel):
+    """wrap_triton(kernel) for compiled Triton; the kernel itself in interpreter mode."""
+    return kernel if interpreting() else torch.library.wrap_triton(kernel)
+
+
+def block_sizes(N: int, d: int, kind: int, k: int):
+    """(BLOCK_N, BLOCK_D, KP, number of coordinate chunks) for a row of N draws in d dims."""
+    KP = triton.next_power_of_2(k) if kind == 2 else 1
+    BLOCK_D = max(1, min(triton.next_power_of_2(d), _MAX_BLOCK_D))
+    BLOCK_N = max(1, min(triton.next_power_of_2(max(N, 1)), _TILE // (BLOCK_D * KP)))
+    return BLOCK_N, BLOCK_D, KP, triton.cdiv(d, BLOCK_D)
+
+
+# ----------------------------------------------------------------------------- device helpers
+
+@triton.jit
+def _residual_weight(q, beta):
+    """q^{(β−2)/2}; 0 at q = 0 (a coincident draw), except 1 for β = 2 (csrc/common/et_score.h)."""
+    pos = q > 0
+    q_safe = tl.where(pos, q, 1.0)
+    w = tl.exp((beta - 2.0) * 0.5 * tl.log(q_safe))
+    return tl.where(pos, w, tl.where(beta == 2.0, 1.0, 0.0))
+
+
+@triton.jit
+def _residual_weight_slope(q, w, beta):
+    """(β−2) q^{(β−4)/2} = (β−2) w / q; 0 at q = 0."""
+    pos = q > 0
+    return tl.where(pos, (beta - 2.0) * w / tl.where(pos, q, 1.0), 0.0)
+
+
+@triton.jit
+def _half_log(q):
+    pos = q > 0
+    return tl.where(pos, 0.5 * tl.log(tl.where(pos, q, 1.0)), 0.0)
+
+
+@triton.jit
+def _shift_cols(cols, kk, K: tl.constexpr, KIND: tl.constexpr):
+    """(BLOCK_D, KP) column indices j − j%k + b feeding (P v)_j (block); j itself otherwise."""
+    if KIND == 2:
+        return (cols // K * K)[:, None] + kk[None, :]
+    else:
+        return cols[:, None] + kk[None, :] * 0
+
+
+@triton.jit
+def _prec_coeffs(p_row, cols, kk, d, K: tl.constexpr, KIND: tl.constexpr):
+    """(BLOCK_D, KP) coefficients with (P v)_j = Σ_b coeff[j, b] · v[shift(j, b)]."""
+    if KIND == 0:
+        return tl.load(p_row + cols[:, None] * 0 + kk[None, :] * 0)
+    elif KIND == 1:
+        return tl.load(p_row + cols[:, None] + kk[None, :] * 0, mask=(cols < d)[:, None], other=0.0)
+    else:
+        ok = (cols < d)[:, None] & (kk < K)[None, :]
+        return tl.load(p_row + (cols % K * K)[:, None] + kk[None, :], mask=ok, other=0.0)
+
+
+@triton.jit
+def _prec_vec(v_row, p_row, cols, kk, d, K: tl.constexpr, KIND: tl.constexpr):
+    """(P v)[cols] for one row vector v in global memory; also returns the shifted v (BLOCK_D, KP)."""
+    sc = _shift_cols(cols, kk, K, KIND)
+    ok = (cols < d)[:, None] & (kk < K)[None, :] & (sc < d)
+    v3 = tl.load(v_row + sc, mask=ok, other=0.0)
+    coeff = _prec_coeffs(p_row, cols, kk, d, K, KIND)
+    return tl.sum(coeff * v3, axis=1), v3
+
+
+@triton.jit
+def _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K: tl.constexpr, KIND: tl.constexpr):
+    """u = y − x_n (BLOCK_N, BLOCK_D), P u, and the shifted u (BLOCK_N, BLOCK_D, KP); 0 where masked."""
+    mask_d = cols < d
+    mask = mask_n[:, None] & mask_d[None, :]
+    yv = tl.load(y_row + cols, mask=mask_d, other=0.0)
+    xv = tl.load(x_row + offs_n[:, None] * sxn + cols[None, :], mask=mask, other=0.0)
+    u = tl.where(mask, yv[None, :] - xv, 0.0)
+    if KIND == 2:
+        sc = _shift_cols(cols, kk, K, KIND)
+        ok2 = mask_d[:, None] & (kk < K)[None, :]
+        ok3 = mask_n[:, None, None] & ok2[None, :, :]
+        ys = tl.load(y_row + sc, mask=ok2, other=0.0)
+        xs = tl.load(x_row + offs_n[:, None, None] * sxn + sc[None, :, :], mask=ok3, other=0.0)
+        u3 = tl.where(ok3, ys[None, :, :] - xs, 0.0)
+        coeff = _prec_coeffs(p_row, cols, kk, d, K, KIND)
+        pu = tl.sum(coeff[None, :, :] * u3, axis=2)
+    else:
+        u3 = u[:, :, None] + kk[None, None, :] * 0.0
+        coeff = _prec_coeffs(p_row, cols, kk, d, K, KIND)
+        pu = u * tl.sum(coeff, axis=1)[None, :]
+    return u, pu, u3
+
+
+# ----------------------------------------------------------------------------- forward
+
+# N is read as a runtime value (N.to(dtype)); without do_not_specialize, compiled Triton would
+# turn N == 1 into a Python constant.
+@triton.jit(do_not_specialize=["N"])
+def _et_score_forward_kernel(
+    y_ptr, x_ptr, beta_ptr, lam_ptr, prec_ptr, noise_ptr, step_ptr, out_ptr, m_ptr,
+    N, d, sxb, sxn, sb, sl, sp, sa,
+    KIND: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ONE_CHUNK: tl.constexpr, LANGEVIN: tl.constexpr,
+):
+    """out = s (or, with LANGEVIN, y + α s + sqrt(2α) ξ) and m for one row's coordinate chunk."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1).to(tl.int64)
+    cols = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
+    kk = tl.arange(0, KP)
+    y_row = y_ptr + row * d
+    x_row = x_ptr + row * sxb
+    p_row = prec_ptr + row * sp
+    beta = tl.load(beta_ptr + row * sb)
+    lam = tl.load(lam_ptr + row * sl)
+    acc_u = tl.zeros([BLOCK_D], dtype=y_ptr.dtype.element_ty)
+    acc_pu = tl.zeros([BLOCK_D], dtype=y_ptr.dtype.element_ty)
+    for n0 in range(0, N, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N).to(tl.int64)
+        mask_n = offs_n < N
+        if ONE_CHUNK:
+            u, pu, u3 = _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND)
+            q = tl.sum(u * pu, axis=1)
+        else:
+            q = tl.zeros([BLOCK_N], dtype=y_ptr.dtype.element_ty)
+            for c0 in range(0, d, BLOCK_D):
+                cc = c0 + tl.arange(0, BLOCK_D)
+                uc, puc, _u3 = _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cc, kk, d, K, KIND)
+                q += tl.sum(uc * puc, axis=1)
+            u, pu, u3 = _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND)
+        w = tl.where(mask_n, _residual_weight(q, beta), 0.0)
+        acc_u += tl.sum(w[:, None] * u, axis=0)
+        acc_pu += tl.sum(w[:, None] * pu, axis=0)
+    inv_n = 1.0 / N.to(y_ptr.dtype.element_ty)
+    mask_d = cols < d
+    tl.store(m_ptr + row * d + cols, acc_u * inv_n, mask=mask_d)
+    s = -lam * acc_pu * inv_n
+    if LANGEVIN:
+        alpha = tl.load(step_ptr + row * sa)
+        yv = tl.load(y_row + cols, mask=mask_d, other=0.0)
+        xi = tl.load(noise_ptr + row * d + cols, mask=mask_d, other=0.0)
+        tl.store(out_ptr + row * d + cols, yv + alpha * s + tl.sqrt(2.0 * alpha) * xi, mask=mask_d)
+    else:
+        tl.store(out_ptr + row * d + cols, s, mask=mask_d)
+
+
+def _block_k(prec: torch.Tensor, kind: int) -> int:
+    return prec.shape[-1] if kind == 2 else 1
+
+
+def check_canonical(op: str, y, x, beta, lam, prec, kind: int):
+    """The C++ kernels' argument contract (csrc/cpu/et_score_cpu.cpp), as ValueErrors; returns
+    prec with its parameter dims contiguous (a shared metric keeps stride 0 over rows)."""
+    if y.dim() != 2 or not y.is_contiguous():
+        raise ValueError(f"{op}: y must be contiguous (B, d), got shape {tuple(y.shape)}")
+    B, d = y.shape
+    if x.dim() != 3 or x.shape[0] != B or x.shape[2] != d or (d > 1 and x.stride(2) != 1):
+        raise ValueError(f"{op}: x must be (B={B}, N, d={d}) with unit stride over d, got {tuple(x.shape)}")
+    if beta.shape != (B,) or lam.shape != (B,):
+        raise ValueError(f"{op}: beta and lam must be ({B},), got {tuple(beta.shape)} and {tuple(lam.shape)}")
+    if kind not in (0, 1, 2):
+        raise ValueError(f"{op}: unknown metric kind {kind} (0 isotropic, 1 diagonal, 2 block)")
+    core = {0: (), 1: (d,)}.get(kind)
+    if kind == 2:
+        k = prec.shape[-1] if prec.dim() == 3 else -1
+        if prec.dim() != 3 or prec.shape[1] != k or not 1 <= k <= 4 or d % k:
+            raise ValueError(f"{op}: block precision must be (B, k, k) with k <= 4 dividing d={d}, got {tuple(prec.shape)}")
+        core = (k, k)
+    if prec.shape != (B, *core):
+        raise ValueError(f"{op}: prec must be {(B, *core)} for metric kind {kind}, got {tuple(prec.shape)}")
+    for name, t in (("x", x), ("beta", beta), ("lam", lam), ("prec", prec)):
+        if t.dtype != y.dtype or t.device != y.device:
+            raise ValueError(f"{op}: {name} must match y's dtype/device ({y.dtype}, {y.device}), got ({t.dtype}, {t.device})")
+    if kind != 0 and B > 0 and not prec[0].is_contiguous():
+        prec = prec[:1].contiguous().expand_as(prec) if prec.stride(0) == 0 else prec.contiguous()
+    return prec
+
+
+def _launch_forward(y, x, beta, lam, prec, kind, noise=None, step=None):
+    B, d = y.shape
+    N = x.shape[1]
+    out = torch.empty_like(y)
+    m = torch.empty_like(y)
+    if B == 0 or d == 0:
+        return out, m
+    if N == 0:
+        raise ValueError("et_score: need at least one posterior draw (N >= 1)")
+    BLOCK_N, BLOCK_D, KP, nch = block_sizes(N, d, kind, _block_k(prec, kind))
+    langevin = noise is not None
+    launcher(_et_score_forward_kernel)[(B, nch)](
+        y, x, beta, lam, prec, noise if langevin else y, step if langevin else beta, out, m,
+        N, d, x.stride(0), x.stride(1), beta.stride(0), lam.stride(0), prec.stride(0),
+        step.stride(0) if langevin else 0,
+        KIND=kind, K=_block_k(prec, kind), KP=KP, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        ONE_CHUNK=nch == 1, LANGEVIN=langevin,
+    )
+    return out, m
+
+
+def et_score_forward(y, x, beta, lam, prec, kind: int):
+    """(s, m), both (B, d): the score −λ P m and m = (1/N) Σ_i w_i (y − x_i) (saved for backward).
+
+    Canonical tensors as in the module docstring, float32 or float64, on a CUDA device (or CPU
+    under TRITON_INTERPRET=1).
+    """
+    prec = check_canonical("et_score", y, x, beta, lam, prec, kind)
+    return _launch_forward(y, x, beta, lam, prec, kind)
+
+
+# ----------------------------------------------------------------------------- backward
+
+@triton.jit(do_not_specialize=["N"])
+def _et_score_backward_kernel(
+    g_ptr, gm_ptr, y_ptr, x_ptr, beta_ptr, lam_ptr, prec_ptr, m_ptr,
+    gy_ptr, gx_ptr, gb_ptr, gl_ptr, gp_ptr,
+    N, d, sxb, sxn, sb, sl, sp, nchunks,
+    KIND: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    NEED_X: tl.constexpr, NEED_BETA: tl.constexpr, NEED_LAM: tl.constexpr, NEED_PREC: tl.constexpr,
+):
+    """Gradients for one row's coordinate chunk.  Writes gy[row, chunk], gx[row, :, chunk],
+    gb[row] (chunk 0), gl[row, chunk] and the metric gradient's partial for this chunk:
+    gp[row, chunk] (isotropic), gp[row, cols] (diagonal), gp[row, chunk, k, k] (block)."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1).to(tl.int64)
+    cols = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = cols < d
+    kk = tl.arange(0, KP)
+    y_row = y_ptr + row * d
+    x_row = x_ptr + row * sxb
+    p_row = prec_ptr + row * sp
+    beta = tl.load(beta_ptr + row * sb)
+    lam = tl.load(lam_ptr + row * sl)
+    dt = y_ptr.dtype.element_ty
+    # h = −λ P g + g_m: the upstream gradient on m
+    pg, _g3 = _prec_vec(g_ptr + row * d, p_row, cols, kk, d, K, KIND)
+    h = -lam * pg + tl.load(gm_ptr + row * d + cols, mask=mask_d, other=0.0)
+    inv_n = 1.0 / N.to(y_ptr.dtype.element_ty)
+    acc_gy = tl.zeros([BLOCK_D], dtype=dt)
+    acc_outer = tl.zeros([BLOCK_D, KP], dtype=dt)
+    acc_beta = tl.zeros([BLOCK_N], dtype=dt)
+    for n0 in range(0, N, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N).to(tl.int64)
+        mask_n = offs_n < N
+        if ONE_CHUNK:
+            u, pu, u3 = _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND)
+            q = tl.sum(u * pu, axis=1)
+            hu = tl.sum(h[None, :] * u, axis=1)
+        else:
+            q = tl.zeros([BLOCK_N], dtype=dt)
+            hu = tl.zeros([BLOCK_N], dtype=dt)
+            for c0 in range(0, d, BLOCK_D):
+                cc = c0 + tl.arange(0, BLOCK_D)
+                uc, puc, _u3 = _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cc, kk, d, K, KIND)
+                pgc, _gc = _prec_vec(g_ptr + row * d, p_row, cc, kk, d, K, KIND)
+                hc = -lam * pgc + tl.load(gm_ptr + row * d + cc, mask=cc < d, other=0.0)
+                q += tl.sum(uc * puc, axis=1)
+                hu += tl.sum(hc[None, :] * uc, axis=1)
+            u, pu, u3 = _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND)
+        w = tl.where(mask_n, _residual_weight(q, beta), 0.0)
+        c = tl.where(mask_n, _residual_weight_slope(q, w, beta) * hu, 0.0)
+        gu = (w[:, None] * h[None, :] + c[:, None] * pu) * inv_n
+        acc_gy += tl.sum(gu, axis=0)
+        if NEED_X:
+            gx_off = (row * N + offs_n)[:, None] * d + cols[None, :]
+            tl.store(gx_ptr + gx_off, -gu, mask=mask_n[:, None] & mask_d[None, :])
+        if NEED_BETA:
+            acc_beta += hu * w * _half_log(q)
+        if NEED_PREC:
+            acc_outer += tl.sum((0.5 * inv_n) * c[:, None, None] * u[:, :, None] * u3, axis=0)
+    tl.store(gy_ptr + row * d + cols, acc_gy, mask=mask_d)
+    if NEED_BETA:
+        if chunk == 0:
+            tl.store(gb_ptr + row, tl.sum(acc_beta, axis=0) * inv_n)
+    if NEED_LAM or NEED_PREC:
+        gv = tl.load(g_ptr + row * d + cols, mask=mask_d, other=0.0)
+        pm, m3 = _prec_vec(m_ptr + row * d, p_row, cols, kk, d, K, KIND)
+        if NEED_LAM:
+            tl.store(gl_ptr + row * nchunks + chunk, -tl.sum(gv * pm, axis=0))  # g·s/λ = −g·Pm
+        if NEED_PREC:
+            acc_outer += -lam * gv[:, None] * m3  # −λ g mᵀ
+            if KIND == 0:
+                tl.store(gp_ptr + row * nchunks + chunk, tl.sum(tl.sum(acc_outer, axis=1), axis=0))
+            elif KIND == 1:
+                tl.store(gp_ptr + row * d + cols, tl.sum(acc_outer, axis=1), mask=mask_d)
+            else:
+                base = gp_ptr + (row * nchunks + chunk) * (K * K)
+                for a in tl.static_range(K):
+                    sel = ((cols % K) == a) & mask_d
+                    entry = tl.sum(tl.where(sel[:, None], acc_outer, 0.0), axis=0)  # (KP,) over b
+                    tl.store(base + a * K + kk, entry, mask=kk < K)
+
+
+def et_score_backward(grad, grad_m, y, x, beta, lam, prec, kind: int, m,
+                      need_y=True, need_x=True, need_beta=True, need_lam=True, need_prec=True):
+    """(grad_y (B, d), grad_x (B, N, d), grad_beta (B,), grad_lam (B,), grad_prec (B, *param));
+    a gradient not requested is an empty tensor (the contract of etweedie::et_score_bwd)."""
+    prec_in = prec
+    prec = check_canonical("et_score_bwd", y, x, beta, lam, prec, kind)
+    B, d = y.shape
+    N = x.shape[1]
+    g, gm, mc = grad.contiguous(), grad_m.contiguous(), m.contiguous()
+
+    def empty():  # a fresh one per output: outputs of a custom op must not alias
+        return y.new_empty(0)
+
+    gy = torch.zeros_like(y)
+    gx = y.new_empty((B, N, d)) if need_x else empty()
+    gb = y.new_zeros(B) if need_beta else empty()
+    gl, gp = empty(), empty()
+    if B == 0 or d == 0 or N == 0:
+        gl = y.new_zeros(B) if need_lam else empty()
+        gp = y.new_zeros(prec_in.shape) if need_prec else empty()
+        if need_x:
+            gx.zero_()
+        return (gy if need_y else empty()), gx, gb, gl, gp
+    k = _block_k(prec, kind)
+    BLOCK_N, BLOCK_D, KP, nch = block_sizes(N, d, kind, k)
+    gl_part = y.new_zeros((B, nch)) if need_lam else empty()
+    if need_prec:
+        gp_part = {0: lambda: y.new_zeros((B, nch)), 1: lambda: y.new_zeros((B, d)),
+                   2: lambda: y.new_zeros((B, nch, k, k))}[kind]()
+    else:
+        gp_part = empty()
+    launcher(_et_score_backward_kernel)[(B, nch)](
+        g, gm, y, x, beta, lam, prec, mc, gy, gx if need_x else gy, gb if need_beta else gy,
+        gl_part if need_lam else gy, gp_part if need_prec else gy,
+        N, d, x.stride(0), x.stride(1), beta.stride(0), lam.stride(0), prec.stride(0), nch,
+        KIND=kind, K=k, KP=KP, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, ONE_CHUNK=nch == 1,
+        NEED_X=need_x, NEED_BETA=need_beta, NEED_LAM=need_lam, NEED_PREC=need_prec,
+    )
+    if need_lam:
+        gl = gl_part.sum(1)
+    if need_prec:
+        gp = gp_part if kind == 1 else gp_part.sum(1)
+    return (gy if need_y else empty()), gx, gb, gl, gp
+
+
+# ----------------------------------------------------------------------------- torch ops
+
+def _fwd_impl(y: torch.Tensor, x: torch.Tensor, beta: torch.Tensor, lam: torch.Tensor, prec: torch.Tensor,
+              kind: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return et_score_forward(y, x, beta, lam, prec, kind)
+
+
+def _bwd_impl(grad: torch.Tensor, grad_m: torch.Tensor, y: torch.Tensor, x: torch.Tensor, beta: torch.Tensor,
+              lam: torch.Tensor, prec: torch.Tensor, kind: int, m: torch.Tensor, need_y: bool, need_x: bool,
+              need_beta: bool, need_lam: bool, need_prec: bool
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    outs = et_score_backward(grad, grad_m, y, x, beta, lam, prec, kind, m, need_y, need_x, need_beta, need_lam, need_prec)
+    # custom ops may not return views of their inputs
+    return tuple(o.clone() if o._base is not None else o for o in outs)
+
+
+et_score_fwd_op = define_op("etweedie_triton::et_score_fwd", _fwd_impl)
+et_score_bwd_op = define_op("etweedie_triton::et_score_bwd", _bwd_impl)
+
+
+def et_score_op(y, x, beta, lam, prec, kind: int):
+    """The differentiable op ``etweedie_triton::et_score_fwd`` -> (s, m)."""
+    return et_score_fwd_op(y, x, beta, lam, prec, kind)
+
+
+def _register() -> None:
+    if interpreting():
+        @et_score_fwd_op.register_fake
+        def _(y, x, beta, lam, prec, kind):
+            return y.new_empty(y.shape), y.new_empty(y.shape)
+
+        @et_score_bwd_op.register_fake
+        def _(grad, grad_m, y, x, beta, lam, prec, kind, m, need_y, need_x, need_beta, need_lam, need_prec):
+            empty = y.new_empty(0)
+            return (
+                y.new_empty(y.shape) if need_y else empty,
+                x.new_empty(x.shape) if need_x else empty,
+                beta.new_empty(beta.shape) if need_beta else empty,
+                lam.new_empty(lam.shape) if need_lam else empty,
+                prec.new_empty(prec.shape) if need_prec else empty,
+            )
+
+    def setup_context(ctx, inputs, output):
+        y, x, beta, lam, prec, kind = inputs
+        ctx.kind = kind
+        ctx.save_for_backward(y, x, beta, lam, prec, output[1])
+
+    def backward(ctx, grad_s, grad_m):
+        y, x, beta, lam, prec, m = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        grad_s = torch.zeros_like(y) if grad_s is None else grad_s
+        grad_m = torch.zeros_like(y) if grad_m is None else grad_m
+        gy, gx, gb, gl, gp = et_score_bwd_op(
+            grad_s, grad_m, y, x, beta, lam, prec, ctx.kind, m, need[0], need[1], need[2], need[3], need[4]
+        )
+        return (
+            gy if need[0] else None,
+            gx if need[1] else None,
+            gb if need[2] else None,
+            gl if need[3] else None,
+            gp if need[4] else None,
+            None,
+        )
+
+    et_score_fwd_op.register_autograd(backward, setup_context=setup_context)
+
+
+_register()

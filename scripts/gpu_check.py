@@ -1,0 +1,280 @@
+"""One command for a machine with an NVIDIA GPU and a CUDA build of torch (``make gpu-check``).
+
+Steps (each logged in full to ``<out>/gpu_check.log``; results in ``<out>/results.json``):
+
+1. preflight — a CUDA torch that sees a GPU, and nvcc / CUDA_HOME; stops with a clear message
+   otherwise (``--preflight`` runs only this step, before anything is built);
+2. build — ``pip install --no-build-isolation -e .``, which compiles csrc/cuda (setup.py builds
+   CUDA when CUDA_HOME exists and torch.version.cuda is set), then checks that the "cuda" and
+   "triton" backends report available;
+3. check-cuda — scripts/check_cuda.sh (plain-nvcc compile of every .cu, ptxas report);
+4. tests — the whole suite; tests/conftest.py adds CUDA tensors and the cuda and triton
+   backends when a GPU is present;
+5. GPU benchmarks — each workload on CUDA tensors with the reference, cuda and triton
+   backends: correctness against the float64 reference first, then CUDA-event timings
+   (median, p20, p80 over repeats), peak memory; one table printed at the end;
+6. CPU table — ``python -m benchmarks.table --json`` (the package's benchmark table, CPU).
+
+    python scripts/gpu_check.py [--out gpu_check] [--quick] [--skip-tests] [--skip-build]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Log:
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.f = open(path, "w")
+
+    def __call__(self, msg: str = "") -> None:
+        print(msg, flush=True)
+        self.f.write(msg + "\n")
+        self.f.flush()
+
+    def run(self, title: str, cmd: List[str], env=None, timeout: int = 7200) -> subprocess.CompletedProcess:
+        self(f"\n=== {title}: {' '.join(cmd)}")
+        t0 = time.time()
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        self.f.write(proc.stdout + proc.stderr)
+        self.f.flush()
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+        self(f"--- {title}: exit {proc.returncode} in {time.time() - t0:.0f} s; " + " | ".join(tail))
+        return proc
+
+
+def preflight() -> Optional[str]:
+    """None when this machine can run the GPU check, else the reason it cannot."""
+    try:
+        import torch
+    except ImportError:
+        return None  # `make gpu-check` installs torch next; the full run checks again
+    if torch.version.cuda is None:
+        return (f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None): install a CUDA "
+                "build of torch (e.g. `pip install torch --index-url https://download.pytorch.org/whl/cu128`)")
+    if not torch.cuda.is_available():
+        return f"no usable GPU: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device"
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if CUDA_HOME is None and shutil.which("nvcc") is None:
+        return "no CUDA toolkit: set CUDA_HOME (or put nvcc on PATH) so that setup.py builds csrc/cuda"
+    return None
+
+
+# ----------------------------------------------------------------------------- benchmarks
+
+def _workloads(quick: bool):
+    import torch
+
+    import etweedie
+
+    s = 4 if quick else 1
+    blockS = torch.tensor([[0.5, 0.3], [0.3, 0.5]])
+    return [
+        # id, op, B, N, d, metric, backward?
+        ("et_score_iso_784", "et_score", 64 // s, 256 // s, 784, lambda dev: etweedie.Metric.isotropic(0.5), False),
+        ("et_score_block_784", "et_score", 64 // s, 256 // s, 784, lambda dev: etweedie.Metric.block(blockS.to(dev)), False),
+        ("et_score_iso_2", "et_score", 4096 // s, 64, 2, lambda dev: None, False),
+        ("et_score_bwd_784", "et_score", 64 // s, 256 // s, 784, lambda dev: etweedie.Metric.isotropic(0.5), True),
+        ("langevin_step_784", "langevin_step", 64 // s, 256 // s, 784, lambda dev: etweedie.Metric.isotropic(0.5), False),
+        ("is_score_160k", "is_score", 1024 // s, 160_000 // s, 2, lambda dev: etweedie.Metric.block(blockS.to(dev)), False),
+    ]
+
+
+def _thunk(op: str, backend: str, dev, dtype, B: int, N: int, d: int, metric_fn, backward: bool, seed: int = 0):
+    import torch
+
+    import etweedie
+
+    g = torch.Generator().manual_seed(seed)
+    metric = metric_fn("cpu")
+    if metric is not None:
+        metric = etweedie.Metric(metric.kind, metric.param.to(dev, dtype))
+    if op == "is_score":
+        bank = torch.randn(N, d, generator=g).to(dev, dtype)
+        y = (bank[:B].cpu() + 0.5 * torch.randn(B, d, generator=g)).to(dev, dtype)
+        law = etweedie.GeneralizedGaussian(1.4, 1.8, metric, dim=d)
+        return lambda: etweedie.is_score(y, bank, law, backend=backend)[0], (B * d + N * d) * y.element_size()
+    y = torch.randn(B, d, generator=g)
+    x = (y.unsqueeze(1) + 0.5 * torch.randn(B, N, d, generator=g)).to(dev, dtype)
+    y = y.to(dev, dtype)
+    nbytes = (x.numel() + 2 * y.numel()) * x.element_size()
+    if op == "langevin_step":
+        xi = torch.randn(B, d, generator=g).to(dev, dtype)
+        return lambda: etweedie.langevin_step(y, x, xi, 0.01, 1.4, 1.8, metric, backend=backend), nbytes
+    if backward:
+        yr, xr = y.clone().requires_grad_(), x.clone().requires_grad_()
+
+        def fwd_bwd():
+            s = etweedie.et_score(yr, xr, 1.4, 1.8, metric, backend=backend)
+            return torch.autograd.grad(s.sum(), (yr, xr))[1]
+
+        return fwd_bwd, 3 * nbytes
+    return lambda: etweedie.et_score(y, x, 1.4, 1.8, metric, backend=backend), nbytes
+
+
+def _time_cuda(fn: Callable[[], object], repeats: int, warmup: int = 3) -> Dict[str, float]:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    q = lambda p: times[min(len(times) - 1, int(p * (len(times) - 1) + 0.5))]  # noqa: E731
+    return {"median_ms": q(0.5), "p20_ms": q(0.2), "p80_ms": q(0.8)}
+
+
+def gpu_benchmarks(log: Log, quick: bool) -> List[dict]:
+    import torch
+
+    import etweedie
+
+    dev = torch.device("cuda")
+    status = etweedie.backends.available()
+    rows = []
+    for wid, op, B, N, d, metric_fn, backward in _workloads(quick):
+        # correctness first: float32 kernels against the float64 reference (on a small slice)
+        small = (min(B, 8), min(N, 512), d)
+        ref_fn, _ = _thunk(op, "reference", "cpu", torch.float64, *small, metric_fn, backward)
+        ref = ref_fn().double().cpu()
+        base = None
+        for backend in ("reference", "cuda", "triton"):
+            row = {"workload": wid, "backend": backend, "B": B, "N": N, "d": d, "device": torch.cuda.get_device_name()}
+            if backend != "reference" and not status[backend][0]:
+                row["error"] = f"unavailable: {status[backend][1]}"
+                rows.append(row)
+                continue
+            try:
+                chk_fn, _ = _thunk(op, backend, dev, torch.float32, *small, metric_fn, backward)
+                out = chk_fn().double().cpu()
+                err = float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+                row["max_rel_err"] = err
+                row["correct"] = err < 1e-3
+                fn, nbytes = _thunk(op, backend, dev, torch.float32, B, N, d, metric_fn, backward)
+                torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated()
+                row.update(_time_cuda(fn, repeats=5 if quick else 20))
+                row["peak_extra_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+                row["GB/s"] = nbytes / (row["median_ms"] * 1e-3) / 1e9
+                if backend == "reference":
+                    base = row["median_ms"]
+                row["speedup_vs_reference"] = base / row["median_ms"] if base else None
+            except Exception as exc:  # a failing backend is reported, the others still run
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            rows.append(row)
+            log(f"  {wid:<20} {backend:<9} " + (row.get("error") or f"{row['median_ms']:.3f} ms, rel err {row['max_rel_err']:.1e}"))
+    return rows
+
+
+def format_table(rows: List[dict]) -> str:
+    head = "| workload | backend | median ms (p20–p80) | GB/s | × reference | peak extra MiB | max rel err | device |"
+    lines = [head, "|" + "---|" * 8]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['workload']} | {r['backend']} | {r['error']} | | | | | {r['device']} |")
+            continue
+        sp = r.get("speedup_vs_reference")
+        lines.append(
+            f"| {r['workload']} | {r['backend']} | {r['median_ms']:.3f} ({r['p20_ms']:.3f}–{r['p80_ms']:.3f}) | "
+            f"{r['GB/s']:.1f} | {'' if sp is None else f'{sp:.1f}×'} | {r['peak_extra_mib']:.1f} | "
+            f"{r['max_rel_err']:.1e}{'' if r['correct'] else ' WRONG'} | {r['device']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=os.path.join(ROOT, "gpu_check"), help="log and JSON directory")
+    p.add_argument("--preflight", action="store_true", help="only check that this machine can run the GPU check")
+    p.add_argument("--quick", action="store_true", help="smaller benchmark shapes")
+    p.add_argument("--skip-build", action="store_true")
+    p.add_argument("--skip-tests", action="store_true")
+    args = p.parse_args(argv)
+
+    why = preflight()
+    if why is not None:
+        print(f"gpu-check: cannot run here — {why}", file=sys.stderr)
+        return 2
+    if args.preflight:
+        return 0
+
+    log = Log(os.path.join(args.out, "gpu_check.log"))
+    results: Dict[str, object] = {"steps": {}}
+    failed = []
+    if not args.skip_build:
+        env = dict(os.environ, FORCE_CUDA="1")
+        proc = log.run("build", [sys.executable, "-m", "pip", "install", "--no-build-isolation", "-e", "."], env=env)
+        results["steps"]["build"] = proc.returncode
+        if proc.returncode:
+            failed.append("build")
+    probe = subprocess.run(
+        [sys.executable, "-c", "import etweedie, json; print(json.dumps(etweedie.backends.available()))"],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    log(f"backends: {probe.stdout.strip() or probe.stderr.strip()}")
+    try:
+        backends = json.loads(probe.stdout)
+        results["backends"] = backends
+        for name in ("cuda", "triton"):
+            if not backends[name][0]:
+                failed.append(f"backend {name} unavailable")
+    except (ValueError, KeyError):
+        failed.append("import etweedie")
+
+    if shutil.which(os.environ.get("NVCC", "nvcc")):
+        proc = log.run("check-cuda", ["bash", "scripts/check_cuda.sh"])
+        results["steps"]["check_cuda"] = proc.returncode
+        if proc.returncode:
+            failed.append("check-cuda")
+
+    if not args.skip_tests:
+        proc = log.run("tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        results["steps"]["tests"] = proc.returncode
+        results["tests_summary"] = (proc.stdout.strip().splitlines() or [""])[-1]
+        if proc.returncode:
+            failed.append("tests")
+
+    log("\n=== GPU benchmarks (CUDA tensors, float32)")
+    sys.path.insert(0, ROOT)
+    rows = gpu_benchmarks(log, args.quick)
+    results["gpu_benchmarks"] = rows
+    if any("error" in r and "unavailable" not in r["error"] for r in rows) or any(r.get("correct") is False for r in rows):
+        failed.append("gpu benchmarks")
+
+    cpu_json = os.path.join(args.out, "cpu_table.json")
+    cmd = [sys.executable, "-m", "benchmarks.table", "--json", cpu_json] + (["--quick"] if args.quick else [])
+    proc = log.run("CPU benchmark table", cmd)
+    results["steps"]["cpu_table"] = proc.returncode
+    if proc.returncode == 0 and os.path.exists(cpu_json):
+        results["cpu_table"] = json.load(open(cpu_json))
+
+    table = format_table(rows)
+    log("\n" + table)
+    results["failed"] = failed
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    log(f"\ngpu-check: {'FAILED: ' + ', '.join(failed) if failed else 'all steps passed'}")
+    log(f"gpu-check: log {os.path.join(args.out, 'gpu_check.log')}, results {os.path.join(args.out, 'results.json')}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""energy_distance: every backend and every gradient against the float64 reference.
+
+Covers the metric kinds, U- and V-statistics, clouds larger than one tile (several blocks,
+odd and even block counts), coincident points, clouds 1e3 from the origin, broadcast and
+zero-size batches, gradcheck, opcheck, torch.compile(fullgraph=True), bad input, and the
+statistics: same law ≈ 0 on average, different laws > 0, β = 2 V-statistic = 2‖Δmean‖²_P.
+"""
+
+import pytest
+import torch
+
+import etweedie
+from conftest import BACKEND_DEVICE, BACKEND_IDS, assert_close_to_ref, gen, metric_to, random_metric
+
+KINDS = ["none", "isotropic", "diagonal", "block2", "dense"]
+
+
+def _inputs(seed, B, n, m, d, kind, beta=None, offset=0.0, shift=0.7):
+    g = gen(seed)
+    a = torch.randn(B, n, d, generator=g, dtype=torch.float64) + offset
+    b = 1.3 * torch.randn(B, m, d, generator=g, dtype=torch.float64) + offset + shift
+    # exactly representable in float32, so ref64 is the truth for the float32 run's inputs too
+    a, b = a.float().double(), b.float().double()
+    if beta is None:
+        beta = 0.6 + 1.4 * torch.rand(B, generator=g, dtype=torch.float64)
+    else:
+        beta = torch.full((B,), float(beta), dtype=torch.float64)
+    return a, b, beta, random_metric(kind, B, d, g)
+
+
+def _run(backend, device, dtype, a, b, beta, metric, unbiased=True, grads=True):
+    leaves = [t.detach().to(device=device, dtype=dtype).clone().requires_grad_(grads) for t in (a, b, beta)]
+    m, p = metric_to(metric, dtype, device, requires_grad=grads)
+    out = etweedie.energy_distance(*leaves, metric=m, unbiased=unbiased, backend=backend)
+    if not grads:
+        return out, []
+    up = torch.linspace(0.5, 1.5, out.numel(), dtype=dtype, device=device).reshape(out.shape)
+    inputs = leaves + ([p] if p is not None else [])
+    gs = list(torch.autograd.grad((out * up).sum(), inputs))
+    if m is not None and m.kind == "dense":
+        gs[-1] = (gs[-1] + gs[-1].transpose(-1, -2)) / 2
+    return out, gs
+
+
+def _check_all(backend, device, args, seed, label, unbiased=True, grads=True):
+    out, gout = _run(backend, device, torch.float32, *args, unbiased=unbiased, grads=grads)
+    r32, g32 = _run("reference", "cpu", torch.float32, *args, unbiased=unbiased, grads=grads)
+    r64, g64 = _run("reference", "cpu", torch.float64, *args, unbiased=unbiased, grads=grads)
+    assert_close_to_ref(out, r32, r64, name=f"ED[{label}]", seed=seed)
+    for name, x, y, z in zip(["a", "b", "beta", "metric"], gout, g32, g64):
+        assert_close_to_ref(x, y, z, name=f"grad {name}[{label}]", seed=seed, atol_scale=3e-5)
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", [(3, 9, 12, 6), (2, 11, 18, 40), (2, 70, 65, 2)], ids=["small", "large-d", "tiles"])
+@pytest.mark.parametrize("unbiased", [True, False], ids=["U", "V"])
+def test_matches_float64_reference(backend, device, kind, shape, unbiased, seed):
+    _check_all(backend, device, _inputs(seed, *shape, kind), seed, f"{kind} U={unbiased}", unbiased)
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize(
+    "shape", [(1, 300, 257, 3), (1, 41, 90, 24), (12, 9, 7, 3), (12, 9, 7, 24)],
+    ids=["many-tiles", "many-blocks", "many-rows", "many-rows-large-d"],  # many rows: the per-row backward
+)
+def test_many_blocks(backend, device, shape, seed):
+    """Odd and even block counts of the circulant within-cloud split, and the per-row backward
+    used when there are many rows, forward and gradients."""
+    _check_all(backend, device, _inputs(seed, *shape, "diagonal"), seed, "blocks")
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("beta", [0.5, 1.0, 2.0, 0.05])
+def test_coincident_points_no_nan(backend, device, beta, seed):
+    a, b, bt, metric = _inputs(seed, 2, 8, 7, 4, "block2", beta=beta)
+    a[:, 1] = a[:, 0]
+    b[:, 3] = a[:, 2]
+    _check_all(backend, device, (a, b, bt, metric), seed, f"coincident beta={beta}")
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("d", [2, 30])
+def test_far_from_origin(backend, device, d, seed):
+    _check_all(backend, device, _inputs(seed, 2, 20, 25, d, "isotropic", offset=1e3), seed, "offset 1e3")
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE + [("reference", "cpu")], ids=BACKEND_IDS + ["reference"])
+def test_same_law_near_zero_different_laws_positive(backend, device, seed):
+    g = gen(seed)
+    B, n, d = 400, 40, 2
+    a = torch.randn(B, n, d, generator=g, dtype=torch.float64)
+    b = torch.randn(B, n, d, generator=g, dtype=torch.float64)
+    ed = etweedie.energy_distance(a, b, backend=backend)
+    z = ed.mean() / (ed.std() / B**0.5)
+    assert abs(float(z)) < 5, f"same law: mean ED {float(ed.mean()):.2e} is {float(z):.1f} SE from 0 (seed {seed})"
+    assert (ed < 0).any(), "the U-statistic is signed: some replicates should be negative"
+    ed_diff = etweedie.energy_distance(a, 0.6 + b, backend=backend)
+    assert float(ed_diff.mean()) > 10 * float(ed.std() / B**0.5) and float(ed_diff.mean()) > 0.1
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE + [("reference", "cpu")], ids=BACKEND_IDS + ["reference"])
+def test_beta2_v_statistic_is_mean_difference(backend, device, seed):
+    a, b, _, metric = _inputs(seed, 3, 10, 14, 6, "diagonal")
+    ed = etweedie.energy_distance(a, b, 2.0, metric, unbiased=False, backend=backend)
+    delta = a.mean(1) - b.mean(1)
+    want = 2 * (delta * metric.apply_precision(delta)).sum(-1)
+    torch.testing.assert_close(ed, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "block2", "dense"])
+def test_gradcheck_float64(backend, device, kind, seed):
+    a, b, beta, metric = _inputs(seed, 2, 4, 3, 4, kind)
+    m, p = metric_to(metric, torch.float64, device, requires_grad=True)
+
+    def f(a, b, beta, p):
+        param = p if m.kind in ("isotropic", "diagonal") else (p + p.transpose(-1, -2)) / 2
+        return etweedie.energy_distance(a, b, beta, etweedie.Metric(m.kind, param), backend=backend)
+
+    leaves = [t.to(device).requires_grad_() for t in (a, b, beta)]
+    assert torch.autograd.gradcheck(f, (*leaves, p)), f"gradcheck failed (seed {seed})"
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+def test_broadcast_and_zero_size(backend, device, seed):
+    g = gen(seed)
+    a = torch.randn(4, 9, 3, generator=g).to(device)
+    b = torch.randn(12, 3, generator=g).to(device)  # one reference cloud for all rows
+    got = etweedie.energy_distance(a, b, 1.2, backend=backend)
+    want = torch.stack([etweedie.energy_distance(a[i], b, 1.2, backend=backend) for i in range(4)])
+    assert got.shape == (4,)
+    torch.testing.assert_close(got, want)
+    a0 = torch.zeros(0, 5, 3, device=device, requires_grad=True)
+    b0 = torch.zeros(0, 6, 3, device=device, requires_grad=True)
+    ed = etweedie.energy_distance(a0, b0, backend=backend)
+    assert ed.shape == (0,)
+    ga, gb = torch.autograd.grad(ed.sum(), (a0, b0))
+    assert ga.shape == a0.shape and gb.shape == b0.shape
+
+
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "block2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_opcheck(kind, dtype, seed):
+    if "cpu" not in [b for b, _ in BACKEND_DEVICE]:
+        pytest.skip("compiled extension not available")
+    from etweedie.ops._prep import metric_param
+
+    a, b, beta, metric = _inputs(seed, 2, 5, 4, 4, kind)
+    m, _ = metric_to(metric, dtype)
+    prec, k = metric_param(m, torch.Size([2]), 4)
+    args = [t.to(dtype).clone().requires_grad_() for t in (a, b, beta, prec.contiguous())] + [k, True]
+    torch.library.opcheck(torch.ops.etweedie.energy_distance_fwd.default, args)
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+def test_torch_compile_fullgraph(backend, device, seed):
+    a, b, _, _ = _inputs(seed, 2, 12, 9, 3, "none")
+    a, b = a.float().to(device).requires_grad_(), b.float().to(device)
+
+    def f(a, b):
+        return etweedie.energy_distance(a, b, 1.0, backend=backend)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(a, b), f(a, b))
+    (g1,) = torch.autograd.grad(compiled(a, b).sum(), a)
+    (g2,) = torch.autograd.grad(f(a, b).sum(), a)
+    torch.testing.assert_close(g1, g2)
+
+
+class TestBadInput:
+    def test_errors(self):
+        a, b = torch.zeros(2, 4, 3), torch.zeros(2, 5, 3)
+        with pytest.raises(TypeError, match="a must be a torch.Tensor"):
+            etweedie.energy_distance([[0.0]], b)
+        with pytest.raises(TypeError, match="b must have a's dtype"):
+            etweedie.energy_distance(a, b.double())
+        with pytest.raises(ValueError, match=r"b must have shape \(\*batch, m, d=3\)"):
+            etweedie.energy_distance(a, torch.zeros(2, 5, 4))
+        with pytest.raises(ValueError, match="a must have shape"):
+            etweedie.energy_distance(torch.zeros(3), b)
+        with pytest.raises(ValueError, match="unbiased=True needs n >= 2 and m >= 2"):
+            etweedie.energy_distance(a[:, :1], b)
+        assert etweedie.energy_distance(a[:, :1], b, unbiased=False).shape == (2,)
+        with pytest.raises(ValueError, match="batch shapes do not broadcast"):
+            etweedie.energy_distance(a, torch.zeros(3, 5, 3))
+        with pytest.raises(ValueError, match=r"beta must lie in \(0, 2\]"):
+            etweedie.energy_distance(a, b, 3.0)
+        with pytest.raises(ValueError, match="b is on meta but a is on cpu"):
+            etweedie.energy_distance(a, torch.zeros(2, 5, 3, device="meta"))
+        with pytest.raises(TypeError, match="unbiased must be a bool"):
+            etweedie.energy_distance(a, b, unbiased=1)

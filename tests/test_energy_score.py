@@ -1,0 +1,232 @@
+"""energy_score: every backend and every gradient against the float64 reference.
+
+Covers isotropic/diagonal/block/dense metrics (per row), β ∈ {1, 2, 1.4, 0.5} and near 0,
+fair and biased pair terms, coincident points (sample = sample, sample = target), clouds
+1e3 away from the origin, broadcast and non-contiguous inputs, zero-size batches, float64
+gradcheck, torch.library.opcheck, torch.compile(fullgraph=True), bad input, and propriety
+(the true law minimizes the expected score).
+"""
+
+import pytest
+import torch
+
+import etweedie
+from conftest import BACKEND_DEVICE, BACKEND_IDS, assert_close_to_ref, gen, metric_to, random_metric
+
+KINDS = ["none", "isotropic", "diagonal", "block2", "block3", "dense"]
+
+
+def _inputs(seed, B, M, d, kind, beta=None, offset=0.0):
+    g = gen(seed)
+    target = torch.randn(B, d, generator=g, dtype=torch.float64) + offset
+    samples = target.unsqueeze(1) + 0.3 + torch.randn(B, M, d, generator=g, dtype=torch.float64)
+    # exactly representable in float32, so ref64 is the truth for the float32 run's inputs too
+    target, samples = target.float().double(), samples.float().double()
+    if beta is None:
+        beta = 0.6 + 1.4 * torch.rand(B, generator=g, dtype=torch.float64)
+    else:
+        beta = torch.full((B,), float(beta), dtype=torch.float64)
+    return samples, target, beta, random_metric(kind, B, d, g)
+
+
+def _run(backend, device, dtype, samples, target, beta, metric, fair=True):
+    """Score and gradients wrt samples, target, β and the metric parameter."""
+    leaves = [t.detach().to(device=device, dtype=dtype).clone().requires_grad_() for t in (samples, target, beta)]
+    m, p = metric_to(metric, dtype, device, requires_grad=True)
+    out = etweedie.energy_score(*leaves, metric=m, fair=fair, backend=backend)
+    up = torch.linspace(0.5, 1.5, out.numel(), dtype=dtype, device=device).reshape(out.shape)
+    inputs = leaves + ([p] if p is not None else [])
+    grads = list(torch.autograd.grad((out * up).sum(), inputs))
+    if m is not None and m.kind == "dense":
+        grads[-1] = (grads[-1] + grads[-1].transpose(-1, -2)) / 2  # only the symmetric part is defined
+    return out, grads
+
+
+def _check_all(backend, device, args, seed, label, fair=True):
+    out, gout = _run(backend, device, torch.float32, *args, fair=fair)
+    r32, g32 = _run("reference", "cpu", torch.float32, *args, fair=fair)
+    r64, g64 = _run("reference", "cpu", torch.float64, *args, fair=fair)
+    assert_close_to_ref(out, r32, r64, name=f"ES[{label}]", seed=seed)
+    for name, a, b, c in zip(["samples", "target", "beta", "metric"], gout, g32, g64):
+        assert_close_to_ref(a, b, c, name=f"grad {name}[{label}]", seed=seed, atol_scale=3e-5)
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "shape", [(5, 9, 6), (3, 13, 42), (3, 70, 6), (12, 7, 6), (12, 7, 42)],
+    ids=["small", "large-d", "tiles", "many-rows", "many-rows-large-d"],  # many rows: the per-row backward
+)
+def test_matches_float64_reference(backend, device, kind, shape, seed):
+    _check_all(backend, device, _inputs(seed, *shape, kind), seed, kind)
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("shape", [(4, 7, 3), (2, 9, 24)], ids=["small-d", "large-d"])
+def test_biased_pair_term(backend, device, shape, seed):
+    _check_all(backend, device, _inputs(seed, *shape, "diagonal"), seed, "fair=False", fair=False)
+    # M = 1 is allowed with the biased term: the score is then the plain distance
+    x, y, b, _ = _inputs(seed, 3, 1, shape[2], "none")
+    es = etweedie.energy_score(x.float(), y.float(), b.float(), fair=False, backend=backend)
+    torch.testing.assert_close(es, (x[:, 0] - y).norm(dim=-1).pow(b).float())
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("beta", [1.0, 2.0, 1.4, 0.5, 0.02])
+def test_beta_values(backend, device, beta, seed):
+    _check_all(backend, device, _inputs(seed, 4, 11, 6, "block3", beta=beta), seed, f"beta={beta}")
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("beta", [0.5, 1.0, 1.4, 2.0])
+@pytest.mark.parametrize("d", [3, 20])
+def test_coincident_points_no_nan(backend, device, beta, d, seed):
+    x, y, b, metric = _inputs(seed, 4, 6, d, "diagonal", beta=beta)
+    x[:, 1] = x[:, 0]  # two coincident samples
+    x[:, 2] = y  # a sample on the target
+    _check_all(backend, device, (x, y, b, metric), seed, f"coincident beta={beta}")
+    # every sample on the target: the score and all its gradients are exactly 0
+    xs = y.float().unsqueeze(1).expand(4, 5, d).contiguous().requires_grad_()
+    es = etweedie.energy_score(xs, y.float(), beta, backend=backend)
+    (gx,) = torch.autograd.grad(es.sum(), xs)
+    assert torch.equal(es, torch.zeros_like(es)) and torch.equal(gx, torch.zeros_like(gx))
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("d", [2, 30])
+def test_far_from_origin(backend, device, d, seed):
+    """Direct differences: clouds 1e3 from the origin lose no precision."""
+    for B in (3, 12):  # per-point and per-row backward
+        _check_all(backend, device, _inputs(seed, B, 17, d, "isotropic", offset=1e3), seed, "offset 1e3")
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "block2", "dense"])
+def test_gradcheck_float64(backend, device, kind, seed):
+    x, y, b, metric = _inputs(seed, 2, 4, 4, kind)
+    m, p = metric_to(metric, torch.float64, device, requires_grad=True)
+
+    def f(x, y, b, p):
+        param = p if m.kind in ("isotropic", "diagonal") else (p + p.transpose(-1, -2)) / 2
+        return etweedie.energy_score(x, y, b, etweedie.Metric(m.kind, param), backend=backend)
+
+    leaves = [t.to(device).requires_grad_() for t in (x, y, b)]
+    assert torch.autograd.gradcheck(f, (*leaves, p)), f"gradcheck failed (seed {seed})"
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+def test_broadcast_and_noncontiguous(backend, device, seed):
+    g = gen(seed)
+    B, M, d = 5, 7, 6
+    x_big = torch.randn(B, M, 2 * d, generator=g).to(device)
+    x = x_big[..., ::2]  # non-unit stride over d
+    y = torch.randn(d, generator=g).to(device)  # one target for every row
+    beta = torch.rand(B, generator=g).to(device) + 0.5
+    S = torch.tensor([[1.2, 0.3], [0.3, 0.8]], device=device)
+    got = etweedie.energy_score(x, y, beta, etweedie.Metric.block(S), backend=backend)
+    want = etweedie.energy_score(
+        x.contiguous(), y.expand(B, d).contiguous(), beta, etweedie.Metric.block(S.expand(B, 2, 2).contiguous()),
+        backend=backend,
+    )
+    torch.testing.assert_close(got, want, msg=f"seed {seed}")
+    # extra batch dims: (2, 3) targets scored against (3, M, d) sample sets
+    y2 = torch.randn(2, 3, d, generator=g).to(device)
+    x2 = torch.randn(3, M, d, generator=g).to(device)
+    got = etweedie.energy_score(x2, y2, 1.5, backend=backend)
+    assert got.shape == (2, 3)
+    torch.testing.assert_close(got, torch.stack([etweedie.energy_score(x2, y2[i], 1.5, backend=backend) for i in range(2)]))
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE + [("reference", "cpu")], ids=BACKEND_IDS + ["reference"])
+def test_zero_size_batch(backend, device):
+    x = torch.zeros(0, 4, 3, device=device, requires_grad=True)
+    y = torch.zeros(0, 3, device=device, requires_grad=True)
+    es = etweedie.energy_score(x, y, 1.3, etweedie.Metric.diagonal(torch.ones(3, device=device)), backend=backend)
+    assert es.shape == (0,)
+    gx, gy = torch.autograd.grad(es.sum(), (x, y))
+    assert gx.shape == x.shape and gy.shape == y.shape
+
+
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "block2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_opcheck(kind, dtype, seed):
+    if "cpu" not in [b for b, _ in BACKEND_DEVICE]:
+        pytest.skip("compiled extension not available")
+    from etweedie.ops._prep import metric_param
+
+    x, y, b, metric = _inputs(seed, 3, 5, 4, kind)
+    m, _ = metric_to(metric, dtype)
+    prec, k = metric_param(m, torch.Size([3]), 4)
+    args = [t.to(dtype).clone().requires_grad_() for t in (x, y, b, prec.contiguous())] + [k, True]
+    torch.library.opcheck(torch.ops.etweedie.energy_score_fwd.default, args)
+    # the fused training op (value and unit gradients in one pass)
+    torch.library.opcheck(torch.ops.etweedie.energy_score_fwd_grad.default, args + [True, True, True, True])
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+def test_torch_compile_fullgraph(backend, device, seed):
+    x, y, _, metric = _inputs(seed, 4, 8, 6, "block2")
+    x, y = x.float().to(device).requires_grad_(), y.float().to(device)
+    m, _ = metric_to(metric, torch.float32, device)
+
+    def f(x, y):
+        return etweedie.energy_score(x, y, 1.4, m, backend=backend)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x, y), f(x, y))
+    (g1,) = torch.autograd.grad(compiled(x, y).sum(), x)
+    (g2,) = torch.autograd.grad(f(x, y).sum(), x)
+    torch.testing.assert_close(g1, g2)
+
+
+@pytest.mark.parametrize("beta", [1.0, 1.5])
+def test_proper_true_law_minimizes_expected_score(beta, seed):
+    """Targets y ~ N(0, I₂); predictive laws N(μ, s²I): the expected fair score is smallest
+    for the true law (μ = 0, s = 1); paired differences over 20000 targets, z > 6."""
+    g = gen(seed)
+    B, M, d = 20000, 8, 2
+    y = torch.randn(B, d, generator=g, dtype=torch.float64)
+    z = torch.randn(B, M, d, generator=g, dtype=torch.float64)
+    true = etweedie.energy_score(z, y, beta)
+    for mu, s in [(0.0, 0.6), (0.0, 1.6), (0.4, 1.0)]:
+        other = etweedie.energy_score(mu + s * z, y, beta)
+        diff = other - true
+        zscore = diff.mean() / (diff.std() / B**0.5)
+        assert zscore > 6, f"law N({mu}, {s}²) scores {float(diff.mean()):.4f} vs the true law (z {float(zscore):.1f}, seed {seed})"
+
+
+class TestBadInput:
+    def test_types(self):
+        x, y = torch.zeros(2, 4, 3), torch.zeros(2, 3)
+        with pytest.raises(TypeError, match="samples must be a torch.Tensor"):
+            etweedie.energy_score([[0.0]], y)
+        with pytest.raises(TypeError, match="target must be float32 or float64"):
+            etweedie.energy_score(x, y.int())
+        with pytest.raises(TypeError, match="target must have samples' dtype"):
+            etweedie.energy_score(x, y.double())
+        with pytest.raises(TypeError, match="beta must be a float or a tensor"):
+            etweedie.energy_score(x, y, "1")
+        with pytest.raises(TypeError, match="metric must be an etweedie.Metric"):
+            etweedie.energy_score(x, y, metric=torch.eye(3))
+
+    def test_shapes_and_values(self):
+        x, y = torch.zeros(2, 4, 3), torch.zeros(2, 3)
+        with pytest.raises(ValueError, match=r"fair=True needs M >= 2"):
+            etweedie.energy_score(torch.zeros(2, 1, 3), y)
+        with pytest.raises(ValueError, match=r"target must have shape \(\*batch, d=3\)"):
+            etweedie.energy_score(x, torch.zeros(2, 4))
+        with pytest.raises(ValueError, match="samples must have shape"):
+            etweedie.energy_score(torch.zeros(3), y)
+        with pytest.raises(ValueError, match="batch shapes do not broadcast"):
+            etweedie.energy_score(x, torch.zeros(3, 3))
+        with pytest.raises(ValueError, match="at least one draw"):
+            etweedie.energy_score(torch.zeros(2, 0, 3), y, fair=False)
+        for bad in (0.0, 2.5, float("nan")):
+            with pytest.raises(ValueError, match=r"beta must lie in \(0, 2\]"):
+                etweedie.energy_score(x, y, bad)
+        with pytest.raises(ValueError, match="dimension 4, but the data has d=3"):
+            etweedie.energy_score(x, y, metric=etweedie.Metric.diagonal(torch.ones(4)))
+        with pytest.raises(ValueError, match="target is on meta but samples are on cpu"):
+            etweedie.energy_score(x, torch.zeros(2, 3, device="meta"))
+        with pytest.raises(ValueError, match="backend must be one of"):
+            etweedie.energy_score(x, y, backend="gpu")

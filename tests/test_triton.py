@@ -1,0 +1,230 @@
+"""Triton kernels (etweedie.kernels) on CPU tensors under the Triton interpreter.
+
+Every kernel — et_score forward/backward, the fused Langevin step, the importance-sampling
+oracle — against the float64 reference (|out − ref64| ≤ 2|ref32 − ref64| + atol, outputs and
+every gradient) on shapes that exercise the masks and several program blocks: d not a power
+of two, several coordinate chunks (block size lowered so that chunk edges cut through k×k
+metric blocks), N = 1, N spanning several draw tiles, stride-0 clouds and metrics.
+
+TRITON_INTERPRET=1 has to be in the environment before triton is imported, so in a normal
+run one test reruns this file in a subprocess with it set (about a minute).  On a machine
+with a GPU the rest of the suite also runs the Triton backend on CUDA tensors
+(tests/conftest.py adds "triton" there).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import etweedie
+from conftest import assert_close_to_ref, gen, random_metric
+from test_et_score import _check_against_reference, _inputs
+from test_langevin_step import _inputs as _langevin_inputs, _run as _langevin_run
+
+# Triton decides compiled-vs-interpreted when a function is defined — its own library
+# functions (tl.zeros, ...) included, and torch imports triton at start-up.  So the variable
+# must be set when the process starts: without it, the cases below are skipped here and
+# test_cases_under_the_interpreter reruns this file in a fresh process with it set.
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEV = torch.device("cpu")
+DRIVER = "test_cases_under_the_interpreter"
+
+if INTERPRET:
+    try:
+        import etweedie.kernels as tk
+        from etweedie.kernels import et_score as tk_et_score
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        pytest.skip(f"triton is not importable: {exc!r}", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_only(request):
+    if not INTERPRET and request.node.originalname != DRIVER:
+        pytest.skip(f"needs TRITON_INTERPRET=1 from process start; run by {DRIVER} in a subprocess")
+
+
+def test_cases_under_the_interpreter():
+    """Run this file in a fresh interpreter-mode process (the real checks are the cases)."""
+    if INTERPRET:
+        pytest.skip("already running under TRITON_INTERPRET=1")
+    ok, why = etweedie.backends.available()["triton"]
+    if not ok and "not installed" in why:
+        pytest.skip(why)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.basename(__file__)],
+        cwd=here, env=env, capture_output=True, text=True, timeout=600,
+    )
+    tail = (proc.stdout + proc.stderr)[-6000:]
+    assert proc.returncode == 0, f"Triton interpreter cases failed (rc {proc.returncode}):\n{tail}"
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "error" not in summary, tail  # only the driver itself skips there
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Coordinate chunks of 8: d = 12 runs as two programs per row (8 + 4, masked)."""
+    monkeypatch.setattr(tk_et_score, "_MAX_BLOCK_D", 8)
+
+
+def test_backend_reported_available():
+    ok, why = etweedie.backends.available()["triton"]
+    assert ok, why
+    assert "interpret" in why
+
+
+KINDS = ["none", "isotropic", "diagonal", "block2", "block3", "block4", "dense"]
+SHAPES = {"d12": (3, 37, 12), "N1": (2, 1, 12), "manyN": (2, 300, 4)}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))
+def test_et_score_matches_float64_reference(kind, shape, seed):
+    B, N, d = SHAPES[shape]
+    if kind == "block3" and d % 3:
+        d = 6
+    y, x, beta, lam, metric = _inputs(seed, B, N, d, kind)
+    _check_against_reference("triton", DEV, (y, x, beta, lam), metric, f"[{kind}, {shape}]", seed)
+
+
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "block3", "block4"])
+def test_et_score_several_chunks(kind, small_chunks, seed):
+    y, x, beta, lam, metric = _inputs(seed, 3, 19, 12, kind)
+    _check_against_reference("triton", DEV, (y, x, beta, lam), metric, f"[{kind}, chunks of 8]", seed)
+
+
+@pytest.mark.parametrize("beta", [1.0, 2.0, 0.05, 1.4])
+def test_et_score_beta_and_coincident_draws(beta, seed):
+    y, x, b, lam, metric = _inputs(seed, 3, 9, 6, "block2", beta=beta)
+    x[:, ::3] = y.unsqueeze(1)
+    _check_against_reference("triton", DEV, (y, x, b, lam), metric, f" beta={beta} coincident", seed)
+
+
+def test_et_score_shared_cloud_and_metric(seed):
+    g = gen(seed)
+    B, N, d = 5, 11, 6
+    cloud = torch.randn(N, d, generator=g)  # stride 0 over rows on the kernel path
+    y = torch.randn(B, 2 * d, generator=g)[:, ::2]
+    S = torch.tensor([[1.2, 0.3], [0.3, 0.8]])
+    lam = torch.rand(B, generator=g) + 0.5
+    got = etweedie.et_score(y, cloud, 1.3, lam, etweedie.Metric.block(S), backend="triton")
+    want = etweedie.et_score(y, cloud, 1.3, lam, etweedie.Metric.block(S), backend="reference")
+    torch.testing.assert_close(got, want)
+    xt = torch.randn(B, d, N, generator=g).transpose(1, 2)  # non-unit stride over d
+    torch.testing.assert_close(
+        etweedie.et_score(y, xt, 1.7, backend="triton"), etweedie.et_score(y, xt, 1.7, backend="reference")
+    )
+
+
+def test_et_score_gradcheck_float64(seed):
+    y, x, beta, lam, metric = _inputs(seed, 2, 3, 4, "block2")
+    p = metric.param.clone().requires_grad_()
+    leaves = [t.clone().requires_grad_() for t in (y, x, beta, lam)]
+
+    def f(y, x, beta, lam, p):
+        return etweedie.et_score(y, x, beta, lam, etweedie.Metric.block((p + p.transpose(-1, -2)) / 2), backend="triton")
+
+    assert torch.autograd.gradcheck(f, (*leaves, p)), f"seed {seed}"
+
+
+def test_zero_size_and_float64():
+    y = torch.zeros(0, 5, requires_grad=True)
+    x = torch.zeros(0, 7, 5, requires_grad=True)
+    s = etweedie.et_score(y, x, 1.4, 2.0, etweedie.Metric.diagonal(torch.ones(5)), backend="triton")
+    assert s.shape == (0, 5)
+    gy, gx = torch.autograd.grad(s.sum(), (y, x))
+    assert gy.shape == y.shape and gx.shape == x.shape
+    y64, x64 = torch.randn(2, 3, dtype=torch.float64), torch.randn(2, 4, 3, dtype=torch.float64)
+    torch.testing.assert_close(
+        etweedie.et_score(y64, x64, 1.2, backend="triton"), etweedie.et_score(y64, x64, 1.2, backend="reference"),
+        rtol=1e-12, atol=1e-12,
+    )
+
+
+def test_torch_compile_fullgraph(seed):
+    y, x, beta, lam, metric = _inputs(seed, 4, 16, 6, "block2")
+    y, x = y.float().requires_grad_(), x.float()
+    m = etweedie.Metric(metric.kind, metric.param.float())
+
+    def f(y, x):
+        return etweedie.et_score(y, x, 1.4, 1.8, m, backend="triton")
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(y, x), f(y, x))
+    (g1,) = torch.autograd.grad(compiled(y, x).sum(), y)
+    (g2,) = torch.autograd.grad(f(y, x).sum(), y)
+    torch.testing.assert_close(g1, g2)
+
+
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "block2", "block3", "dense"])
+def test_langevin_step_matches_float64_reference(kind, seed):
+    y, x, xi, step, beta, lam, metric = _langevin_inputs(seed, 3, 21, 6, kind)
+    args = (y, x, xi, step, beta, lam)
+    out, gout = _langevin_run("triton", DEV, torch.float32, args, metric)
+    r32, g32 = _langevin_run("reference", "cpu", torch.float32, args, metric)
+    r64, g64 = _langevin_run("reference", "cpu", torch.float64, args, metric)
+    assert_close_to_ref(out, r32, r64, name=f"langevin[{kind}]", seed=seed)
+    for name, a, b, c in zip(["y", "x", "noise", "step", "beta", "lam", "metric"], gout, g32, g64):
+        assert_close_to_ref(a, b, c, name=f"grad {name}[{kind}]", seed=seed, atol_scale=3e-5)
+
+
+def test_langevin_step_several_chunks(small_chunks, seed):
+    y, x, xi, step, beta, lam, metric = _langevin_inputs(seed, 2, 5, 12, "block3")
+    args = (y, x, xi, step, beta, lam)
+    out, _ = _langevin_run("triton", DEV, torch.float64, args, metric)
+    ref, _ = _langevin_run("reference", "cpu", torch.float64, args, metric)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+
+
+def _is_case(seed, Q, M, d, kind, beta, backend, dtype):
+    g = gen(seed)
+    bank = torch.randn(M, d, generator=g, dtype=torch.float64)
+    y = bank[:Q] + 0.6 * torch.randn(Q, d, generator=g, dtype=torch.float64)
+    y[0] = bank[5]  # a query exactly on a bank point
+    metric = random_metric(kind, 1, d, g, per_row=False)
+    m = None if metric is None else etweedie.Metric(metric.kind, metric.param.to(dtype))
+    law = etweedie.GeneralizedGaussian(beta, 1.7, m, dim=d)
+    return etweedie.is_score(y.to(dtype), bank.to(dtype), law, backend=backend, chunk=16)
+
+
+@pytest.mark.parametrize("kind", ["none", "diagonal", "block2", "block3", "dense"])
+@pytest.mark.parametrize("beta", [1.0, 1.4, 2.0])
+def test_is_score_matches_float64_reference(kind, beta, seed):
+    # Q and M not multiples of the tiles, d not a power of two.  Dense: d = 4, because with the
+    # exactly coincident query y[0] the whitened copies z = yL and x_5 L can differ in the last
+    # bit for other d (BLAS blocking), and ‖z_y − z_5‖^{β−2} then blows up — for every backend.
+    Q, M, d = 37, 300, 4 if kind == "dense" else 6
+    out = _is_case(seed, Q, M, d, kind, beta, "triton", torch.float32)
+    r32 = _is_case(seed, Q, M, d, kind, beta, "reference", torch.float32)
+    r64 = _is_case(seed, Q, M, d, kind, beta, "reference", torch.float64)
+    for i, name in enumerate(["score", "mean", "ess"]):
+        assert_close_to_ref(out[i], r32[i], r64[i], name=f"{name}[{kind}, beta={beta}]", seed=seed, atol_scale=2e-5)
+
+
+@pytest.mark.parametrize("kind", ["diagonal", "block3"])
+def test_is_score_several_chunks(kind, small_chunks, seed):
+    out = _is_case(seed, 9, 70, 12, kind, 1.4, "triton", torch.float64)
+    ref = _is_case(seed, 9, 70, 12, kind, 1.4, "reference", torch.float64)
+    for a, b in zip(out, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_is_score_far_queries_do_not_underflow():
+    bank = torch.tensor([[0.0, 0.0], [1.0, 0.0]])
+    s, mean, ess = etweedie.is_score(torch.tensor([[60.0, 0.0]]), bank, etweedie.GeneralizedGaussian(2.0, 1.0), backend="triton")
+    torch.testing.assert_close(mean, torch.tensor([[1.0, 0.0]]))
+    torch.testing.assert_close(s, torch.tensor([[-59.0, 0.0]]))
+    assert abs(float(ess) - 1.0) < 1e-6
+
+
+def test_host_functions_validate_canonical_arguments():
+    y, x = torch.zeros(2, 4), torch.zeros(2, 3, 4)
+    one = torch.ones(2)
+    with pytest.raises(ValueError, match="block precision"):
+        tk.et_score_forward(y, x, one, one, torch.ones(2, 3, 3), 2)
+    with pytest.raises(ValueError, match="x must be"):
+        tk.et_score_forward(y, torch.zeros(2, 3, 5), one, one, one, 0)
