@@ -260,3 +260,14 @@ def test_debug_flag_catches_nan():
             etweedie.is_score(y, x[1], etweedie.GeneralizedGaussian(1.4))
     finally:
         etweedie.set_debug(False)
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE + [("reference", "cpu")], ids=BACKEND_IDS + ["reference"])
+def test_unbatched_query(backend, device):
+    """y (d,) with x (N, d): no batch dims at all."""
+    y, x = torch.zeros(3, device=device), torch.ones(4, 3, device=device)
+    s = etweedie.et_score(y, x, 2.0, backend=backend)
+    assert s.shape == (3,)
+    torch.testing.assert_close(s, torch.ones(3, device=device))
+    out = etweedie.langevin_step(y, x, torch.zeros(3, device=device), 0.5, 2.0, backend=backend)
+    torch.testing.assert_close(out, 0.5 * torch.ones(3, device=device))

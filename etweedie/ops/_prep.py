@@ -109,7 +109,7 @@ def broadcast_batch(op: str, **shapes) -> torch.Size:
 def flat(t: torch.Tensor, batch: torch.Size, core: Tuple[int, ...]) -> torch.Tensor:
     """Expand t to (*batch, *core) and flatten the batch (a view where strides allow)."""
     B = math.prod(batch)
-    return t.expand(*batch, *core).reshape(B, *core)
+    return t.expand(tuple(batch) + tuple(core)).reshape(B, *core)
 
 
 def metric_param(metric: Metric, batch: torch.Size, d: int) -> Tuple[torch.Tensor, int]:
@@ -160,8 +160,8 @@ def canonicalize(op: str, y, x, beta, lam, metric) -> Canonical:
         op, y=y.shape[:-1], x=x.shape[:-2], beta=beta.shape, lam=lam.shape, metric=metric.batch_shape
     )
     B = math.prod(batch)
-    yc = y.expand(*batch, d).reshape(B, d).contiguous()
-    xc = x.expand(*batch, N, d).reshape(B, N, d)
+    yc = y.expand(tuple(batch) + (d,)).reshape(B, d).contiguous()
+    xc = x.expand(tuple(batch) + (N, d)).reshape(B, N, d)
     if d > 1 and xc.stride(-1) != 1:
         xc = xc.contiguous()
     prec, kind = metric_param(metric, batch, d)

@@ -65,7 +65,7 @@ def langevin_step(
     if batch != c.batch:
         raise ValueError(f"{op}: step of shape {tuple(step.shape)} does not broadcast to the batch {tuple(c.batch)}")
     d = c.y.shape[-1]
-    xi = flat(noise.expand(*c.batch, d), c.batch, (d,)).contiguous()
+    xi = flat(noise, c.batch, (d,)).contiguous()
     alpha = flat(step, c.batch, ())
     name = backends.resolve(op, c.y.device, backend)
     if name == "reference":
