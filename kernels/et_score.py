@@ -414,44 +414,14 @@ def et_score_op(y, x, beta, lam, prec, kind: int):
 
 
 def _register() -> None:
+    # Same fake and autograd rules as the C++ op (etweedie/ops/et_score.py), with the Triton
+    # backward kernel.
+    from etweedie.ops.et_score import autograd_rules, fake_bwd, fake_fwd
+
     if interpreting():
-        @et_score_fwd_op.register_fake
-        def _(y, x, beta, lam, prec, kind):
-            return y.new_empty(y.shape), y.new_empty(y.shape)
-
-        @et_score_bwd_op.register_fake
-        def _(grad, grad_m, y, x, beta, lam, prec, kind, m, need_y, need_x, need_beta, need_lam, need_prec):
-            empty = y.new_empty(0)
-            return (
-                y.new_empty(y.shape) if need_y else empty,
-                x.new_empty(x.shape) if need_x else empty,
-                beta.new_empty(beta.shape) if need_beta else empty,
-                lam.new_empty(lam.shape) if need_lam else empty,
-                prec.new_empty(prec.shape) if need_prec else empty,
-            )
-
-    def setup_context(ctx, inputs, output):
-        y, x, beta, lam, prec, kind = inputs
-        ctx.kind = kind
-        ctx.save_for_backward(y, x, beta, lam, prec, output[1])
-
-    def backward(ctx, grad_s, grad_m):
-        y, x, beta, lam, prec, m = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        grad_s = torch.zeros_like(y) if grad_s is None else grad_s
-        grad_m = torch.zeros_like(y) if grad_m is None else grad_m
-        gy, gx, gb, gl, gp = et_score_bwd_op(
-            grad_s, grad_m, y, x, beta, lam, prec, ctx.kind, m, need[0], need[1], need[2], need[3], need[4]
-        )
-        return (
-            gy if need[0] else None,
-            gx if need[1] else None,
-            gb if need[2] else None,
-            gl if need[3] else None,
-            gp if need[4] else None,
-            None,
-        )
-
+        et_score_fwd_op.register_fake(fake_fwd)
+        et_score_bwd_op.register_fake(fake_bwd)
+    setup_context, backward = autograd_rules(et_score_bwd_op)
     et_score_fwd_op.register_autograd(backward, setup_context=setup_context)
 
 

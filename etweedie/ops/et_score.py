@@ -75,23 +75,29 @@ def _kernel(name, y, x, beta, lam, prec, kind) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------- registration
 
-def _register() -> None:
-    lib = "etweedie::"
+def fake_fwd(y, x, beta, lam, prec, kind):
+    """Fake (meta) implementation shared by every backend's et_score_fwd op."""
+    return y.new_empty(y.shape), y.new_empty(y.shape)
 
-    @torch.library.register_fake(lib + "et_score_fwd")
-    def _(y, x, beta, lam, prec, kind):
-        return y.new_empty(y.shape), y.new_empty(y.shape)
 
-    @torch.library.register_fake(lib + "et_score_bwd")
-    def _(grad, grad_m, y, x, beta, lam, prec, kind, m, need_y, need_x, need_beta, need_lam, need_prec):
-        empty = y.new_empty(0)
-        return (
-            y.new_empty(y.shape) if need_y else empty,
-            x.new_empty(x.shape) if need_x else empty,
-            beta.new_empty(beta.shape) if need_beta else empty,
-            lam.new_empty(lam.shape) if need_lam else empty,
-            prec.new_empty(prec.shape) if need_prec else empty,
-        )
+def fake_bwd(grad, grad_m, y, x, beta, lam, prec, kind, m, need_y, need_x, need_beta, need_lam, need_prec):
+    """Fake (meta) implementation shared by every backend's et_score_bwd op."""
+    empty = y.new_empty(0)
+    return (
+        y.new_empty(y.shape) if need_y else empty,
+        x.new_empty(x.shape) if need_x else empty,
+        beta.new_empty(beta.shape) if need_beta else empty,
+        lam.new_empty(lam.shape) if need_lam else empty,
+        prec.new_empty(prec.shape) if need_prec else empty,
+    )
+
+
+def autograd_rules(bwd_op):
+    """(setup_context, backward) for an et_score_fwd op whose fused backward is ``bwd_op``.
+
+    Shared by the C++ op (etweedie::) and the Triton op (etweedie_triton::): both save the
+    canonical inputs and m, and run their own backward kernel on demand.
+    """
 
     def setup_context(ctx, inputs, output):
         y, x, beta, lam, prec, kind = inputs
@@ -103,18 +109,17 @@ def _register() -> None:
         need = ctx.needs_input_grad
         grad_s = torch.zeros_like(y) if grad_s is None else grad_s
         grad_m = torch.zeros_like(y) if grad_m is None else grad_m
-        gy, gx, gb, gl, gp = torch.ops.etweedie.et_score_bwd(
-            grad_s, grad_m, y, x, beta, lam, prec, ctx.kind, m, need[0], need[1], need[2], need[3], need[4]
-        )
-        return (
-            gy if need[0] else None,
-            gx if need[1] else None,
-            gb if need[2] else None,
-            gl if need[3] else None,
-            gp if need[4] else None,
-            None,
-        )
+        grads = bwd_op(grad_s, grad_m, y, x, beta, lam, prec, ctx.kind, m, *need[:5])
+        return (*(g if n else None for g, n in zip(grads, need[:5])), None)
 
+    return setup_context, backward
+
+
+def _register() -> None:
+    lib = "etweedie::"
+    torch.library.register_fake(lib + "et_score_fwd")(fake_fwd)
+    torch.library.register_fake(lib + "et_score_bwd")(fake_bwd)
+    setup_context, backward = autograd_rules(torch.ops.etweedie.et_score_bwd)
     torch.library.register_autograd(lib + "et_score_fwd", backward, setup_context=setup_context)
 
 
