@@ -113,11 +113,27 @@ def flat(t: torch.Tensor, batch: torch.Size, core: Tuple[int, ...]) -> torch.Ten
 
 
 def metric_param(metric: Metric, batch: torch.Size, d: int) -> Tuple[torch.Tensor, int]:
-    """(prec, kind) with prec (B, *param): the precision parameter per row."""
+    """(prec, kind) with prec (B, *param): the precision parameter per row.
+
+    A shared metric stays a stride-0 view over rows; the kernels need each row's block
+    parameter contiguous, which this guarantees for every op.
+    """
     kind = _KIND[metric.kind]
     p = metric.precision_param()
     core = tuple(p.shape[len(metric.batch_shape) :])
-    return flat(p, batch, core), kind
+    prec = flat(p, batch, core)
+    if kind == BLOCK and not prec.is_contiguous():
+        prec = prec[:1].contiguous().expand_as(prec) if prec.stride(0) == 0 else prec.contiguous()
+    return prec, kind
+
+
+def row_whitening_factor(metric: Metric, batch: torch.Size) -> torch.Tensor:
+    """L with P = L Lᵀ for a dense metric: (d, d) when shared, else (B, d, d) per row.
+
+    Dense metrics reach the kernels whitened (z = Lᵀu, one GEMM) as unit isotropic metrics.
+    """
+    L = metric.whitening_factor()
+    return L if len(metric.batch_shape) == 0 else flat(L, batch, tuple(L.shape[-2:]))
 
 
 @dataclass
@@ -165,9 +181,6 @@ def canonicalize(op: str, y, x, beta, lam, metric) -> Canonical:
     if d > 1 and xc.stride(-1) != 1:
         xc = xc.contiguous()
     prec, kind = metric_param(metric, batch, d)
-    if kind == BLOCK and not prec.is_contiguous():
-        # rows of a block precision must be contiguous; a shared block stays a stride-0 view.
-        prec = prec[:1].contiguous().expand_as(prec) if prec.stride(0) == 0 else prec.contiguous()
     return Canonical(yc, xc, flat(beta, batch, ()), flat(lam, batch, ()), prec, kind, batch, metric)
 
 
@@ -176,12 +189,10 @@ def whiten_dense(c: Canonical) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
     The kernels then run isotropically with unit precision; map a score back with ``s @ Lᵀ``.
     """
-    L = c.metric.whitening_factor()
-    if len(c.metric.batch_shape) == 0:
-        zy, zx = c.y @ L, c.x @ L
-        Lb = L
+    Lb = row_whitening_factor(c.metric, c.batch)
+    if Lb.dim() == 2:
+        zy, zx = c.y @ Lb, c.x @ Lb
     else:
-        Lb = flat(L, c.batch, tuple(L.shape[-2:]))
         zy = (c.y.unsqueeze(1) @ Lb).squeeze(1)
         zx = c.x @ Lb
     ones = torch.ones((), dtype=c.y.dtype, device=c.y.device).expand(c.y.shape[0])
@@ -193,3 +204,40 @@ def unwhiten_score(s_iso: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
     if L.dim() == 2:
         return s_iso @ L.transpose(-1, -2)
     return (s_iso.unsqueeze(1) @ L.transpose(-1, -2)).squeeze(1)
+
+
+def register_pairwise_op(name: str, bwd_op) -> None:
+    """Fake and autograd rules of a pairwise energy op ``etweedie::<name>_fwd``.
+
+    energy_score and energy_distance share the schema shape
+    ``fwd(X, Y, beta, prec, kind, flag) -> (B,)`` and
+    ``bwd(grad, X, Y, beta, prec, kind, flag, need_X, need_Y, need_beta, need_prec) -> 4 grads``
+    (an unrequested gradient is an empty tensor), so one definition serves both.
+    """
+    lib = f"etweedie::{name}"
+
+    @torch.library.register_fake(lib + "_fwd")
+    def _(X, Y, beta, prec, kind, flag):
+        return X.new_empty(X.shape[:1])
+
+    @torch.library.register_fake(lib + "_bwd")
+    def _(grad, X, Y, beta, prec, kind, flag, need_x, need_y, need_beta, need_prec):
+        empty = beta.new_empty(0)
+        return (
+            X.new_empty(X.shape) if need_x else empty,
+            Y.new_empty(Y.shape) if need_y else empty,
+            beta.new_empty(beta.shape) if need_beta else empty,
+            prec.new_empty(prec.shape) if need_prec else empty,
+        )
+
+    def setup_context(ctx, inputs, output):
+        X, Y, beta, prec, kind, flag = inputs
+        ctx.kind, ctx.flag = kind, flag
+        ctx.save_for_backward(X, Y, beta, prec)
+
+    def backward(ctx, grad):
+        need = ctx.needs_input_grad[:4]
+        grads = bwd_op(grad, *ctx.saved_tensors, ctx.kind, ctx.flag, *need)
+        return (*(g if n else None for g, n in zip(grads, need)), None, None)
+
+    torch.library.register_autograd(lib + "_fwd", backward, setup_context=setup_context)

@@ -21,7 +21,6 @@ from .. import backends
 from ..metric import Metric
 from . import reference
 from ._prep import (
-    BLOCK,
     DENSE,
     as_param,
     broadcast_batch,
@@ -31,6 +30,8 @@ from ._prep import (
     check_tensor,
     flat,
     metric_param,
+    register_pairwise_op,
+    row_whitening_factor,
 )
 
 __all__ = ["energy_distance"]
@@ -94,8 +95,6 @@ def energy_distance(
     check_finite(_OP, a=a, b=b)
     metric = check_metric(metric, d, a, _OP)
     batch = broadcast_batch(_OP, a=a.shape[:-2], b=b.shape[:-2], beta=beta.shape, metric=metric.batch_shape)
-    out_shape = batch
-    batch = batch if len(batch) else torch.Size([1])  # unbatched: one row (flat() needs a batch dim)
     B = math.prod(batch)
     ac = a.expand(*batch, n, d).reshape(B, n, d)
     bc = b.expand(*batch, m, d).reshape(B, m, d)
@@ -104,61 +103,23 @@ def energy_distance(
         bc = bc if bc.stride(-1) == 1 else bc.contiguous()
     betas = flat(beta, batch, ())
     prec, kind = metric_param(metric, batch, d)
-    if kind == BLOCK and not prec.is_contiguous():
-        prec = prec[:1].contiguous().expand_as(prec) if prec.stride(0) == 0 else prec.contiguous()
 
     name = backends.resolve(_OP, a.device, backend, supported=("reference", "cpu"))
     if name == "reference":
         out = reference.energy_distance(ac, bc, betas, prec, kind, unbiased)
     elif kind == DENSE:
-        L = metric.whitening_factor()  # P = L Lᵀ: run the isotropic kernel on z = Lᵀx
-        Lb = L if len(metric.batch_shape) == 0 else flat(L, batch, (d, d))
+        Lb = row_whitening_factor(metric, batch)  # P = L Lᵀ: run the isotropic kernel on z = Lᵀx
         ones = torch.ones((), dtype=ac.dtype, device=ac.device).expand(B)
         out = torch.ops.etweedie.energy_distance_fwd(ac @ Lb, bc @ Lb, betas, ones, 0, unbiased)
     else:
         out = torch.ops.etweedie.energy_distance_fwd(ac, bc, betas, prec, kind, unbiased)
-    return out.reshape(out_shape)
+    return out.reshape(batch)
 
 
 # ---------------------------------------------------------------------------- registration
 
 def _register() -> None:
-    lib = "etweedie::"
-
-    @torch.library.register_fake(lib + "energy_distance_fwd")
-    def _(a, b, beta, prec, kind, unbiased):
-        return a.new_empty(a.shape[:1])
-
-    @torch.library.register_fake(lib + "energy_distance_bwd")
-    def _(grad, a, b, beta, prec, kind, unbiased, need_a, need_b, need_beta, need_prec):
-        return (
-            a.new_empty(a.shape) if need_a else beta.new_empty(0),
-            b.new_empty(b.shape) if need_b else beta.new_empty(0),
-            beta.new_empty(beta.shape) if need_beta else beta.new_empty(0),
-            prec.new_empty(prec.shape) if need_prec else beta.new_empty(0),
-        )
-
-    def setup_context(ctx, inputs, output):
-        a, b, beta, prec, kind, unbiased = inputs
-        ctx.kind, ctx.unbiased = kind, unbiased
-        ctx.save_for_backward(a, b, beta, prec)
-
-    def backward(ctx, grad):
-        a, b, beta, prec = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        ga, gb, gbeta, gp = torch.ops.etweedie.energy_distance_bwd(
-            grad, a, b, beta, prec, ctx.kind, ctx.unbiased, need[0], need[1], need[2], need[3]
-        )
-        return (
-            ga if need[0] else None,
-            gb if need[1] else None,
-            gbeta if need[2] else None,
-            gp if need[3] else None,
-            None,
-            None,
-        )
-
-    torch.library.register_autograd(lib + "energy_distance_fwd", backward, setup_context=setup_context)
+    register_pairwise_op("energy_distance", torch.ops.etweedie.energy_distance_bwd)
 
 
 if backends._EXT_OK and backends._has_op("energy_distance_fwd", "CPU"):

@@ -24,7 +24,6 @@ from .. import backends
 from ..metric import Metric
 from . import reference
 from ._prep import (
-    BLOCK,
     DENSE,
     as_param,
     broadcast_batch,
@@ -34,6 +33,8 @@ from ._prep import (
     check_tensor,
     flat,
     metric_param,
+    register_pairwise_op,
+    row_whitening_factor,
 )
 
 __all__ = ["energy_score"]
@@ -97,8 +98,6 @@ def energy_score(
     batch = broadcast_batch(
         _OP, samples=samples.shape[:-2], target=target.shape[:-1], beta=beta.shape, metric=metric.batch_shape
     )
-    out_shape = batch
-    batch = batch if len(batch) else torch.Size([1])  # unbatched: one row (flat() needs a batch dim)
     B = math.prod(batch)
     xs = samples.expand(*batch, M, d).reshape(B, M, d)
     if d > 1 and xs.stride(-1) != 1:
@@ -106,22 +105,19 @@ def energy_score(
     yt = target.expand(*batch, d).reshape(B, d).contiguous()
     betas = flat(beta, batch, ())
     prec, kind = metric_param(metric, batch, d)
-    if kind == BLOCK and not prec.is_contiguous():
-        prec = prec[:1].contiguous().expand_as(prec) if prec.stride(0) == 0 else prec.contiguous()
 
     name = backends.resolve(_OP, samples.device, backend, supported=("reference", "cpu"))
     if name == "reference":
         out = reference.energy_score(xs, yt, betas, prec, kind, fair)
     elif kind == DENSE:
-        L = metric.whitening_factor()  # P = L Lᵀ: run the isotropic kernel on z = Lᵀx
-        Lb = L if len(metric.batch_shape) == 0 else flat(L, batch, (d, d))
+        Lb = row_whitening_factor(metric, batch)  # P = L Lᵀ: run the isotropic kernel on z = Lᵀx
         zs = xs @ Lb
         zt = (yt.unsqueeze(1) @ Lb).squeeze(1).contiguous()
         ones = torch.ones((), dtype=xs.dtype, device=xs.device).expand(B)
         out = _kernel(zs, zt, betas, ones, 0, fair)
     else:
         out = _kernel(xs, yt, betas, prec, kind, fair)
-    return out.reshape(out_shape)
+    return out.reshape(batch)
 
 
 def _kernel(samples, target, beta, prec, kind, fair) -> torch.Tensor:
@@ -140,42 +136,7 @@ _FUSED = backends._EXT_OK and backends._has_op("energy_score_fwd_grad", "CPU")
 # ---------------------------------------------------------------------------- registration
 
 def _register() -> None:
-    lib = "etweedie::"
-
-    @torch.library.register_fake(lib + "energy_score_fwd")
-    def _(samples, target, beta, prec, kind, fair):
-        return samples.new_empty(samples.shape[:1])
-
-    @torch.library.register_fake(lib + "energy_score_bwd")
-    def _(grad, samples, target, beta, prec, kind, fair, need_samples, need_target, need_beta, need_prec):
-        return (
-            samples.new_empty(samples.shape) if need_samples else beta.new_empty(0),
-            target.new_empty(target.shape) if need_target else beta.new_empty(0),
-            beta.new_empty(beta.shape) if need_beta else beta.new_empty(0),
-            prec.new_empty(prec.shape) if need_prec else beta.new_empty(0),
-        )
-
-    def setup_context(ctx, inputs, output):
-        samples, target, beta, prec, kind, fair = inputs
-        ctx.kind, ctx.fair = kind, fair
-        ctx.save_for_backward(samples, target, beta, prec)
-
-    def backward(ctx, grad):
-        samples, target, beta, prec = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        gs, gt, gb, gp = torch.ops.etweedie.energy_score_bwd(
-            grad, samples, target, beta, prec, ctx.kind, ctx.fair, need[0], need[1], need[2], need[3]
-        )
-        return (
-            gs if need[0] else None,
-            gt if need[1] else None,
-            gb if need[2] else None,
-            gp if need[3] else None,
-            None,
-            None,
-        )
-
-    torch.library.register_autograd(lib + "energy_score_fwd", backward, setup_context=setup_context)
+    register_pairwise_op("energy_score", torch.ops.etweedie.energy_score_bwd)
     if _FUSED:
         _register_fused()
 
