@@ -3,6 +3,10 @@
     etweedie demo [--seed N] [--out DIR] [--quick] [--no-progress]   score demo on eight Gaussians
     etweedie bench [ARGS...]                                          benchmarks.table (from the repo root)
     etweedie info                                                     backends, torch, threads
+    etweedie train | score-eval | sample | estimate ...               experiment commands (see --help)
+
+Experiment commands live beside the code they drive: a module listed in ``PLUGIN_COMMANDS``
+defines ``CLI_HELP`` (one line), ``add_cli_arguments(parser)`` and ``cli_main(args) -> int``.
 
 Every command returns an exit status (0 on success, 2 on a usage error).
 """
@@ -11,12 +15,26 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import platform
 import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-__all__ = ["main"]
+__all__ = ["main", "PLUGIN_COMMANDS"]
+
+# command name -> module defining CLI_HELP, add_cli_arguments(parser), cli_main(args)
+PLUGIN_COMMANDS = {
+    "train": "etweedie.train",
+    "score-eval": "etweedie.score_eval",
+    "sample": "etweedie.sample",
+    "estimate": "etweedie.estimate",
+}
+
+
+def _plugin(name: str):
+    """The module behind a plugin command (imported on first use; heavy imports stay lazy)."""
+    return importlib.import_module(PLUGIN_COMMANDS[name])
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -39,6 +57,12 @@ def _build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     commands.add_parser("info", help="show which backends loaded, the torch build and threads")
+    for name, module_name in PLUGIN_COMMANDS.items():
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        module = _plugin(name)
+        sub = commands.add_parser(name, help=module.CLI_HELP, description=module.CLI_HELP)
+        module.add_cli_arguments(sub)
     return parser
 
 
@@ -54,6 +78,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     if args.command == "demo":
         return _demo(args)
+    if args.command in PLUGIN_COMMANDS:
+        return int(_plugin(args.command).cli_main(args) or 0)
     return _info()
 
 
