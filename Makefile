@@ -26,7 +26,7 @@ $(PY):
 
 # Rebuilt whenever a kernel source, setup.py or pyproject.toml changes.
 $(STAMP): $(PY) $(SOURCES)
-	$(PIP) install -q --upgrade pip setuptools wheel ninja
+	@$(PY) -c "import setuptools, wheel, ninja" 2>/dev/null || $(PIP) install -q --upgrade pip setuptools wheel ninja
 	@if $(PY) -c "import torch" 2>/dev/null; then \
 		echo "torch already installed: $$($(PY) -c 'import torch; print(torch.__version__)')"; \
 	else \
@@ -65,7 +65,11 @@ check-triton: $(STAMP)
 # Needs an NVIDIA GPU and a CUDA build of torch; stops with the reason before building otherwise.
 # Log and JSON results in gpu_check/ (GPU_CHECK_ARGS=--quick for smaller benchmark shapes).
 GPU_CHECK_ARGS ?=
-gpu-check: $(PY)
+# A machine whose python3 already holds a CUDA torch gets a venv that sees it (no download).
+gpu-check:
+	@if [ ! -x $(PY) ]; then \
+		if $(PYTHON) -c "import torch, sys; sys.exit(torch.version.cuda is None)" 2>/dev/null; then \
+			$(PYTHON) -m venv --system-site-packages $(VENV); else $(PYTHON) -m venv $(VENV); fi; fi
 	@$(PY) scripts/gpu_check.py --preflight
 	$(MAKE) --no-print-directory install
 	$(PY) scripts/gpu_check.py --skip-build $(GPU_CHECK_ARGS)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -74,61 +75,87 @@ def preflight() -> Optional[str]:
 # ----------------------------------------------------------------------------- benchmarks
 
 def _workloads(quick: bool):
+    """(id, op, B, N, d, metric factory, backward?) — the issue-4 H100 target shapes (``--quick``: smaller)."""
     import torch
 
     import etweedie
 
     s = 4 if quick else 1
     blockS = torch.tensor([[0.5, 0.3], [0.3, 0.5]])
+    block = lambda dev: etweedie.Metric.block(blockS.to(dev))  # noqa: E731
+    iso = lambda dev: etweedie.Metric.isotropic(0.5)  # noqa: E731
     return [
-        # id, op, B, N, d, metric, backward?
-        ("et_score_iso_784", "et_score", 64 // s, 256 // s, 784, lambda dev: etweedie.Metric.isotropic(0.5), False),
-        ("et_score_block_784", "et_score", 64 // s, 256 // s, 784, lambda dev: etweedie.Metric.block(blockS.to(dev)), False),
-        ("et_score_iso_2", "et_score", 4096 // s, 64, 2, lambda dev: None, False),
-        ("et_score_bwd_784", "et_score", 64 // s, 256 // s, 784, lambda dev: etweedie.Metric.isotropic(0.5), True),
-        ("langevin_step_784", "langevin_step", 64 // s, 256 // s, 784, lambda dev: etweedie.Metric.isotropic(0.5), False),
-        ("is_score_160k", "is_score", 1024 // s, 160_000 // s, 2, lambda dev: etweedie.Metric.block(blockS.to(dev)), False),
+        ("et_score_block_784", "et_score", 256 // s, 256, 784, block, False),
+        ("et_score_iso_784", "et_score", 256 // s, 256, 784, iso, False),
+        ("et_score_iso_2", "et_score", 16384 // s, 64, 2, lambda dev: None, False),
+        ("et_score_bwd_block_784", "et_score", 256 // s, 256, 784, block, True),
+        ("langevin_step_block_784", "langevin_step", 256 // s, 256, 784, block, False),
+        ("is_score_65k_x_160k", "is_score", 65536 // (4 * s), 160_000, 2, block, False),
     ]
 
 
+# backends timed per op; "compile" is torch.compile of the eager reference
+TIMED_BACKENDS = {
+    "et_score": ("reference", "compile", "cuda", "triton"),
+    "langevin_step": ("reference", "compile", "cuda", "triton"),
+    "is_score": ("reference", "cuda", "triton"),
+}
+
+
 def _thunk(op: str, backend: str, dev, dtype, B: int, N: int, d: int, metric_fn, backward: bool, seed: int = 0):
+    """(callable, bytes that must move) for one workload on one backend ("compile" wraps the reference)."""
     import torch
 
     import etweedie
 
+    compiled = backend == "compile"
+    be = "reference" if compiled else backend
     g = torch.Generator().manual_seed(seed)
     metric = metric_fn("cpu")
     if metric is not None:
         metric = etweedie.Metric(metric.kind, metric.param.to(dev, dtype))
     if op == "is_score":
         bank = torch.randn(N, d, generator=g).to(dev, dtype)
-        y = (bank[:B].cpu() + 0.5 * torch.randn(B, d, generator=g)).to(dev, dtype)
+        y = (bank[torch.randint(0, N, (B,), generator=g)].cpu() + 0.5 * torch.randn(B, d, generator=g)).to(dev, dtype)
         law = etweedie.GeneralizedGaussian(1.4, 1.8, metric, dim=d)
-        return lambda: etweedie.is_score(y, bank, law, backend=backend)[0], (B * d + N * d) * y.element_size()
+        # the reference is chunked over queries (4096 × bank per block) so it fits on the card
+        fn = lambda: etweedie.is_score(y, bank, law, backend=be, chunk=4096)[0]  # noqa: E731
+        return fn, (B * d + N * d) * y.element_size()
     y = torch.randn(B, d, generator=g)
     x = (y.unsqueeze(1) + 0.5 * torch.randn(B, N, d, generator=g)).to(dev, dtype)
     y = y.to(dev, dtype)
     nbytes = (x.numel() + 2 * y.numel()) * x.element_size()
     if op == "langevin_step":
         xi = torch.randn(B, d, generator=g).to(dev, dtype)
-        return lambda: etweedie.langevin_step(y, x, xi, 0.01, 1.4, 1.8, metric, backend=backend), nbytes
-    if backward:
+        fn = lambda: etweedie.langevin_step(y, x, xi, 0.01, 1.4, 1.8, metric, backend=be)  # noqa: E731
+        nbytes += xi.numel() * xi.element_size()
+    elif backward:
         yr, xr = y.clone().requires_grad_(), x.clone().requires_grad_()
 
-        def fwd_bwd():
-            s = etweedie.et_score(yr, xr, 1.4, 1.8, metric, backend=backend)
+        def fn():
+            s = etweedie.et_score(yr, xr, 1.4, 1.8, metric, backend=be)
             return torch.autograd.grad(s.sum(), (yr, xr))[1]
 
-        return fwd_bwd, 3 * nbytes
-    return lambda: etweedie.et_score(y, x, 1.4, 1.8, metric, backend=backend), nbytes
+        nbytes = 3 * nbytes  # forward reads x; backward reads x again and writes ∂x
+    else:
+        fn = lambda: etweedie.et_score(y, x, 1.4, 1.8, metric, backend=be)  # noqa: E731
+    if compiled:
+        fn = torch.compile(fn, dynamic=False)
+    return fn, nbytes
 
 
-def _time_cuda(fn: Callable[[], object], repeats: int, warmup: int = 3) -> Dict[str, float]:
+def _time_cuda(fn: Callable[[], object], repeats: int, warmup: int = 3, budget_s: float = 3.0) -> Dict[str, float]:
+    """CUDA-event timings (median, p20, p80); fewer repeats when one call is slow."""
     import torch
 
+    fn()  # first call: compilation / autotuning / allocator warm-up
+    torch.cuda.synchronize()
+    t0 = time.time()
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    per_call = max((time.time() - t0) / max(warmup, 1), 1e-6)
+    repeats = int(max(3, min(repeats, budget_s / per_call)))
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -139,63 +166,89 @@ def _time_cuda(fn: Callable[[], object], repeats: int, warmup: int = 3) -> Dict[
         times.append(start.elapsed_time(end))
     times.sort()
     q = lambda p: times[min(len(times) - 1, int(p * (len(times) - 1) + 0.5))]  # noqa: E731
-    return {"median_ms": q(0.5), "p20_ms": q(0.2), "p80_ms": q(0.8)}
+    return {"median_ms": q(0.5), "p20_ms": q(0.2), "p80_ms": q(0.8), "repeats": repeats}
 
 
-def gpu_benchmarks(log: Log, quick: bool) -> List[dict]:
+def copy_bandwidth_gbs() -> float:
+    """The card's measured device-to-device copy bandwidth (bytes read + written), GB/s."""
+    import torch
+
+    a = torch.empty(2**28, dtype=torch.float32, device="cuda").uniform_()  # 1 GiB
+    b = torch.empty_like(a)
+    t = _time_cuda(lambda: b.copy_(a), repeats=20)
+    return 2 * a.numel() * 4 / (t["median_ms"] * 1e-3) / 1e9
+
+
+def gpu_benchmarks(log: Log, quick: bool, only: Optional[List[str]] = None) -> List[dict]:
     import torch
 
     import etweedie
 
     dev = torch.device("cuda")
     status = etweedie.backends.available()
+    copy_bw = copy_bandwidth_gbs()
+    log(f"  measured copy bandwidth: {copy_bw:.0f} GB/s ({torch.cuda.get_device_name()})")
     rows = []
     for wid, op, B, N, d, metric_fn, backward in _workloads(quick):
+        if only and not any(o in wid for o in only):
+            continue
         # correctness first: float32 kernels against the float64 reference (on a small slice)
         small = (min(B, 8), min(N, 512), d)
         ref_fn, _ = _thunk(op, "reference", "cpu", torch.float64, *small, metric_fn, backward)
         ref = ref_fn().double().cpu()
-        base = None
-        for backend in ("reference", "cuda", "triton"):
-            row = {"workload": wid, "backend": backend, "B": B, "N": N, "d": d, "device": torch.cuda.get_device_name()}
-            if backend != "reference" and not status[backend][0]:
+        base = comp = None
+        for backend in TIMED_BACKENDS[op]:
+            row = {"workload": wid, "backend": backend, "B": B, "N": N, "d": d, "device": torch.cuda.get_device_name(),
+                   "copy_GBps": copy_bw}
+            if backend not in ("reference", "compile") and not status[backend][0]:
                 row["error"] = f"unavailable: {status[backend][1]}"
                 rows.append(row)
                 continue
             try:
-                chk_fn, _ = _thunk(op, backend, dev, torch.float32, *small, metric_fn, backward)
-                out = chk_fn().double().cpu()
-                err = float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
-                row["max_rel_err"] = err
-                row["correct"] = err < 1e-3
+                if backend != "compile":
+                    chk_fn, _ = _thunk(op, backend, dev, torch.float32, *small, metric_fn, backward)
+                    out = chk_fn().double().cpu()
+                    err = float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+                    row["max_rel_err"] = err
+                    row["correct"] = err < 1e-3
                 fn, nbytes = _thunk(op, backend, dev, torch.float32, B, N, d, metric_fn, backward)
+                torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 before = torch.cuda.memory_allocated()
-                row.update(_time_cuda(fn, repeats=5 if quick else 20))
+                row.update(_time_cuda(fn, repeats=5 if quick else 30))
                 row["peak_extra_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
                 row["GB/s"] = nbytes / (row["median_ms"] * 1e-3) / 1e9
+                row["frac_copy_bw"] = row["GB/s"] / copy_bw
                 if backend == "reference":
                     base = row["median_ms"]
+                if backend == "compile":
+                    comp = row["median_ms"]
                 row["speedup_vs_reference"] = base / row["median_ms"] if base else None
+                row["speedup_vs_compile"] = comp / row["median_ms"] if comp else None
+                del fn
             except Exception as exc:  # a failing backend is reported, the others still run
                 row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            torch.cuda.empty_cache()
             rows.append(row)
-            log(f"  {wid:<20} {backend:<9} " + (row.get("error") or f"{row['median_ms']:.3f} ms, rel err {row['max_rel_err']:.1e}"))
+            log(f"  {wid:<24} {backend:<9} " + (row.get("error") or f"{row['median_ms']:.3f} ms, "
+                f"{row['GB/s']:.0f} GB/s, rel err {row.get('max_rel_err', float('nan')):.1e}"))
     return rows
 
 
 def format_table(rows: List[dict]) -> str:
-    head = "| workload | backend | median ms (p20–p80) | GB/s | × reference | peak extra MiB | max rel err | device |"
-    lines = [head, "|" + "---|" * 8]
+    head = ("| workload | backend | median ms (p20–p80) | GB/s | % copy BW | × eager | × compile | peak extra MiB "
+            "| max rel err | device |")
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['workload']} | {r['backend']} | {r['error']} | | | | | {r['device']} |")
+            lines.append(f"| {r['workload']} | {r['backend']} | {r['error']} | | | | | | | {r['device']} |")
             continue
-        sp = r.get("speedup_vs_reference")
+        sp, sc = r.get("speedup_vs_reference"), r.get("speedup_vs_compile")
+        err = "" if "max_rel_err" not in r else f"{r['max_rel_err']:.1e}{'' if r['correct'] else ' WRONG'}"
         lines.append(
             f"| {r['workload']} | {r['backend']} | {r['median_ms']:.3f} ({r['p20_ms']:.3f}–{r['p80_ms']:.3f}) | "
-            f"{r['GB/s']:.1f} | {'' if sp is None else f'{sp:.1f}×'} | {r['peak_extra_mib']:.1f} | "
-            f"{r['max_rel_err']:.1e}{'' if r['correct'] else ' WRONG'} | {r['device']} |"
+            f"{r['GB/s']:.0f} | {100 * r['frac_copy_bw']:.0f}% | {'' if sp is None else f'{sp:.1f}×'} | "
+            f"{'' if sc is None else f'{sc:.1f}×'} | {r['peak_extra_mib']:.1f} | {err} | {r['device']} |"
         )
     return "\n".join(lines)
 
@@ -207,6 +260,10 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="smaller benchmark shapes")
     p.add_argument("--skip-build", action="store_true")
     p.add_argument("--skip-tests", action="store_true")
+    p.add_argument("--skip-cpu-table", action="store_true", help="skip the CPU benchmark table (minutes)")
+    p.add_argument("--only", default="", help="comma-separated substrings of the GPU workloads to run")
+    p.add_argument("--pytest-args", default="", help="extra pytest arguments, e.g. \"-n 8 -k 'cuda or triton'\"")
+    p.add_argument("--tests-timeout", type=float, default=None, help="stop the test step after this many seconds")
     args = p.parse_args(argv)
 
     why = preflight()
@@ -217,11 +274,17 @@ def main(argv=None) -> int:
         return 0
 
     log = Log(os.path.join(args.out, "gpu_check.log"))
-    results: Dict[str, object] = {"steps": {}}
-    failed = []
+    results: Dict[str, object] = {"steps": {}, "failed": []}
+    failed = results["failed"]
+
+    def save() -> None:  # after every step, so a run cut short still leaves its results
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(results, f, indent=2, default=str)
+
     if not args.skip_build:
         env = dict(os.environ, FORCE_CUDA="1")
-        proc = log.run("build", [sys.executable, "-m", "pip", "install", "--no-build-isolation", "-e", "."], env=env)
+        cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", "."]
+        proc = log.run("build", cmd, env=env)
         results["steps"]["build"] = proc.returncode
         if proc.returncode:
             failed.append("build")
@@ -238,6 +301,7 @@ def main(argv=None) -> int:
                 failed.append(f"backend {name} unavailable")
     except (ValueError, KeyError):
         failed.append("import etweedie")
+    save()
 
     if shutil.which(os.environ.get("NVCC", "nvcc")):
         proc = log.run("check-cuda", ["bash", "scripts/check_cuda.sh"])
@@ -245,32 +309,49 @@ def main(argv=None) -> int:
         if proc.returncode:
             failed.append("check-cuda")
 
-    if not args.skip_tests:
-        proc = log.run("tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"])
-        results["steps"]["tests"] = proc.returncode
-        results["tests_summary"] = (proc.stdout.strip().splitlines() or [""])[-1]
-        if proc.returncode:
-            failed.append("tests")
-
     log("\n=== GPU benchmarks (CUDA tensors, float32)")
     sys.path.insert(0, ROOT)
-    rows = gpu_benchmarks(log, args.quick)
+    rows = gpu_benchmarks(log, args.quick, [o for o in args.only.split(",") if o])
     results["gpu_benchmarks"] = rows
     if any("error" in r and "unavailable" not in r["error"] for r in rows) or any(r.get("correct") is False for r in rows):
         failed.append("gpu benchmarks")
-
-    cpu_json = os.path.join(args.out, "cpu_table.json")
-    cmd = [sys.executable, "-m", "benchmarks.table", "--json", cpu_json] + (["--quick"] if args.quick else [])
-    proc = log.run("CPU benchmark table", cmd)
-    results["steps"]["cpu_table"] = proc.returncode
-    if proc.returncode == 0 and os.path.exists(cpu_json):
-        results["cpu_table"] = json.load(open(cpu_json))
-
     table = format_table(rows)
     log("\n" + table)
-    results["failed"] = failed
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=2, default=str)
+    save()
+
+    if not args.skip_tests:
+        # streamed to a file, so a run cut short by a time limit still shows how far it got
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"] + shlex.split(args.pytest_args)
+        test_log = os.path.join(args.out, "tests.log")
+        log(f"\n=== tests: {' '.join(cmd)} (output in {test_log})")
+        t0 = time.time()
+        with open(test_log, "w") as f:
+            try:
+                rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=args.tests_timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        out = open(test_log).read()
+        results["steps"]["tests"] = rc
+        results["tests_summary"] = (out.strip().splitlines() or [""])[-1]
+        fails = [ln for ln in out.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+        results["test_failures"] = fails
+        log(f"--- tests: exit {rc} in {time.time() - t0:.0f} s; {results['tests_summary']}")
+        for ln in fails[:60]:
+            log("  " + ln[:400])
+        if rc != 0:
+            failed.append("tests")
+        save()
+
+    if not args.skip_cpu_table:
+        cpu_json = os.path.join(args.out, "cpu_table.json")
+        cmd = [sys.executable, "-m", "benchmarks.table", "--json", cpu_json] + (["--quick"] if args.quick else [])
+        proc = log.run("CPU benchmark table", cmd)
+        results["steps"]["cpu_table"] = proc.returncode
+        if proc.returncode == 0 and os.path.exists(cpu_json):
+            results["cpu_table"] = json.load(open(cpu_json))
+
+    log("\n" + table)
+    save()
     log(f"\ngpu-check: {'FAILED: ' + ', '.join(failed) if failed else 'all steps passed'}")
     log(f"gpu-check: log {os.path.join(args.out, 'gpu_check.log')}, results {os.path.join(args.out, 'results.json')}")
     return 1 if failed else 0
