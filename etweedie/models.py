@@ -1,0 +1,304 @@
+"""Posterior models: the conditional Engression generator ``x = g(y, η, ε)`` (DESIGN §6).
+
+An Engression posterior (Shen & Meinshausen's StoNet; paper §5.1) is a neural sampler for
+the denoising posterior P(X | Y = y) under the noise law with parameters η: fresh Gaussian
+noise ε_l is concatenated into the input of *every* hidden layer, so one forward pass of a
+deterministic network turns (y, η, ε) into one posterior draw.  It is trained with the
+matched energy score ES_{Σ⁻¹,β} (paper Eq. es_tweedie; :mod:`etweedie.train`), and its draws
+feed the Energy-Tweedie score
+
+    s(y) = −λ P (1/N) Σ_i ‖y − x_i‖_P^{β−2} (y − x_i),     x_i = g(y, η, ε_i)
+
+(paper Eq. sm_finite_sample).  The conditioning vector is η = (β, log λ, log σ, u, v)
+(:meth:`etweedie.NoiseParams.eta`); it is affinely normalized to [−1, 1] over the training
+range given at construction (``eta_low``/``eta_high``).
+
+Architecture (L = ``depth`` hidden layers of width W, activation SiLU)::
+
+    h_1     = act(M_0(η̃) ∘ A_0 [y, ε_0])
+    h_{l+1} = h_l + act(M_l(η̃) ∘ A_l [h_l, ε_l])          l = 1 … L−1   (residual)
+    x       = y + r(η) · A_out h_L                       (output="scaled_residual")
+
+with the conditioning map M_l either
+
+* ``conditioning="concat"``: η̃ concatenated to the layer input, M_l(η̃) ∘ z = z + C_l η̃;
+* ``conditioning="film"``: feature-wise affine modulation (1 + γ_l(η̃)) ⊙ z + b_l(η̃), where
+  (γ_l, b_l) come from a small MLP embedding of η̃ shared by all layers.
+
+The output is ``"direct"`` (x = A_out h_L), ``"residual"`` (x = y + A_out h_L) or
+``"scaled_residual"`` (x = y + r(η) A_out h_L with the realized noise RMS r = σ λ^{−1/β},
+so the network predicts the denoising displacement in noise units).  Per-query parts
+(y's and η's projections, the FiLM coefficients) are computed once per query and broadcast
+over its n draws; only the ε-dependent parts run per draw.
+
+Example::
+
+    >>> import torch
+    >>> from etweedie.models import EngressionPosterior
+    >>> from etweedie.noise import NoiseParams
+    >>> model = EngressionPosterior(dim=2, width=32, depth=2)
+    >>> y = torch.zeros(4, 2); eta = NoiseParams(1.4, 1.8, 0.57, 0.0, 0.6).eta()
+    >>> model.sample(y, eta, 16, generator=torch.Generator().manual_seed(0)).shape
+    torch.Size([4, 16, 2])
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["EngressionPosterior", "ETA_DIM", "default_eta_bounds"]
+
+ETA_DIM = 5  # η = (β, log λ, log σ, u, v)
+CONDITIONINGS = ("film", "concat")
+OUTPUTS = ("scaled_residual", "residual", "direct")
+
+
+def default_eta_bounds(
+    beta=(1.3, 2.0), lam=(1.0, 2.5), sigma=(0.1, 0.75), disk_radius: float = 0.7
+) -> tuple:
+    """(eta_low, eta_high) of the training prior: the box η is normalized over.
+
+    Example::
+
+        >>> low, high = default_eta_bounds()
+        >>> [round(v, 4) for v in low]
+        [1.3, 0.0, -2.3026, -0.7, -0.7]
+    """
+    low = (float(beta[0]), math.log(lam[0]), math.log(sigma[0]), -float(disk_radius), -float(disk_radius))
+    high = (float(beta[1]), math.log(lam[1]), math.log(sigma[1]), float(disk_radius), float(disk_radius))
+    return low, high
+
+
+# ---------------------------------------------------------------------------- validation
+def _check_int(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_choice(value, name: str, choices: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def _check_bounds(low, high) -> tuple:
+    try:
+        low = tuple(float(v) for v in low)
+        high = tuple(float(v) for v in high)
+    except TypeError:
+        raise TypeError(f"eta_low and eta_high must be sequences of {ETA_DIM} floats, got {low!r} and {high!r}") from None
+    if len(low) != ETA_DIM or len(high) != ETA_DIM:
+        raise ValueError(f"eta_low and eta_high must have {ETA_DIM} entries, got {len(low)} and {len(high)}")
+    if not all(math.isfinite(a) and math.isfinite(b) and b > a for a, b in zip(low, high)):
+        raise ValueError(f"eta_low must be < eta_high entrywise (finite), got {low} and {high}")
+    return low, high
+
+
+# ---------------------------------------------------------------------------- layers
+class _Affine(nn.Module):
+    """z = x Wᵀ (+ b) with PyTorch's default U(±1/sqrt(fan_in)) init drawn from an explicit generator."""
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = True, generator: torch.Generator, gain: float = 1.0):
+        super().__init__()
+        bound = gain / math.sqrt(max(in_features, 1))
+        self.weight = nn.Parameter((torch.rand(out_features, in_features, generator=generator) * 2 - 1) * bound)
+        self.bias = nn.Parameter((torch.rand(out_features, generator=generator) * 2 - 1) * bound) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class EngressionPosterior(nn.Module):
+    """Conditional Engression posterior x = g(y, η, ε) for d-dimensional data (see the module doc).
+
+    Args:
+        dim: data dimension d (≥ 1).
+        width: hidden width W (≥ 1).
+        depth: number of hidden layers L (≥ 1); each receives fresh noise ε_l.
+        noise_dim: size of each ε_l (≥ 1).
+        conditioning: ``"film"`` or ``"concat"``.
+        output: ``"scaled_residual"``, ``"residual"`` or ``"direct"``.
+        cond_width: width of the FiLM embedding MLP of η̃ (unused for ``"concat"``).
+        eta_low, eta_high: the box [low, high] of η over which it is normalized to [−1, 1]
+            (default: the 2-D training prior, :func:`default_eta_bounds`).
+        init_seed: seed of the parameter initialization (a private ``torch.Generator``).
+
+    Attributes:
+        dim: d.  config: the dict of constructor arguments (``EngressionPosterior(**config)``
+        rebuilds the architecture).
+    """
+
+    def __init__(
+        self,
+        dim: int = 2,
+        *,
+        width: int = 128,
+        depth: int = 3,
+        noise_dim: int = 8,
+        conditioning: str = "film",
+        output: str = "scaled_residual",
+        cond_width: int = 64,
+        eta_low: Optional[Sequence[float]] = None,
+        eta_high: Optional[Sequence[float]] = None,
+        init_seed: int = 0,
+    ):
+        super().__init__()
+        self.dim = _check_int(dim, "dim", 1)
+        width = _check_int(width, "width", 1)
+        depth = _check_int(depth, "depth", 1)
+        noise_dim = _check_int(noise_dim, "noise_dim", 1)
+        cond_width = _check_int(cond_width, "cond_width", 1)
+        init_seed = _check_int(init_seed, "init_seed", 0)
+        conditioning = _check_choice(conditioning, "conditioning", CONDITIONINGS)
+        output = _check_choice(output, "output", OUTPUTS)
+        if (eta_low is None) != (eta_high is None):
+            raise ValueError("eta_low and eta_high must be given together")
+        if eta_low is None:
+            eta_low, eta_high = default_eta_bounds()
+        eta_low, eta_high = _check_bounds(eta_low, eta_high)
+        self.width, self.depth, self.noise_dim = width, depth, noise_dim
+        self.conditioning, self.output = conditioning, output
+        self.config: Dict[str, Any] = dict(
+            dim=self.dim,
+            width=width,
+            depth=depth,
+            noise_dim=noise_dim,
+            conditioning=conditioning,
+            output=output,
+            cond_width=cond_width,
+            eta_low=list(eta_low),
+            eta_high=list(eta_high),
+            init_seed=init_seed,
+        )
+        low = torch.tensor(eta_low, dtype=torch.float32)
+        high = torch.tensor(eta_high, dtype=torch.float32)
+        self.register_buffer("eta_center", (high + low) / 2)
+        self.register_buffer("eta_halfwidth", (high - low) / 2)
+
+        g = torch.Generator().manual_seed(init_seed)
+        d = self.dim
+        # Layer l's pre-activation is A_l [h_l, ε_l] (+ conditioning).  The h/y part and the ε
+        # part are separate maps so the per-query part is computed once for all n draws.
+        self.input_y = _Affine(d, width, generator=g)
+        self.noise_maps = nn.ModuleList(_Affine(noise_dim, width, bias=False, generator=g) for _ in range(depth))
+        self.hidden = nn.ModuleList(_Affine(width, width, generator=g) for _ in range(depth - 1))
+        if conditioning == "concat":
+            self.cond_maps = nn.ModuleList(_Affine(ETA_DIM, width, bias=False, generator=g) for _ in range(depth))
+            self.cond_out = _Affine(ETA_DIM, d, bias=False, generator=g)
+        else:
+            self.film_embed = nn.Sequential(
+                _Affine(ETA_DIM, cond_width, generator=g), nn.SiLU(), _Affine(cond_width, cond_width, generator=g), nn.SiLU()
+            )
+            # γ_l, b_l for every layer; small init so training starts near the unmodulated net.
+            self.film_out = _Affine(cond_width, 2 * width * depth, generator=g, gain=0.1)
+        self.out = _Affine(width, d, generator=g)
+
+    # ------------------------------------------------------------------ pieces
+    def normalize_eta(self, eta: torch.Tensor) -> torch.Tensor:
+        """η̃ = (η − center)/halfwidth: the training box mapped to [−1, 1]⁵."""
+        return (eta - self.eta_center.to(eta.dtype)) / self.eta_halfwidth.to(eta.dtype)
+
+    @staticmethod
+    def realized_rms(eta: torch.Tensor) -> torch.Tensor:
+        """r = σ λ^{−1/β} = exp(log σ − log λ / β) from η = (β, log λ, log σ, u, v): ``(..., 5)`` → ``(...)``."""
+        return torch.exp(eta[..., 2] - eta[..., 1] / eta[..., 0])
+
+    def generate(self, y: torch.Tensor, eta: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """The deterministic map g: draws ``(B, n, d)`` from y ``(B, d)``, η ``(B, 5)`` and noise ``(B, n, depth·noise_dim)``.
+
+        ``sample`` draws the noise and calls this; it is exposed for tests and custom noise.
+        """
+        eta_n = self.normalize_eta(eta)
+        eps = noise.split(self.noise_dim, dim=-1)
+        if self.conditioning == "film":
+            film = self.film_out(self.film_embed(eta_n)).unsqueeze(-2)  # (B, 1, 2·W·L)
+            gammas = film[..., : self.width * self.depth].split(self.width, dim=-1)
+            shifts = film[..., self.width * self.depth :].split(self.width, dim=-1)
+
+        def condition(z: torch.Tensor, layer: int) -> torch.Tensor:
+            if self.conditioning == "film":
+                return (1 + gammas[layer]) * z + shifts[layer]
+            return z + self.cond_maps[layer](eta_n).unsqueeze(-2)
+
+        h = F.silu(condition(self.input_y(y).unsqueeze(-2) + self.noise_maps[0](eps[0]), 0))
+        for layer, hidden in enumerate(self.hidden, start=1):
+            h = h + F.silu(condition(hidden(h) + self.noise_maps[layer](eps[layer]), layer))
+        out = self.out(h)
+        if self.conditioning == "concat":
+            out = out + self.cond_out(eta_n).unsqueeze(-2)
+        if self.output == "direct":
+            return out
+        if self.output == "residual":
+            return y.unsqueeze(-2) + out
+        return y.unsqueeze(-2) + self.realized_rms(eta)[..., None, None] * out
+
+    # ------------------------------------------------------------------ public
+    def sample(self, y: torch.Tensor, eta: torch.Tensor, n: int, *, generator: torch.Generator) -> torch.Tensor:
+        """n posterior draws per query, in one batched forward pass.
+
+        Args:
+            y: noisy queries ``(*batch_y, d)``, floating point.
+            eta: conditioning ``(*batch_eta, 5)`` = (β, log λ, log σ, u, v)
+                (:meth:`etweedie.NoiseParams.eta`); ``batch_eta`` broadcasts with ``batch_y``
+                (e.g. one ``(5,)`` vector for all queries, or one per query).
+            n: draws per query (≥ 1).
+            generator: the ``torch.Generator`` ε comes from (on y's device).
+
+        Returns:
+            draws ``(*batch, n, d)`` with ``batch = broadcast(batch_y, batch_eta)``, in y's
+            dtype; differentiable in the parameters, y and η.
+
+        Example::
+
+            >>> m = EngressionPosterior(width=16, depth=1)
+            >>> m.sample(torch.zeros(3, 2), torch.tensor([2.0, 0.0, -1.0, 0.0, 0.0]), 5,
+            ...          generator=torch.Generator().manual_seed(0)).shape
+            torch.Size([3, 5, 2])
+        """
+        for name, t, last in (("y", y, self.dim), ("eta", eta, ETA_DIM)):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+                raise TypeError(f"{name} must be a floating-point tensor of shape (..., {last}), got {got}")
+            if t.dim() < 1 or t.shape[-1] != last:
+                raise ValueError(f"{name} must have shape (..., {last}), got {tuple(t.shape)}")
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"n must be an int, got {type(n).__name__}")
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator (randomness is always explicit), got {type(generator).__name__}")
+        param = self.out.weight
+        if y.device != param.device or eta.device != param.device:
+            raise ValueError(f"y and eta must be on the model's device {param.device}, got {y.device} and {eta.device}")
+        try:
+            batch = torch.broadcast_shapes(y.shape[:-1], eta.shape[:-1])
+        except RuntimeError:
+            raise ValueError(
+                f"eta's batch shape {tuple(eta.shape[:-1])} must broadcast with y's {tuple(y.shape[:-1])}"
+            ) from None
+        rows = math.prod(batch)
+        dtype = param.dtype
+        y_rows = y.to(dtype).expand(*batch, self.dim).reshape(rows, self.dim)
+        eta_rows = eta.to(dtype).expand(*batch, ETA_DIM).reshape(rows, ETA_DIM)
+        noise = torch.randn(rows, n, self.depth * self.noise_dim, generator=generator, dtype=dtype, device=param.device)
+        x = self.generate(y_rows, eta_rows, noise)
+        return x.reshape(*batch, n, self.dim).to(y.dtype)
+
+    def forward(self, y: torch.Tensor, eta: torch.Tensor, n: int, *, generator: torch.Generator) -> torch.Tensor:
+        """Same as :meth:`sample` (so hooks and ``torch.compile`` see one module call)."""
+        return self.sample(y, eta, n, generator=generator)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (
+            f"dim={c['dim']}, width={c['width']}, depth={c['depth']}, noise_dim={c['noise_dim']}, "
+            f"conditioning={c['conditioning']!r}, output={c['output']!r}"
+        )
