@@ -1,0 +1,322 @@
+"""Score estimation: Energy-Tweedie scores from posterior draws, the IS oracle, Richardson, the a + b/N fit."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import etweedie
+from etweedie.data import EightGaussians
+from etweedie.noise import NoiseParams
+from etweedie.oracles import OraclePosterior, eta_to_params
+from etweedie.score import (
+    EnergyTweedieScore,
+    ISOracle,
+    fit_mc_budget,
+    mean_cosine,
+    posterior_mean_mse,
+    richardson,
+    richardson_score,
+    score_nmse,
+)
+
+RING = EightGaussians()
+F64 = torch.float64
+
+
+def gaussian(sigma, lam=1.0, dtype=F64):
+    """Isotropic Gaussian noise in the tuple: Σ = σ² I (c_{2,2} = 1), noise N(0, σ²/λ I)."""
+    return NoiseParams(torch.tensor(2.0, dtype=dtype), lam, sigma, 0.0, 0.0)
+
+
+def noisy_queries(params, n, generator, dtype=F64):
+    x, _ = RING.sample(n, generator, dtype=dtype)
+    return x + params.noise(2).sample((n,), generator=generator).to(dtype)
+
+
+@pytest.fixture(scope="module")
+def oracle_bank():
+    """The paper's 160,000-point clean bank (float32 keeps the IS passes short; is_score sums in double)."""
+    return ISOracle.eight_gaussians(160_000, generator=torch.Generator().manual_seed(11), dtype=torch.float32)
+
+
+# ---------------------------------------------------------------------------- the IS oracle
+@pytest.mark.parametrize("sigma, tol", [(0.1, 0.01), (0.25, 1e-3), (0.5, 1e-3)])
+def test_is_oracle_matches_the_analytic_gaussian_noise_score(oracle_bank, sigma, tol):
+    # Self-normalized IS over M bank points has NMSE ≈ (NMSE of one posterior draw)/ESS; the
+    # ESS at 160k points is ≈ 4k at σ = 0.1 and > 10k above, measured NMSE ≈ 2e-3, 1e-4, 4e-5.
+    # The tolerances leave ≥ 5× margin.
+    g = torch.Generator().manual_seed(5)
+    params = gaussian(sigma, dtype=torch.float32)
+    y = noisy_queries(params, 256, g, torch.float32)
+    ref = oracle_bank(y, params)
+    exact = RING.noisy_score(y.double(), sigma)
+    assert ref.score.shape == y.shape and ref.ess.shape == (256,)
+    assert score_nmse(ref.score.double(), exact) < tol
+    assert mean_cosine(ref.score.double(), exact) > 0.98
+    # the posterior mean, against the exact Gaussian-mixture posterior mean (≈ 4e-6 measured)
+    assert posterior_mean_mse(ref.posterior_mean.double(), RING.posterior_mean(y.double(), sigma)) < 1e-4
+    assert float(ref.ess.median()) > 1000 and float(ref.ess.min()) > 1  # far-out queries have few effective points
+
+
+def test_is_oracle_groups_rows_by_tuple():
+    # One call with a different tuple per row equals separate calls per tuple (deterministic).
+    bank, _ = RING.sample(3000, torch.Generator().manual_seed(0), dtype=F64)
+    oracle = ISOracle(bank)
+    g = torch.Generator().manual_seed(1)
+    y = torch.randn(6, 2, generator=g, dtype=F64) * 2
+    beta = torch.tensor([1.4, 2.0, 1.4, 1.0, 2.0, 1.4], dtype=F64)
+    sigma = torch.tensor([0.57, 0.3, 0.57, 0.5, 0.3, 0.2], dtype=F64)
+    params = NoiseParams(beta, 1.8, sigma, 0.0, 0.6)
+    joint = oracle(y, params)
+    for i in range(6):
+        single = oracle(y[i : i + 1], NoiseParams(beta[i : i + 1], 1.8, sigma[i : i + 1], 0.0, 0.6))
+        torch.testing.assert_close(joint.score[i : i + 1], single.score)
+        torch.testing.assert_close(joint.posterior_mean[i : i + 1], single.posterior_mean)
+    # and it is the fused op under the row's law
+    law = NoiseParams(torch.tensor(1.0, dtype=F64), 1.8, 0.5, 0.0, 0.6).noise(2)
+    s, m, _ = etweedie.is_score(y[3:4], bank, law)
+    torch.testing.assert_close(joint.score[3:4], s)
+
+
+def test_reference_disagreement_shrinks_with_the_bank():
+    g = torch.Generator().manual_seed(2)
+    params = NoiseParams(torch.tensor(1.4, dtype=F64), 1.8, 0.57, 0.0, 0.6)
+    y = noisy_queries(params, 128, g)
+    small = ISOracle.eight_gaussians(2_000, generator=torch.Generator().manual_seed(3)).disagreement(y, params)
+    large = ISOracle.eight_gaussians(40_000, generator=torch.Generator().manual_seed(4)).disagreement(y, params)
+    # the disagreement of two independent halves scales like 1/M: 20× the bank, ≈ 20× smaller
+    assert 0 < large < small / 5
+
+
+# ---------------------------------------------------------------------------- Energy-Tweedie score
+def _posterior_trace(y, s):
+    """tr Cov(X | y) of the exact Gaussian-mixture posterior: 2v + Σ_k w_k‖m_k‖² − ‖Σ_k w_k m_k‖²."""
+    weights, comp_means, comp_var = RING._posterior_parts(y, torch.tensor(s, dtype=y.dtype))
+    mean = (weights[..., None] * comp_means).sum(-2)
+    return 2 * comp_var + (weights * comp_means.pow(2).sum(-1)).sum(-1) - mean.pow(2).sum(-1)
+
+
+@pytest.mark.parametrize("sigma, lam", [(0.25, 1.0), (0.5, 2.0)])
+def test_energy_tweedie_on_the_exact_posterior_matches_the_mc_prediction(sigma, lam):
+    g = torch.Generator().manual_seed(7)
+    params = gaussian(sigma, lam)
+    s = sigma / math.sqrt(lam)  # noise N(0, σ²/λ I)
+    y = noisy_queries(params, 2048, g)
+    analytic = RING.noisy_score(y, s)
+    oracle = OraclePosterior(bank=torch.zeros(1, 2, dtype=F64))  # Gaussian rows never touch the bank
+    n_draws = 32
+    score = EnergyTweedieScore(oracle, n_draws, generator=torch.Generator().manual_seed(8))
+    estimate, post_mean = score.score_and_mean(y, params)
+    # Paper Eq. score_mc_error_decomposition with an exact posterior (no bias term): h = −(y − X)/s²,
+    # so E‖ŝ_N − s‖² = tr Cov(X | y) / (N s⁴).
+    trace = _posterior_trace(y, s)
+    predicted = float(trace.mean() / (n_draws * s**4) / analytic.pow(2).sum(-1).mean())
+    measured = score_nmse(estimate, analytic)
+    # 2048 queries: the measured NMSE (a mean of ≈ χ²₂/2 terms with uneven weights) lies within
+    # ±25% of its expectation (its relative spread is a few percent).
+    assert 0.75 * predicted < measured < 1.25 * predicted, (measured, predicted)
+    assert mean_cosine(estimate, analytic) > 0.9
+    # the posterior mean from the same draws: unbiased, per-coordinate MSE tr Cov(X|y) / (2N)
+    expected_pm = float(trace.mean() / (2 * n_draws))
+    measured_pm = posterior_mean_mse(post_mean, RING.posterior_mean(y, s))
+    assert 0.75 * expected_pm < measured_pm < 1.25 * expected_pm, (measured_pm, expected_pm)
+
+
+class _DeterministicPosterior:
+    """Draws that depend only on (y, η): x_i = y − (1 + i) · (σ, v·σ) · c_i, for exact comparisons."""
+
+    dim = 2
+
+    def sample(self, y, eta, n, *, generator):
+        params = eta_to_params(eta)
+        offsets = torch.linspace(0.3, 1.7, n, dtype=y.dtype)
+        direction = torch.stack([params.sigma, params.sigma * (1 + params.v)], dim=-1).to(y.dtype)
+        angle = torch.linspace(0, 3.0, n, dtype=y.dtype)
+        rot = torch.stack([torch.cos(angle), torch.sin(angle)], dim=-1)
+        return y[..., None, :] - offsets[:, None] * (direction[..., None, :] + 0.3 * rot)
+
+
+def test_each_row_uses_its_own_beta_lambda_and_metric():
+    g = torch.Generator().manual_seed(3)
+    y = torch.randn(5, 2, generator=g, dtype=F64)
+    beta = torch.tensor([1.3, 1.6, 2.0, 1.0, 1.8], dtype=F64)
+    lam = torch.tensor([1.0, 2.5, 1.2, 1.8, 2.0], dtype=F64)
+    sigma = torch.tensor([0.1, 0.3, 0.75, 0.5, 0.2], dtype=F64)
+    u = torch.tensor([0.0, 0.5, -0.3, 0.2, 0.0], dtype=F64)
+    v = torch.tensor([0.6, 0.0, 0.3, -0.5, 0.0], dtype=F64)
+    params = NoiseParams(beta, lam, sigma, u, v)
+    post = _DeterministicPosterior()
+    got = EnergyTweedieScore(post, 7, chunk=2)(y, params)
+    for i in range(5):
+        row = NoiseParams(beta[i], lam[i], sigma[i], u[i], v[i])
+        x = post.sample(y[i], row.eta(), 7, generator=None)
+        want = row.noise(2).score(y[i] - x).mean(-2)  # −λ P ‖y−x‖^{β−2}(y−x), averaged
+        torch.testing.assert_close(got[i], want)
+
+
+def test_batched_queries_and_gradients_through_the_tuple():
+    post = _DeterministicPosterior()
+    y = torch.randn(3, 4, 2, generator=torch.Generator().manual_seed(0), dtype=F64)
+    beta = torch.tensor(1.5, dtype=F64, requires_grad=True)
+    lam = torch.tensor(1.8, dtype=F64, requires_grad=True)
+    score = EnergyTweedieScore(post, 5)
+    s = score(y, NoiseParams(beta, lam, 0.5, 0.0, 0.6))
+    assert s.shape == (3, 4, 2)
+    s.pow(2).sum().backward()
+    assert beta.grad is not None and torch.isfinite(beta.grad) and lam.grad is not None
+    assert score.draws(y, NoiseParams(1.5, 1.8, 0.5)).shape == (3, 4, 5, 2)
+
+
+def test_default_generator_is_reproducible_and_call_generator_wins():
+    post = OraclePosterior(bank_size=2_000, generator=torch.Generator().manual_seed(0))
+    params = NoiseParams(torch.tensor(1.4, dtype=F64), 1.8, 0.57, 0.0, 0.6)
+    y = torch.randn(8, 2, generator=torch.Generator().manual_seed(1), dtype=F64)
+    a = EnergyTweedieScore(post, 16)(y, params)
+    b = EnergyTweedieScore(post, 16)(y, params)
+    c = EnergyTweedieScore(post, 16)(y, params, generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(a, b)
+    assert not torch.equal(a, c)
+
+
+def test_module_posterior_runs_in_its_own_dtype():
+    class Float32Module(torch.nn.Module):
+        dim = 2
+
+        def __init__(self):
+            super().__init__()
+            self.shift = torch.nn.Parameter(torch.tensor([0.1, -0.2]))
+
+        def sample(self, y, eta, n, *, generator):
+            assert y.dtype == torch.float32 and eta.dtype == torch.float32
+            return y[..., None, :] + self.shift + 0.1 * torch.randn(*y.shape[:-1], n, 2, generator=generator)
+
+    y = torch.randn(4, 2, dtype=F64)
+    s, m = EnergyTweedieScore(Float32Module(), 8).score_and_mean(y, NoiseParams(2.0, 1.0, 0.5))
+    assert s.dtype == F64 and m.dtype == F64
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, name",
+    [
+        (dict(n_draws=0), ValueError, "n_draws"),
+        (dict(n_draws=2.0), TypeError, "n_draws"),
+        (dict(chunk=0), ValueError, "chunk"),
+        (dict(generator=0), TypeError, "generator"),
+    ],
+)
+def test_energy_tweedie_score_rejects_bad_arguments(kwargs, error, name):
+    args = dict(n_draws=4)
+    args.update(kwargs)
+    with pytest.raises(error, match=name):
+        EnergyTweedieScore(_DeterministicPosterior(), **args)
+
+
+def test_energy_tweedie_score_rejects_bad_calls():
+    score = EnergyTweedieScore(_DeterministicPosterior(), 4)
+    with pytest.raises(TypeError, match="noise_params"):
+        score(torch.zeros(2, 2), (1.4, 1.8, 0.5, 0.0, 0.0))
+    with pytest.raises(ValueError, match="noise_params"):
+        score(torch.zeros(2, 2), NoiseParams(torch.tensor([1.4, 1.5, 1.6]), 1.8, 0.5))
+    with pytest.raises(ValueError, match="d = 2"):
+        score(torch.zeros(2, 4), NoiseParams(1.4, 1.8, 0.5))
+    with pytest.raises(TypeError, match="posterior"):
+        EnergyTweedieScore(object(), 4)
+
+
+# ---------------------------------------------------------------------------- Richardson
+def test_richardson_of_exact_noisy_scores_has_fourth_order_error():
+    # s_ε = ∇log(p * N(0, ε²I)); ŝ_RE − ∇log p = O(ε₁²ε₂²): halving both ε shrinks it ≈ 16×,
+    # while a single level's O(ε²) error shrinks ≈ 4×.
+    x, _ = RING.sample(512, torch.Generator().manual_seed(4), dtype=F64)
+    clean = RING.score(x)
+    mse = lambda s: float((s - clean).pow(2).sum(-1).mean())
+    errors = []
+    for eps in (0.04, 0.02):
+        e1, e2 = eps, 1.5 * eps
+        re = richardson(RING.noisy_score(x, e1), RING.noisy_score(x, e2), e1, e2)
+        errors.append((mse(RING.noisy_score(x, e1)), mse(re)))
+    (single_big, re_big), (single_small, re_small) = errors
+    assert re_big < single_big / 10
+    assert 8 < math.sqrt(re_big / re_small) < 24  # RMS error ratio ≈ 16
+    assert 3 < math.sqrt(single_big / single_small) < 5  # ≈ 4
+
+
+def test_richardson_beats_each_single_level_with_exact_posteriors():
+    # Gaussian noise, exact posterior draws: at (σ₁, σ₂) = (0.1, 0.14) the single levels carry a
+    # bias of relative size ≈ σ²/τ² (0.2 and 0.33 of ∇log p, τ = 0.2) that RE removes to
+    # O(σ₁²σ₂²/τ⁴) ≈ 0.07, at the price of ≈ 3× the Monte-Carlo variance; N = 2048 keeps that
+    # below the single levels' bias.
+    x, _ = RING.sample(256, torch.Generator().manual_seed(5), dtype=F64)
+    clean = RING.score(x)
+    oracle = OraclePosterior(bank=torch.zeros(1, 2, dtype=F64))
+    score = EnergyTweedieScore(oracle, 2048, generator=torch.Generator().manual_seed(6))
+    re, s1, s2 = richardson_score(score, x, gaussian(0.1), 0.1, 0.14)
+    mse = lambda s: float((s - clean).pow(2).sum(-1).mean())
+    assert mse(re) < 0.5 * mse(s1) and mse(re) < 0.5 * mse(s2), (mse(re), mse(s1), mse(s2))
+
+
+def test_richardson_validates():
+    s = torch.ones(3, 2)
+    with pytest.raises(ValueError, match="differ"):
+        richardson(s, s, 0.1, 0.1)
+    with pytest.raises(ValueError, match="> 0"):
+        richardson(s, s, -0.1, 0.2)
+    with pytest.raises(ValueError, match="shape"):
+        richardson(s, torch.ones(2, 2), 0.1, 0.2)
+    # tensors of ε per row broadcast over the coordinates
+    out = richardson(torch.ones(2, 2), torch.zeros(2, 2), torch.tensor([0.1, 0.2]), torch.tensor([0.2, 0.4]))
+    torch.testing.assert_close(out, torch.full((2, 2), 4 / 3))
+
+
+# ---------------------------------------------------------------------------- the a + b/N fit
+def test_fit_mc_budget_recovers_known_floor_and_slope():
+    budgets = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    a, b = fit_mc_budget(budgets, [0.023 + 1.41 / n for n in budgets])
+    assert a == pytest.approx(0.023, abs=1e-12) and b == pytest.approx(1.41, abs=1e-12)
+    # with multiplicative noise of 5% and ten repetitions per budget (as measured NMSEs scatter)
+    g = torch.Generator().manual_seed(0)
+    n = torch.tensor(budgets, dtype=F64).repeat_interleave(10)
+    nmse = (0.03 + 1.2 / n) * (1 + 0.05 * torch.randn(n.shape, generator=g, dtype=F64))
+    a, b = fit_mc_budget(n.tolist(), nmse.tolist())
+    assert a == pytest.approx(0.03, abs=0.006) and b == pytest.approx(1.2, rel=0.05)
+
+
+def test_fit_mc_budget_validates():
+    with pytest.raises(ValueError, match="two distinct"):
+        fit_mc_budget([4, 4], [0.1, 0.2])
+    with pytest.raises(ValueError, match="length"):
+        fit_mc_budget([1, 2], [0.1])
+    with pytest.raises(ValueError, match=">= 1"):
+        fit_mc_budget([0, 2], [0.1, 0.2])
+
+
+def test_metrics():
+    ref = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    est = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
+    assert score_nmse(est, ref) == pytest.approx(2 / 5)
+    assert mean_cosine(est, ref) == pytest.approx((1 / math.sqrt(2) + 1) / 2)
+    assert posterior_mean_mse(est, ref) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="shape"):
+        score_nmse(est, ref[:1])
+
+
+# ---------------------------------------------------------------------------- the oracle posterior
+def test_oracle_posterior_matches_the_exact_mixture_and_sir():
+    g = torch.Generator().manual_seed(0)
+    oracle = OraclePosterior(bank_size=50_000, generator=g)
+    y = torch.tensor([[2.0, 0.3], [0.0, 0.0]], dtype=F64)
+    eta = torch.stack([gaussian(0.5).eta(), NoiseParams(1.4, 1.8, 0.57, 0.0, 0.6).eta().double()])
+    draws = oracle.sample(y, eta, 20_000, generator=torch.Generator().manual_seed(1))
+    assert draws.shape == (2, 20_000, 2)
+    # row 0 is exact (Gaussian): its mean is the analytic posterior mean
+    torch.testing.assert_close(draws[0].mean(0), RING.posterior_mean(y[:1], 0.5)[0], atol=0.01, rtol=0)
+    # row 1 is SIR on the bank: its draws are bank points
+    assert bool((draws[1, :50, None, :] == oracle.bank).all(-1).any(-1).all())
+    with pytest.raises(ValueError, match="eta"):
+        oracle.sample(y, torch.zeros(2, 4), 3, generator=g)
+    with pytest.raises(TypeError, match="generator"):
+        oracle.sample(y, eta, 3, generator=None)
+    with pytest.raises(ValueError, match="broadcast"):
+        oracle.sample(y, eta[:1].expand(3, 5), 3, generator=g)
