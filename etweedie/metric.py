@@ -184,13 +184,15 @@ class Metric:
         """The kernel parameter of P: 1/var (isotropic, diagonal), S⁻¹ (block), Σ⁻¹ (dense)."""
         if self.kind in ("isotropic", "diagonal"):
             return 1.0 / self.param
-        return torch.linalg.inv(self.param)
+        # inv_ex: SPD was checked when the metric was built; plain inv would read the solver's
+        # status back to the host, a device sync per op call on GPU.
+        return torch.linalg.inv_ex(self.param)[0]
 
     def whitening_factor(self) -> torch.Tensor:
         """L with P = L Lᵀ: sqrt(1/var) for isotropic/diagonal, lower Cholesky of S⁻¹ or Σ⁻¹."""
         if self.kind in ("isotropic", "diagonal"):
             return self.param.rsqrt()
-        return torch.linalg.cholesky(torch.linalg.inv(self.param))
+        return torch.linalg.cholesky_ex(torch.linalg.inv_ex(self.param)[0])[0]
 
     def covariance(self, d: int) -> torch.Tensor:
         """Dense Σ, shape ``(*batch, d, d)``."""

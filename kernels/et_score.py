@@ -146,8 +146,10 @@ def _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K: tl.
 
 # ----------------------------------------------------------------------------- forward
 
-# N is read as a runtime value (N.to(dtype)); without do_not_specialize, compiled Triton would
-# turn N == 1 into a Python constant.
+# N is read as a runtime value; without do_not_specialize, compiled Triton would turn N == 1 into
+# a Python constant.  1/N is formed as (0-d zeros + N), which works whether N arrives as a runtime
+# int32 or as a plain int (torch.compile's mutation analysis re-parses the kernel with its ints as
+# constants: N.to(dtype) failed there and every input was then treated as mutated).
 @triton.jit(do_not_specialize=["N"])
 def _et_score_forward_kernel(
     y_ptr, x_ptr, beta_ptr, lam_ptr, prec_ptr, noise_ptr, step_ptr, out_ptr, m_ptr,
@@ -183,7 +185,7 @@ def _et_score_forward_kernel(
         w = tl.where(mask_n, _residual_weight(q, beta), 0.0)
         acc_u += tl.sum(w[:, None] * u, axis=0)
         acc_pu += tl.sum(w[:, None] * pu, axis=0)
-    inv_n = 1.0 / N.to(y_ptr.dtype.element_ty)
+    inv_n = 1.0 / (tl.zeros([], y_ptr.dtype.element_ty) + N)
     mask_d = cols < d
     tl.store(m_ptr + row * d + cols, acc_u * inv_n, mask=mask_d)
     s = -lam * acc_pu * inv_n
@@ -287,7 +289,7 @@ def _et_score_backward_kernel(
     # h = −λ P g + g_m: the upstream gradient on m
     pg, _g3 = _prec_vec(g_ptr + row * d, p_row, cols, kk, d, K, KIND)
     h = -lam * pg + tl.load(gm_ptr + row * d + cols, mask=mask_d, other=0.0)
-    inv_n = 1.0 / N.to(y_ptr.dtype.element_ty)
+    inv_n = 1.0 / (tl.zeros([], y_ptr.dtype.element_ty) + N)
     acc_gy = tl.zeros([BLOCK_D], dtype=dt)
     acc_outer = tl.zeros([BLOCK_D, KP], dtype=dt)
     acc_beta = tl.zeros([BLOCK_N], dtype=dt)

@@ -23,9 +23,9 @@ def test_matches_float64_reference(backend, device, kind, beta, seed):
     metric = random_metric(kind, 1, d, g, per_row=False)
     outs = {}
     for tag, dtype, be in [("k", torch.float32, backend), ("r32", torch.float32, "reference"), ("r64", torch.float64, "reference")]:
-        m = None if metric is None else etweedie.Metric(metric.kind, metric.param.to(dtype))
-        law = etweedie.GeneralizedGaussian(beta, 1.7, m, dim=d)
         dev = device if tag == "k" else "cpu"
+        m = None if metric is None else etweedie.Metric(metric.kind, metric.param.to(dev, dtype))
+        law = etweedie.GeneralizedGaussian(beta, 1.7, m, dim=d)
         outs[tag] = etweedie.is_score(y.to(dev, dtype), bank.to(dev, dtype), law, backend=be, chunk=16)
     for i, name in enumerate(["score", "mean", "ess"]):
         assert_close_to_ref(outs["k"][i], outs["r32"][i], outs["r64"][i], name=f"{name}[{kind}, beta={beta}]", seed=seed, atol_scale=2e-5)

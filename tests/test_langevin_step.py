@@ -47,6 +47,8 @@ def test_matches_float64_reference(backend, device, kind, seed):
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
 def test_equals_score_then_update(backend, device, seed):
     y, x, xi, step, beta, lam, metric = _inputs(seed, 5, 13, 4, "block2")
+    y, x, xi, step, beta, lam = (t.to(device) for t in (y, x, xi, step, beta, lam))
+    metric = etweedie.Metric(metric.kind, metric.param.to(device))
     s = etweedie.et_score(y, x, beta, lam, metric, backend=backend)
     want = y + step[:, None] * s + torch.sqrt(2 * step[:, None]) * xi
     torch.testing.assert_close(etweedie.langevin_step(y, x, xi, step, beta, lam, metric, backend=backend), want)

@@ -61,8 +61,28 @@ def check_tensor(t, name: str, op: str) -> torch.Tensor:
     return t
 
 
+# Range checks of plain numbers run always.  Checks that must read a tensor's values run on CPU
+# tensors always, but on GPU tensors only with debug checks on (etweedie.set_debug): there each
+# would stall the host until the GPU catches up, once per call.
+_SCALAR_RULES = {
+    "beta": (lambda v: 0 < v <= 2, "lie in (0, 2]"),
+    "lam": (lambda v: v > 0, "be > 0"),
+    "step": (lambda v: v > 0, "be > 0"),
+    "c": (lambda v: v > 0, "be > 0"),
+}
+
+
+def value_checks(t: torch.Tensor) -> bool:
+    """Whether value checks on ``t`` run now (CPU tensors, or any tensor with debug checks on)."""
+    return not _is_compiling() and (t.device.type == "cpu" or _DEBUG["on"])
+
+
 def as_param(value, name: str, op: str, like: torch.Tensor) -> torch.Tensor:
-    """A per-row scalar parameter (β, λ, step) as a tensor of like's dtype and device."""
+    """A per-row scalar parameter (β, λ, step) as a tensor of like's dtype and device.
+
+    A plain number is range-checked here (rules in ``_SCALAR_RULES``) and becomes a 0-d tensor
+    filled on the device (no host-to-device copy).
+    """
     if isinstance(value, torch.Tensor):
         if not value.is_floating_point():
             raise TypeError(f"{op}: {name} must be a float or a floating-point tensor, got dtype {value.dtype}")
@@ -71,11 +91,14 @@ def as_param(value, name: str, op: str, like: torch.Tensor) -> torch.Tensor:
         return value.to(like.dtype)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{op}: {name} must be a float or a tensor, got {type(value).__name__}")
-    return torch.tensor(float(value), dtype=like.dtype, device=like.device)
+    rule = _SCALAR_RULES.get(name)
+    if rule is not None and not rule[0](float(value)):
+        raise ValueError(f"{op}: {name} must {rule[1]}, got {float(value):.6g}")
+    return torch.full((), float(value), dtype=like.dtype, device=like.device)
 
 
 def check_beta_lam(beta: torch.Tensor, lam: torch.Tensor, op: str) -> None:
-    if _is_compiling():
+    if not value_checks(beta):
         return
     if beta.numel() and not bool(((beta > 0) & (beta <= 2)).all()):
         bad = beta[~((beta > 0) & (beta <= 2))].flatten()[0].item()
@@ -91,7 +114,10 @@ def check_metric(metric: Optional[Metric], d: int, like: torch.Tensor, op: str) 
     if not isinstance(metric, Metric):
         raise TypeError(f"{op}: metric must be an etweedie.Metric or None, got {type(metric).__name__}")
     if metric.param.device != like.device:
-        raise ValueError(f"{op}: metric is on {metric.param.device} but y is on {like.device}")
+        # like torch's own ops: a CPU 0-d parameter (a metric built from a float) joins any device
+        if metric.param.dim() != 0 or metric.param.device.type != "cpu":
+            raise ValueError(f"{op}: metric is on {metric.param.device} but y is on {like.device}")
+        metric = metric.to(like.device)
     metric.check_dim(d, f"{op}: metric")
     if metric.param.dtype != like.dtype:
         metric = metric.to(like.dtype)

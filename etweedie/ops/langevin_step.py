@@ -16,7 +16,17 @@ import torch
 from .. import backends
 from ..metric import Metric
 from . import reference
-from ._prep import DENSE, as_param, broadcast_batch, canonicalize, check_tensor, flat, unwhiten_score, whiten_dense
+from ._prep import (
+    DENSE,
+    as_param,
+    broadcast_batch,
+    canonicalize,
+    check_tensor,
+    flat,
+    unwhiten_score,
+    value_checks,
+    whiten_dense,
+)
 from .et_score import _kernel as _score_kernel
 
 __all__ = ["langevin_step"]
@@ -59,7 +69,7 @@ def langevin_step(
     if noise.dtype != y.dtype or noise.device != y.device:
         raise TypeError(f"{op}: noise must match y's dtype/device ({y.dtype}, {y.device}), got ({noise.dtype}, {noise.device})")
     step = as_param(step, "step", op, y)
-    if not torch.compiler.is_compiling() and step.numel() and not bool((step > 0).all()):
+    if value_checks(step) and step.numel() and not bool((step > 0).all()):
         raise ValueError(f"{op}: step must be > 0, got min {step.min().item():.6g}")
     batch = broadcast_batch(op, batch=c.batch, step=step.shape)
     if batch != c.batch:
