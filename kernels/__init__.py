@@ -1,6 +1,7 @@
 """Triton kernels of etweedie (installed as ``etweedie.kernels``; DESIGN §4, issue 4).
 
-One module per op — :mod:`.et_score`, :mod:`.langevin_step`, :mod:`.is_score` — each with
+One module per op — :mod:`.et_score`, :mod:`.langevin_step`, :mod:`.is_score`,
+:mod:`.energy_score`, :mod:`.energy_distance` (pair engine: :mod:`._energy`) — each with
 private ``_<op>_forward_kernel`` / ``_<op>_backward_kernel``, host functions
 ``<op>_forward`` / ``<op>_backward`` on the canonical tensors of etweedie/ops/_prep.py, and
 the torch ops ``etweedie_triton::<op>_fwd`` (``torch.library.triton_op`` so torch.compile
@@ -24,6 +25,12 @@ _EXPORTS = {
     "langevin_step_op": "langevin_step",
     "is_score_forward": "is_score",
     "is_score_op": "is_score",
+    "energy_score_forward": "energy_score",
+    "energy_score_backward": "energy_score",
+    "energy_score_fwd_op": "energy_score",
+    "energy_distance_forward": "energy_distance",
+    "energy_distance_backward": "energy_distance",
+    "energy_distance_fwd_op": "energy_distance",
 }
 __all__ = list(_EXPORTS)
 

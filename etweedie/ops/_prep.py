@@ -232,29 +232,25 @@ def unwhiten_score(s_iso: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
     return (s_iso.unsqueeze(1) @ L.transpose(-1, -2)).squeeze(1)
 
 
-def register_pairwise_op(name: str, bwd_op) -> None:
-    """Fake and autograd rules of a pairwise energy op ``etweedie::<name>_fwd``.
+def pairwise_fake_fwd(X, Y, beta, prec, kind, flag):
+    """Fake (meta) forward of a pairwise energy op, shared by every backend (C++ and Triton)."""
+    return X.new_empty(X.shape[:1])
 
-    energy_score and energy_distance share the schema shape
-    ``fwd(X, Y, beta, prec, kind, flag) -> (B,)`` and
-    ``bwd(grad, X, Y, beta, prec, kind, flag, need_X, need_Y, need_beta, need_prec) -> 4 grads``
-    (an unrequested gradient is an empty tensor), so one definition serves both.
-    """
-    lib = f"etweedie::{name}"
 
-    @torch.library.register_fake(lib + "_fwd")
-    def _(X, Y, beta, prec, kind, flag):
-        return X.new_empty(X.shape[:1])
+def pairwise_fake_bwd(grad, X, Y, beta, prec, kind, flag, need_x, need_y, need_beta, need_prec):
+    """Fake (meta) backward of a pairwise energy op, shared by every backend."""
+    empty = beta.new_empty(0)
+    return (
+        X.new_empty(X.shape) if need_x else empty,
+        Y.new_empty(Y.shape) if need_y else empty,
+        beta.new_empty(beta.shape) if need_beta else empty,
+        prec.new_empty(prec.shape) if need_prec else empty,
+    )
 
-    @torch.library.register_fake(lib + "_bwd")
-    def _(grad, X, Y, beta, prec, kind, flag, need_x, need_y, need_beta, need_prec):
-        empty = beta.new_empty(0)
-        return (
-            X.new_empty(X.shape) if need_x else empty,
-            Y.new_empty(Y.shape) if need_y else empty,
-            beta.new_empty(beta.shape) if need_beta else empty,
-            prec.new_empty(prec.shape) if need_prec else empty,
-        )
+
+def pairwise_autograd_rules(bwd_op):
+    """(setup_context, backward) of a pairwise energy ``<name>_fwd`` op whose fused backward is
+    ``bwd_op`` — the C++ op (etweedie::) and the Triton op (etweedie_triton::) share them."""
 
     def setup_context(ctx, inputs, output):
         X, Y, beta, prec, kind, flag = inputs
@@ -266,4 +262,19 @@ def register_pairwise_op(name: str, bwd_op) -> None:
         grads = bwd_op(grad, *ctx.saved_tensors, ctx.kind, ctx.flag, *need)
         return (*(g if n else None for g, n in zip(grads, need)), None, None)
 
+    return setup_context, backward
+
+
+def register_pairwise_op(name: str, bwd_op) -> None:
+    """Fake and autograd rules of a pairwise energy op ``etweedie::<name>_fwd``.
+
+    energy_score and energy_distance share the schema shape
+    ``fwd(X, Y, beta, prec, kind, flag) -> (B,)`` and
+    ``bwd(grad, X, Y, beta, prec, kind, flag, need_X, need_Y, need_beta, need_prec) -> 4 grads``
+    (an unrequested gradient is an empty tensor), so one definition serves both.
+    """
+    lib = f"etweedie::{name}"
+    torch.library.register_fake(lib + "_fwd")(pairwise_fake_fwd)
+    torch.library.register_fake(lib + "_bwd")(pairwise_fake_bwd)
+    setup_context, backward = pairwise_autograd_rules(bwd_op)
     torch.library.register_autograd(lib + "_fwd", backward, setup_context=setup_context)

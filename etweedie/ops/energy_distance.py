@@ -56,7 +56,7 @@ def energy_distance(
         beta: exponent β ∈ (0, 2], float or tensor broadcasting to ``batch``.
         metric: :class:`~etweedie.Metric` giving P = Σ⁻¹ (None: P = I); may carry a batch.
         unbiased: U-statistic (needs n, m ≥ 2) if True, V-statistic if False.
-        backend: ``None`` (automatic), ``"reference"`` or ``"cpu"``.
+        backend: ``None`` (automatic), ``"reference"``, ``"cpu"``, ``"cuda"`` or ``"triton"``.
 
     Returns:
         the distance per row, ``(*batch,)``.  With β = 2 and ``unbiased=False`` it equals
@@ -104,16 +104,25 @@ def energy_distance(
     betas = flat(beta, batch, ())
     prec, kind = metric_param(metric, batch, d)
 
-    name = backends.resolve(_OP, a.device, backend, supported=("reference", "cpu"))
+    name = backends.resolve(_OP, a.device, backend)
     if name == "reference":
         out = reference.energy_distance(ac, bc, betas, prec, kind, unbiased)
     elif kind == DENSE:
         Lb = row_whitening_factor(metric, batch)  # P = L Lᵀ: run the isotropic kernel on z = Lᵀx
         ones = torch.ones((), dtype=ac.dtype, device=ac.device).expand(B)
-        out = torch.ops.etweedie.energy_distance_fwd(ac @ Lb, bc @ Lb, betas, ones, 0, unbiased)
+        out = _kernel(name, ac @ Lb, bc @ Lb, betas, ones, 0, unbiased)
     else:
-        out = torch.ops.etweedie.energy_distance_fwd(ac, bc, betas, prec, kind, unbiased)
+        out = _kernel(name, ac, bc, betas, prec, kind, unbiased)
     return out.reshape(batch)
+
+
+def _kernel(name, a, b, beta, prec, kind, unbiased) -> torch.Tensor:
+    """The compiled op ("cpu"/"cuda": the dispatcher picks the device's kernel) or the Triton op."""
+    if name == "triton":
+        from ..kernels.energy_distance import energy_distance_fwd_op  # imports triton: only when asked for
+
+        return energy_distance_fwd_op(a, b, beta, prec, kind, unbiased)
+    return torch.ops.etweedie.energy_distance_fwd(a, b, beta, prec, kind, unbiased)
 
 
 # ---------------------------------------------------------------------------- registration

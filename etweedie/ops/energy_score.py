@@ -59,7 +59,7 @@ def energy_score(
         beta: exponent β ∈ (0, 2], float or tensor broadcasting to ``batch`` (one per row).
         metric: :class:`~etweedie.Metric` giving P = Σ⁻¹ (None: P = I); may carry a batch.
         fair: unbiased pair term 1/(2M(M−1)) Σ_{i≠j} (needs M ≥ 2); False: 1/(2M²) Σ_{i,j}.
-        backend: ``None`` (automatic), ``"reference"`` or ``"cpu"``.
+        backend: ``None`` (automatic), ``"reference"``, ``"cpu"``, ``"cuda"`` or ``"triton"``.
 
     Returns:
         the score per row, ``(*batch,)``; lower is better (strictly proper for β ∈ (0, 2)).
@@ -106,7 +106,7 @@ def energy_score(
     betas = flat(beta, batch, ())
     prec, kind = metric_param(metric, batch, d)
 
-    name = backends.resolve(_OP, samples.device, backend, supported=("reference", "cpu"))
+    name = backends.resolve(_OP, samples.device, backend)
     if name == "reference":
         out = reference.energy_score(xs, yt, betas, prec, kind, fair)
     elif kind == DENSE:
@@ -114,20 +114,33 @@ def energy_score(
         zs = xs @ Lb
         zt = (yt.unsqueeze(1) @ Lb).squeeze(1).contiguous()
         ones = torch.ones((), dtype=xs.dtype, device=xs.device).expand(B)
-        out = _kernel(zs, zt, betas, ones, 0, fair)
+        out = _kernel(name, zs, zt, betas, ones, 0, fair)
     else:
-        out = _kernel(xs, yt, betas, prec, kind, fair)
+        out = _kernel(name, xs, yt, betas, prec, kind, fair)
     return out.reshape(batch)
 
 
-def _kernel(samples, target, beta, prec, kind, fair) -> torch.Tensor:
+def _kernel(name, samples, target, beta, prec, kind, fair) -> torch.Tensor:
     """Training (some input requires grad): one fused pass computes the value and the unit
-    gradients, so backward only scales them; otherwise the forward-only op."""
+    gradients, so backward only scales them; otherwise the forward-only op.  ``name`` is
+    "cpu"/"cuda" (the compiled op; the dispatcher picks the device's kernel) or "triton"."""
     tensors = (samples, target, beta, prec)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors) and _FUSED:
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    if name == "triton":
+        from ..kernels import energy_score as tk  # imports triton: only when asked for
+
+        fwd, fused = tk.energy_score_fwd_op, tk.energy_score_fwd_grad_op
+    else:
+        fwd = torch.ops.etweedie.energy_score_fwd
+        fused = torch.ops.etweedie.energy_score_fwd_grad if _fused_available(samples.device) else None
+    if training and fused is not None:
         need = [t.requires_grad for t in tensors]
-        return torch.ops.etweedie.energy_score_fwd_grad(samples, target, beta, prec, kind, fair, *need)[0]
-    return torch.ops.etweedie.energy_score_fwd(samples, target, beta, prec, kind, fair)
+        return fused(samples, target, beta, prec, kind, fair, *need)[0]
+    return fwd(samples, target, beta, prec, kind, fair)
+
+
+def _fused_available(device: torch.device) -> bool:
+    return _FUSED if device.type == "cpu" else backends._has_op("energy_score_fwd_grad", "CUDA")
 
 
 _FUSED = backends._EXT_OK and backends._has_op("energy_score_fwd_grad", "CPU")
@@ -141,24 +154,25 @@ def _register() -> None:
         _register_fused()
 
 
-def _register_fused() -> None:
-    name = "etweedie::energy_score_fwd_grad"
+def fake_fwd_grad(samples, target, beta, prec, kind, fair, need_samples, need_target, need_beta, need_prec):
+    """Fake (meta) implementation of the fused value-and-gradient op, shared by every backend."""
+    return (
+        samples.new_empty(samples.shape[:1]),
+        samples.new_empty(samples.shape) if need_samples else beta.new_empty(0),
+        target.new_empty(target.shape) if need_target else beta.new_empty(0),
+        beta.new_empty(beta.shape) if need_beta else beta.new_empty(0),
+        prec.new_empty(prec.shape) if need_prec else beta.new_empty(0),
+    )
 
-    @torch.library.register_fake(name)
-    def _(samples, target, beta, prec, kind, fair, need_samples, need_target, need_beta, need_prec):
-        return (
-            samples.new_empty(samples.shape[:1]),
-            samples.new_empty(samples.shape) if need_samples else beta.new_empty(0),
-            target.new_empty(target.shape) if need_target else beta.new_empty(0),
-            beta.new_empty(beta.shape) if need_beta else beta.new_empty(0),
-            prec.new_empty(prec.shape) if need_prec else beta.new_empty(0),
-        )
+
+def fwd_grad_autograd_rules():
+    """(setup_context, backward) of the fused op: it returned ∂(value.sum())/∂input, and row
+    r's share scales with the upstream grad[r].  Shared by the C++ and Triton ops."""
 
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(*output[1:])
 
     def backward(ctx, grad, *_unused):
-        # the op returned ∂(value.sum())/∂input; row r's share scales with grad[r]
         gs, gt, gb, gp = ctx.saved_tensors
         need = ctx.needs_input_grad
         return (
@@ -169,6 +183,13 @@ def _register_fused() -> None:
             *([None] * 6),
         )
 
+    return setup_context, backward
+
+
+def _register_fused() -> None:
+    name = "etweedie::energy_score_fwd_grad"
+    torch.library.register_fake(name)(fake_fwd_grad)
+    setup_context, backward = fwd_grad_autograd_rules()
     torch.library.register_autograd(name, backward, setup_context=setup_context)
 
 

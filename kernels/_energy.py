@@ -1,0 +1,416 @@
+"""Pair engine of the Triton energy_score and energy_distance kernels (DESIGN §1, issue 4).
+
+Both losses are weighted pair sums per row r (csrc/cpu/energy_cpu.h computes the same):
+
+    V_r = w_cross Σ_{i,j} E(a_i − c_j) + w_a Σ_{i<j} E(a_i − a_j) + w_c Σ_{i<j} E(c_i − c_j)
+
+with E(u) = ‖u‖_P^β = q^{β/2}, q = uᵀPu (energy score: a = the M samples, c = the target as a
+one-point cloud, w_c = 0; energy distance: the two clouds).  Per pair (csrc/common/energy.h):
+slope = β q^{(β−2)/2} with ∂E/∂u = slope · P u, ∂E/∂β = ½ ln q · E; a coincident pair (q = 0)
+contributes 0 to everything (never NaN).
+
+Metric: the kernel forms q = p·‖u‖² with a per-row scalar p (isotropic metrics, kind 0) from
+direct differences of the raw coordinates, so clouds far from the origin lose nothing and
+coincident points give exactly 0.  Diagonal and block metrics (kinds 1, 2) are whitened on the
+host first — z = (x − x_0)·L per row, P = L Lᵀ (one pass over the clouds; the common centre
+x_0 keeps z at the clouds' spread) — and run with p = 1.  Their metric gradient needs no pair
+loop: with g_p = ∂V/∂z_p, Σ_p z_p g_pᵀ = Σ_pairs w·slope·u uᵀ = 2 ∂V/∂P|_{P=I}, so
+∂V/∂P = L⁻ᵀ (½ Σ_p z_p g_pᵀ) L⁻¹ (block) or ½ Σ_p z_p ⊙ g_p / p (diagonal).  For kind 0,
+∂V/∂p = β V / (2p) (E is homogeneous of degree β/2 in p).
+
+Work split: one program per (row, tile of BI "own" points).  A launch takes one cloud as the
+own cloud: its programs pair their tile with every tile of the other cloud (cross pairs) and
+with the tiles of their own cloud (within pairs).  Value only (forward): the within pairs
+follow a circulant split — tile I pairs with tiles I, I+1, …, I+h (mod nb) — so each unordered
+pair is formed once and every program gets the same share; the second cloud's launch adds its
+within pairs only.  Gradients: a program visits every tile (ordered within pairs), so each
+point's gradient Σ_j w·slope·u_ij is summed by the program that owns it — no atomics, no races;
+a second launch with the clouds swapped gives the other cloud's gradients.
+Small d (≤ 4): q is built from per-coordinate (BI, BJ) tiles and the own tile's gradient stays
+in registers.  Large d: (BI, BJ, BD) difference tiles over coordinate chunks; the gradient of
+the own tile's chunk is read-modify-written in the (zero-initialized) output, which only this
+program touches.  Value and β sums are accumulated per program in float64 (the energy distance
+is a small difference of large sums) and reduced on the host; memory is O((n + m)·d) plus
+O(B · tiles) partials — nothing of size n·m.  Indexing is int64 (rows × strides, points × d).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .et_score import interpreting, launcher
+
+__all__ = ["energy_pairs", "energy_value", "energy_grads", "check_energy_canonical", "tile_sizes"]
+
+# Tile limits (tests lower them to exercise several tiles and coordinate chunks).
+_MAX_TILE_SMALL = 64   # points per tile, d ≤ _SMALL_D
+_MAX_TILE_LARGE = 32   # points per tile, larger d
+_TILE3 = 4096          # element budget of one (BI, BJ, BD) difference tile
+_SMALL_D = 4
+
+
+def tile_sizes(n_own: int, n_other: int, d: int):
+    """(BI, BJ, BD, small) for a launch whose own cloud has n_own points."""
+    small = d <= _SMALL_D
+    cap = _MAX_TILE_SMALL if small else _MAX_TILE_LARGE
+    BI = max(1, min(triton.next_power_of_2(max(n_own, 1)), cap))
+    BJ = max(1, min(triton.next_power_of_2(max(n_other, 1)), cap))
+    if small:
+        BD = triton.next_power_of_2(d)
+    else:
+        BD = max(1, min(triton.next_power_of_2(d), _TILE3 // (BI * max(BI, BJ))))
+    return BI, BJ, BD, small
+
+
+# ----------------------------------------------------------------------------- device helpers
+
+@triton.jit
+def _pair_terms(q, beta):
+    """(E, slope) of q = ‖u‖²_P: E = q^{β/2}, slope = β q^{(β−2)/2}; both 0 at q = 0.
+    β = 1 and β = 2 (per-row runtime branch) take exact sqrt / square forms."""
+    pos = q > 0
+    qs = tl.where(pos, q, 1.0)
+    if beta == 1.0:
+        r = tl.rsqrt(qs)
+        e = qs * r
+        sl = r
+    elif beta == 2.0:
+        e = qs
+        sl = qs * 0.0 + 2.0
+    else:
+        e = tl.exp(0.5 * beta * tl.log(qs))
+        sl = beta * e / qs
+    return tl.where(pos, e, 0.0), tl.where(pos, sl, 0.0)
+
+
+@triton.jit
+def _sq_dist(own_row, oth_row, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, d,
+             SMALL: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr):
+    """(BI, BJ) squared Euclidean distances ‖own_i − other_j‖² from direct differences."""
+    q = tl.zeros([BI, BJ], dtype=own_row.dtype.element_ty)
+    if SMALL:
+        for k in tl.static_range(D):
+            xi = tl.load(own_row + offs_i * s_own + k, mask=mask_i, other=0.0)
+            xj = tl.load(oth_row + offs_j * s_oth + k, mask=mask_j, other=0.0)
+            u = xi[:, None] - xj[None, :]
+            q += u * u
+    else:
+        for c0 in range(0, d, BD):
+            cols = c0 + tl.arange(0, BD)
+            mc = cols < d
+            xi = tl.load(own_row + offs_i[:, None] * s_own + cols[None, :], mask=mask_i[:, None] & mc[None, :], other=0.0)
+            xj = tl.load(oth_row + offs_j[:, None] * s_oth + cols[None, :], mask=mask_j[:, None] & mc[None, :], other=0.0)
+            u = xi[:, None, :] - xj[None, :, :]
+            q += tl.sum(u * u, axis=2)
+    return q
+
+
+@triton.jit
+def _add_grad(acc, c, own_row, oth_row, g_rows, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, d,
+              SMALL: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr):
+    """Own points' gradient += Σ_j c_ij (own_i − other_j).  Small d: returned in acc (BI, DP);
+    large d: added in place to the output rows g_rows (BI points × d, only this program's)."""
+    if SMALL:
+        kcols = tl.arange(0, DP)
+        for k in tl.static_range(D):
+            xi = tl.load(own_row + offs_i * s_own + k, mask=mask_i, other=0.0)
+            xj = tl.load(oth_row + offs_j * s_oth + k, mask=mask_j, other=0.0)
+            gk = tl.sum(c * (xi[:, None] - xj[None, :]), axis=1)
+            acc += tl.where(kcols[None, :] == k, gk[:, None], 0.0)
+    else:
+        for c0 in range(0, d, BD):
+            cols = c0 + tl.arange(0, BD)
+            mc = cols < d
+            m_own = mask_i[:, None] & mc[None, :]
+            xi = tl.load(own_row + offs_i[:, None] * s_own + cols[None, :], mask=m_own, other=0.0)
+            xj = tl.load(oth_row + offs_j[:, None] * s_oth + cols[None, :], mask=mask_j[:, None] & mc[None, :], other=0.0)
+            gch = tl.sum(c[:, :, None] * (xi[:, None, :] - xj[None, :, :]), axis=1)
+            ptrs = g_rows + offs_i[:, None] * d + cols[None, :]
+            tl.store(ptrs, tl.load(ptrs, mask=m_own, other=0.0) + gch, mask=m_own)
+            # the next read-modify-write of these elements may come from other threads
+            tl.debug_barrier()
+    return acc
+
+
+@triton.jit
+def _tile_pair(acc, own_row, oth_row, g_rows, offs_i, mask_i, j0, n_oth, s_own, s_oth, d, beta, p, coef,
+               NEED_G: tl.constexpr, NEED_BETA: tl.constexpr,
+               SMALL: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr,
+               BI: tl.constexpr, BJ: tl.constexpr):
+    """One (own tile, other tile) block of pairs: returns (acc, Σ E, Σ ∂E/∂β) and, with
+    NEED_G, adds coef · slope · p · u to the own points' gradient."""
+    offs_j = j0 + tl.arange(0, BJ).to(tl.int64)
+    mask_j = offs_j < n_oth
+    q = p * _sq_dist(own_row, oth_row, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, d, SMALL, D, BD, BI, BJ)
+    e, sl = _pair_terms(q, beta)
+    valid = mask_i[:, None] & mask_j[None, :]
+    e = tl.where(valid, e, 0.0)
+    e_sum = tl.sum(tl.sum(e, axis=1), axis=0)
+    b_sum = e_sum * 0.0
+    if NEED_BETA:
+        b_sum = tl.sum(tl.sum(0.5 * tl.log(tl.where(q > 0, q, 1.0)) * e, axis=1), axis=0)
+    if NEED_G:
+        c = tl.where(valid, sl, 0.0) * (coef * p)
+        acc = _add_grad(acc, c, own_row, oth_row, g_rows, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, d,
+                        SMALL, D, DP, BD)
+    return acc, e_sum, b_sum
+
+
+# ----------------------------------------------------------------------------- kernel
+
+# n_own / n_other are runtime values (tile counts, circulant split): keep 1 from specializing.
+@triton.jit(do_not_specialize=["n_own", "n_oth"])
+def _energy_pairs_kernel(
+    own_ptr, oth_ptr, beta_ptr, p_ptr, g_ptr, val_ptr, gb_ptr, gown_ptr,
+    n_own, n_oth, d, so_b, so_n, st_b, st_n, sb, sp, sg, nt,
+    w_cross, w_within,
+    CROSS: tl.constexpr, WITHIN_ALL: tl.constexpr, NEED_G: tl.constexpr, NEED_VALUE: tl.constexpr,
+    NEED_BETA: tl.constexpr, CROSS_BETA: tl.constexpr, SMALL: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr,
+    BI: tl.constexpr, BJ: tl.constexpr,
+):
+    """Program (row r, own tile I): value/β partials of its pairs and its points' gradients.
+
+    CROSS: 0 no cross pairs, 1 cross pairs counted in value/β (and gradient), 2 gradient only.
+    WITHIN_ALL: ordered within pairs over every tile (gradients) instead of the circulant half.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    r = pid // nt
+    I = pid % nt
+    dt = own_ptr.dtype.element_ty
+    own_row = own_ptr + r * so_b
+    oth_row = oth_ptr + r * st_b
+    g_rows = gown_ptr + r * n_own * d
+    beta = tl.load(beta_ptr + r * sb)
+    p = tl.load(p_ptr + r * sp)
+    g = tl.load(g_ptr + r * sg)
+    offs_i = I * BI + tl.arange(0, BI).to(tl.int64)
+    mask_i = offs_i < n_own
+    acc = tl.zeros([BI, DP], dtype=dt)
+    cross_e = tl.zeros([1], dtype=tl.float64)
+    cross_b = tl.zeros([1], dtype=tl.float64)
+    within_e = tl.zeros([1], dtype=tl.float64)
+    within_b = tl.zeros([1], dtype=tl.float64)
+    if CROSS != 0:
+        for j0 in range(0, n_oth, BJ):
+            acc, es, bs = _tile_pair(acc, own_row, oth_row, g_rows, offs_i, mask_i, j0, n_oth, so_n, st_n, d,
+                                     beta, p, g * w_cross, NEED_G, CROSS_BETA,
+                                     SMALL, D, DP, BD, BI, BJ)
+            if CROSS == 1:
+                cross_e += es.to(tl.float64)
+                cross_b += bs.to(tl.float64)
+    if w_within != 0.0:
+        nb = tl.cdiv(n_own, BI)
+        if WITHIN_ALL:
+            for J in range(0, nb):
+                acc, es, bs = _tile_pair(acc, own_row, own_row, g_rows, offs_i, mask_i, J * BI, n_own, so_n, so_n, d,
+                                         beta, p, g * w_within, NEED_G, NEED_BETA, SMALL, D, DP, BD, BI, BI)
+                within_e += 0.5 * es.to(tl.float64)  # ordered pairs: each unordered pair twice
+                within_b += 0.5 * bs.to(tl.float64)
+        else:
+            half = nb // 2
+            h = tl.where(nb % 2 == 1, (nb - 1) // 2, tl.where(I < half, half, half - 1))
+            for t in range(0, h + 1):
+                J = (I + t) % nb
+                acc, es, bs = _tile_pair(acc, own_row, own_row, g_rows, offs_i, mask_i, J * BI, n_own, so_n, so_n, d,
+                                         beta, p, g * w_within, False, NEED_BETA, SMALL, D, DP, BD, BI, BI)
+                fac = tl.where(t == 0, 0.5, 1.0).to(tl.float64)  # the diagonal tile holds ordered pairs
+                within_e += fac * es.to(tl.float64)
+                within_b += fac * bs.to(tl.float64)
+    # unweighted sums (cross, within) per program; the host applies the weights in float64
+    one = tl.arange(0, 1)
+    if NEED_VALUE:
+        tl.store(val_ptr + 2 * pid + one, cross_e)
+        tl.store(val_ptr + 2 * pid + 1 + one, within_e)
+    if NEED_BETA:
+        tl.store(gb_ptr + 2 * pid + one, cross_b)
+        tl.store(gb_ptr + 2 * pid + 1 + one, within_b)
+    if NEED_G and SMALL:
+        kcols = tl.arange(0, DP)
+        ptrs = g_rows + offs_i[:, None] * d + kcols[None, :]
+        tl.store(ptrs, acc, mask=mask_i[:, None] & (kcols < D)[None, :])
+
+
+# ----------------------------------------------------------------------------- host functions
+
+def _launch(own, oth, beta, p, g, w_cross, w_within, *, cross, within_all, need_g, need_value, need_beta, gown):
+    """One launch with ``own`` as the own cloud.  Returns (value, Σ ∂/∂β), each (B,) float64
+    with the weights applied here (or None when not requested); gradients go to ``gown``."""
+    B, n_own, d = own.shape
+    n_oth = oth.shape[1]
+    BI, BJ, BD, small = tile_sizes(n_own, n_oth, d)
+    nt = triton.cdiv(n_own, BI)
+    f64 = dict(dtype=torch.float64, device=own.device)
+    val = torch.zeros((B, nt, 2), **f64) if need_value else torch.zeros(1, **f64)
+    gb = torch.zeros((B, nt, 2), **f64) if need_beta else torch.zeros(1, **f64)
+    if B > 0 and nt > 0:
+        launcher(_energy_pairs_kernel)[(B * nt,)](
+            own, oth, beta, p, g, val, gb, gown if need_g else own,
+            n_own, n_oth, d, own.stride(0), own.stride(1), oth.stride(0), oth.stride(1), beta.stride(0),
+            p.stride(0), g.stride(0), nt, float(w_cross), float(w_within),
+            CROSS=cross, WITHIN_ALL=within_all, NEED_G=need_g, NEED_VALUE=need_value, NEED_BETA=need_beta,
+            CROSS_BETA=need_beta and cross == 1, SMALL=small, D=d if small else 1,
+            DP=triton.next_power_of_2(d) if small else 1, BD=BD, BI=BI, BJ=BJ,
+        )
+    # weights in float64: the energy distance is a small difference of large sums
+    w = torch.tensor([w_cross if cross == 1 else 0.0, w_within], **f64)
+
+    def weighted(t):
+        return (t.sum(1) * w).sum(-1) if t.dim() == 3 else None
+
+    return weighted(val), weighted(gb)
+
+
+def energy_pairs(a, c, beta, p, weights, grad=None, *, need_value=True, need_a=False, need_c=False, need_beta=False):
+    """Weighted pair sums of every row and their gradients, isotropic metric p (B,).
+
+    a (B, n, d), c (B, m, d) with unit stride over d; beta, p, grad (B,) any stride;
+    weights = (w_cross, w_a, w_c).  Returns (value (B,), ∂/∂a (B, n, d), ∂/∂c (B, m, d),
+    ∂/∂β (B,)), each None when not requested; gradients are those of Σ_r grad[r]·V_r
+    (grad = ones when None).
+    """
+    w_cross, w_a, w_c = (float(w) for w in weights)
+    B, n, d = a.shape
+    m = c.shape[1]
+    g = grad if grad is not None else a.new_ones(()).expand(B)
+    ga = a.new_zeros((B, n, d)) if need_a else None
+    gc = c.new_zeros((B, m, d)) if need_c else None
+    vals, betas = [], []
+    if need_value or need_beta or need_a:
+        v, bs = _launch(a, c, beta, p, g, w_cross, w_a if n > 1 else 0.0, cross=1, within_all=need_a,
+                        need_g=need_a, need_value=need_value, need_beta=need_beta, gown=ga)
+        vals.append(v)
+        betas.append(bs)
+    within_c = w_c if m > 1 else 0.0
+    if need_c or (within_c != 0.0 and (need_value or need_beta)):
+        v, bs = _launch(c, a, beta, p, g, w_cross if need_c else 0.0, within_c, cross=2 if need_c else 0,
+                        within_all=need_c, need_g=need_c, need_value=need_value, need_beta=need_beta, gown=gc)
+        vals.append(v)
+        betas.append(bs)
+    value = sum(vals).to(a.dtype) if need_value else None
+    gbeta = sum(betas).to(a.dtype) * g if need_beta else None
+    return value, ga, gc, gbeta
+
+
+def check_energy_canonical(op: str, a, c, beta, prec, kind: int):
+    """The C++ kernels' argument contract (csrc/cpu/energy_cpu.h) as ValueErrors."""
+    if a.dim() != 3:
+        raise ValueError(f"{op}: first cloud must be (B, n, d), got shape {tuple(a.shape)}")
+    B, _, d = a.shape
+    if c.dim() != 3 or c.shape[0] != B or c.shape[2] != d:
+        raise ValueError(f"{op}: second cloud must be (B={B}, m, d={d}), got shape {tuple(c.shape)}")
+    if d > 1 and (a.stride(2) != 1 or c.stride(2) != 1):
+        raise ValueError(f"{op}: clouds must have unit stride over d")
+    if beta.shape != (B,):
+        raise ValueError(f"{op}: beta must be ({B},), got {tuple(beta.shape)}")
+    if kind not in (0, 1, 2):
+        raise ValueError(f"{op}: unknown metric kind {kind} (0 isotropic, 1 diagonal, 2 block)")
+    if kind == 0 and prec.shape != (B,):
+        raise ValueError(f"{op}: isotropic prec must be ({B},), got {tuple(prec.shape)}")
+    if kind == 1 and prec.shape != (B, d):
+        raise ValueError(f"{op}: diagonal prec must be ({B}, {d}), got {tuple(prec.shape)}")
+    if kind == 2:
+        k = prec.shape[-1] if prec.dim() == 3 else -1
+        if prec.dim() != 3 or prec.shape[0] != B or prec.shape[1] != k or not 1 <= k <= 4 or d % k:
+            raise ValueError(f"{op}: block precision must be ({B}, k, k) with k <= 4 dividing d={d}, got {tuple(prec.shape)}")
+    for name, t in (("second cloud", c), ("beta", beta), ("prec", prec)):
+        if t.dtype != a.dtype or t.device != a.device:
+            raise ValueError(f"{op}: {name} must match the first cloud's dtype/device ({a.dtype}, {a.device}), "
+                             f"got ({t.dtype}, {t.device})")
+
+
+class _Whitened:
+    """Clouds of a diagonal/block metric in whitened, centred coordinates z = (x − x_0)·L."""
+
+    def __init__(self, a, c, prec, kind):
+        B, n, d = a.shape
+        self.kind, self.prec = kind, prec
+        centre = a[:, :1] if n > 0 else c[:, :1]
+        if kind == 1:
+            self.scale = prec.sqrt()  # (B, d)
+            self.za = ((a - centre) * self.scale[:, None]).contiguous()
+            self.zc = ((c - centre) * self.scale[:, None]).contiguous()
+        else:
+            self.k = k = prec.shape[-1]
+            # cholesky_ex: no host sync (prec is SPD by construction of the Metric)
+            self.L = torch.linalg.cholesky_ex(prec).L  # (B, k, k), P_k = L Lᵀ
+            self.za = self._apply(a - centre, self.L)
+            self.zc = self._apply(c - centre, self.L)
+
+    def _apply(self, x, M):
+        B, n, d = x.shape
+        return (x.reshape(B, n, d // self.k, self.k) @ M[:, None]).reshape(B, n, d)
+
+    def to_x(self, gz):
+        """∂/∂x from ∂/∂z: g_z Lᵀ (block) or g_z ⊙ √p (diagonal)."""
+        if self.kind == 1:
+            return gz * self.scale[:, None]
+        return self._apply(gz, self.L.transpose(-1, -2))
+
+    def metric_grad(self, gza, gzc):
+        """∂V/∂prec from the point gradients in z (see the module docstring)."""
+        if self.kind == 1:
+            G = 0.5 * ((self.za * gza).sum(1) + (self.zc * gzc).sum(1))
+            return G / self.prec
+        B, k = self.prec.shape[0], self.k
+
+        def outer(z, gz):
+            return z.reshape(B, -1, k).transpose(1, 2) @ gz.reshape(B, -1, k)
+
+        G = 0.25 * (outer(self.za, gza) + outer(self.zc, gzc))
+        G = G + G.transpose(-1, -2)  # symmetric in exact arithmetic; ½(G + Gᵀ) of ½ Σ z gᵀ
+        eye = torch.eye(k, dtype=G.dtype, device=G.device).expand(B, k, k)
+        Linv = torch.linalg.solve_triangular(self.L, eye, upper=False)
+        return Linv.transpose(-1, -2) @ G @ Linv
+
+
+def energy_value(op: str, a, c, beta, prec, kind: int, weights):
+    """(B,) weighted pair sums of every row (the op's forward)."""
+    check_energy_canonical(op, a, c, beta, prec, kind)
+    if a.shape[0] == 0:
+        return a.new_zeros(0)
+    if kind == 0:
+        return energy_pairs(a, c, beta, prec, weights)[0]
+    w = _Whitened(a, c, prec, kind)
+    ones = a.new_ones(()).expand(a.shape[0])
+    return energy_pairs(w.za, w.zc, beta, ones, weights)[0]
+
+
+def energy_grads(op: str, grad, a, c, beta, prec, kind: int, weights, need_a, need_c, need_beta, need_prec,
+                 want_value=False):
+    """(value or None, ∂/∂a, ∂/∂c, ∂/∂β, ∂/∂prec) of Σ_r grad[r]·V_r; a gradient not requested
+    is an empty tensor (the contract of etweedie::<op>_bwd)."""
+    check_energy_canonical(op, a, c, beta, prec, kind)
+    B = a.shape[0]
+    g = grad.contiguous()
+    if g.shape != (B,):
+        raise ValueError(f"{op}: grad must be ({B},), got {tuple(grad.shape)}")
+
+    def empty():  # a fresh one per output: outputs of a custom op must not alias
+        return a.new_empty(0)
+
+    if B == 0:
+        value = a.new_zeros(0) if want_value else None
+        return (value, a.new_zeros(a.shape) if need_a else empty(), c.new_zeros(c.shape) if need_c else empty(),
+                a.new_zeros(B) if need_beta else empty(), prec.new_zeros(prec.shape) if need_prec else empty())
+    if kind == 0:
+        value, ga, gc, gb = energy_pairs(a, c, beta, prec, weights, g, need_value=want_value or need_prec,
+                                         need_a=need_a, need_c=need_c, need_beta=need_beta)
+        gp = g * beta * value / (2 * prec) if need_prec else None
+    else:
+        w = _Whitened(a, c, prec, kind)
+        ones = a.new_ones(()).expand(B)
+        value, gza, gzc, gb = energy_pairs(w.za, w.zc, beta, ones, weights, g, need_value=want_value,
+                                           need_a=need_a or need_prec, need_c=need_c or need_prec, need_beta=need_beta)
+        gp = w.metric_grad(gza, gzc) if need_prec else None
+        ga = w.to_x(gza) if need_a else None
+        gc = w.to_x(gzc) if need_c else None
+    return (
+        value if want_value else None,
+        ga if need_a else empty(),
+        gc if need_c else empty(),
+        gb if need_beta else empty(),
+        gp.contiguous() if need_prec else empty(),
+    )
+

@@ -1,0 +1,233 @@
+"""Triton energy_score / energy_distance kernels on CPU tensors under the Triton interpreter.
+
+Forward and every gradient (samples/clouds, target, β, metric parameter) against the float64
+reference (|out − ref64| ≤ 2|ref32 − ref64| + atol), on shapes that exercise the masks and
+several programs: tile limits lowered (tiles of 4–8 points, coordinate chunks of 4) so that
+d = 6 and 13 cut chunks, n ≠ m with odd and even tile counts (the circulant split of the
+forward), M = 2, large n; coincident points, β = 1 and 2 (their exact branches) and per-row β,
+per-row metrics of every kind, clouds 1e3 from the origin, zero-size batches, the fused
+training op, gradcheck and torch.compile.
+
+As in tests/test_triton.py, TRITON_INTERPRET=1 must be set when the process starts, so one
+driver test reruns this file in a subprocess with it set.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import etweedie
+from conftest import gen, metric_to
+from test_energy_distance import _check_all as _ed_check_all, _inputs as _ed_inputs
+from test_energy_score import _check_all as _es_check_all, _inputs as _es_inputs
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEV = torch.device("cpu")
+DRIVER = "test_cases_under_the_interpreter"
+
+if INTERPRET:
+    try:
+        from etweedie.kernels import _energy as tk_energy
+        from etweedie.kernels import energy_distance as tk_ed
+        from etweedie.kernels import energy_score as tk_es
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        pytest.skip(f"triton is not importable: {exc!r}", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_only(request):
+    if not INTERPRET and request.node.originalname != DRIVER:
+        pytest.skip(f"needs TRITON_INTERPRET=1 from process start; run by {DRIVER} in a subprocess")
+
+
+def test_cases_under_the_interpreter():
+    """Run this file in a fresh interpreter-mode process (the real checks are the cases)."""
+    if INTERPRET:
+        pytest.skip("already running under TRITON_INTERPRET=1")
+    ok, why = etweedie.backends.available()["triton"]
+    if not ok and "not installed" in why:
+        pytest.skip(why)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.basename(__file__)],
+        cwd=here, env=env, capture_output=True, text=True, timeout=600,
+    )
+    tail = (proc.stdout + proc.stderr)[-6000:]
+    assert proc.returncode == 0, f"Triton interpreter cases failed (rc {proc.returncode}):\n{tail}"
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "error" not in summary, tail  # only the driver itself skips there
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """Tiles of 4 points (d ≤ 4) / 4 points and coordinate chunks of ≤ 4 (larger d)."""
+    monkeypatch.setattr(tk_energy, "_MAX_TILE_SMALL", 4)
+    monkeypatch.setattr(tk_energy, "_MAX_TILE_LARGE", 4)
+    monkeypatch.setattr(tk_energy, "_TILE3", 64)
+
+
+def test_tile_sizes_follow_the_limits(small_tiles):
+    assert tk_energy.tile_sizes(13, 1, 6) == (4, 1, 4, False)  # d = 6: chunks of 4 (+ masked 2)
+    assert tk_energy.tile_sizes(9, 5, 2) == (4, 4, 2, True)
+
+
+# ----------------------------------------------------------------------------- energy score
+
+# isotropic (per-row p) and block2 run in the far-from-origin, fused and gradcheck cases below
+ES_KINDS = ["none", "diagonal", "block3", "dense"]
+
+
+@pytest.mark.parametrize("kind", ES_KINDS)
+def test_energy_score_matches_float64_reference(kind, small_tiles, seed):
+    # M = 13: 4 tiles of 4 (the last masked), d = 6: coordinate chunks 4 + 2
+    _es_check_all("triton", DEV, _es_inputs(seed, 3, 13, 6, kind), seed, f"triton {kind}")
+
+
+@pytest.mark.parametrize("shape", [(4, 2, 13), (3, 9, 2), (2, 33, 3)], ids=["M2-d13", "small-d", "one-tile-d3"])
+def test_energy_score_shapes(shape, seed):
+    # default tile limits: M = 2, d not a multiple of anything, small-d register path
+    _es_check_all("triton", DEV, _es_inputs(seed, *shape, "diagonal"), seed, f"triton {shape}")
+
+
+def test_energy_score_biased_and_M1(small_tiles, seed):
+    _es_check_all("triton", DEV, _es_inputs(seed, 3, 7, 5, "isotropic"), seed, "triton fair=False", fair=False)
+    x, y, b, _ = _es_inputs(seed, 3, 1, 5, "none")
+    es = etweedie.energy_score(x, y, b, fair=False, backend="triton")
+    torch.testing.assert_close(es, (x[:, 0] - y).norm(dim=-1).pow(b))
+
+
+@pytest.mark.parametrize("beta", [1.0, 2.0, 0.5])
+@pytest.mark.parametrize("d", [3, 9])
+def test_energy_score_coincident_points(beta, d, small_tiles, seed):
+    x, y, b, metric = _es_inputs(seed, 3, 6, d, "block3" if d % 3 == 0 else "diagonal", beta=beta)
+    x[:, 1] = x[:, 0]  # two coincident samples
+    x[:, 2] = y  # a sample on the target
+    _es_check_all("triton", DEV, (x, y, b, metric), seed, f"triton coincident beta={beta}")
+    xs = y.float().unsqueeze(1).expand(3, 5, d).contiguous().requires_grad_()
+    es = etweedie.energy_score(xs, y.float(), beta, backend="triton")
+    (gx,) = torch.autograd.grad(es.sum(), xs)
+    assert torch.equal(es, torch.zeros_like(es)) and torch.equal(gx, torch.zeros_like(gx))
+
+
+def test_energy_score_far_from_origin(seed):
+    _es_check_all("triton", DEV, _es_inputs(seed, 3, 9, 5, "isotropic", offset=1e3), seed, "triton offset 1e3")
+    _es_check_all("triton", DEV, _es_inputs(seed, 2, 6, 4, "block2", offset=1e3), seed, "triton block offset 1e3")
+
+
+def test_energy_score_fused_and_unfused_agree(seed):
+    """The training op (value + unit gradients in one pass) against the fwd/bwd pair."""
+    x, y, b, metric = _es_inputs(seed, 3, 6, 4, "block2")
+    m, _ = metric_to(metric, torch.float64)
+    from etweedie.ops._prep import metric_param
+
+    prec, kind = metric_param(m, torch.Size([3]), 4)
+    prec = prec.contiguous()
+    val, gs, gt, gb, gp = tk_es.energy_score_fwd_grad_op(x, y, b, prec, kind, True, True, True, True, True)
+    torch.testing.assert_close(val, tk_es.energy_score_fwd_op(x, y, b, prec, kind, True))
+    ones = torch.ones(3, dtype=torch.float64)
+    for got, want in zip((gs, gt, gb, gp), tk_es.energy_score_bwd_op(ones, x, y, b, prec, kind, True, True, True, True, True)):
+        torch.testing.assert_close(got, want)
+    # only some gradients requested: the others are empty tensors
+    out = tk_es.energy_score_fwd_grad_op(x, y, b, prec, kind, True, True, False, False, False)
+    assert out[1].shape == x.shape and all(o.numel() == 0 for o in out[2:])
+
+
+def test_energy_score_gradcheck_float64(seed):
+    x, y, b, metric = _es_inputs(seed, 2, 3, 2, "block2")
+    p = metric.param.clone().requires_grad_()
+    leaves = [t.clone().requires_grad_() for t in (x, y, b)]
+
+    def f(x, y, b, p):
+        return etweedie.energy_score(x, y, b, etweedie.Metric.block((p + p.transpose(-1, -2)) / 2), backend="triton")
+
+    assert torch.autograd.gradcheck(f, (*leaves, p), fast_mode=True), f"seed {seed}"
+
+
+def test_energy_score_zero_size():
+    x = torch.zeros(0, 4, 3, requires_grad=True)
+    y = torch.zeros(0, 3, requires_grad=True)
+    es = etweedie.energy_score(x, y, 1.3, etweedie.Metric.diagonal(torch.ones(3)), backend="triton")
+    assert es.shape == (0,)
+    gx, gy = torch.autograd.grad(es.sum(), (x, y))
+    assert gx.shape == x.shape and gy.shape == y.shape
+
+
+def test_energy_score_torch_compile_fullgraph(seed):
+    x, y, _, metric = _es_inputs(seed, 3, 5, 4, "block2")
+    x, y = x.float().requires_grad_(), y.float()
+    m, _ = metric_to(metric, torch.float32)
+
+    def f(x, y):
+        return etweedie.energy_score(x, y, 1.4, m, backend="triton")
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x, y), f(x, y))
+    (g1,) = torch.autograd.grad(compiled(x, y).sum(), x)
+    (g2,) = torch.autograd.grad(f(x, y).sum(), x)
+    torch.testing.assert_close(g1, g2)
+
+
+# ----------------------------------------------------------------------------- energy distance
+
+# every metric kind once, on the small-d (registers) or the chunked (large-d) path
+ED_CASES = {"none": (2, 9, 14, 2), "block2": (2, 9, 14, 2), "isotropic": (2, 6, 5, 6), "diagonal": (2, 6, 5, 6),
+            "dense": (2, 6, 5, 6)}
+
+
+@pytest.mark.parametrize("kind", list(ED_CASES))
+def test_energy_distance_matches_float64_reference(kind, small_tiles, seed):
+    # tiles of 4: n = 9 → 3 tiles (odd circulant), m = 14 → 4 tiles (even); d = 6 → chunks 4 + 2
+    _ed_check_all("triton", DEV, _ed_inputs(seed, *ED_CASES[kind], kind), seed, f"triton {kind}")
+
+
+def test_energy_distance_v_statistic_and_beta(small_tiles, seed):
+    _ed_check_all("triton", DEV, _ed_inputs(seed, 2, 7, 10, 3, "diagonal"), seed, "triton V", unbiased=False)
+    for beta in (1.0, 2.0):
+        _ed_check_all("triton", DEV, _ed_inputs(seed, 2, 8, 5, 2, "block2", beta=beta), seed, f"triton beta={beta}")
+
+
+def test_energy_distance_large_n(seed):
+    """Default tiles (64 points): n = 300 → 5 tiles, m = 130 → 3 tiles; gradients on n = 150, m = 70."""
+    _ed_check_all("triton", DEV, _ed_inputs(seed, 1, 300, 130, 2, "none"), seed, "triton large n", grads=False)
+    _ed_check_all("triton", DEV, _ed_inputs(seed, 1, 150, 70, 2, "isotropic"), seed, "triton large n grads")
+
+
+def test_energy_distance_coincident_and_far(small_tiles, seed):
+    a, b, beta, metric = _ed_inputs(seed, 2, 6, 5, 3, "isotropic", beta=1.0)
+    a[:, 1] = a[:, 0]
+    b[:, 2] = a[:, 3]
+    _ed_check_all("triton", DEV, (a, b, beta, metric), seed, "triton coincident")
+    _ed_check_all("triton", DEV, _ed_inputs(seed, 2, 6, 9, 2, "diagonal", offset=1e3), seed, "triton offset 1e3")
+
+
+def test_energy_distance_gradcheck_and_zero_size(seed):
+    a, b, beta, metric = _ed_inputs(seed, 2, 3, 4, 2, "diagonal")
+    p = metric.param.clone().requires_grad_()
+    leaves = [t.clone().requires_grad_() for t in (a, b, beta)]
+
+    def f(a, b, beta, p):
+        return etweedie.energy_distance(a, b, beta, etweedie.Metric.diagonal(p), backend="triton")
+
+    assert torch.autograd.gradcheck(f, (*leaves, p), fast_mode=True), f"seed {seed}"
+    a0 = torch.zeros(0, 4, 3, requires_grad=True)
+    b0 = torch.zeros(0, 5, 3, requires_grad=True)
+    ed = etweedie.energy_distance(a0, b0, 1.2, backend="triton")
+    assert ed.shape == (0,)
+    ga, gb = torch.autograd.grad(ed.sum(), (a0, b0))
+    assert ga.shape == a0.shape and gb.shape == b0.shape
+
+
+def test_host_functions_validate_canonical_arguments():
+    a, b, one = torch.zeros(2, 3, 4), torch.zeros(2, 5, 4), torch.ones(2)
+    with pytest.raises(ValueError, match="block precision"):
+        tk_ed.energy_distance_forward(a, b, one, torch.ones(2, 3, 3), 2, True)
+    with pytest.raises(ValueError, match="second cloud"):
+        tk_ed.energy_distance_forward(a, torch.zeros(2, 5, 3), one, one, 0, True)
+    with pytest.raises(ValueError, match="target"):
+        tk_es.energy_score_forward(a, torch.zeros(2, 5), one, one, 0, True)
+    with pytest.raises(ValueError, match="M >= 2"):
+        tk_es.energy_score_forward(torch.zeros(2, 1, 4), torch.zeros(2, 4), one, one, 0, True)
