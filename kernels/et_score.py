@@ -34,9 +34,37 @@ import triton.language as tl
 __all__ = ["et_score_forward", "et_score_backward", "et_score_op", "block_sizes", "define_op"]
 
 # Largest coordinate chunk per program, and the element budget of one (BLOCK_N, BLOCK_D, KP)
-# tile (registers on a GPU; tests lower _MAX_BLOCK_D to exercise several chunks).
-_MAX_BLOCK_D = 256
-_TILE = 2048
+# tile (registers on a GPU; tests lower _MAX_BLOCK_D to exercise several chunks).  1024 keeps
+# MNIST-sized rows (d = 784) in one chunk, so each draw is read once.
+_MAX_BLOCK_D = 1024
+_TILE = 4096
+# Programs per streaming multiprocessor the forward aims for: with too few query rows the
+# draws are split into S ranges (grid axis 2), each program writing partial sums that the host
+# adds — bandwidth needs many loads in flight, and B rows alone (e.g. 256 on 132 SMs) are not
+# enough.  _SM_OVERRIDE (tests) replaces the device's SM count; the interpreter assumes 2 SMs.
+_PROGRAMS_PER_SM = 8
+_SM_OVERRIDE = None
+_SM_CACHE: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if _SM_OVERRIDE is not None:
+        return _SM_OVERRIDE
+    if device.type != "cuda":
+        return 2
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_CACHE:  # queried on first launch, never at import
+        _SM_CACHE[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_CACHE[idx]
+
+
+def draw_splits(B: int, nch: int, N: int, BLOCK_N: int, device: torch.device) -> tuple[int, int]:
+    """(S, draws per split): S ranges of whole BLOCK_N tiles, enough for _PROGRAMS_PER_SM per SM."""
+    tiles = triton.cdiv(N, BLOCK_N)
+    want = triton.cdiv(_PROGRAMS_PER_SM * _sm_count(device), max(B * nch, 1))
+    S = max(1, min(want, tiles))
+    per = triton.cdiv(tiles, S) * BLOCK_N
+    return triton.cdiv(N, per), per
 
 
 def interpreting() -> bool:
@@ -152,14 +180,19 @@ def _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K: tl.
 # constants: N.to(dtype) failed there and every input was then treated as mutated).
 @triton.jit(do_not_specialize=["N"])
 def _et_score_forward_kernel(
-    y_ptr, x_ptr, beta_ptr, lam_ptr, prec_ptr, noise_ptr, step_ptr, out_ptr, m_ptr,
-    N, d, sxb, sxn, sb, sl, sp, sa,
+    y_ptr, x_ptr, beta_ptr, lam_ptr, prec_ptr, noise_ptr, step_ptr, out_ptr, m_ptr, ws_ptr,
+    N, d, sxb, sxn, sb, sl, sp, sa, n_per, nsplit,
     KIND: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ONE_CHUNK: tl.constexpr, LANGEVIN: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
-    """out = s (or, with LANGEVIN, y + α s + sqrt(2α) ξ) and m for one row's coordinate chunk."""
+    """out = s (or, with LANGEVIN, y + α s + sqrt(2α) ξ) and m for one row's coordinate chunk.
+
+    With SPLIT, program (row, chunk, r) covers draws [r·n_per, (r+1)·n_per) only and writes its
+    sums Σ w u and Σ w P u to ws[row, r, 0/1, cols]; the host adds the ranges and finishes."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1).to(tl.int64)
+    rng = tl.program_id(2).to(tl.int64)
     cols = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
     kk = tl.arange(0, KP)
     y_row = y_ptr + row * d
@@ -169,9 +202,11 @@ def _et_score_forward_kernel(
     lam = tl.load(lam_ptr + row * sl)
     acc_u = tl.zeros([BLOCK_D], dtype=y_ptr.dtype.element_ty)
     acc_pu = tl.zeros([BLOCK_D], dtype=y_ptr.dtype.element_ty)
-    for n0 in range(0, N, BLOCK_N):
+    n_lo = rng * n_per
+    n_hi = tl.minimum(n_lo + n_per, N)
+    for n0 in range(n_lo, n_hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N).to(tl.int64)
-        mask_n = offs_n < N
+        mask_n = offs_n < n_hi
         if ONE_CHUNK:
             u, pu, u3 = _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND)
             q = tl.sum(u * pu, axis=1)
@@ -185,8 +220,13 @@ def _et_score_forward_kernel(
         w = tl.where(mask_n, _residual_weight(q, beta), 0.0)
         acc_u += tl.sum(w[:, None] * u, axis=0)
         acc_pu += tl.sum(w[:, None] * pu, axis=0)
-    inv_n = 1.0 / (tl.zeros([], y_ptr.dtype.element_ty) + N)
     mask_d = cols < d
+    if SPLIT:
+        base = ws_ptr + (row * nsplit + rng) * 2 * d
+        tl.store(base + cols, acc_u, mask=mask_d)
+        tl.store(base + d + cols, acc_pu, mask=mask_d)
+        return
+    inv_n = 1.0 / (tl.zeros([], y_ptr.dtype.element_ty) + N)
     tl.store(m_ptr + row * d + cols, acc_u * inv_n, mask=mask_d)
     s = -lam * acc_pu * inv_n
     if LANGEVIN:
@@ -241,13 +281,20 @@ def _launch_forward(y, x, beta, lam, prec, kind, noise=None, step=None):
         raise ValueError("et_score: need at least one posterior draw (N >= 1)")
     BLOCK_N, BLOCK_D, KP, nch = block_sizes(N, d, kind, _block_k(prec, kind))
     langevin = noise is not None
-    launcher(_et_score_forward_kernel)[(B, nch)](
-        y, x, beta, lam, prec, noise if langevin else y, step if langevin else beta, out, m,
+    S, per = draw_splits(B, nch, N, BLOCK_N, y.device)
+    ws = y.new_empty((B, S, 2, d)) if S > 1 else out  # partial sums (B·S·2·d: never B·N·d)
+    launcher(_et_score_forward_kernel)[(B, nch, S)](
+        y, x, beta, lam, prec, noise if langevin else y, step if langevin else beta, out, m, ws,
         N, d, x.stride(0), x.stride(1), beta.stride(0), lam.stride(0), prec.stride(0),
-        step.stride(0) if langevin else 0,
+        step.stride(0) if langevin else 0, per, S,
         KIND=kind, K=_block_k(prec, kind), KP=KP, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
-        ONE_CHUNK=nch == 1, LANGEVIN=langevin,
+        ONE_CHUNK=nch == 1, LANGEVIN=langevin, SPLIT=S > 1, num_warps=8 if BLOCK_D * BLOCK_N * KP >= 4096 else 4,
     )
+    if S > 1:
+        sums = ws.sum(1) / N  # (B, 2, d): m and P m
+        m = sums[:, 0].contiguous()
+        s = -lam[:, None] * sums[:, 1]
+        out = y + step[:, None] * s + torch.sqrt(2 * step[:, None]) * noise if langevin else s
     return out, m
 
 
@@ -382,6 +429,7 @@ def et_score_backward(grad, grad_m, y, x, beta, lam, prec, kind: int, m,
         N, d, x.stride(0), x.stride(1), beta.stride(0), lam.stride(0), prec.stride(0), nch,
         KIND=kind, K=k, KP=KP, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, ONE_CHUNK=nch == 1,
         NEED_X=need_x, NEED_BETA=need_beta, NEED_LAM=need_lam, NEED_PREC=need_prec,
+        num_warps=8 if BLOCK_D * BLOCK_N * KP >= 4096 else 4,
     )
     if need_lam:
         gl = gl_part.sum(1)

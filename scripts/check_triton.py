@@ -48,11 +48,13 @@ def main(argv=None) -> int:
         for kind, K, KP in [(0, 1, 1), (1, 1, 1), (2, 2, 2), (2, 3, 4)]:
             for one in (True, False):
                 BN, BD = (8, 256) if one else (8, 64)
-                fwd_ints = ["N", "d", "sxb", "sxn", "sb", "sl", "sp", "sa"]
+                fwd_ints = ["N", "d", "sxb", "sxn", "sb", "sl", "sp", "sa", "n_per", "nsplit"]
                 for lang in (False, True):
-                    build(E._et_score_forward_kernel, ptr, fwd_ints,
-                          dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one, LANGEVIN=lang))
-                    count += 1
+                    for split in (False, True):
+                        build(E._et_score_forward_kernel, ptr, fwd_ints,
+                              dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one, LANGEVIN=lang,
+                                   SPLIT=split))
+                        count += 1
                 build(E._et_score_backward_kernel, ptr, ["N", "d", "sxb", "sxn", "sb", "sl", "sp", "nchunks"],
                       dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
                            NEED_X=True, NEED_BETA=True, NEED_LAM=True, NEED_PREC=True))
