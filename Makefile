@@ -26,7 +26,7 @@ $(PY):
 
 # Rebuilt whenever a kernel source, setup.py or pyproject.toml changes.
 $(STAMP): $(PY) $(SOURCES)
-	@$(PY) -c "import setuptools, wheel, ninja" 2>/dev/null || $(PIP) install -q --upgrade pip setuptools wheel ninja
+	@$(PY) -c "import setuptools" 2>/dev/null && $(PY) -m ninja --version >/dev/null 2>&1 || $(PIP) install -q --upgrade pip setuptools wheel ninja || $(PY) -c "import setuptools"
 	@if $(PY) -c "import torch" 2>/dev/null; then \
 		echo "torch already installed: $$($(PY) -c 'import torch; print(torch.__version__)')"; \
 	else \
