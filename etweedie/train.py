@@ -291,8 +291,15 @@ class NoisePrior:
         return f"NoisePrior(beta={self.beta}, lam={self.lam}, sigma={self.sigma}, disk_radius={self.disk_radius})"
 
     def eta_bounds(self) -> tuple:
-        """(eta_low, eta_high): the box of η = (β, log λ, log σ, u, v) this prior covers."""
-        return default_eta_bounds(self.beta, self.lam, self.sigma, self.disk_radius)
+        """(eta_low, eta_high): the box of η = (β, log λ, log σ, u, v) this prior covers.
+
+        A degenerate coordinate (a fixed β, λ or σ, or ``disk_radius = 0``) gets a unit half-width
+        around its value, so the model's normalization stays finite."""
+        low, high = default_eta_bounds(self.beta, self.lam, self.sigma, self.disk_radius)
+        fixed = [a == b for a, b in zip(low, high)]
+        low = tuple(a - 1.0 if f else a for a, f in zip(low, fixed))
+        high = tuple(b + 1.0 if f else b for b, f in zip(high, fixed))
+        return low, high
 
     def sample(self, n: int, generator: torch.Generator, *, dtype=torch.float32, device=None) -> NoiseParams:
         """n independent tuples: a :class:`NoiseParams` whose fields are ``(n,)`` tensors."""
