@@ -16,6 +16,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "launchers.cuh"
 #include "metric_cuda.cuh"
 
@@ -32,7 +34,8 @@ constexpr int kMinBlocks = 4;       // resident blocks per SM asked of ptxas (re
 // per SM in flight.
 template <typename T, int KIND, int K, bool LANGEVIN>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtScoreArgs<T> a, int64_t chunk, T* __restrict__ out,
-                                                                 T* __restrict__ m_out) {
+                                                                 T* __restrict__ m_out, int64_t n_per,
+                                                                 T* __restrict__ ws) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int64_t row = blockIdx.x, d = a.d, N = a.N;
   const int64_t j0 = static_cast<int64_t>(blockIdx.y) * chunk;  // this block's coordinates [j0, j1)
@@ -44,9 +47,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtSc
   const T* __restrict__ x = a.x + row * a.sxb;
   const RowPrec<T, KIND, K> P{a.prec + row * a.sp};
   const T beta = a.beta[row * a.sb], lam = a.lam[row * a.sl];
+  // draws [n_lo, n_hi): all of them, or this block's range when the draws are split (ws != null)
+  const int64_t n_lo = static_cast<int64_t>(blockIdx.z) * n_per;
+  const int64_t n_hi = n_lo + n_per < N ? n_lo + n_per : N;
   for (int64_t j = j0 + threadIdx.x; j < j1; j += kThreads) acc[j - j0] = T(0);
-  for (int64_t i0 = 0; i0 < N; i0 += kTile) {
-    const int n = static_cast<int>(N - i0 < kTile ? N - i0 : kTile);
+  for (int64_t i0 = n_lo; i0 < n_hi; i0 += kTile) {
+    const int n = static_cast<int>(n_hi - i0 < kTile ? n_hi - i0 : kTile);
     __syncthreads();  // the previous tile's weights are consumed
     for (int t = warp; t < n; t += kWarps) {
       const T* __restrict__ xi = x + (i0 + t) * a.sxn;
@@ -65,6 +71,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtSc
       acc[j - j0] += s;
     }
   }
+  if (ws != nullptr) {  // split draws: this range's Σ w u for the chunk; the finalize kernel adds
+    T* __restrict__ part = ws + (row * gridDim.z + blockIdx.z) * d;
+    for (int64_t j = j0 + threadIdx.x; j < j1; j += kThreads) part[j] = acc[j - j0];
+    return;
+  }
   const T inv_n = T(1) / static_cast<T>(N);
   for (int64_t j = j0 + threadIdx.x; j < j1; j += kThreads) {
     acc[j - j0] *= inv_n;
@@ -82,6 +93,50 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtSc
   }
 }
 
+// Finalize of the split-draw forward: m = (1/N) Σ_r ws[row, r], then s = −λ P m (and the
+// Langevin update), one block per row.  P m at j needs m on j's metric block, summed from ws
+// directly (nsplit·k loads of a small, L2-resident buffer).
+template <typename T, int KIND, int K, bool LANGEVIN>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_finalize_kernel(EtScoreArgs<T> a, int64_t nsplit,
+                                                                         const T* __restrict__ ws,
+                                                                         T* __restrict__ out, T* __restrict__ m_out) {
+  const int64_t row = blockIdx.x, d = a.d;
+  const T inv_n = T(1) / static_cast<T>(a.N);
+  const T* __restrict__ part = ws + row * nsplit * d;
+  const RowPrec<T, KIND, K> P{a.prec + row * a.sp};
+  const T lam = a.lam[row * a.sl];
+  auto mean = [part, nsplit, d, inv_n](int64_t c) {
+    T acc = 0;
+    for (int64_t r = 0; r < nsplit; ++r) acc += part[r * d + c];
+    return acc * inv_n;
+  };
+  T alpha = 0, diffusion = 0;
+  if (LANGEVIN) {
+    alpha = a.step[row * a.sa];
+    diffusion = sqrt(T(2) * alpha);
+  }
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) {
+    m_out[row * d + j] = mean(j);
+    const T s = -lam * P.apply_at(j, mean);
+    out[row * d + j] = LANGEVIN ? a.y[row * d + j] + alpha * s + diffusion * a.noise[row * d + j] : s;
+  }
+}
+
+// Draw ranges per row so that B·S blocks fill the GPU once (kMinBlocks per SM); 1 = no split.
+// ETWEEDIE_CUDA_SPLIT=0 in the environment turns the split off (A/B timing, bisecting).
+inline int64_t draw_splits(int64_t B, int64_t N, int sms) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("ETWEEDIE_CUDA_SPLIT");
+    return v == nullptr || v[0] != '0';
+  }();
+  constexpr int64_t kMinDraws = 16;  // fewest draws per range
+  if (!enabled || B <= 0) return 1;
+  const int64_t slots = static_cast<int64_t>(kMinBlocks) * sms;
+  if (B >= slots) return 1;
+  const int64_t want = (slots + B - 1) / B, most = (N + kMinDraws - 1) / kMinDraws;
+  return want < most ? want : most;
+}
+
 template <typename T, bool LANGEVIN>
 cudaError_t et_score_fwd_dispatch(const EtScoreArgs<T>& a, T* out, T* m, cudaStream_t stream) {
   if (a.B == 0 || a.d == 0) return cudaSuccess;
@@ -92,8 +147,14 @@ cudaError_t et_score_fwd_dispatch(const EtScoreArgs<T>& a, T* out, T* m, cudaStr
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
   const int64_t k = a.kind == kBlock ? a.kblock : 1;
+  int64_t nsplit = draw_splits(a.B, a.N, sms), n_per = a.N;
+  if (nsplit > 1) {
+    n_per = (a.N + nsplit - 1) / nsplit;
+    nsplit = (a.N + n_per - 1) / n_per;  // no empty range
+  }
+  if (nsplit > 65535) return cudaErrorInvalidConfiguration;
   int64_t nch = 1;
-  if (a.d > 2 * kMinChunk && a.B < 2 * sms) {
+  if (nsplit == 1 && a.d > 2 * kMinChunk && a.B < 2 * sms) {
     const int64_t want = (2 * sms + a.B - 1) / a.B, most = a.d / kMinChunk;
     nch = want < most ? want : most;
   }
@@ -110,9 +171,25 @@ cudaError_t et_score_fwd_dispatch(const EtScoreArgs<T>& a, T* out, T* m, cudaStr
                                                  static_cast<int>(smem));
       if (e != cudaSuccess) return e;
     }
-    const dim3 grid(static_cast<unsigned>(a.B), static_cast<unsigned>(nch));
-    kernel<<<grid, kThreads, smem, stream>>>(a, chunk, out, m);
-    return cudaGetLastError();
+    T* ws = nullptr;  // (B, nsplit, d) partial sums, stream-ordered (no device-wide sync)
+    if (nsplit > 1) {
+      const cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&ws),
+                                            static_cast<size_t>(a.B * nsplit * a.d) * sizeof(T), stream);
+      if (e != cudaSuccess) return e;
+    }
+    const dim3 grid(static_cast<unsigned>(a.B), static_cast<unsigned>(nch), static_cast<unsigned>(nsplit));
+    kernel<<<grid, kThreads, smem, stream>>>(a, chunk, out, m, n_per, ws);
+    cudaError_t e = cudaGetLastError();
+    if (nsplit > 1) {
+      if (e == cudaSuccess) {
+        et_score_fwd_finalize_kernel<T, KIND, K, LANGEVIN>
+            <<<static_cast<unsigned>(a.B), kThreads, 0, stream>>>(a, nsplit, ws, out, m);
+        e = cudaGetLastError();
+      }
+      const cudaError_t f = cudaFreeAsync(ws, stream);
+      if (e == cudaSuccess) e = f;
+    }
+    return e;
   });
 }
 
