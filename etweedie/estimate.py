@@ -1,0 +1,700 @@
+"""Noise-parameter estimation: profiled M-estimation of (β, λ, Σ) (paper §5.2, Alg. noise_param).
+
+The Energy-Tweedie identity says the noisy score equals λ times the residual field of the
+posterior (Eq. G(y)),
+
+    G(y; β, Σ) = Σ⁻¹ E_{X ~ P(·|Y=y)}[ ‖X − y‖_{Σ⁻¹}^{β−2} (X − y) ],      s_m(y) = λ G(y; β, Σ),
+
+so with a score estimator ŝ_m that does not know the noise (score matching on noisy data, or
+an oracle) and posterior draws, the noise parameters minimize (Eq. param_optim_pop)
+
+    J(β, λ, Σ) = (1/n) Σ_i ‖ŝ_m(Y_i) − λ Ĝ_K(Y_i; β, Σ)‖².
+
+Algorithm 1 of the paper, implemented by :func:`estimate_noise`:
+
+* β = β_min + (2 − β_min)·sigmoid(ζ);
+* Σ trace-normalized from a Cholesky parameter: S = k·L Lᵀ / tr(L Lᵀ) (k×k, L lower
+  triangular with positive diagonal), Σ = I_{d/k} ⊗ S — or, with a known noise level σ per
+  observation group (the five-parameter geometry of DESIGN §2), Σ = (σ/c_{β,d})² (I_{d/2} ⊗ S),
+  S = S(u, v) = [[1+u, v], [v, 1−u]] with (u, v) in the open unit disk (every trace-2 SPD 2×2
+  matrix is one S(u, v), so the Cholesky parameter covers exactly the disk);
+* λ profiled in closed form on each minibatch (Cor. lambda_profile),
+  λ_t = Π_Λ[Σ⟨ŝ, Ĝ⟩ / Σ‖Ĝ‖²], projected onto Λ = [λ_min, λ_max];
+* Adam (or SGD) steps on the profiled objective; its gradient with respect to (ζ, L) flows
+  through the fused backward of :func:`etweedie.et_score` (Ĝ = et_score with λ = 1).  By the
+  envelope theorem the profiled λ_t needs no gradient: ∂J/∂λ = 0 at the interior optimum, and
+  a projected λ_t is locally constant;
+* the final λ is recomputed on all estimation samples;
+* the K posterior draws per observation are drawn once and reused at every step.
+
+Family controls (App. param, Tab. param_full_spd_family_controls): ``"gaussian"`` forces β ≡ 2,
+``"isotropic"`` forces S = I (u = v = 0), ``"isotropic_gaussian"`` both.
+
+Scale orbit (Thm. identifiability): (β, c^{β/2}λ, cΣ) give the same λG for every c > 0, so only
+a trace-normalized Σ (or a known σ) makes λ identifiable; :func:`residual_field` and
+:func:`profiled_objective` let one check this numerically.
+
+Example::
+
+    >>> import torch
+    >>> from etweedie.estimate import estimate_noise
+    >>> # y (n, 2), x (n, K, 2) posterior draws, s (n, 2) scores -> NoiseEstimate
+    >>> # est = estimate_noise(y, posterior_samples=x, scores=s, generator=torch.Generator().manual_seed(0))
+
+The ``etweedie estimate`` command (:func:`cli_main`) runs the paper's full-SPD experiment
+(:mod:`etweedie.estimate_experiment`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from tqdm.auto import trange
+
+from .metric import Metric, scale_constant
+from .ops import et_score
+
+__all__ = [
+    "CLI_HELP",
+    "EstimatorSettings",
+    "FAMILIES",
+    "NoiseEstimate",
+    "add_cli_arguments",
+    "beta_from_zeta",
+    "cli_main",
+    "estimate_noise",
+    "level_variance",
+    "profile_lambda",
+    "profiled_objective",
+    "residual_field",
+    "shape_from_cholesky",
+    "zeta_from_beta",
+]
+
+# family name -> (β estimated, shape estimated)
+FAMILIES: Dict[str, Tuple[bool, bool]] = {
+    "generalized": (True, True),
+    "gaussian": (False, True),
+    "isotropic": (True, False),
+    "isotropic_gaussian": (False, False),
+}
+FAMILY_LABELS = {
+    "generalized": "generalized",
+    "gaussian": "forced Gaussian",
+    "isotropic": "forced isotropic",
+    "isotropic_gaussian": "forced isotropic Gaussian",
+}
+
+LEVEL_SCALES = ("rms", "plain")
+
+Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
+# posterior(y (m, d), sigma (float or None), K, generator) -> (m, K, d)
+PosteriorSampler = Callable[[torch.Tensor, Optional[float], int, torch.Generator], torch.Tensor]
+# score(y (m, d), sigma (float or None)) -> (m, d)
+ScoreFunction = Callable[[torch.Tensor, Optional[float]], torch.Tensor]
+
+
+# ---------------------------------------------------------------------------- settings
+@dataclass(frozen=True)
+class EstimatorSettings:
+    """Settings of Algorithm 1.
+
+    Attributes:
+        beta_min: lower tail bound β_min ∈ (0, 2); β = β_min + (2 − β_min)·sigmoid(ζ).
+        lam_min, lam_max: the valid scale interval Λ (0 < λ_min < λ_max).
+        n_posterior: K, posterior draws per observation (when a sampler is given).
+        steps: gradient steps.
+        batch_size: observations per minibatch (≥ n: full batch).
+        lr: initial learning rate; cosine decay to ``lr * lr_final_fraction``.
+        lr_final_fraction: final/initial learning rate.
+        optimizer: ``"adam"`` or ``"sgd"`` (momentum 0.9).
+        beta_init: initial β ∈ (β_min, 2) for families that estimate β.
+        block_size: k of the shape matrix S (Σ = I_{d/k} ⊗ S); None: 2 with known σ levels
+            (the five-parameter geometry), d otherwise (dense, as in Algorithm 1).
+        level_scale: how a known level σ scales Σ: ``"rms"`` (DESIGN §2, ``NoiseParams``):
+            Σ = (σ/c_{β,d})² (I ⊗ S), so the noise RMS is σλ^{−1/β} whatever β; ``"plain"``
+            (the wording of the paper's §5.1): Σ = σ² (I ⊗ S).
+    """
+
+    beta_min: float = 0.5
+    lam_min: float = 1e-3
+    lam_max: float = 1e3
+    n_posterior: int = 256
+    steps: int = 400
+    batch_size: int = 256
+    lr: float = 0.05
+    lr_final_fraction: float = 0.02
+    optimizer: str = "adam"
+    beta_init: float = 1.7
+    block_size: Optional[int] = None
+    level_scale: str = "rms"
+
+    def __post_init__(self):
+        for name in ("beta_min", "lam_min", "lam_max", "lr", "lr_final_fraction", "beta_init"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise TypeError(f"{name} must be a finite float, got {value!r}")
+        if not 0 < self.beta_min < 2:
+            raise ValueError(f"beta_min must lie in the open interval (0, 2), got {self.beta_min}")
+        if not 0 < self.lam_min < self.lam_max:
+            raise ValueError(f"lam_min and lam_max must satisfy 0 < lam_min < lam_max, got [{self.lam_min}, {self.lam_max}]")
+        if not self.beta_min < self.beta_init < 2:
+            raise ValueError(f"beta_init must lie in (beta_min, 2) = ({self.beta_min}, 2), got {self.beta_init}")
+        if not self.lr > 0 or not 0 < self.lr_final_fraction <= 1:
+            raise ValueError(f"lr must be > 0 and lr_final_fraction in (0, 1], got {self.lr}, {self.lr_final_fraction}")
+        for name, minimum in (("n_posterior", 1), ("steps", 0), ("batch_size", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        if self.level_scale not in LEVEL_SCALES:
+            raise ValueError(f"level_scale must be one of {LEVEL_SCALES}, got {self.level_scale!r}")
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
+        if self.block_size is not None and (
+            isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1
+        ):
+            raise ValueError(f"block_size must be None or an int >= 1, got {self.block_size!r}")
+
+
+# ---------------------------------------------------------------------------- building blocks
+def beta_from_zeta(zeta: torch.Tensor, beta_min: float) -> torch.Tensor:
+    """β = β_min + (2 − β_min)·sigmoid(ζ) ∈ (β_min, 2) (Alg. noise_param, line 1)."""
+    return beta_min + (2.0 - beta_min) * torch.sigmoid(zeta)
+
+
+def zeta_from_beta(beta: float, beta_min: float) -> float:
+    """Inverse of :func:`beta_from_zeta` for β ∈ (β_min, 2)."""
+    p = (beta - beta_min) / (2.0 - beta_min)
+    return math.log(p / (1.0 - p))
+
+
+def shape_from_cholesky(phi: torch.Tensor) -> torch.Tensor:
+    """Trace-normalized shape S = k·L Lᵀ / tr(L Lᵀ) from an unconstrained k×k parameter φ.
+
+    L = strictly-lower(φ) + diag(exp(diag φ)) is lower triangular with positive diagonal, so S
+    is SPD with tr S = k (Alg. noise_param, line 1).  φ = 0 gives S = I.
+    """
+    L = torch.tril(phi, -1) + torch.diag_embed(torch.exp(torch.diagonal(phi, dim1=-2, dim2=-1)))
+    A = L @ L.transpose(-1, -2)
+    k = phi.shape[-1]
+    return k * A / torch.diagonal(A, dim1=-2, dim2=-1).sum(-1)[..., None, None]
+
+
+def residual_field(y: torch.Tensor, x: torch.Tensor, beta, metric: Optional[Metric] = None) -> torch.Tensor:
+    """Monte-Carlo residual field Ĝ_K(y; β, Σ) = Σ⁻¹ (1/K) Σ_k ‖x_k − y‖_{Σ⁻¹}^{β−2} (x_k − y) (Eq. G(y)).
+
+    This is :func:`etweedie.et_score` with λ = 1 (the score is λG), so it runs on the fused
+    kernels and differentiates with respect to β and the metric with their fused backward.
+
+    Args:
+        y: observations ``(*batch, d)``.
+        x: posterior draws ``(*batch, K, d)``.
+        beta: float or tensor broadcasting to ``batch``.
+        metric: Σ (None: identity), optionally one per row.
+
+    Returns:
+        ``(*batch, d)``.
+    """
+    return et_score(y, x, beta, 1.0, metric)
+
+
+def profile_lambda(
+    scores: torch.Tensor, field: torch.Tensor, lam_min: Optional[float] = None, lam_max: Optional[float] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Closed-form profiled scale (Cor. lambda_profile), projected onto [λ_min, λ_max].
+
+    λ* = Σ_i ⟨ŝ(Y_i), G(Y_i)⟩ / Σ_i ‖G(Y_i)‖²,   λ̂ = Π_Λ[λ*] = min(λ_max, max(λ_min, λ*)).
+
+    Args:
+        scores: ŝ_m at the observations ``(n, d)``.
+        field: G at the same observations ``(n, d)``.
+        lam_min, lam_max: the projection interval (None: no bound on that side).
+
+    Returns:
+        ``(λ̂, λ*)`` as 0-d tensors (projected, unconstrained).
+    """
+    if scores.shape != field.shape:
+        raise ValueError(f"scores and field must have the same shape, got {tuple(scores.shape)} and {tuple(field.shape)}")
+    den = field.pow(2).sum()
+    if not bool(den > 0):
+        raise ValueError("the residual field G is identically zero on these observations; λ is not identifiable (Cor. lambda_profile needs E‖G‖² > 0)")
+    raw = (scores * field).sum() / den
+    lo = -math.inf if lam_min is None else lam_min
+    hi = math.inf if lam_max is None else lam_max
+    return raw.clamp(lo, hi), raw
+
+
+def profiled_objective(scores: torch.Tensor, field: torch.Tensor, lam) -> torch.Tensor:
+    """J = (1/n) Σ_i ‖ŝ(Y_i) − λ G(Y_i)‖² (Eq. param_optim_pop, sample form)."""
+    return (scores - lam * field).pow(2).sum(-1).mean()
+
+
+def _kron_identity(S: torch.Tensor, d: int) -> torch.Tensor:
+    """I_{d/k} ⊗ S for S ``(..., k, k)`` → ``(..., d, d)``."""
+    k = S.shape[-1]
+    eye = torch.eye(d // k, dtype=S.dtype, device=S.device)
+    out = eye[:, None, :, None] * S[..., None, :, None, :]
+    return out.reshape(*S.shape[:-2], d, d)
+
+
+def level_variance(sigma, beta, d: int, level_scale: str = "rms"):
+    """The factor multiplying I ⊗ S at known level σ: (σ/c_{β,d})² ("rms") or σ² ("plain")."""
+    if level_scale == "plain":
+        return sigma**2
+    return (sigma / scale_constant(beta, d)) ** 2
+
+
+def _geometry(S: torch.Tensor, d: int, beta: torch.Tensor, sigma_rows: Optional[torch.Tensor], level_scale: str = "rms") -> Metric:
+    """Σ = (σ_i / c_{β,d})² (I_{d/k} ⊗ S) per row (known σ) or I_{d/k} ⊗ S (trace-normalized).
+
+    Built with the plain Metric constructor: S is SPD by construction, and the public
+    constructors' SPD check would read the (differentiable) parameter back to the host.
+    """
+    block = S
+    if sigma_rows is not None:
+        block = level_variance(sigma_rows, beta, d, level_scale)[:, None, None] * S
+    k = S.shape[-1]
+    if k <= 4:
+        return Metric("block", block)
+    return Metric("dense", _kron_identity(block, d) if k < d else block)
+
+
+# ---------------------------------------------------------------------------- result
+@dataclass
+class NoiseEstimate:
+    """Result of :func:`estimate_noise`.
+
+    Attributes:
+        family: fitted family (a key of :data:`FAMILIES`).
+        beta: β̂.
+        lam: λ̂ (projected), recomputed on all estimation samples.
+        lam_unprojected: the unconstrained closed form λ* at (β̂, Σ̂).
+        shape: Ŝ ``(k, k)``, trace-normalized (tr Ŝ = k); Σ̂ = (σ/c_{β̂,d})² (I ⊗ Ŝ) for a known
+            level σ, Σ̂ = I ⊗ Ŝ (tr = d) otherwise.
+        sigmas: the known levels of the observation groups (None: trace-normalized Σ).
+        dim: d.
+        objective: the profiled objective on all estimation samples at the estimate.
+        objective_trace, beta_trace, lam_trace: per step (minibatch objective, β, λ_t).
+        heldout_mse: mean over held-out observations of ‖λ̂Ĝ − s_ref‖² (None without held-out data).
+        heldout_nmse: Σ‖λ̂Ĝ − s_ref‖² / Σ‖s_ref‖² pooled over all levels.
+        heldout_nmse_per_level: the same per group.
+        level_scale: the known-level convention used (see :class:`EstimatorSettings`).
+        timings: seconds: ``posterior`` (sampling, estimation + held-out), ``score``,
+            ``fused_forward``/``fused_backward`` (et_score calls in the fit), ``fit``, ``total``.
+    """
+
+    family: str
+    beta: float
+    lam: float
+    lam_unprojected: float
+    shape: torch.Tensor
+    sigmas: Optional[Tuple[float, ...]]
+    dim: int
+    objective: float
+    objective_trace: List[float] = field(default_factory=list)
+    beta_trace: List[float] = field(default_factory=list)
+    lam_trace: List[float] = field(default_factory=list)
+    heldout_mse: Optional[float] = None
+    heldout_nmse: Optional[float] = None
+    heldout_nmse_per_level: Optional[List[float]] = None
+    level_scale: str = "rms"
+    timings: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def u(self) -> Optional[float]:
+        """û = Ŝ₁₁ − 1 when k = 2 (S = S(u, v)), else None."""
+        return float(self.shape[0, 0] - 1) if self.shape.shape[-1] == 2 else None
+
+    @property
+    def v(self) -> Optional[float]:
+        """v̂ = Ŝ₁₂ when k = 2, else None."""
+        return float(self.shape[0, 1]) if self.shape.shape[-1] == 2 else None
+
+    def covariance(self, sigma: Optional[float] = None) -> torch.Tensor:
+        """Σ̂ as a dense ``(d, d)`` matrix at known level ``sigma`` (None: the trace-normalized Σ̂)."""
+        S = self.shape
+        if sigma is not None:
+            S = S * float(level_variance(torch.tensor(sigma, dtype=S.dtype), torch.tensor(self.beta, dtype=S.dtype), self.dim, self.level_scale))
+        return _kron_identity(S, self.dim)
+
+    def shape_error(self, shape_true: torch.Tensor) -> float:
+        """‖Ŝ − S*‖_F."""
+        return float(torch.linalg.matrix_norm(self.shape - shape_true.to(self.shape.dtype)))
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary (traces included)."""
+        return {
+            "family": self.family,
+            "beta": self.beta,
+            "lam": self.lam,
+            "lam_unprojected": self.lam_unprojected,
+            "u": self.u,
+            "v": self.v,
+            "shape": self.shape.tolist(),
+            "sigmas": None if self.sigmas is None else list(self.sigmas),
+            "dim": self.dim,
+            "objective": self.objective,
+            "heldout_mse": self.heldout_mse,
+            "heldout_nmse": self.heldout_nmse,
+            "heldout_nmse_per_level": self.heldout_nmse_per_level,
+            "level_scale": self.level_scale,
+            "timings": self.timings,
+            "objective_trace": self.objective_trace,
+            "beta_trace": self.beta_trace,
+            "lam_trace": self.lam_trace,
+        }
+
+
+# ---------------------------------------------------------------------------- input handling
+def _groups(value, name: str, n_groups: Optional[int]) -> List[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        if not all(isinstance(t, torch.Tensor) for t in value):
+            raise TypeError(f"{name} must be a tensor or a sequence of tensors, got {[type(t).__name__ for t in value]}")
+        return list(value)
+    raise TypeError(f"{name} must be a tensor or a sequence of tensors (one per level), got {type(value).__name__}")
+
+
+def _check_group_count(groups: List[torch.Tensor], name: str, n_groups: int) -> None:
+    if len(groups) != n_groups:
+        raise ValueError(f"{name} must have one entry per observation group ({n_groups}), got {len(groups)}")
+
+
+def _levels(sigma, n_groups: int) -> Optional[List[float]]:
+    if sigma is None:
+        return None
+    values = [sigma] if isinstance(sigma, (int, float)) and not isinstance(sigma, bool) else sigma
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"sigma must be None, a float or a sequence of floats (one per group), got {type(sigma).__name__}")
+    if len(values) != n_groups:
+        raise ValueError(f"sigma must give one known level per observation group ({n_groups} groups), got {len(values)}")
+    out = []
+    for s in values:
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not (s > 0 and math.isfinite(s)):
+            raise ValueError(f"every known level sigma must be a finite float > 0, got {s!r}")
+        out.append(float(s))
+    return out
+
+
+def _check_observations(groups: List[torch.Tensor], name: str, d: Optional[int] = None) -> int:
+    if not groups:
+        raise ValueError(f"{name} must hold at least one group, got an empty sequence")
+    for i, y in enumerate(groups):
+        label = name if len(groups) == 1 else f"{name}[{i}]"
+        if y.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"{label} must be float32 or float64, got {y.dtype}")
+        if y.dim() != 2:
+            raise ValueError(f"{label} must have shape (n, d), got {tuple(y.shape)}")
+        if y.shape[0] == 0:
+            raise ValueError(f"{label} is an empty level group (shape {tuple(y.shape)}); every level needs observations")
+        if d is None:
+            d = y.shape[1]
+        if y.shape[1] != d:
+            raise ValueError(f"{label} must have d={d} columns like the other groups, got {tuple(y.shape)}")
+    return d
+
+
+def _draws(
+    groups_y: List[torch.Tensor], levels, posterior, posterior_samples, K: int, generator, name: str
+) -> List[torch.Tensor]:
+    if (posterior is None) == (posterior_samples is None):
+        raise ValueError(f"give exactly one of posterior (a sampler) and {name} (pre-drawn samples)")
+    if posterior_samples is not None:
+        xs = _groups(posterior_samples, name, len(groups_y))
+        _check_group_count(xs, name, len(groups_y))
+    else:
+        if not callable(posterior):
+            raise TypeError(f"posterior must be callable as posterior(y, sigma, K, generator), got {type(posterior).__name__}")
+        if generator is None:
+            raise ValueError("generator is required to draw posterior samples (randomness is always explicit)")
+        xs = [posterior(y, None if levels is None else levels[i], K, generator) for i, y in enumerate(groups_y)]
+    for i, (y, x) in enumerate(zip(groups_y, xs)):
+        label = name if len(xs) == 1 else f"{name}[{i}]"
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[0] != y.shape[0] or x.shape[2] != y.shape[1] or x.shape[1] < 1:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{label} must have shape (n={y.shape[0]}, K, d={y.shape[1]}) with K >= 1, got {got}")
+    return [x.to(y.dtype) for y, x in zip(groups_y, xs)]
+
+
+def _scores(groups_y: List[torch.Tensor], levels, score, scores, name: str, score_name: str) -> List[torch.Tensor]:
+    if (score is None) == (scores is None):
+        raise ValueError(f"give exactly one of {score_name} (a score function) and {name} (pre-computed scores)")
+    if scores is not None:
+        ss = _groups(scores, name, len(groups_y))
+        _check_group_count(ss, name, len(groups_y))
+    else:
+        if not callable(score):
+            raise TypeError(f"{score_name} must be callable as score(y, sigma), got {type(score).__name__}")
+        ss = [score(y, None if levels is None else levels[i]) for i, y in enumerate(groups_y)]
+    for i, (y, s) in enumerate(zip(groups_y, ss)):
+        label = name if len(ss) == 1 else f"{name}[{i}]"
+        if not isinstance(s, torch.Tensor) or s.shape != y.shape:
+            got = tuple(s.shape) if isinstance(s, torch.Tensor) else type(s).__name__
+            raise ValueError(f"{label} must have the shape of its observations {tuple(y.shape)}, got {got}")
+    return [s.to(y.dtype) for y, s in zip(groups_y, ss)]
+
+
+# ---------------------------------------------------------------------------- Algorithm 1
+def estimate_noise(
+    observations: Tensors,
+    *,
+    sigma=None,
+    posterior: Optional[PosteriorSampler] = None,
+    posterior_samples: Optional[Tensors] = None,
+    score: Optional[ScoreFunction] = None,
+    scores: Optional[Tensors] = None,
+    family: str = "generalized",
+    settings: Optional[EstimatorSettings] = None,
+    heldout_observations: Optional[Tensors] = None,
+    heldout_reference: Optional[Tensors] = None,
+    heldout_posterior_samples: Optional[Tensors] = None,
+    generator: Optional[torch.Generator] = None,
+    progress: bool = True,
+) -> NoiseEstimate:
+    """Profiled noise-parameter estimation, Algorithm 1 of the paper.
+
+    Args:
+        observations: noisy observations ``(n, d)``, or a sequence of ``(n_l, d)`` groups, one
+            per known noise level.
+        sigma: None (Σ trace-normalized, tr Σ = d; λ carries the scale), a float (one known
+            level) or a sequence of floats, one per group (Σ = (σ/c_{β,d})² (I ⊗ S)).
+        posterior: sampler ``posterior(y (m, d), sigma, K, generator) -> (m, K, d)``; called
+            once per group (K = ``settings.n_posterior``) and the draws reused at every step.
+        posterior_samples: pre-drawn ``(n, K, d)`` (or per group), instead of ``posterior``.
+        score: score estimator ``score(y (m, d), sigma) -> (m, d)`` (must not use the noise
+            parameters), or
+        scores: pre-computed scores at the observations ``(n, d)`` (or per group).
+        family: ``"generalized"``, ``"gaussian"`` (β ≡ 2), ``"isotropic"`` (S = I) or
+            ``"isotropic_gaussian"``.
+        settings: :class:`EstimatorSettings` (defaults if None).
+        heldout_observations: optional held-out observations, grouped like ``observations``.
+        heldout_reference: reference (oracle) scores at the held-out observations.
+        heldout_posterior_samples: draws at the held-out observations (default: drawn with
+            ``posterior``).
+        generator: the ``torch.Generator`` of minibatches and posterior draws.
+        progress: tqdm bar over the gradient steps.
+
+    Returns:
+        :class:`NoiseEstimate` with (β̂, λ̂, Ŝ, û, v̂), the objective trace and held-out errors.
+
+    Raises:
+        ValueError / TypeError naming the argument for: an unknown family, β_min ∉ (0, 2)
+        (in ``settings``), empty level groups, mismatched shapes or group counts, a missing or
+        doubly-given posterior/score source.
+    """
+    t_start = time.perf_counter()
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {tuple(FAMILIES)}, got {family!r}")
+    settings = EstimatorSettings() if settings is None else settings
+    if not isinstance(settings, EstimatorSettings):
+        raise TypeError(f"settings must be an EstimatorSettings, got {type(settings).__name__}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    free_beta, free_shape = FAMILIES[family]
+
+    groups_y = _groups(observations, "observations", None)
+    d = _check_observations(groups_y, "observations")
+    levels = _levels(sigma, len(groups_y))
+    dtype, device = groups_y[0].dtype, groups_y[0].device
+    for i, y in enumerate(groups_y):
+        if y.dtype != dtype or y.device != device:
+            raise TypeError(f"observations[{i}] must share dtype/device {dtype}/{device}, got {y.dtype}/{y.device}")
+    k = settings.block_size if settings.block_size is not None else (2 if levels is not None and d % 2 == 0 else d)
+    if d % k:
+        raise ValueError(f"settings.block_size k={k} must divide d={d}")
+    if levels is not None and k != 2 and settings.block_size is None:
+        raise ValueError(f"known levels sigma need an even d (the (σ, u, v) geometry), got d={d}")
+
+    timings = {"posterior": 0.0, "score": 0.0, "fused_forward": 0.0, "fused_backward": 0.0, "fit": 0.0}
+    t0 = time.perf_counter()
+    xs = _draws(groups_y, levels, posterior, posterior_samples, settings.n_posterior, generator, "posterior_samples")
+    timings["posterior"] += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ss = _scores(groups_y, levels, score, scores, "scores", "score")
+    timings["score"] += time.perf_counter() - t0
+
+    held = None
+    if heldout_observations is not None or heldout_reference is not None:
+        if heldout_observations is None or heldout_reference is None:
+            raise ValueError("heldout_observations and heldout_reference must be given together")
+        hy = _groups(heldout_observations, "heldout_observations", None)
+        _check_group_count(hy, "heldout_observations", len(groups_y))
+        _check_observations(hy, "heldout_observations", d)
+        hy = [h.to(dtype) for h in hy]
+        t0 = time.perf_counter()
+        if heldout_posterior_samples is None and posterior is None:
+            raise ValueError("heldout_posterior_samples are needed when no posterior sampler is given")
+        hx = _draws(
+            hy, levels, posterior if heldout_posterior_samples is None else None, heldout_posterior_samples,
+            settings.n_posterior, generator, "heldout_posterior_samples",
+        )
+        timings["posterior"] += time.perf_counter() - t0
+        hs = _scores(hy, levels, None, heldout_reference, "heldout_reference", "heldout score")
+        held = (hy, hx, hs)
+
+    # Pool the groups; each row keeps its known level.  Draw counts may differ between groups
+    # only if every group has the same K (one (n, K, d) tensor).
+    Ks = {x.shape[1] for x in xs}
+    if len(Ks) != 1:
+        raise ValueError(f"every group must have the same number of posterior draws K, got {sorted(Ks)}")
+    y_all, x_all, s_all = torch.cat(groups_y), torch.cat(xs), torch.cat(ss)
+    sig_all = None
+    if levels is not None:
+        sig_all = torch.cat([torch.full((y.shape[0],), lv, dtype=dtype, device=device) for y, lv in zip(groups_y, levels)])
+    n = y_all.shape[0]
+
+    zeta = phi = None
+    params = []
+    if free_beta:
+        zeta = torch.tensor(zeta_from_beta(settings.beta_init, settings.beta_min), dtype=dtype, device=device, requires_grad=True)
+        params.append(zeta)
+    if free_shape:
+        phi = torch.zeros(k, k, dtype=dtype, device=device, requires_grad=True)
+        params.append(phi)
+    eye_k = torch.eye(k, dtype=dtype, device=device)
+
+    def current():
+        beta = beta_from_zeta(zeta, settings.beta_min) if free_beta else torch.tensor(2.0, dtype=dtype, device=device)
+        S = shape_from_cholesky(phi) if free_shape else eye_k
+        return beta, S
+
+    def field_at(idx, beta, S, rows_y=None, rows_x=None, rows_sig=None):
+        yy = y_all[idx] if rows_y is None else rows_y
+        xx = x_all[idx] if rows_x is None else rows_x
+        sg = (None if sig_all is None else sig_all[idx]) if rows_sig is None else rows_sig
+        return residual_field(yy, xx, beta, _geometry(S, d, beta, sg, settings.level_scale))
+
+    objective_trace: List[float] = []
+    beta_trace: List[float] = []
+    lam_trace: List[float] = []
+    t_fit = time.perf_counter()
+    if params and settings.steps > 0:
+        if settings.optimizer == "adam":
+            opt = torch.optim.Adam(params, lr=settings.lr)
+        else:
+            opt = torch.optim.SGD(params, lr=settings.lr, momentum=0.9)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(
+            opt, T_max=settings.steps, eta_min=settings.lr * settings.lr_final_fraction
+        )
+        batch = min(settings.batch_size, n)
+        if batch < n and generator is None:
+            raise ValueError("generator is required for minibatch steps (batch_size < n); randomness is always explicit")
+        bar = trange(settings.steps, desc=f"estimate ({family})", disable=not progress, leave=False)
+        for _ in bar:
+            if batch < n:
+                idx = torch.randperm(n, generator=generator)[:batch].to(device)
+            else:
+                idx = torch.arange(n, device=device)
+            beta, S = current()
+            tf = time.perf_counter()
+            G = field_at(idx, beta, S)
+            timings["fused_forward"] += time.perf_counter() - tf
+            s_b = s_all[idx]
+            with torch.no_grad():
+                lam_t, _ = profile_lambda(s_b, G, settings.lam_min, settings.lam_max)
+            # λ_t enters as a constant: the envelope theorem makes ∂J/∂λ vanish at the profile.
+            loss = profiled_objective(s_b, G, lam_t)
+            opt.zero_grad(set_to_none=True)
+            tb = time.perf_counter()
+            loss.backward()
+            timings["fused_backward"] += time.perf_counter() - tb
+            opt.step()
+            sched.step()
+            objective_trace.append(loss.item())
+            beta_trace.append(beta.item())
+            lam_trace.append(lam_t.item())
+            if len(objective_trace) % 25 == 0:
+                bar.set_postfix(J=f"{objective_trace[-1]:.4g}", beta=f"{beta_trace[-1]:.4f}", lam=f"{lam_trace[-1]:.4f}")
+
+    with torch.no_grad():
+        beta, S = current()
+        G = field_at(torch.arange(n, device=device), beta, S)
+        lam_hat, lam_raw = profile_lambda(s_all, G, settings.lam_min, settings.lam_max)
+        objective = float(profiled_objective(s_all, G, lam_hat))
+    timings["fit"] = time.perf_counter() - t_fit
+
+    result = NoiseEstimate(
+        family=family,
+        beta=float(beta),
+        lam=float(lam_hat),
+        lam_unprojected=float(lam_raw),
+        shape=S.detach().clone(),
+        sigmas=None if levels is None else tuple(levels),
+        dim=d,
+        objective=objective,
+        objective_trace=objective_trace,
+        beta_trace=beta_trace,
+        lam_trace=lam_trace,
+        level_scale=settings.level_scale,
+        timings=timings,
+    )
+    if held is not None:
+        hy, hx, hs = held
+        with torch.no_grad():
+            err, power, per_level = 0.0, 0.0, []
+            count = 0
+            for i, (yh, xh, sh) in enumerate(zip(hy, hx, hs)):
+                sg = None if levels is None else torch.full((yh.shape[0],), levels[i], dtype=dtype, device=device)
+                pred = lam_hat * field_at(None, beta, S, yh, xh, sg)
+                e = float((pred - sh).pow(2).sum())
+                p = float(sh.pow(2).sum())
+                per_level.append(e / p if p > 0 else math.nan)
+                err, power, count = err + e, power + p, count + yh.shape[0]
+        result.heldout_mse = err / count
+        result.heldout_nmse = err / power if power > 0 else math.nan
+        result.heldout_nmse_per_level = per_level
+    timings["total"] = time.perf_counter() - t_start
+    return result
+
+
+# ---------------------------------------------------------------------------- CLI plugin
+CLI_HELP = "noise-parameter estimation on the eight-Gaussians ring (paper §5.2, full-SPD tables)"
+
+
+def add_cli_arguments(parser) -> None:
+    """Arguments of ``etweedie estimate``."""
+    parser.add_argument("--config", metavar="TOML", help="experiment config (configs/estimate_spd.toml, configs/estimate_cpu.toml)")
+    parser.add_argument("--out", metavar="DIR", help="write estimate_results.json, estimate_table.md and heldout_error.png here")
+    parser.add_argument(
+        "--posterior-checkpoint", metavar="PATH", action="append", default=None,
+        help="learned posterior checkpoint (etweedie.train.load_posterior); repeat for several trained posteriors",
+    )
+    parser.add_argument("--replicates", type=int, help="override the number of data replicates")
+    parser.add_argument("--seed", type=int, help="override the seed")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def cli_main(args) -> int:
+    """Run the experiment of ``--config`` and write its outputs to ``--out``."""
+    import sys
+
+    from . import estimate_experiment
+
+    try:
+        config = estimate_experiment.load_config(args.config)
+        if args.replicates is not None:
+            config["replicates"] = args.replicates
+        if args.seed is not None:
+            config["seed"] = args.seed
+        if args.posterior_checkpoint:
+            config["sources"]["posterior_checkpoints"] = list(args.posterior_checkpoint)
+        config = estimate_experiment.validate_config(config)
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"etweedie estimate: error: {exc}", file=sys.stderr)
+        return 2
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"etweedie estimate: error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
+            return 2
+        torch.set_num_threads(args.threads)
+    results = estimate_experiment.run_experiment(config, progress=not args.no_progress, out_dir=args.out)
+    print(estimate_experiment.format_table(results))
+    if args.out:
+        print(f"results written to {args.out}")
+    return 0
