@@ -55,6 +55,7 @@ from .ops import energy_score
 __all__ = [
     "CLI_HELP",
     "DataConfig",
+    "build_posterior",
     "ModelConfig",
     "NoisePrior",
     "PriorConfig",
@@ -125,6 +126,7 @@ class TrainConfig:
         grad_clip: max gradient 2-norm (0 disables).  ema_decay: EMA decay in [0, 1) (0 disables).
         checkpoint_every: steps between checkpoints.  log_every: steps between log lines.
         threads: ``torch.set_num_threads`` for the run (0 leaves torch's setting).
+        device: where the model trains (``"cpu"``, ``"cuda"``, ``"cuda:1"``; data are drawn on the CPU).
     """
 
     seed: int = 0
@@ -139,6 +141,7 @@ class TrainConfig:
     checkpoint_every: int = 500
     log_every: int = 50
     threads: int = 0
+    device: str = "cpu"
     model: ModelConfig = field(default_factory=ModelConfig)
     prior: PriorConfig = field(default_factory=PriorConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -158,6 +161,12 @@ class TrainConfig:
         _require(self.checkpoint_every >= 1, "checkpoint_every", ">= 1", self.checkpoint_every)
         _require(self.log_every >= 1, "log_every", ">= 1", self.log_every)
         _require(self.threads >= 0, "threads", ">= 0", self.threads)
+        if not isinstance(self.device, str):
+            raise TypeError(f"device must be a string such as 'cpu' or 'cuda', got {type(self.device).__name__}")
+        try:
+            torch.device(self.device)
+        except RuntimeError:
+            raise ValueError(f"device must name a torch device such as 'cpu' or 'cuda:0', got {self.device!r}") from None
         for name in ("lr", "lr_min", "grad_clip", "ema_decay"):
             _check_float(getattr(self, name), name)
         _require(self.lr > 0, "lr", "> 0", self.lr)
@@ -356,9 +365,13 @@ def build_posterior(config: TrainConfig, dim: int = 2) -> EngressionPosterior:
     )
 
 
-def _generators(seed: int) -> Dict[str, torch.Generator]:
-    """Independent streams per purpose: resizing one (e.g. more draws) leaves the others unchanged."""
-    return {name: torch.Generator().manual_seed(seed * 1_000_003 + 7919 * (i + 1)) for i, name in enumerate(STREAMS)}
+def _generators(seed: int, device=None) -> Dict[str, torch.Generator]:
+    """Independent streams per purpose: resizing one (e.g. more draws) leaves the others unchanged.
+    Data, prior and noise streams live on the CPU; the model's ε stream on the model's device."""
+    return {
+        name: torch.Generator(device=device if name == "model" else "cpu").manual_seed(seed * 1_000_003 + 7919 * (i + 1))
+        for i, name in enumerate(STREAMS)
+    }
 
 
 def _atomic_save(obj, path: Path) -> None:
@@ -420,7 +433,8 @@ def train(
     Returns:
         a dict: ``out_dir``, ``step`` (steps done), ``steps``, ``final_loss`` (mean loss over
         the last log interval), ``wall_time_s`` (cumulative training time over all resumptions),
-        ``resumed_from`` (step or None), ``stopped`` (True when ``stop_after`` cut the run),
+        ``cpu_time_s`` (process CPU seconds, likewise; on a shared machine the better measure of
+        cost), ``resumed_from`` (step or None), ``stopped`` (True when ``stop_after`` cut the run),
         ``checkpoint``, ``log``, ``posterior`` (paths; ``posterior`` is None when stopped).
     """
     if not isinstance(config, TrainConfig):
@@ -440,16 +454,32 @@ def train(
         torch.set_num_threads(previous_threads)
 
 
+class _Clock:
+    """Cumulative wall and process-CPU seconds over a run and its resumptions."""
+
+    def __init__(self, wall: float = 0.0, cpu: float = 0.0):
+        self.wall, self.cpu = wall, cpu
+        self._wall0, self._cpu0 = time.perf_counter(), time.process_time()
+
+    def tick(self) -> "_Clock":
+        wall, cpu = time.perf_counter(), time.process_time()
+        self.wall += wall - self._wall0
+        self.cpu += cpu - self._cpu0
+        self._wall0, self._cpu0 = wall, cpu
+        return self
+
+
 def _train(config: TrainConfig, out: Path, resume: bool, progress: bool, stop_after: Optional[int]) -> Dict[str, Any]:
     ckpt_path, log_path, post_path = out / CHECKPOINT_FILE, out / LOG_FILE, out / POSTERIOR_FILE
+    device = torch.device(config.device)
     data = EightGaussians(config.data.radius, config.data.std, config.data.n_modes)
     prior = NoisePrior.from_config(config.prior)
     d = data.dim
-    model = build_posterior(config, d)
+    model = build_posterior(config, d).to(device)
     ema = copy.deepcopy(model).requires_grad_(False) if config.ema_decay > 0 else None
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    gens = _generators(config.seed)
-    step, elapsed, resumed_from = 0, 0.0, None
+    gens = _generators(config.seed, device)
+    step, resumed_from, wall0, cpu0 = 0, None, 0.0, 0.0
     interval_sum, interval_count, last_logged_loss = 0.0, 0, float("nan")
     config_dict = config_to_dict(config)
 
@@ -473,7 +503,7 @@ def _train(config: TrainConfig, out: Path, resume: bool, progress: bool, stop_af
         optimizer.load_state_dict(ckpt["optimizer"])
         for name in STREAMS:
             gens[name].set_state(ckpt["generators"][name])
-        step, elapsed = ckpt["step"], ckpt["elapsed"]
+        step, wall0, cpu0 = ckpt["step"], ckpt["wall_time"], ckpt["cpu_time"]
         interval_sum, interval_count = ckpt["interval_sum"], ckpt["interval_count"]
         last_logged_loss = ckpt["last_logged_loss"]
         resumed_from = step
@@ -488,7 +518,8 @@ def _train(config: TrainConfig, out: Path, resume: bool, progress: bool, stop_af
             {
                 "format": CHECKPOINT_FORMAT,
                 "step": step,
-                "elapsed": elapsed,
+                "wall_time": clock.wall,
+                "cpu_time": clock.cpu,
                 "model": model.state_dict(),
                 "model_config": model.config,
                 "ema": None if ema is None else ema.state_dict(),
@@ -507,15 +538,19 @@ def _train(config: TrainConfig, out: Path, resume: bool, progress: bool, stop_af
     ema_params = None if ema is None else list(ema.parameters())
     bar = tqdm(total=config.steps, initial=step, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
     model.train()
-    start = time.perf_counter()
+    clock = _Clock(wall0, cpu0)
     with open(log_path, "a") as log:
         while step < target:
             lr = learning_rate(config, step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
+            # data, tuples and noise are drawn on the CPU (cheap, and the same on every device)
             x, _ = data.sample(config.batch_size, gens["data"])
             noise_params = prior.sample(config.batch_size, gens["prior"])
             y = x + noise_params.noise(d).sample(generator=gens["noise"])
+            if device.type != "cpu":
+                x, y = x.to(device), y.to(device)
+                noise_params = NoiseParams(*(torch.as_tensor(t).to(device) for t in noise_params._tensors()))
             draws = model.sample(y, noise_params.eta(), config.draws, generator=gens["model"])
             loss = energy_score(draws, x, beta=noise_params.beta, metric=noise_params.metric(d)).mean()
             optimizer.zero_grad(set_to_none=True)
@@ -534,22 +569,18 @@ def _train(config: TrainConfig, out: Path, resume: bool, progress: bool, stop_af
             interval_count += 1
             bar.update(1)
             if step % config.log_every == 0 or step == config.steps:
-                now = time.perf_counter()
-                elapsed += now - start
-                start = now
+                clock.tick()
                 last_logged_loss = interval_sum / interval_count
-                log.write(
-                    json.dumps({"step": step, "loss": last_logged_loss, "lr": lr, "wall_time": round(elapsed, 3)}) + "\n"
-                )
+                row = {"step": step, "loss": last_logged_loss, "lr": lr, "wall_time": round(clock.wall, 3)}
+                log.write(json.dumps(row) + "\n")
                 log.flush()
                 interval_sum, interval_count = 0.0, 0
                 bar.set_postfix(loss=f"{last_logged_loss:.4f}", lr=f"{lr:.2e}")
             if step % config.checkpoint_every == 0 or step == config.steps:
-                elapsed += time.perf_counter() - start
-                start = time.perf_counter()
+                clock.tick()
                 save_checkpoint()
     bar.close()
-    elapsed += time.perf_counter() - start
+    clock.tick()
     stopped = step < config.steps
     if not stopped:
         if resumed_from is None or resumed_from < config.steps or not post_path.exists():
@@ -559,7 +590,8 @@ def _train(config: TrainConfig, out: Path, resume: bool, progress: bool, stop_af
         "step": step,
         "steps": config.steps,
         "final_loss": last_logged_loss,
-        "wall_time_s": elapsed,
+        "wall_time_s": clock.wall,
+        "cpu_time_s": clock.cpu,
         "resumed_from": resumed_from,
         "stopped": stopped,
         "checkpoint": str(ckpt_path),
@@ -619,10 +651,13 @@ def held_out_loss(
     """
     data = EightGaussians(config.data.radius, config.data.std, config.data.n_modes)
     prior = NoisePrior.from_config(config.prior)
-    gens = _generators(seed)
+    device = next(posterior.parameters()).device
+    gens = _generators(seed, device)
     x, _ = data.sample(n_examples, gens["data"])
     params = prior.sample(n_examples, gens["prior"])
     y = x + params.noise(data.dim).sample(generator=gens["noise"])
+    x, y = x.to(device), y.to(device)
+    params = NoiseParams(*(torch.as_tensor(t).to(device) for t in params._tensors()))
     samples = posterior.sample(y, params.eta(), draws, generator=gens["model"])
     return float(energy_score(samples, x, beta=params.beta, metric=params.metric(data.dim)).mean())
 
@@ -663,7 +698,12 @@ def gaussian_posterior_check(
         s = float(sigma) / math.sqrt(float(lam))
         x, _ = data.sample(n_queries, g)
         y = x + s * torch.randn(x.shape, generator=g)
-        draws = posterior.sample(y, params.eta(), n_draws, generator=g)
+        device = next(posterior.parameters()).device
+        if device.type == "cpu":
+            draws = posterior.sample(y, params.eta(), n_draws, generator=g)
+        else:
+            g_model = torch.Generator(device=device).manual_seed(seed * 7919 + i)
+            draws = posterior.sample(y.to(device), params.eta().to(device), n_draws, generator=g_model).cpu()
         exact_mean = data.posterior_mean(y, s)
         err = (draws.mean(-2) - exact_mean).pow(2).sum(-1).mean()
         base = (y - exact_mean).pow(2).sum(-1).mean()

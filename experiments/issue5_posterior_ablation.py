@@ -3,7 +3,7 @@
     nice -n 5 .venv/bin/python experiments/issue5_posterior_ablation.py --config configs/eight_gaussians_demo.toml \
         --variant film:scaled_residual --variant concat:scaled_residual --out runs/ablation
 
-Each variant is trained with the config (model.conditioning/model.output replaced) and scored on
+Each variant is trained with the config (model.conditioning/output/width replaced) and scored on
 the held-out matched energy score and the exact-posterior check at β = 2, u = v = 0
 (etweedie.train.gaussian_posterior_check); one JSON line per variant is printed and appended to
 OUT/ablation.jsonl.
@@ -25,7 +25,7 @@ from etweedie.train import gaussian_posterior_check, held_out_loss, load_config,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
-    parser.add_argument("--variant", action="append", required=True, help="conditioning:output, e.g. film:scaled_residual")
+    parser.add_argument("--variant", action="append", required=True, help="conditioning:output[:width], e.g. film:scaled_residual or concat:residual:200")
     parser.add_argument("--out", default="runs/ablation")
     parser.add_argument("--steps", type=int)
     parser.add_argument("--seed", type=int)
@@ -37,9 +37,11 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for variant in args.variant:
-        conditioning, output = variant.split(":")
-        config = dataclasses.replace(base, model=dataclasses.replace(base.model, conditioning=conditioning, output=output))
-        run_dir = out / f"{conditioning}_{output}_s{config.seed}"
+        conditioning, output, *width = variant.split(":")
+        width = int(width[0]) if width else base.model.width
+        model = dataclasses.replace(base.model, conditioning=conditioning, output=output, width=width)
+        config = dataclasses.replace(base, model=model)
+        run_dir = out / f"{conditioning}_{output}_w{width}_s{config.seed}"
         start = time.perf_counter()
         summary = train(config, run_dir, progress=False)
         wall = time.perf_counter() - start
