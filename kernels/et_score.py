@@ -61,6 +61,8 @@ def _sm_count(device: torch.device) -> int:
 def draw_splits(B: int, nch: int, N: int, BLOCK_N: int, device: torch.device) -> tuple[int, int]:
     """(S, draws per split): S ranges of whole BLOCK_N tiles, enough for _PROGRAMS_PER_SM per SM."""
     tiles = triton.cdiv(N, BLOCK_N)
+    if os.environ.get("ETWEEDIE_TRITON_SPLIT") == "0":  # A/B timing; read per launch
+        return 1, N
     want = triton.cdiv(_PROGRAMS_PER_SM * _sm_count(device), max(B * nch, 1))
     S = max(1, min(want, tiles))
     per = triton.cdiv(tiles, S) * BLOCK_N

@@ -94,12 +94,14 @@ def _workloads(quick: bool):
     ]
 
 
-# backends timed per op; "compile" is torch.compile of the eager reference
+# backends timed per op; "compile" is torch.compile of the eager reference; "<b>:nosplit" is
+# backend b with the split-draw forward turned off (ETWEEDIE_CUDA_SPLIT / ETWEEDIE_TRITON_SPLIT=0)
 TIMED_BACKENDS = {
-    "et_score": ("reference", "compile", "cuda", "triton"),
-    "langevin_step": ("reference", "compile", "cuda", "triton"),
+    "et_score": ("reference", "compile", "cuda", "cuda:nosplit", "triton", "triton:nosplit"),
+    "langevin_step": ("reference", "compile", "cuda", "cuda:nosplit", "triton", "triton:nosplit"),
     "is_score": ("reference", "cuda", "triton"),
 }
+_SPLIT_ENV = {"cuda": "ETWEEDIE_CUDA_SPLIT", "triton": "ETWEEDIE_TRITON_SPLIT"}
 
 
 def _thunk(op: str, backend: str, dev, dtype, B: int, N: int, d: int, metric_fn, backward: bool, seed: int = 0):
@@ -109,7 +111,7 @@ def _thunk(op: str, backend: str, dev, dtype, B: int, N: int, d: int, metric_fn,
     import etweedie
 
     compiled = backend == "compile"
-    be = "reference" if compiled else backend
+    be = "reference" if compiled else backend.split(":")[0]
     g = torch.Generator().manual_seed(seed)
     metric = metric_fn("cpu")
     if metric is not None:
@@ -145,7 +147,12 @@ def _thunk(op: str, backend: str, dev, dtype, B: int, N: int, d: int, metric_fn,
 
 
 def _time_cuda(fn: Callable[[], object], repeats: int, warmup: int = 3, budget_s: float = 3.0) -> Dict[str, float]:
-    """CUDA-event timings (median, p20, p80); fewer repeats when one call is slow."""
+    """CUDA-event timings per call (median, p20, p80); fewer repeats when one call is slow.
+
+    A sample times ``inner`` back-to-back calls (no synchronization between them), so that for
+    short calls the GPU's time is measured rather than the host's launch latency; ``host_ms``
+    is one call's wall time with a synchronize after it (what a caller that waits sees).
+    """
     import torch
 
     fn()  # first call: compilation / autotuning / allocator warm-up
@@ -153,20 +160,23 @@ def _time_cuda(fn: Callable[[], object], repeats: int, warmup: int = 3, budget_s
     t0 = time.time()
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
     per_call = max((time.time() - t0) / max(warmup, 1), 1e-6)
-    repeats = int(max(3, min(repeats, budget_s / per_call)))
+    inner = max(1, min(20, int(2e-3 / per_call)))
+    repeats = int(max(3, min(repeats, budget_s / (per_call * inner))))
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(inner):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / inner)
     times.sort()
     q = lambda p: times[min(len(times) - 1, int(p * (len(times) - 1) + 0.5))]  # noqa: E731
-    return {"median_ms": q(0.5), "p20_ms": q(0.2), "p80_ms": q(0.8), "repeats": repeats}
+    return {"median_ms": q(0.5), "p20_ms": q(0.2), "p80_ms": q(0.8), "repeats": repeats, "inner": inner,
+            "host_ms": per_call * 1e3}
 
 
 def copy_bandwidth_gbs() -> float:
@@ -200,10 +210,14 @@ def gpu_benchmarks(log: Log, quick: bool, only: Optional[List[str]] = None) -> L
         for backend in TIMED_BACKENDS[op]:
             row = {"workload": wid, "backend": backend, "B": B, "N": N, "d": d, "device": torch.cuda.get_device_name(),
                    "copy_GBps": copy_bw}
-            if backend not in ("reference", "compile") and not status[backend][0]:
-                row["error"] = f"unavailable: {status[backend][1]}"
+            base_be = backend.split(":")[0]
+            if base_be not in ("reference", "compile") and not status[base_be][0]:
+                row["error"] = f"unavailable: {status[base_be][1]}"
                 rows.append(row)
                 continue
+            env_name = _SPLIT_ENV.get(base_be) if backend.endswith(":nosplit") else None
+            if env_name:
+                os.environ[env_name] = "0"
             try:
                 if backend != "compile":
                     chk_fn, _ = _thunk(op, backend, dev, torch.float32, *small, metric_fn, backward)
@@ -228,6 +242,9 @@ def gpu_benchmarks(log: Log, quick: bool, only: Optional[List[str]] = None) -> L
                 del fn
             except Exception as exc:  # a failing backend is reported, the others still run
                 row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            finally:
+                if env_name:
+                    os.environ.pop(env_name, None)
             torch.cuda.empty_cache()
             rows.append(row)
             log(f"  {wid:<24} {backend:<9} " + (row.get("error") or f"{row['median_ms']:.3f} ms, "
@@ -236,18 +253,18 @@ def gpu_benchmarks(log: Log, quick: bool, only: Optional[List[str]] = None) -> L
 
 
 def format_table(rows: List[dict]) -> str:
-    head = ("| workload | backend | median ms (p20–p80) | GB/s | % copy BW | × eager | × compile | peak extra MiB "
-            "| max rel err | device |")
-    lines = [head, "|" + "---|" * 10]
+    head = ("| workload | backend | median ms (p20–p80) | host ms | GB/s | % copy BW | × eager | × compile "
+            "| peak extra MiB | max rel err | device |")
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['workload']} | {r['backend']} | {r['error']} | | | | | | | {r['device']} |")
+            lines.append(f"| {r['workload']} | {r['backend']} | {r['error']} | | | | | | | | {r['device']} |")
             continue
         sp, sc = r.get("speedup_vs_reference"), r.get("speedup_vs_compile")
         err = "" if "max_rel_err" not in r else f"{r['max_rel_err']:.1e}{'' if r['correct'] else ' WRONG'}"
         lines.append(
             f"| {r['workload']} | {r['backend']} | {r['median_ms']:.3f} ({r['p20_ms']:.3f}–{r['p80_ms']:.3f}) | "
-            f"{r['GB/s']:.0f} | {100 * r['frac_copy_bw']:.0f}% | {'' if sp is None else f'{sp:.1f}×'} | "
+            f"{r['host_ms']:.3f} | {r['GB/s']:.0f} | {100 * r['frac_copy_bw']:.0f}% | {'' if sp is None else f'{sp:.1f}×'} | "
             f"{'' if sc is None else f'{sc:.1f}×'} | {r['peak_extra_mib']:.1f} | {err} | {r['device']} |"
         )
     return "\n".join(lines)

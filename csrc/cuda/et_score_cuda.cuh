@@ -125,10 +125,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_finalize_ke
 // Draw ranges per row so that B·S blocks fill the GPU once (kMinBlocks per SM); 1 = no split.
 // ETWEEDIE_CUDA_SPLIT=0 in the environment turns the split off (A/B timing, bisecting).
 inline int64_t draw_splits(int64_t B, int64_t N, int sms) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("ETWEEDIE_CUDA_SPLIT");
-    return v == nullptr || v[0] != '0';
-  }();
+  const char* flag = std::getenv("ETWEEDIE_CUDA_SPLIT");  // read per launch: A/B timing in one process
+  const bool enabled = flag == nullptr || flag[0] != '0';
   constexpr int64_t kMinDraws = 16;  // fewest draws per range
   if (!enabled || B <= 0) return 1;
   const int64_t slots = static_cast<int64_t>(kMinBlocks) * sms;
