@@ -40,6 +40,11 @@ def set_debug(enabled: bool) -> None:
 
     With checks on, a NaN or infinity in y, x, a bank or a parameter raises ValueError naming
     the argument instead of propagating into the result.
+
+    Range checks of β, λ and step given as plain numbers always run.  Given as tensors, their
+    values are checked on CPU always, but on a GPU only with debug checks on: reading a GPU
+    tensor's values stalls the host until the GPU catches up, which would cost every call a
+    device synchronization (measured: ~0.45 ms a call on an H200, more than the kernels).
     """
     _DEBUG["on"] = bool(enabled)
 
