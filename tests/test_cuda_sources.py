@@ -4,7 +4,8 @@
   builds them; only bindings.cpp sees torch;
 * every launcher declared in launchers.cuh is defined and instantiated for float and double;
 * bindings.cpp registers CUDA kernels for ops that csrc/etweedie.cpp defines, covering
-  et_score_fwd/bwd, langevin_step_fwd and is_score_fwd;
+  et_score_fwd/bwd, langevin_step_fwd, is_score_fwd and the pairwise energy ops
+  (energy_score_fwd/bwd/fwd_grad, energy_distance_fwd/bwd);
 * with nvcc on PATH, one source compiles for sm_80 (make check-cuda compiles all of them for
   sm_80 and sm_90 and writes the ptxas report).
 """
@@ -18,7 +19,10 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA_DIR = os.path.join(ROOT, "csrc", "cuda")
-OPS = ("et_score_fwd", "et_score_bwd", "langevin_step_fwd", "is_score_fwd")
+OPS = ("et_score_fwd", "et_score_bwd", "langevin_step_fwd", "is_score_fwd", "energy_score_fwd", "energy_score_bwd",
+       "energy_score_fwd_grad", "energy_distance_fwd", "energy_distance_bwd")
+LAUNCHERS = {"et_score_fwd_launch", "et_score_bwd_launch", "langevin_step_fwd_launch", "is_score_fwd_launch",
+             "energy_score_launch", "energy_distance_launch"}
 
 
 def _read(*parts):
@@ -32,7 +36,7 @@ def _cuda_sources():
 
 def test_one_cuda_source_per_op():
     names = set(os.listdir(CUDA_DIR))
-    for stem in ("et_score", "langevin_step", "is_score"):
+    for stem in ("et_score", "langevin_step", "is_score", "energy_score", "energy_distance"):
         assert f"{stem}_cuda.cu" in names
     assert "bindings.cpp" in names and "launchers.cuh" in names
 
@@ -47,7 +51,7 @@ def test_cuda_sources_do_not_include_torch(name):
 def test_launchers_defined_and_instantiated():
     header = _read("csrc", "cuda", "launchers.cuh")
     declared = set(re.findall(r"cudaError_t\s+(\w+_launch)\s*\(", header))
-    assert declared == {"et_score_fwd_launch", "et_score_bwd_launch", "langevin_step_fwd_launch", "is_score_fwd_launch"}
+    assert declared == LAUNCHERS
     sources = "\n".join(_read("csrc", "cuda", f) for f in _cuda_sources() if f.endswith(".cu"))
     expanded = sources.replace("ET_INSTANTIATE(float)", "<float>").replace("ET_INSTANTIATE(double)", "<double>")
     for name in declared:
@@ -66,6 +70,13 @@ def test_bindings_register_the_defined_ops():
     impl = set(re.findall(r'm\.impl\("(\w+)"', bindings))
     assert set(OPS) <= impl, f"missing CUDA implementations: {set(OPS) - impl}"
     assert impl <= defined, f"bindings implement ops with no schema: {impl - defined}"
+
+
+def test_energy_workspace_size_is_defined():
+    header = _read("csrc", "cuda", "launchers.cuh")
+    assert re.search(r"int64_t\s+energy_workspace_doubles\s*\(", header)
+    sources = "\n".join(_read("csrc", "cuda", f) for f in _cuda_sources() if f.endswith(".cu"))
+    assert len(re.findall(r"^int64_t\s+energy_workspace_doubles\s*\(", sources, re.M)) == 1
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH (make check-cuda compiles every source where it is)")

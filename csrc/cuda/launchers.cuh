@@ -50,5 +50,34 @@ template <typename T>
 cudaError_t is_score_fwd_launch(const T* y, const T* bank, const T* prec, int64_t Q, int64_t M, int64_t d, T beta,
                                 T lam, int kind, int kblock, T* score, T* mean, T* ess, cudaStream_t stream);
 
+// Pairwise energy ops (csrc/cuda/energy_cuda.cuh): clouds a (B, n, d) and c (B, m, d) with
+// element strides over rows and points and unit stride over d (energy_score: a = samples,
+// c = the target as a one-point cloud); beta, p (B,) with strides sb, sp; p is a per-row
+// isotropic precision (diagonal/block metrics are whitened by the caller and pass p = 1);
+// grad (B,) with stride sg, the upstream gradient (null = 1 for every row).
+template <typename T>
+struct EnergyArgs {
+  const T* a;
+  const T* c;
+  const T* beta;
+  const T* p;
+  const T* grad;
+  int64_t B, n, m, d;
+  int64_t sab, san, scb, scn, sb, sp, sg;
+};
+
+// Doubles of workspace the energy launchers need (per-block partial sums); the caller
+// allocates it (no zero-fill needed).
+int64_t energy_workspace_doubles(int64_t B, int64_t n, int64_t m, int64_t d);
+
+// Outputs (null = not requested): value (B,); ga (B, n, d) and gc (B, m, d) contiguous and
+// ZERO-FILLED by the caller (gradients of Σ_r grad[r]·V_r); gbeta (B,) = Σ_r grad[r]·∂V_r/∂β.
+template <typename T>
+cudaError_t energy_score_launch(const EnergyArgs<T>& a, bool fair, T* value, T* ga, T* gc, T* gbeta,
+                                double* workspace, cudaStream_t stream);
+template <typename T>
+cudaError_t energy_distance_launch(const EnergyArgs<T>& a, bool unbiased, T* value, T* ga, T* gc, T* gbeta,
+                                   double* workspace, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace etweedie

@@ -1,0 +1,413 @@
+// CUDA pair engine of energy_score_cuda.cu and energy_distance_cuda.cu.  Per-pair math:
+// csrc/common/energy.h (HOST_DEVICE, shared with the CPU kernels).
+//
+// Both losses are weighted pair sums per row r,
+//   V_r = w_cross Σ_{i,j} E(a_i − c_j) + w_a Σ_{i<j} E(a_i − a_j) + w_c Σ_{i<j} E(c_i − c_j),
+// with E(u) = (p·‖u‖²)^{β/2} for a per-row scalar precision p (isotropic metrics; diagonal and
+// block metrics reach these kernels whitened by csrc/cuda/bindings.cpp, with p = 1).
+// Pairs are formed from direct differences (never the Gram form), so coincident points give
+// exactly 0 and clouds far from the origin lose no precision.
+//
+// A launch takes one cloud as the "own" cloud; one block of kThreads threads per (row, own
+// tile).  The block pairs its tile with every tile of the other cloud (cross pairs) and with
+// its own cloud's tiles (within pairs): all of them, ordered, when gradients are wanted — each
+// own point's gradient Σ_j w·slope·p·(x_i − x_j) is then summed by the block that owns it, so
+// there are no atomics and no races — or, for the value alone, the circulant half I, I+1, …,
+// I+h (mod nb), which forms each unordered pair once with equal work per block.  A second
+// launch with the clouds swapped gives the second cloud's gradients (and its within pairs).
+//   small d (D = d ≤ 4, compile time): one own point per thread, coordinates in registers;
+//     the other cloud is staged through shared memory in tiles of kThreads points (SoA) and
+//     read as broadcasts — the n-body pattern; the gradient stays in registers.
+//   large d: own and other tiles of kBig = 32 points, coordinates staged through shared
+//     memory in chunks of kChunk; each thread forms a 2×4 register block of the 32×32 pair
+//     distances; the pair coefficients go to shared memory and a second sweep over the
+//     chunks adds Σ_j c_ij (x_i − x_j)[k] to the own tile's gradient rows in global memory
+//     (zero-initialized by the caller; only this block touches them; __syncthreads between).
+// Value and ∂/∂β sums are kept per block as (cross, within) float64 partials in a workspace;
+// a final kernel applies the weights in float64 (the energy distance is a small difference of
+// large sums) and the upstream gradient.  Memory: O((n + m)·d) + O(B · tiles) doubles.
+// Indexing is int64.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../common/energy.h"
+#include "launchers.cuh"
+#include "metric_cuda.cuh"
+
+namespace etweedie {
+namespace cuda {
+
+constexpr int kBig = 32;     // points per tile, large d
+constexpr int kChunk = 32;   // coordinates per shared-memory chunk, large d
+constexpr int kSmallMaxD = 4;
+// __launch_bounds__(kThreads, kEnergyMinBlocks): as for et_score (et_score_cuda.cuh), without a
+// minimum-blocks hint ptxas (CUDA 13) capped the float large-d kernel at 64–72 registers and
+// spilled; 4 resident blocks of 128 threads allow up to 128 registers.
+constexpr int kEnergyMinBlocks = 4;
+
+inline int64_t energy_tile(int64_t d) { return d <= kSmallMaxD ? kThreads : kBig; }
+inline int64_t energy_tiles(int64_t n, int64_t d) { return (n + energy_tile(d) - 1) / energy_tile(d); }
+
+// One launch: own cloud `own` (n_own points), other cloud `oth`.
+template <typename T>
+struct PairLaunch {
+  const T* own;
+  const T* oth;
+  const T* beta;
+  const T* p;
+  const T* grad;  // (B,) upstream gradient, null = 1
+  int64_t B, n_own, n_oth, d, nt;
+  int64_t so_b, so_n, st_b, st_n, sb, sp, sg;
+  T w_cross, w_within;  // gradient weights (the value's weights are applied in float64 later)
+  int cross;            // 0 none, 1 counted in value/β (and gradient), 2 gradient only
+  bool within;          // within pairs wanted (w_within != 0 and n_own > 1)
+  bool within_all;      // ordered within pairs over every tile (gradients) vs circulant half
+  bool need_value, need_beta;
+  double* part;  // (B, nt, 4): Σ E cross, Σ E within, Σ ∂E/∂β cross, Σ ∂E/∂β within
+  T* gown;       // (B, n_own, d) contiguous, zero-filled; null = no gradient
+};
+
+template <typename T>
+struct Sums2 {
+  T e, b;  // Σ E and Σ ∂E/∂β over one tile of pairs
+};
+
+// circulant share of tile I among nb tiles: tiles I..I+h (mod nb)
+__device__ __forceinline__ int64_t circulant_h(int64_t I, int64_t nb) {
+  return (nb % 2) ? (nb - 1) / 2 : (I < nb / 2 ? nb / 2 : nb / 2 - 1);
+}
+
+template <typename T>
+__device__ __forceinline__ void store_partials(const PairLaunch<T>& a, int64_t unit, double ce, double we, double cb,
+                                               double wb, double* scratch) {
+  ce = block_sum(ce, scratch);
+  we = block_sum(we, scratch);
+  cb = block_sum(cb, scratch);
+  wb = block_sum(wb, scratch);
+  if (threadIdx.x == 0) {
+    double* o = a.part + unit * 4;
+    o[0] = ce;
+    o[1] = we;
+    o[2] = cb;
+    o[3] = wb;
+  }
+}
+
+// ----------------------------------------------------------------------------- small d
+
+template <typename T, int D, bool GRAD>
+__global__ void __launch_bounds__(kThreads, kEnergyMinBlocks) energy_small_kernel(PairLaunch<T> a) {
+  __shared__ T sx[D][kThreads];
+  __shared__ double scratch[kWarps];
+  const int64_t unit = blockIdx.x;
+  const int64_t r = unit / a.nt, I = unit % a.nt;
+  const T* __restrict__ own = a.own + r * a.so_b;
+  const T* __restrict__ oth = a.oth + r * a.st_b;
+  const T beta = a.beta[r * a.sb], p = a.p[r * a.sp];
+  const T g = a.grad ? a.grad[r * a.sg] : T(1);
+  const int64_t i = I * kThreads + threadIdx.x;
+  const bool valid = i < a.n_own;
+  T xi[D], acc[D];
+#pragma unroll
+  for (int k = 0; k < D; ++k) {
+    xi[k] = valid ? own[i * a.so_n + k] : T(0);
+    acc[k] = T(0);
+  }
+  double ce = 0, we = 0, cb = 0, wb = 0;
+  // pairs of this thread's point with points [j0, j0 + kThreads) of `src`: (Σ E, Σ ∂E/∂β)
+  auto tile = [&](const T* __restrict__ src, int64_t sn, int64_t j0, int64_t n, T coef, bool grad, bool sums) {
+    __syncthreads();  // the previous tile is consumed
+    const int64_t j = j0 + threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < D; ++k) sx[k][threadIdx.x] = j < n ? src[j * sn + k] : T(0);
+    __syncthreads();
+    const int cnt = static_cast<int>(n - j0 < kThreads ? n - j0 : kThreads);
+    T es = 0, bs = 0;
+    if (!valid) return Sums2<T>{es, bs};
+    const T cp = coef * p;
+    for (int t = 0; t < cnt; ++t) {
+      T u[D], q = 0;
+#pragma unroll
+      for (int k = 0; k < D; ++k) {
+        u[k] = xi[k] - sx[k][t];
+        q += u[k] * u[k];
+      }
+      q *= p;
+      if (sums) {
+        const T e = pair_energy(q, beta);
+        if (a.need_value) es += e;
+        if (a.need_beta) bs += pair_energy_dbeta(q, e);
+      }
+      if (GRAD && grad) {
+        const T c = pair_energy_slope(q, beta) * cp;
+#pragma unroll
+        for (int k = 0; k < D; ++k) acc[k] += c * u[k];
+      }
+    }
+    return Sums2<T>{es, bs};
+  };
+  const bool sums = a.need_value || a.need_beta;
+  if (a.cross != 0) {
+    for (int64_t j0 = 0; j0 < a.n_oth; j0 += kThreads) {
+      const Sums2<T> t = tile(oth, a.st_n, j0, a.n_oth, g * a.w_cross, true, sums && a.cross == 1);
+      ce += static_cast<double>(t.e);
+      cb += static_cast<double>(t.b);
+    }
+  }
+  if (a.within) {
+    const int64_t nb = a.nt;
+    if (a.within_all) {
+      for (int64_t J = 0; J < nb; ++J) {
+        const Sums2<T> t = tile(own, a.so_n, J * kThreads, a.n_own, g * a.w_within, true, sums);
+        we += 0.5 * static_cast<double>(t.e);  // ordered pairs: each unordered pair twice
+        wb += 0.5 * static_cast<double>(t.b);
+      }
+    } else {
+      const int64_t h = circulant_h(I, nb);
+      for (int64_t s = 0; s <= h; ++s) {
+        const Sums2<T> t = tile(own, a.so_n, (I + s) % nb * kThreads, a.n_own, T(0), false, sums);
+        const double fac = s == 0 ? 0.5 : 1.0;  // the diagonal tile holds ordered pairs
+        we += fac * static_cast<double>(t.e);
+        wb += fac * static_cast<double>(t.b);
+      }
+    }
+  }
+  if (sums) store_partials(a, unit, ce, we, cb, wb, scratch);
+  if (GRAD && a.gown && valid) {
+#pragma unroll
+    for (int k = 0; k < D; ++k) a.gown[(r * a.n_own + i) * D + k] = acc[k];
+  }
+}
+
+// ----------------------------------------------------------------------------- large d
+
+template <typename T, bool GRAD>
+__global__ void __launch_bounds__(kThreads, kEnergyMinBlocks) energy_large_kernel(PairLaunch<T> a) {
+  __shared__ T so[kBig][kChunk + 1];
+  __shared__ T st[kBig][kChunk + 1];
+  __shared__ T cs[kBig][kBig + 1];
+  __shared__ double scratch[kWarps];
+  const int64_t unit = blockIdx.x;
+  const int64_t r = unit / a.nt, I = unit % a.nt;
+  const int64_t d = a.d;
+  const T* __restrict__ own = a.own + r * a.so_b;
+  const T* __restrict__ oth = a.oth + r * a.st_b;
+  const T beta = a.beta[r * a.sb], p = a.p[r * a.sp];
+  const T g = a.grad ? a.grad[r * a.sg] : T(1);
+  const int64_t i0 = I * kBig;
+  const int tid = threadIdx.x;
+  const int ti = tid / 8, tj = tid % 8;  // rows 2ti, 2ti+1; columns tj + 8m, m < 4
+  double ce = 0, we = 0, cb = 0, wb = 0;
+
+  // stage columns [c0, c0 + kChunk) of own rows i0.. and src rows j0.. (zeros outside)
+  auto stage = [&](const T* __restrict__ src, int64_t sn, int64_t j0, int64_t n, int64_t c0) {
+    __syncthreads();
+    for (int e = tid; e < kBig * kChunk; e += kThreads) {
+      const int row = e / kChunk, col = e % kChunk;
+      const int64_t c = c0 + col;
+      so[row][col] = (i0 + row < a.n_own && c < d) ? own[(i0 + row) * a.so_n + c] : T(0);
+      st[row][col] = (j0 + row < n && c < d) ? src[(j0 + row) * sn + c] : T(0);
+    }
+    __syncthreads();
+  };
+
+  auto tile = [&](const T* __restrict__ src, int64_t sn, int64_t j0, int64_t n, T coef, bool grad, bool sums) {
+    T q[2][4] = {};
+    for (int64_t c0 = 0; c0 < d; c0 += kChunk) {
+      stage(src, sn, j0, n, c0);
+#pragma unroll 4
+      for (int k = 0; k < kChunk; ++k) {
+        const T x0 = so[2 * ti][k], x1 = so[2 * ti + 1][k];
+#pragma unroll
+        for (int mm = 0; mm < 4; ++mm) {
+          const T y = st[tj + 8 * mm][k];
+          const T u0 = x0 - y, u1 = x1 - y;
+          q[0][mm] += u0 * u0;
+          q[1][mm] += u1 * u1;
+        }
+      }
+    }
+    T es = 0, bs = 0;
+    const T cp = coef * p;
+#pragma unroll
+    for (int ll = 0; ll < 2; ++ll) {
+#pragma unroll
+      for (int mm = 0; mm < 4; ++mm) {
+        const int row = 2 * ti + ll, col = tj + 8 * mm;
+        const bool ok = i0 + row < a.n_own && j0 + col < n;
+        const T qq = q[ll][mm] * p;
+        if (sums && ok) {
+          const T e = pair_energy(qq, beta);
+          if (a.need_value) es += e;
+          if (a.need_beta) bs += pair_energy_dbeta(qq, e);
+        }
+        if (GRAD && grad) cs[row][col] = ok ? pair_energy_slope(qq, beta) * cp : T(0);
+      }
+    }
+    if constexpr (GRAD) {
+      if (grad) {
+        // gradient rows of the own tile: Σ_j c_ij (x_i − x_j)[k], one (i, k) per thread and step
+        for (int64_t c0 = 0; c0 < d; c0 += kChunk) {
+          stage(src, sn, j0, n, c0);  // its leading __syncthreads also publishes cs
+          for (int e = tid; e < kBig * kChunk; e += kThreads) {
+            const int row = e / kChunk, col = e % kChunk;
+            const int64_t i = i0 + row, c = c0 + col;
+            if (i >= a.n_own || c >= d) continue;
+            const T xv = so[row][col];
+            T s = 0;
+#pragma unroll 8
+            for (int jj = 0; jj < kBig; ++jj) s += cs[row][jj] * (xv - st[jj][col]);
+            a.gown[(r * a.n_own + i) * d + c] += s;
+          }
+        }
+      }
+    }
+    return Sums2<T>{es, bs};
+  };
+
+  const bool sums = a.need_value || a.need_beta;
+  if (a.cross != 0) {
+    for (int64_t j0 = 0; j0 < a.n_oth; j0 += kBig) {
+      const Sums2<T> t = tile(oth, a.st_n, j0, a.n_oth, g * a.w_cross, true, sums && a.cross == 1);
+      ce += static_cast<double>(t.e);
+      cb += static_cast<double>(t.b);
+    }
+  }
+  if (a.within) {
+    const int64_t nb = a.nt;
+    if (a.within_all) {
+      for (int64_t J = 0; J < nb; ++J) {
+        const Sums2<T> t = tile(own, a.so_n, J * kBig, a.n_own, g * a.w_within, true, sums);
+        we += 0.5 * static_cast<double>(t.e);  // ordered pairs: each unordered pair twice
+        wb += 0.5 * static_cast<double>(t.b);
+      }
+    } else {
+      const int64_t h = circulant_h(I, nb);
+      for (int64_t s = 0; s <= h; ++s) {
+        const Sums2<T> t = tile(own, a.so_n, (I + s) % nb * kBig, a.n_own, T(0), false, sums);
+        const double fac = s == 0 ? 0.5 : 1.0;  // the diagonal tile holds ordered pairs
+        we += fac * static_cast<double>(t.e);
+        wb += fac * static_cast<double>(t.b);
+      }
+    }
+  }
+  if (sums) store_partials(a, unit, ce, we, cb, wb, scratch);
+}
+
+// ----------------------------------------------------------------------------- finish
+
+// value[r] = Σ_t w_cross·cross + w_a·within (own = a) + w_c·within (own = c);
+// gbeta[r] = grad[r] · the same sums of ∂E/∂β.  One thread per row.
+template <typename T>
+__global__ void energy_finish_kernel(const double* __restrict__ part_a, int64_t nt_a, const double* __restrict__ part_c,
+                                     int64_t nt_c, int64_t B, double w_cross, double w_a, double w_c,
+                                     const T* __restrict__ grad, int64_t sg, T* __restrict__ value,
+                                     T* __restrict__ gbeta) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= B) return;
+  double v = 0, b = 0;
+  for (int64_t t = 0; t < nt_a; ++t) {
+    const double* o = part_a + (r * nt_a + t) * 4;
+    v += w_cross * o[0] + w_a * o[1];
+    b += w_cross * o[2] + w_a * o[3];
+  }
+  if (part_c) {
+    for (int64_t t = 0; t < nt_c; ++t) {
+      const double* o = part_c + (r * nt_c + t) * 4;
+      v += w_c * o[1];
+      b += w_c * o[3];
+    }
+  }
+  if (value) value[r] = static_cast<T>(v);
+  if (gbeta) gbeta[r] = static_cast<T>(b * static_cast<double>(grad ? grad[r * sg] : T(1)));
+}
+
+template <typename T, bool GRAD>
+cudaError_t launch_pairs(const PairLaunch<T>& a, cudaStream_t stream) {
+  if (a.B == 0 || a.nt == 0) return cudaSuccess;
+  const int64_t blocks = a.B * a.nt;
+  if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  const unsigned grid = static_cast<unsigned>(blocks);
+  switch (a.d <= kSmallMaxD ? a.d : 0) {
+    case 1: energy_small_kernel<T, 1, GRAD><<<grid, kThreads, 0, stream>>>(a); break;
+    case 2: energy_small_kernel<T, 2, GRAD><<<grid, kThreads, 0, stream>>>(a); break;
+    case 3: energy_small_kernel<T, 3, GRAD><<<grid, kThreads, 0, stream>>>(a); break;
+    case 4: energy_small_kernel<T, 4, GRAD><<<grid, kThreads, 0, stream>>>(a); break;
+    default: energy_large_kernel<T, GRAD><<<grid, kThreads, 0, stream>>>(a); break;
+  }
+  return cudaGetLastError();
+}
+
+// Both launches and the final reduction for weights (w_cross, w_a, w_c); see launchers.cuh.
+template <typename T>
+cudaError_t energy_pairs_run(const EnergyArgs<T>& e, double w_cross, double w_a, double w_c, T* value, T* ga, T* gc,
+                             T* gbeta, double* workspace, cudaStream_t stream) {
+  if (e.B == 0 || e.d == 0) return cudaSuccess;
+  if (e.n <= 0 || e.m <= 0) return cudaErrorInvalidValue;
+  const bool sums = value != nullptr || gbeta != nullptr;
+  const int64_t nt_a = energy_tiles(e.n, e.d), nt_c = energy_tiles(e.m, e.d);
+  double* part_a = workspace;
+  double* part_c = workspace + e.B * nt_a * 4;
+  auto make = [&](bool own_a) {
+    PairLaunch<T> l{};
+    l.own = own_a ? e.a : e.c;
+    l.oth = own_a ? e.c : e.a;
+    l.beta = e.beta;
+    l.p = e.p;
+    l.grad = e.grad;
+    l.B = e.B;
+    l.n_own = own_a ? e.n : e.m;
+    l.n_oth = own_a ? e.m : e.n;
+    l.d = e.d;
+    l.nt = own_a ? nt_a : nt_c;
+    l.so_b = own_a ? e.sab : e.scb;
+    l.so_n = own_a ? e.san : e.scn;
+    l.st_b = own_a ? e.scb : e.sab;
+    l.st_n = own_a ? e.scn : e.san;
+    l.sb = e.sb;
+    l.sp = e.sp;
+    l.sg = e.sg;
+    l.w_cross = static_cast<T>(w_cross);
+    l.w_within = static_cast<T>(own_a ? w_a : w_c);
+    l.within = (own_a ? w_a : w_c) != 0.0 && l.n_own > 1;
+    l.need_value = value != nullptr;
+    l.need_beta = gbeta != nullptr;
+    l.part = own_a ? part_a : part_c;
+    return l;
+  };
+  cudaError_t err = cudaSuccess;
+  // own = a: cross pairs (counted once, here) and a's within pairs
+  if (sums || ga) {
+    PairLaunch<T> l = make(true);
+    l.cross = 1;
+    l.within_all = ga != nullptr;
+    l.gown = ga;
+    err = ga ? launch_pairs<T, true>(l, stream) : launch_pairs<T, false>(l, stream);
+    if (err != cudaSuccess) return err;
+  }
+  // own = c: c's gradients (cross pairs again, not counted) and c's within pairs
+  const bool c_within = w_c != 0.0 && e.m > 1;
+  const bool run_c = gc != nullptr || (sums && c_within);
+  if (run_c) {
+    PairLaunch<T> l = make(false);
+    l.cross = gc ? 2 : 0;
+    l.within_all = gc != nullptr;
+    l.gown = gc;
+    err = gc ? launch_pairs<T, true>(l, stream) : launch_pairs<T, false>(l, stream);
+    if (err != cudaSuccess) return err;
+  }
+  if (sums) {
+    const int threads = 128;
+    const unsigned blocks = static_cast<unsigned>((e.B + threads - 1) / threads);
+    energy_finish_kernel<T><<<blocks, threads, 0, stream>>>(part_a, nt_a, run_c ? part_c : nullptr, nt_c, e.B, w_cross,
+                                                            w_a, w_c, e.grad, e.sg, value, gbeta);
+    err = cudaGetLastError();
+  }
+  return err;
+}
+
+}  // namespace cuda
+}  // namespace etweedie
