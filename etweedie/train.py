@@ -55,12 +55,12 @@ from .ops import energy_score
 __all__ = [
     "CLI_HELP",
     "DataConfig",
-    "build_posterior",
     "ModelConfig",
     "NoisePrior",
     "PriorConfig",
     "TrainConfig",
     "add_cli_arguments",
+    "build_posterior",
     "cli_main",
     "config_to_dict",
     "gaussian_posterior_check",
@@ -746,7 +746,8 @@ def cli_main(args) -> int:
     if summary["resumed_from"] is not None:
         print(f"resumed from step {summary['resumed_from']}")
     print(
-        f"trained {summary['step']} steps in {summary['wall_time_s']:.1f} s; "
+        f"trained {summary['step']} steps in {summary['wall_time_s']:.1f} s "
+        f"({summary['cpu_time_s']:.1f} s CPU); "
         f"final loss {summary['final_loss']:.4f}"
     )
     print(f"posterior written to {summary['posterior']}")
