@@ -25,7 +25,7 @@ Example (model-free, with the known posterior of the eight-Gaussians ring)::
     >>> g = torch.Generator().manual_seed(0)
     >>> y0 = 1.65 * torch.randn(256, 2, generator=g)
     >>> x = sample_langevin(KnownPosterior(), y0, get_path("gaussian"), level_times(11),
-    ...                     steps_per_level=3, n_posterior=16, step_scale=2e-3, generator=g, disable=True)
+    ...                     steps_per_level=3, n_posterior=16, step_scale=2e-5, generator=g, disable=True)
     >>> x.shape
     torch.Size([256, 2])
 
@@ -313,7 +313,7 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps-per-level", type=int, default=10, help="Langevin updates per level (default 10)")
     parser.add_argument("--first-level-steps", type=int, help="updates at the first level (default: steps-per-level)")
     parser.add_argument("--n-posterior", type=int, default=64, help="posterior draws per score evaluation N (default 64)")
-    parser.add_argument("--step-scale", type=float, default=None, help="ε: terminal step; α_k = ε (r_k/r_L)² (default 1e-5)")
+    parser.add_argument("--step-scale", type=float, default=None, help="ε: terminal step; α_k = ε (r_k/r_L)² (default 2e-5)")
     parser.add_argument("--init", choices=("gaussian", "marginal"), default="gaussian",
                         help="initial states: moment-matched Gaussian (default) or the exact first noisy marginal")
     parser.add_argument("--no-final-draw", action="store_true", help="return the chain states, not a final posterior draw")

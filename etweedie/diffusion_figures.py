@@ -1,0 +1,176 @@
+"""Figures of the Eight-Gaussians diffusion experiments (paper App. diffusion_full5); needs matplotlib.
+
+``write_figures(results, ring, out_dir)`` writes, per table (``paths``, ``isolation``):
+
+* ``<table>_parameter_paths.png`` — (β_t, λ_t, r_t, u_t, v_t) against path progress t;
+* ``<table>_endpoint_samples.png`` — final samples per path beside clean data;
+* ``<table>_progress.png`` — reverse-chain states across levels (rows: paths; columns: levels);
+* ``<table>_trajectories.png`` — trajectory ribbons colored by the final sample's nearest mode
+  (start: circle, end: dot);
+* ``<table>_marginal_tracking.png`` — signed ED between the chain and the exact noisy marginal
+  per level (x: realized RMS, log scale; y: symmetric log scale, since the signed ED can be < 0).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+
+from .data import EightGaussians
+from .metrics import mode_assignment
+from .paths import GeometricRMS, get_path
+
+__all__ = ["write_figures"]
+
+
+def write_figures(results: Dict, ring: EightGaussians, out_dir) -> List[str]:
+    """Write every figure of every table in ``results`` to ``out_dir``; returns the file names.
+
+    Without matplotlib installed nothing is written and an empty list is returned.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # figures are optional: the metrics and samples do not need them
+        print("note: matplotlib is not installed; no figures written (pip install matplotlib)")
+        return []
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for table, res in results["tables"].items():
+        fig_data = res["_figure"]
+        for stem, fn in (
+            ("parameter_paths", _parameter_paths),
+            ("endpoint_samples", _endpoint_samples),
+            ("progress", _progress),
+            ("trajectories", _trajectories),
+            ("marginal_tracking", _tracking),
+        ):
+            fig = fn(plt, res, fig_data, ring)
+            if fig is None:
+                continue
+            name = f"{table}_{stem}.png"
+            fig.savefig(out / name, dpi=110, bbox_inches="tight")
+            plt.close(fig)
+            written.append(name)
+    return written
+
+
+def _lim(ring: EightGaussians) -> float:
+    return ring.radius + 4 * ring.std + 0.6
+
+
+def _parameter_paths(plt, res, fig_data, ring):
+    sched = res["schedule"]
+    rms = GeometricRMS(sched["r_max"], sched["r_min"])
+    t = torch.linspace(0, 1, 201, dtype=torch.float64)
+    labels = ("β", "λ", "r (realized RMS)", "u", "v")
+    fig, axes = plt.subplots(1, 5, figsize=(17, 3.0))
+    for name in res["names"]:
+        coords = get_path(name, rms=rms).coordinates(t)
+        for ax, values in zip(axes, coords):
+            ax.plot(t.numpy(), values.numpy(), label=name)
+    for ax, label in zip(axes, labels):
+        ax.set_title(label)
+        ax.set_xlabel("path progress t")
+    axes[2].set_yscale("log")
+    axes[-1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _endpoint_samples(plt, res, fig_data, ring):
+    finals = fig_data["final"]
+    panels = list(finals.items()) + [("clean data", fig_data.get("clean"))]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2))
+    lim = _lim(ring)
+    for ax, (name, x) in zip(axes, panels):
+        if x is None:
+            continue
+        x = x[:4096]
+        ax.scatter(x[:, 0], x[:, 1], s=1, alpha=0.4, color="k" if name == "clean data" else "C0")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlim(-lim, lim), ax.set_ylim(-lim, lim)
+        ax.set_aspect("equal")
+        ax.set_xticks([]), ax.set_yticks([])
+    fig.tight_layout()
+    return fig
+
+
+def _progress(plt, res, fig_data, ring):
+    prog = fig_data["progress"]
+    if not prog:
+        return None
+    names = list(prog)
+    n_levels = len(next(iter(prog.values()))["r"])
+    n_cols = min(6, n_levels)
+    cols = sorted({round(i * (n_levels - 1) / max(n_cols - 1, 1)) for i in range(n_cols)})
+    fig, axes = plt.subplots(len(names), len(cols), figsize=(2.3 * len(cols), 2.3 * len(names)), squeeze=False)
+    lim = _lim(ring) + 1.0
+    for i, name in enumerate(names):
+        states, r = prog[name]["states"], prog[name]["r"]
+        for j, k in enumerate(cols):
+            ax = axes[i][j]
+            ax.scatter(states[k][:, 0], states[k][:, 1], s=1, alpha=0.4)
+            ax.set_xlim(-lim, lim), ax.set_ylim(-lim, lim)
+            ax.set_aspect("equal")
+            ax.set_xticks([]), ax.set_yticks([])
+            if i == 0:
+                ax.set_title(f"level {k}, r={r[k]:.3g}", fontsize=8)
+            if j == 0:
+                ax.set_ylabel(name, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _trajectories(plt, res, fig_data, ring):
+    traj = fig_data["trajectories"]
+    if not traj:
+        return None
+    means = ring.means(torch.float64)
+    cmap = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, len(traj), figsize=(3.6 * len(traj), 3.6), squeeze=False)
+    lim = _lim(ring) + 1.0
+    for ax, (name, data) in zip(axes[0], traj.items()):
+        states, final = data["states"], data["final"]  # (L, C, 2), (C, 2)
+        labels = mode_assignment(final.double(), means)
+        for c in range(states.shape[1]):
+            color = cmap(int(labels[c]) % 10)
+            path = torch.cat([states[:, c], final[c : c + 1]])
+            ax.plot(path[:, 0], path[:, 1], color=color, lw=0.6, alpha=0.7)
+            ax.scatter(path[0, 0], path[0, 1], s=12, facecolors="none", edgecolors=color, lw=0.6)
+            ax.scatter(path[-1, 0], path[-1, 1], s=6, color=color)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlim(-lim, lim), ax.set_ylim(-lim, lim)
+        ax.set_aspect("equal")
+        ax.set_xticks([]), ax.set_yticks([])
+    fig.tight_layout()
+    return fig
+
+
+def _tracking(plt, res, fig_data, ring):
+    tracking = fig_data["tracking"]
+    if not tracking:
+        return None
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for name, curves in tracking.items():
+        r = torch.tensor([c["r"] for c in curves[0]])
+        values = torch.tensor([[c["signed_ed"] for c in curve] for curve in curves])  # (models, L)
+        mean = values.mean(0)
+        ax.plot(r, mean, label=name, lw=1)
+        if values.shape[0] > 1:
+            sd = values.std(0)
+            ax.fill_between(r, mean - sd, mean + sd, alpha=0.2)
+    ax.set_xscale("log")
+    ax.invert_xaxis()
+    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set_xlabel("realized RMS r (level)")
+    ax.set_ylabel("signed ED to the noisy marginal")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,169 @@
+"""Sample metrics on synthetic inputs with known answers; stratified subsets and bootstrap; tracking."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from etweedie.data import EightGaussians
+from etweedie.metrics import (
+    METRIC_SUITES,
+    MarginalTracker,
+    eight_gaussians_metrics,
+    forward_noised,
+    mean_and_sd,
+    mean_radial_error,
+    min_mode_mass,
+    mode_assignment,
+    mode_weight_tv,
+    mode_weights,
+    modes_present,
+    null_energy_distance,
+    signed_energy_distance,
+    stratified_bootstrap,
+    stratified_subset,
+)
+from etweedie.noise import NoiseParams
+
+RING = EightGaussians()
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _ed_bruteforce(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    dab = np.linalg.norm(a[:, None] - b[None], axis=-1).mean()
+    daa = np.linalg.norm(a[:, None] - a[None], axis=-1)
+    dbb = np.linalg.norm(b[:, None] - b[None], axis=-1)
+    n, m = len(a), len(b)
+    return 2 * dab - daa.sum() / (n * (n - 1)) - dbb.sum() / (m * (m - 1))
+
+
+def test_signed_energy_distance_matches_the_u_statistic():
+    g = gen(1)
+    a, b = torch.randn(37, 2, generator=g), torch.randn(23, 2, generator=g) + 0.3
+    assert signed_energy_distance(a, b) == pytest.approx(_ed_bruteforce(a, b), rel=1e-6)
+
+
+def test_signed_energy_distance_is_unbiased_under_the_null_and_detects_shifts():
+    draw = lambda k, g: RING.sample(k, g)[0]  # noqa: E731
+    null = null_energy_distance(draw, 300, 300, repeats=40, generator=gen(2))
+    se = null.std() / math.sqrt(null.numel())
+    assert abs(null.mean().item()) < 4 * se.item()  # mean 0: the estimator is unbiased
+    assert (null < 0).any()  # signed: it goes below zero
+    shifted = signed_energy_distance(draw(300, gen(3)) + torch.tensor([0.6, 0.0]), draw(300, gen(4)))
+    assert shifted > null.mean() + 6 * null.std()
+
+
+def test_mode_metrics_on_constructed_points():
+    means = RING.means(torch.float64)
+    # 3 points at mode 0, 1 at each of modes 1..5, none at modes 6 and 7 (n = 8)
+    labels = torch.tensor([0, 0, 0, 1, 2, 3, 4, 5])
+    x = means[labels] + 0.01
+    assert mode_assignment(x, means).tolist() == labels.tolist()
+    w = mode_weights(x, means)
+    assert w.tolist() == pytest.approx([3 / 8, 1 / 8, 1 / 8, 1 / 8, 1 / 8, 1 / 8, 0, 0])
+    # TV = ½ (|3/8 − 1/8| + 2·1/8) = 1/4
+    assert mode_weight_tv(x, means) == pytest.approx(0.25)
+    assert min_mode_mass(x, means) == 0.0
+    assert modes_present(x, means) == 6
+    balanced = means.repeat(5, 1)
+    assert mode_weight_tv(balanced, means) == pytest.approx(0.0)
+    assert min_mode_mass(balanced, means) == pytest.approx(1 / 8)
+
+
+def test_mean_radial_error_of_clean_ring_data():
+    x, _ = RING.sample(200_000, gen(5), dtype=torch.float64)
+    # |‖x‖ − R| ≈ |radial Gaussian offset| = τ sqrt(2/π) (plus O(τ²/R) curvature terms)
+    assert mean_radial_error(x, RING.radius) == pytest.approx(0.2 * math.sqrt(2 / math.pi), rel=0.02)
+    assert mean_radial_error(torch.tensor([[3.0, 0.0], [0.0, 1.0]]), 2.0) == pytest.approx(1.0)
+
+
+def test_eight_gaussians_suite_on_clean_draws():
+    a, _ = RING.sample(4096, gen(6))
+    b, _ = RING.sample(4096, gen(7))
+    m = eight_gaussians_metrics(a, b, RING)
+    assert abs(m["signed_ed"]) < 0.01
+    assert m["modes_present"] == 8 and m["min_mode_mass"] > 0.11 and m["mode_weight_tv"] < 0.03
+    assert sum(m["mode_weights"]) == pytest.approx(1.0)
+    assert eight_gaussians_metrics(a, None, RING)["signed_ed"] is None
+    assert METRIC_SUITES["eight_gaussians"] is eight_gaussians_metrics
+
+
+def test_stratified_subset_takes_evenly_from_each_seed():
+    groups = [torch.full((10, 1), float(i)) for i in range(3)]
+    sub = stratified_subset(groups, 8)
+    assert sub.flatten().tolist() == [0.0] * 3 + [1.0] * 3 + [2.0] * 2
+    with pytest.raises(ValueError, match=r"groups\[0\] has 10 points"):
+        stratified_subset(groups, 40)
+
+
+def test_stratified_bootstrap_resamples_within_seeds():
+    # groups of constants: a stratified resample keeps each group's share, so the pooled mean
+    # never moves and the interval collapses to the estimate (an unstratified one would not)
+    groups = [torch.zeros(30, 1), torch.ones(10, 1)]
+    est, lo, hi = stratified_bootstrap(lambda x: float(x.mean()), groups, n_boot=50, generator=gen(8))
+    assert est == lo == hi == pytest.approx(0.25)
+    g = gen(9)
+    noisy = [torch.randn(400, 1, generator=g) for _ in range(3)]
+    est, lo, hi = stratified_bootstrap(lambda x: float(x.mean()), noisy, n_boot=300, generator=gen(10))
+    assert lo < est < hi
+    assert hi - lo == pytest.approx(2 * 1.96 / math.sqrt(1200), rel=0.25)
+    again = stratified_bootstrap(lambda x: float(x.mean()), noisy, n_boot=300, generator=gen(10))
+    assert again == (est, lo, hi)  # reproducible from the generator
+
+
+def test_marginal_tracker_and_forward_noise():
+    params = NoiseParams(1.4, 1.8, NoiseParams.sigma_for_rms(0.3, 1.8, 1.4), 0.0, 0.6)
+    noisy = forward_noised(torch.zeros(100_000, 2), params, gen(11))
+    assert noisy.pow(2).mean().sqrt().item() == pytest.approx(0.3, rel=0.01)
+
+    draw = lambda k, g: RING.sample(k, g)[0]  # noqa: E731
+    tracker = MarginalTracker(draw, 1024, gen(12), max_chains=1024)
+    exact = forward_noised(draw(1024, gen(13)), params, gen(14))
+    tracker(dict(level=0, t=0.0, state=exact, params=params))
+    tracker(dict(level=1, t=0.5, state=exact * 1.5, params=params))
+    assert [r["level"] for r in tracker.records] == [0, 1]
+    assert tracker.records[0]["r"] == pytest.approx(0.3)
+    assert abs(tracker.records[0]["signed_ed"]) < 0.02
+    assert tracker.records[1]["signed_ed"] > 0.2
+    assert tracker.max_after(1) == tracker.records[1]["signed_ed"]
+    with pytest.raises(ValueError, match="burn_in_levels=5 leaves no recorded level"):
+        tracker.max_after(5)
+
+
+def test_mean_and_sd():
+    assert mean_and_sd([1.0, 3.0]) == (2.0, pytest.approx(math.sqrt(2)))
+    mean, sd = mean_and_sd([4.0])
+    assert mean == 4.0 and math.isnan(sd)
+
+
+def test_bad_inputs_raise_named_errors():
+    x = torch.zeros(4, 2)
+    with pytest.raises(TypeError, match="samples must be a torch.Tensor"):
+        signed_energy_distance([[0.0, 0.0]], x)
+    with pytest.raises(ValueError, match=r"reference must have shape \(n, 2\)"):
+        signed_energy_distance(x, torch.zeros(4, 3))
+    with pytest.raises(ValueError, match="samples must hold at least 2 points"):
+        signed_energy_distance(torch.zeros(1, 2), x)
+    with pytest.raises(ValueError, match="must be finite"):
+        signed_energy_distance(torch.full((3, 2), float("nan")), x)
+    with pytest.raises(TypeError, match="samples must be float32 or float64"):
+        signed_energy_distance(torch.zeros(4, 2, dtype=torch.int64), x)
+    with pytest.raises(ValueError, match=r"means must have shape \(K >= 1, 2\)"):
+        mode_weights(x, torch.zeros(3, 3))
+    with pytest.raises(ValueError, match="radius must be a float > 0"):
+        mean_radial_error(x, -1.0)
+    with pytest.raises(ValueError, match="threshold must be a float"):
+        modes_present(x, RING.means(), threshold=2.0)
+    with pytest.raises(TypeError, match="data must be an etweedie.data.EightGaussians"):
+        eight_gaussians_metrics(x, None, "ring")
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        stratified_bootstrap(lambda x: 0.0, [x], n_boot=5, generator=None)
+    with pytest.raises(ValueError, match="level must be a float in"):
+        stratified_bootstrap(lambda x: 0.0, [x], n_boot=5, generator=gen(), level=95)
+    with pytest.raises(ValueError, match="params must hold one tuple"):
+        forward_noised(x, NoiseParams(torch.tensor([1.4, 1.5]), 1.8, 0.5), gen())

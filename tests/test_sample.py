@@ -1,0 +1,245 @@
+"""Annealed Langevin along noise-parameter paths: ground truth from the known posterior, wiring, CLI.
+
+The end-to-end check samples the eight-Gaussians ring along the Gaussian path (β = 2, λ = 1,
+isotropic), where the posterior is an exact Gaussian mixture, and asks the signed energy
+distance to clean data to lie within the clean-draw noise floor.  The floor is measured, not
+assumed: ``null_energy_distance`` gives the signed ED between independent clean draws of the
+same sizes (n generated points vs the same m-point reference size), repeated R times; the floor
+is its mean + 3 standard deviations.  A negative control (no annealing: one level at the
+terminal noise, so the chains never leave their broad Gaussian start) must land far above it.
+"""
+
+import json
+import math
+
+import pytest
+import torch
+
+from etweedie.cli import main as cli_main
+from etweedie.data import EightGaussians
+from etweedie.known_posterior import KnownPosterior
+from etweedie.metrics import mode_weight_tv, null_energy_distance, signed_energy_distance
+from etweedie.noise import NoiseParams
+from etweedie.paths import GeometricRMS, NoisePath, get_path, level_times
+from etweedie.sample import ThroughputTimer, sample_langevin, step_sizes
+
+RING = EightGaussians()
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _y0(n, seed):
+    return math.sqrt(2.04 + 0.83**2) * torch.randn(n, 2, generator=gen(seed))
+
+
+# ---------------------------------------------------------------------------- the known posterior
+def test_exact_posterior_matches_the_ring_sampler():
+    y = 1.5 * torch.randn(500, 2, generator=gen(1), dtype=torch.float64)
+    s = 0.3
+    eta = NoiseParams(2.0, 1.0, s).eta()
+    ours = KnownPosterior(method="exact").sample(y, eta, 128, generator=gen(2))
+    ref = RING.posterior_sample(y, s, 128, gen(3))
+    var = ref.var(1).sum(-1)  # per-query posterior variance
+    err = (ours.mean(1) - ref.mean(1)).pow(2).sum(-1)
+    assert err.mean().item() == pytest.approx((2 * var / 128).mean().item(), rel=0.25)
+    assert ours.var(1).sum(-1).mean().item() == pytest.approx(var.mean().item(), rel=0.05)
+
+
+def test_importance_posterior_agrees_with_the_exact_one_under_nondiagonal_gaussian_noise():
+    y = torch.tensor([[1.0, 0.5], [-0.3, -1.9]], dtype=torch.float64).repeat_interleave(64, 0)
+    eta = NoiseParams(2.0, 1.0, 0.3, 0.0, 0.6).eta()
+    exact = KnownPosterior(method="exact").sample(y, eta, 256, generator=gen(4))
+    imp = KnownPosterior(method="importance", n_proposals=512).sample(y, eta, 256, generator=gen(5))
+    for q in range(2):
+        e, i = exact[64 * q : 64 * (q + 1)].reshape(-1, 2), imp[64 * q : 64 * (q + 1)].reshape(-1, 2)
+        assert torch.allclose(e.mean(0), i.mean(0), atol=0.03)
+        assert torch.allclose(e.T.cov(), i.T.cov(), atol=0.01)
+
+
+def test_known_posterior_shapes_mixed_rows_and_errors():
+    post = KnownPosterior(n_proposals=16)
+    eta = torch.stack([NoiseParams(2.0, 1.0, 0.3).eta(), NoiseParams(1.4, 1.8, 0.3, 0.0, 0.6).eta()])
+    out = post.sample(torch.zeros(2, 2), eta, 5, generator=gen())
+    assert out.shape == (2, 5, 2) and out.dtype == torch.float32
+    assert post.sample(torch.zeros(3, 4, 2, dtype=torch.float64), eta[1], 2, generator=gen()).shape == (3, 4, 2, 2)
+    with pytest.raises(ValueError, match=r"y must have shape \(\.\.\., 2\)"):
+        post.sample(torch.zeros(3, 3), eta[0], 2, generator=gen())
+    with pytest.raises(ValueError, match="does not broadcast"):
+        post.sample(torch.zeros(3, 2), eta, 2, generator=gen())
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        post.sample(torch.zeros(3, 2), eta[0], 2, generator=None)
+    with pytest.raises(ValueError, match="method='exact' needs β = 2"):
+        KnownPosterior(method="exact").sample(torch.zeros(2, 2), eta, 2, generator=gen())
+    with pytest.raises(ValueError, match="method must be one of"):
+        KnownPosterior(method="magic")
+    with pytest.raises(ValueError, match="bank must be a"):
+        KnownPosterior(method="sir")
+    bank, _ = RING.sample(2000, gen(6))
+    assert KnownPosterior(method="sir", bank=bank).sample(torch.zeros(4, 2), eta[1], 3, generator=gen()).shape == (4, 3, 2)
+
+
+# ---------------------------------------------------------------------------- ground truth end to end
+def _floor(n, m, repeats=20):
+    null = null_energy_distance(lambda k, g: RING.sample(k, g)[0], n, m, repeats=repeats, generator=gen(100))
+    return (null.mean() + 3 * null.std()).item()
+
+
+def test_langevin_with_the_exact_posterior_reaches_the_clean_noise_floor():
+    n = 1024
+    floor = _floor(n, n)
+    reference, _ = RING.sample(n, gen(200))
+    path = get_path("gaussian", rms=GeometricRMS(0.83, 0.0083))
+    x = sample_langevin(
+        KnownPosterior(), _y0(n, 7), path, level_times(21),
+        steps_per_level=5, n_posterior=32, step_scale=1e-4, generator=gen(8), disable=True,
+    )
+    ed = signed_energy_distance(x, reference)
+    assert ed < floor, f"signed ED {ed:.5f} above the clean-draw floor {floor:.5f}"
+    assert mode_weight_tv(x, RING.means()) < 0.06
+
+    # negative control: no annealing (one level at the terminal noise) leaves the broad start
+    control = sample_langevin(
+        KnownPosterior(), _y0(n, 7), path, level_times(1),
+        steps_per_level=5, n_posterior=32, step_scale=1e-4, generator=gen(8), disable=True,
+    )
+    assert signed_energy_distance(control, reference) > 3 * floor
+
+
+def test_a_run_is_reproducible_from_its_seed():
+    kwargs = dict(steps_per_level=2, n_posterior=8, step_scale=1e-4, disable=True)
+    path, times = get_path("joint"), level_times(4)
+    post = KnownPosterior(n_proposals=16)
+    a = sample_langevin(post, _y0(64, 1), path, times, generator=gen(5), **kwargs)
+    b = sample_langevin(post, _y0(64, 1), path, times, generator=gen(5), **kwargs)
+    c = sample_langevin(post, _y0(64, 1), path, times, generator=gen(6), **kwargs)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+# ---------------------------------------------------------------------------- wiring
+class _Recording:
+    """A posterior returning x = 0 for every draw, recording its calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def sample(self, y, eta, n, *, generator):
+        self.calls.append((tuple(y.shape), eta.clone(), n))
+        return y.new_zeros(*y.shape[:-1], n, y.shape[-1])
+
+
+def test_each_update_is_the_fused_langevin_step_with_the_level_step_size():
+    post = _Recording()
+    path = get_path("gaussian")
+    times = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    y0 = torch.tensor([[1.0, -2.0], [0.5, 0.25]], dtype=torch.float64)
+    eps = 1e-4
+    out = sample_langevin(post, y0, path, times, steps_per_level=1, n_posterior=3, step_scale=eps,
+                          final_draw=False, generator=gen(9), disable=True)
+    # x = 0 and β = 2: ŝ(y) = −λ Σ⁻¹ y with Σ = σ² I, λ = 1 → ŝ = −y / r²
+    g = gen(9)
+    y = y0.clone()
+    r = path(times).realized_rms()
+    for k in range(2):
+        alpha = eps * float(r[k] / r[-1]) ** 2
+        xi = torch.randn(y.shape, generator=g, dtype=y.dtype)
+        y = y + alpha * (-y / float(r[k]) ** 2) + math.sqrt(2 * alpha) * xi
+    assert torch.allclose(out, y, rtol=1e-10, atol=1e-12)
+    assert [c[0] for c in post.calls] == [(2, 2), (2, 2)] and [c[2] for c in post.calls] == [3, 3]
+    assert torch.allclose(post.calls[1][1][0], path(times[1]).eta())
+
+
+def test_callback_timer_first_level_steps_and_final_draw():
+    post = _Recording()
+    path, times = get_path("rotating"), level_times(4)
+    seen = []
+    timer = ThroughputTimer()
+    out = sample_langevin(post, torch.zeros(5, 3, 2), path, times, steps_per_level=2, n_posterior=4, step_scale=1e-5,
+                          first_level_steps=6, generator=gen(), callback=seen.append, disable=True, timer=timer)
+    assert out.shape == (5, 3, 2)
+    assert [info["level"] for info in seen] == [0, 1, 2, 3]
+    assert {"level", "t", "r", "step", "params", "eta", "state", "denoised"} <= set(seen[0])
+    assert seen[2]["state"].shape == (5, 3, 2)
+    assert [info["r"] for info in seen] == pytest.approx(path(times).realized_rms().tolist())
+    assert [info["step"] for info in seen] == pytest.approx(step_sizes(path, times, 1e-5).tolist())
+    # 6 updates at the first level, 2 at each other, then one final draw with n = 1
+    assert len(post.calls) == 6 + 3 * 2 + 1 and post.calls[-1][2] == 1 and post.calls[0][0] == (15, 2)
+    t = timer.as_dict()
+    assert t["chain_steps"] == 15 * 12 and t["posterior_calls"] == 13 and t["levels"] == 4
+    assert 0 <= t["posterior_share"] <= 1 and t["chain_steps_per_s"] > 0
+
+
+def test_bad_inputs_raise_named_errors():
+    path, times = get_path("isotropic"), level_times(3)
+    ok = dict(steps_per_level=1, n_posterior=2, step_scale=1e-5, generator=gen(), disable=True)
+    y0 = torch.zeros(4, 2)
+    with pytest.raises(TypeError, match="posterior must have a sample"):
+        sample_langevin(object(), y0, path, times, **ok)
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        sample_langevin(_Recording(), y0, path, times, **{**ok, "generator": None})
+    with pytest.raises(ValueError, match=r"schedule times must lie in \[0, 1\]"):
+        sample_langevin(_Recording(), y0, path, torch.tensor([0.0, 2.0]), **ok)
+    with pytest.raises(TypeError, match="schedule must be a 1-D floating-point tensor"):
+        sample_langevin(_Recording(), y0, path, [0.0, 1.0], **ok)
+    with pytest.raises(ValueError, match="steps_per_level must be >= 1"):
+        sample_langevin(_Recording(), y0, path, times, **{**ok, "steps_per_level": 0})
+    with pytest.raises(ValueError, match="step_scale must be a float > 0"):
+        sample_langevin(_Recording(), y0, path, times, **{**ok, "step_scale": -1.0})
+    with pytest.raises(ValueError, match="y0 must be finite"):
+        sample_langevin(_Recording(), torch.full((2, 2), float("nan")), path, times, **ok)
+    with pytest.raises(TypeError, match="path must be a callable"):
+        sample_langevin(_Recording(), y0, "joint", times, **ok)
+
+    class Wrong(_Recording):
+        def sample(self, y, eta, n, *, generator):
+            return y.new_zeros(y.shape[0], n + 1, 2)
+
+    with pytest.raises(ValueError, match="posterior.sample returned shape"):
+        sample_langevin(Wrong(), y0, path, times, **ok)
+    scalar_path = NoisePath("bad", beta=1.4, lam=1.8, rms=lambda t: torch.tensor(0.5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="vectorized over t"):
+        sample_langevin(_Recording(), y0, lambda t: NoiseParams(1.4, 1.8, 0.5), times, **ok)
+    assert scalar_path(times).batch_shape == (3,)  # a scalar-valued rms broadcasts over t
+
+
+# ---------------------------------------------------------------------------- command line
+def test_cli_single_path_run(tmp_path):
+    out = tmp_path / "run"
+    status = cli_main([
+        "sample", "--posterior", "known", "--path", "gaussian", "rotating", "--seeds", "2", "--chains", "48",
+        "--levels", "4", "--steps-per-level", "2", "--n-posterior", "8", "--n-proposals", "16",
+        "--out", str(out), "--no-progress", "--no-figures",
+    ])
+    assert status == 0
+    results = json.loads((out / "diffusion_results.json").read_text())
+    table = results["tables"]["paths"]
+    assert set(table["rows"]) == {"gaussian", "rotating"}
+    metrics = table["rows"]["rotating"]["per_model"]["known"]
+    assert metrics["n_samples"] == 96 and len(metrics["per_seed"]) == 2 and len(metrics["tracking"]) == 4
+    assert table["timing"]["chain_steps"] == 2 * 2 * 48 * 4 * 2
+    assert (out / "samples" / "paths_known_rotating_seed1.pt").is_file()
+    assert torch.load(out / "samples" / "paths_known_gaussian_seed0.pt").shape == (48, 2)
+
+
+def test_cli_config_run_with_figures(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "cfg"
+    status = cli_main(["sample", "--config", "configs/diffusion_quick_test.toml", "--posterior", "known",
+                       "--out", str(out), "--no-progress"])
+    assert status == 0
+    results = json.loads((out / "diffusion_results.json").read_text())
+    assert set(results["tables"]) == {"paths", "isolation"}
+    assert "max" not in results["tables"]["isolation"]["rows"]["fixed_ref"]["summary"] or True
+    for table in ("paths", "isolation"):
+        for stem in ("parameter_paths", "endpoint_samples", "progress", "trajectories", "marginal_tracking"):
+            assert (out / f"{table}_{stem}.png").stat().st_size > 1000
+
+
+def test_cli_usage_errors(capsys):
+    assert cli_main(["sample", "--posterior", "known"]) == 2
+    assert "exactly one of --config" in capsys.readouterr().err
+    assert cli_main(["sample", "--path", "gaussian", "--chains", "8"]) == 2
+    assert "--checkpoint PATH" in capsys.readouterr().err
+    assert cli_main(["sample", "--config", "does/not/exist.toml"]) == 2
