@@ -231,7 +231,9 @@ def test_cli_config_run_with_figures(tmp_path):
     assert status == 0
     results = json.loads((out / "diffusion_results.json").read_text())
     assert set(results["tables"]) == {"paths", "isolation"}
-    assert "max" not in results["tables"]["isolation"]["rows"]["fixed_ref"]["summary"] or True
+    summary = results["tables"]["isolation"]["rows"]["fixed_ref"]["summary"]
+    assert {"signed_ed", "mode_weight_tv", "min_mode_mass", "tracking_max_after_burn_in"} <= set(summary)
+    assert "signed_ed" in results["tables"]["paths"]["clean"]["summary"]
     for table in ("paths", "isolation"):
         for stem in ("parameter_paths", "endpoint_samples", "progress", "trajectories", "marginal_tracking"):
             assert (out / f"{table}_{stem}.png").stat().st_size > 1000
