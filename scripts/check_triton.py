@@ -30,6 +30,7 @@ def main(argv=None) -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from etweedie.kernels import _energy as P
     from etweedie.kernels import et_score as E
     from etweedie.kernels import is_score as I
 
@@ -61,6 +62,18 @@ def main(argv=None) -> int:
                 build(I._is_score_forward_kernel, ptr, ["Q", "M", "d"],
                       dict(KIND=kind, K=K, BLOCK_Q=16, BLOCK_M=16, BLOCK_D=BD // 4, ONE_CHUNK=one))
                 count += 2
+        # pair engine of energy_score / energy_distance: small-d (registers) and chunked paths,
+        # value-only (circulant) and gradient (ordered) variants
+        for small, D, BD, BI, BJ in [(True, 2, 2, 64, 64), (False, 1, 4, 32, 32), (False, 1, 128, 1, 32)]:
+            for grad in (False, True):
+                consts = dict(CROSS=1, WITHIN_ALL=grad, NEED_G=grad, NEED_VALUE=True, NEED_BETA=grad, CROSS_BETA=grad,
+                              SMALL=small, D=D, DP=D, BD=BD, BI=BI, BJ=BJ)
+                fn = P._energy_pairs_kernel
+                sig = {n: "constexpr" if n in consts else ("*fp64" if n in ("val_ptr", "gb_ptr") else ptr)
+                       if n in consts or n.endswith("_ptr") else ("fp32" if n.startswith("w_") else "i32")
+                       for n in fn.arg_names}
+                triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=target)
+                count += 1
         print(f"check_triton: {dt} variants compiled ({time.time() - t0:.0f} s)", flush=True)
     print(f"check_triton: {count} kernel variants compiled for sm_{args.arch}")
     return 0
