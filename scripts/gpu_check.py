@@ -91,6 +91,10 @@ def _workloads(quick: bool):
         ("et_score_bwd_block_784", "et_score", 256 // s, 256, 784, block, True),
         ("langevin_step_block_784", "langevin_step", 256 // s, 256, 784, block, False),
         ("is_score_65k_x_160k", "is_score", 65536 // (4 * s), 160_000, 2, block, False),
+        # energy_score fwd+bwd (training shape of the paper's MNIST model): target ≥ 5× eager
+        ("energy_score_bwd_block_784", "energy_score", 256 // s, 32, 784, block, True),
+        # energy_distance n = m = 65,536 in 2-d: target ≥ 10× a chunked eager reference, O(n·d) memory
+        ("energy_distance_65k_2", "energy_distance", 1, 65536 // s, 2, lambda dev: None, False),
     ]
 
 
@@ -100,7 +104,25 @@ TIMED_BACKENDS = {
     "et_score": ("reference", "compile", "cuda", "cuda:nosplit", "triton", "triton:nosplit"),
     "langevin_step": ("reference", "compile", "cuda", "cuda:nosplit", "triton", "triton:nosplit"),
     "is_score": ("reference", "cuda", "triton"),
+    "energy_score": ("reference", "compile", "cuda", "triton"),
+    "energy_distance": ("reference", "cuda", "triton"),
 }
+
+
+def chunked_energy_distance(a, b, beta: float = 1.0, chunk: int = 4096):
+    """Eager signed U-statistic energy distance (Σ = I), rows in chunks: O(chunk·(n+m)) memory."""
+    import torch
+
+    n, m = a.shape[0], b.shape[0]
+
+    def pair_sum(x, y):
+        total = torch.zeros((), dtype=torch.float64, device=x.device)
+        for i in range(0, x.shape[0], chunk):
+            dist = torch.cdist(x[i : i + chunk], y, compute_mode="donot_use_mm_for_euclid_dist")
+            total += dist.pow(beta).sum(dtype=torch.float64)
+        return total
+
+    return (2 * pair_sum(a, b) / (n * m) - pair_sum(a, a) / (n * (n - 1)) - pair_sum(b, b) / (m * (m - 1))).to(a.dtype)
 _SPLIT_ENV = {"cuda": "ETWEEDIE_CUDA_SPLIT", "triton": "ETWEEDIE_TRITON_SPLIT"}
 
 
@@ -123,6 +145,26 @@ def _thunk(op: str, backend: str, dev, dtype, B: int, N: int, d: int, metric_fn,
         # the reference is chunked over queries (4096 × bank per block) so it fits on the card
         fn = lambda: etweedie.is_score(y, bank, law, backend=be, chunk=4096)[0]  # noqa: E731
         return fn, (B * d + N * d) * y.element_size()
+    if op == "energy_score":
+        t = torch.randn(B, d, generator=g)
+        xs = (t.unsqueeze(1) + 0.5 * torch.randn(B, N, d, generator=g)).to(dev, dtype).requires_grad_(backward)
+        t = t.to(dev, dtype)
+        beta = (1.2 + 0.8 * torch.rand(B, generator=g)).to(dev, dtype)
+
+        def fn():
+            es = etweedie.energy_score(xs, t, beta, metric, backend=be)
+            return torch.autograd.grad(es.sum(), xs)[0] if backward else es
+
+        # samples read by the forward and again by the backward, ∂samples written
+        return (torch.compile(fn, dynamic=False) if compiled else fn), 3 * xs.numel() * xs.element_size()
+    if op == "energy_distance":
+        a = torch.randn(N, d, generator=g).to(dev, dtype)
+        b = (1.1 * torch.randn(N, d, generator=g) + 0.2).to(dev, dtype)
+        if be == "reference":
+            fn = lambda: chunked_energy_distance(a, b)  # noqa: E731
+        else:
+            fn = lambda: etweedie.energy_distance(a, b, 1.0, backend=be)  # noqa: E731
+        return fn, 2 * a.numel() * a.element_size()
     y = torch.randn(B, d, generator=g)
     x = (y.unsqueeze(1) + 0.5 * torch.randn(B, N, d, generator=g)).to(dev, dtype)
     y = y.to(dev, dtype)
