@@ -1,6 +1,6 @@
 """The ``etweedie`` command line (also ``python -m etweedie``).
 
-    etweedie demo [--seed N] [--out DIR] [--quick] [--no-progress]   score demo on eight Gaussians
+    etweedie demo [--seed N] [--out DIR] [--quick] [--no-progress]   train + score demo (--quick: oracle table)
     etweedie bench [ARGS...]                                          benchmarks.table (from the repo root)
     etweedie info                                                     backends, torch, threads
     etweedie train | score-eval | sample | estimate ...               experiment commands (see --help)
@@ -44,10 +44,10 @@ def _build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
 
-    demo = commands.add_parser("demo", help="score demo on the eight-Gaussians ring (paper §5.1)")
+    demo = commands.add_parser("demo", help="train a small posterior on CPU and evaluate its score (paper §5.1)")
     demo.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
-    demo.add_argument("--out", metavar="DIR", help="also write the results as DIR/score_demo.json")
-    demo.add_argument("--quick", action="store_true", help="small sizes (a few seconds)")
+    demo.add_argument("--out", metavar="DIR", help="run directory (default runs/demo; with --quick: also write DIR/score_demo.json)")
+    demo.add_argument("--quick", action="store_true", help="no training: the oracle-posterior score table, small sizes (a few seconds)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     commands.add_parser(
@@ -90,7 +90,17 @@ def _demo(args: argparse.Namespace) -> int:
     if args.seed < 0:
         print(f"etweedie demo: error: --seed must be >= 0, got {args.seed}", file=sys.stderr)
         return 2
-    sizes = QUICK_SIZES if args.quick else {}
+    if not args.quick:  # train + evaluate (etweedie.demo.run_demo)
+        from .demo import DEMO_OUT, print_demo, run_demo
+
+        try:
+            demo = run_demo(args.out or DEMO_OUT, seed=args.seed, progress=not args.no_progress)
+        except ValueError as exc:  # e.g. a run directory holding another config's checkpoint
+            print(f"etweedie demo: error: {exc}", file=sys.stderr)
+            return 2
+        print_demo(demo)
+        return 0
+    sizes = QUICK_SIZES
     results = run_score_demo(seed=args.seed, progress=not args.no_progress, out_dir=args.out, **sizes)
     print_score_demo(results)
     if "json_path" in results:

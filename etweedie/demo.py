@@ -1,6 +1,14 @@
-"""Score demo on the eight-Gaussians ring (paper §5.1): Energy-Tweedie scores against references.
+"""The etweedie demo (``make demo``, ``etweedie demo``) on the eight-Gaussians ring (paper §5.1).
 
-Two parts, each scoring noisy queries y = x + u (x from the ring, u from the noise law):
+**Full demo** (:func:`run_demo`, ``etweedie demo``): train a small conditional Engression
+posterior on CPU (``configs/eight_gaussians_demo.toml`` through :func:`etweedie.train.train`; a few
+minutes, resumable: a rerun reuses the trained model), then evaluate its Energy-Tweedie score
+over the β sweep of Table score_full5_accuracy and the posterior-draw budget of Table
+score_mc_budget (:mod:`etweedie.score_eval`), print the tables, and write the JSON and the
+figures (β-sweep score fields, NMSE vs N with the a + b/N fit) into the run directory.
+
+**Quick oracle demo** (:func:`run_score_demo`, ``etweedie demo --quick``): no training; scores
+noisy queries y = x + u with exact or SIR posterior draws instead of a model, in two parts:
 
 (a) Gaussian noise (β = 2, λ = 1, Σ = σ² I, σ ∈ {0.1, 0.25, 0.5}).  The noisy score is
     analytic and the posterior X | y is an exact Gaussian mixture, so ``et_score`` on exact
@@ -37,8 +45,14 @@ from . import __version__, backends
 from .data import EightGaussians, posterior_sample_sir
 from .noise import NoiseParams
 from .ops import et_score, is_score
+from .score import mean_cosine, score_nmse
 
 __all__ = [
+    "DEMO_OUT",
+    "DEMO_TRAIN_CONFIG",
+    "demo_eval_config",
+    "print_demo",
+    "run_demo",
     "GAUSSIAN_SIGMAS",
     "GENERAL_BETAS",
     "GENERAL_SIGMAS",
@@ -58,17 +72,6 @@ GENERAL_LAM, GENERAL_U, GENERAL_V = 1.8, 0.0, 0.6
 # Small sizes for `etweedie demo --quick` and the tests (a few seconds).
 QUICK_SIZES = dict(n_queries=128, n_draws=128, bank_size=20_000)
 RESULTS_FILE = "score_demo.json"
-
-
-# ---------------------------------------------------------------------------- metrics
-def score_nmse(estimate: torch.Tensor, reference: torch.Tensor) -> float:
-    """E‖ŝ − s‖² / E‖s‖² over the leading dims of ``(..., d)`` tensors."""
-    return float((estimate - reference).pow(2).sum(-1).mean() / reference.pow(2).sum(-1).mean())
-
-
-def mean_cosine(estimate: torch.Tensor, reference: torch.Tensor) -> float:
-    """Mean per-query cosine similarity of ``(..., d)`` score fields."""
-    return float(torch.nn.functional.cosine_similarity(estimate, reference, dim=-1, eps=1e-30).mean())
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -272,3 +275,115 @@ def format_score_table(results: Dict) -> str:
 def print_score_demo(results: Dict, file: Optional[TextIO] = None) -> None:
     """Print :func:`format_score_table` of ``results`` (to stdout by default)."""
     print(format_score_table(results), file=sys.stdout if file is None else file)
+
+
+# ---------------------------------------------------------------------------- the full demo: train, then evaluate
+DEMO_TRAIN_CONFIG = "eight_gaussians_demo.toml"
+DEMO_OUT = Path("runs") / "demo"
+
+
+def _configs_dir() -> Path:
+    """The repository's configs/ (beside the package in a source checkout), else ./configs."""
+    beside = Path(__file__).resolve().parents[1] / "configs"
+    return beside if beside.is_dir() else Path.cwd() / "configs"
+
+
+def demo_eval_config(seed: int = 0):
+    """The demo's evaluation: the β sweep (1.3–2) and the N = 1…256 budget on its queries, paper bank size.
+
+    512 queries per β value, N = 64 for the table; the budget on the first 256 of them, three
+    draw sets; β-sweep score fields for the figure.  A minute or two on a 2-core CPU.
+    """
+    from .score_eval import BASE, ScoreEvalConfig
+
+    return ScoreEvalConfig(
+        seed=seed,
+        dtype="float32",
+        n_queries=512,
+        n_draws=64,
+        bank_size=160_000,
+        parts=["sweeps", "mc_budget", "fields"],
+        base=dict(BASE),
+        sweeps={"beta": [1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0]},
+        mc_n_draws=[1, 2, 4, 8, 16, 32, 64, 128, 256],
+        mc_repetitions=3,
+        mc_sweep="beta",
+        mc_n_queries=256,
+        field_grid=40,
+        field_n_draws=64,
+        field_values={"beta": [1.3, 1.5, 1.75, 2.0]},
+    ).validate()
+
+
+def run_demo(
+    out_dir: Union[str, os.PathLike] = DEMO_OUT,
+    *,
+    seed: int = 0,
+    progress: bool = True,
+    train_config=None,
+    eval_config=None,
+    log: Optional[TextIO] = None,
+) -> Dict:
+    """Train the demo posterior on CPU and evaluate its score; everything lands in ``out_dir``.
+
+    Args:
+        out_dir: the run directory: ``model/`` (checkpoint, log, ``posterior.pt``) and
+            ``score_eval.json`` with the figures.  An interrupted or finished training in
+            ``out_dir/model`` with the same config is resumed/reused.
+        seed: seed of the training run and of the evaluation's queries and draws.
+        progress: tqdm bars for training and evaluation.
+        train_config: a :class:`etweedie.train.TrainConfig` (default
+            ``configs/eight_gaussians_demo.toml`` with ``seed``).
+        eval_config: a :class:`etweedie.score_eval.ScoreEvalConfig` (default :func:`demo_eval_config`).
+        log: where the stage messages go (default stderr, so stdout holds the tables).
+
+    Returns:
+        ``{"train": <train summary>, "eval": <score_eval results>, "out_dir": str, "seconds": float}``.
+    """
+    from . import train as training
+    from .score_eval import run_score_eval
+
+    seed = _check_size(seed, "seed", 0)
+    log = sys.stderr if log is None else log
+    out = Path(out_dir)
+    start = time.perf_counter()
+    if train_config is None:
+        path = _configs_dir() / DEMO_TRAIN_CONFIG
+        if not path.is_file():
+            raise ValueError(f"train_config: the demo config {DEMO_TRAIN_CONFIG} is not at {path}; run from the repository root")
+        import dataclasses
+
+        train_config = dataclasses.replace(training.load_config(path), seed=seed)
+    eval_config = demo_eval_config(seed) if eval_config is None else eval_config
+
+    print(f"[1/2] training the demo posterior ({train_config.steps} steps) in {out / 'model'}", file=log, flush=True)
+    summary = training.train(train_config, out / "model", resume=True, progress=progress)
+    if summary.get("resumed_from") is not None:
+        print(f"      resumed from step {summary['resumed_from']}", file=log, flush=True)
+    print(f"      {summary['step']} steps, {summary['wall_time_s']:.0f} s of training, final loss "
+          f"{summary['final_loss']:.4f}", file=log, flush=True)
+    posterior = training.load_posterior(summary["posterior"])
+    print("[2/2] evaluating the score: β sweep and posterior-draw budget", file=log, flush=True)
+    results = run_score_eval([posterior], eval_config, out, names=[summary["posterior"]], progress=progress)
+    return {"train": summary, "eval": results, "out_dir": str(out), "seconds": time.perf_counter() - start}
+
+
+def print_demo(demo: Dict, file: Optional[TextIO] = None) -> None:
+    """Print the demo's tables and where its files are."""
+    from .score_eval import format_mc_budget_table, format_sweep_table
+
+    file = sys.stdout if file is None else file
+    results = demo["eval"]
+    print("Energy-Tweedie score of a CPU-trained posterior on eight Gaussians (paper Tables score_full5_accuracy, "
+          "score_mc_budget)\n", file=file)
+    print(format_sweep_table(results), file=file)
+    print("", file=file)
+    print(format_mc_budget_table(results), file=file)
+    train = demo["train"]
+    print(f"\ntraining: {train['step']} steps, {train['wall_time_s']:.0f} s; evaluation {results['seconds']:.0f} s; "
+          f"total {demo['seconds']:.0f} s", file=file)
+    print(f"run directory: {demo['out_dir']}", file=file)
+    print(f"  model:   {train['posterior']}", file=file)
+    print(f"  results: {results['json_path']}", file=file)
+    for path in results["figures"]:
+        print(f"  figure:  {path}", file=file)

@@ -54,6 +54,7 @@ __all__ = [
     "posterior_mean_mse",
     "richardson",
     "richardson_score",
+    "score_from_draws",
     "score_nmse",
 ]
 
@@ -265,24 +266,46 @@ class EnergyTweedieScore:
         """
         y = _check_queries(y)
         noise_params = _check_params(noise_params)
-        d = y.shape[-1]
         batch, fields = _rows(noise_params, y)
-        rows_y = y.reshape(-1, d)
-        x = self._draws(rows_y, fields, generator)
-        # β, λ and the metric from the caller's (possibly differentiable) tensors, one per row.
-        beta, lam, sigma, u, v = (
-            torch.as_tensor(getattr(noise_params, n), dtype=y.dtype, device=y.device).expand(batch).reshape(-1)
-            for n in ("beta", "lam", "sigma", "u", "v")
-        )
-        metric = NoiseParams(beta, lam, sigma, u, v).metric(d)
-        s = et_score(rows_y, x, beta, lam, metric)
-        return s.reshape(*batch, d), x.mean(-2).reshape(*batch, d)
+        x = self._draws(y.reshape(-1, y.shape[-1]), fields, generator)
+        x = x.reshape(*batch, self.n_draws, y.shape[-1])
+        return score_from_draws(y, noise_params, x), x.mean(-2)
 
     def __call__(
         self, y: torch.Tensor, noise_params: NoiseParams, *, generator: Optional[torch.Generator] = None
     ) -> torch.Tensor:
         """ŝ(y) under each query's tuple: ``y (..., d)`` → ``(..., d)``."""
         return self.score_and_mean(y, noise_params, generator=generator)[0]
+
+
+def score_from_draws(y: torch.Tensor, noise_params: NoiseParams, draws: torch.Tensor) -> torch.Tensor:
+    """ŝ(y) = −λ Σ⁻¹ (1/N) Σ_i ‖y − X⁽ⁱ⁾‖^{β−2}_{Σ⁻¹} (y − X⁽ⁱ⁾) from given draws, each row with its own tuple.
+
+    Args:
+        y: queries ``(..., d)``.
+        noise_params: a :class:`NoiseParams` broadcasting to y's batch shape (differentiable).
+        draws: posterior draws ``(..., N, d)`` (e.g. :meth:`EnergyTweedieScore.draws`, or its
+            first N' draws to study the budget N' without drawing again).
+
+    Returns:
+        ``(..., d)``.
+    """
+    y = _check_queries(y)
+    noise_params = _check_params(noise_params)
+    d = y.shape[-1]
+    if not isinstance(draws, torch.Tensor) or draws.dim() != y.dim() + 1 or draws.shape[:-2] != y.shape[:-1] \
+            or draws.shape[-1] != d or draws.shape[-2] < 1:
+        got = tuple(draws.shape) if isinstance(draws, torch.Tensor) else type(draws).__name__
+        raise ValueError(f"draws must have shape (*batch, N >= 1, d) = {(*y.shape[:-1], 'N', d)}, got {got}")
+    batch, _ = _rows(noise_params, y)
+    # β, λ and the metric from the caller's (possibly differentiable) tensors, one per row.
+    beta, lam, sigma, u, v = (
+        torch.as_tensor(getattr(noise_params, n), dtype=y.dtype, device=y.device).expand(batch).reshape(-1)
+        for n in ("beta", "lam", "sigma", "u", "v")
+    )
+    metric = NoiseParams(beta, lam, sigma, u, v).metric(d)
+    s = et_score(y.reshape(-1, d), draws.reshape(-1, draws.shape[-2], d), beta, lam, metric)
+    return s.reshape(*batch, d)
 
 
 # ---------------------------------------------------------------------------- IS oracle

@@ -16,8 +16,9 @@ Reproduces, for one or more posterior models (two independently trained ones in 
   A sweep's entry is the mean of these over its values; the table gives mean ± std (sample
   std, ddof = 1) over the models.
 * **Table score_mc_budget** — NMSE and cosine on the queries of one sweep (``mc_budget.sweep``,
-  the β sweep by default: its N = 64 row is then the β row of the table) for
-  N ∈ {1, 2, 4, …, 256}, ``repetitions`` fresh draw sets per model, and the least-squares fit
+  the β sweep by default: its N = 64 row then estimates the β row of the table) for
+  N ∈ {1, 2, 4, …, 256} (budget N: the first N of one set of 256 draws), ``repetitions`` fresh
+  draw sets per model, and the least-squares fit
   NMSE ≈ a + b/N (paper Eq. score_mc_error_decomposition) pooled over models and repetitions
   and per model.
 * **Score across σ** — NMSE and cosine over a σ grid for Gaussian noise (β = 2, λ = 1,
@@ -64,6 +65,7 @@ from .score import (
     posterior_mean_mse,
     richardson,
     richardson_score,
+    score_from_draws,
     score_nmse,
 )
 
@@ -128,7 +130,8 @@ class ScoreEvalConfig:
     ``n_draws`` (N for the tables), ``bank_size`` (IS bank, 160,000 in the paper), ``chunk``
     (queries per posterior call; 0 = all), ``parts`` (subset of ``PARTS``).
     ``[base]``: the base tuple.  ``[sweeps]``: parameter → values (any subset of β, λ, σ, u, v).
-    ``[mc_budget]``: ``n_draws`` (list), ``repetitions``, ``sweep``.
+    ``[mc_budget]``: ``n_draws`` (list), ``repetitions``, ``sweep``, ``n_queries`` (the first
+    that many of each sweep value's queries; 0 = all).
     ``[sigma_profile]``: ``sigmas``.  ``[richardson]``: ``sigmas`` (adjacent pairs are tried),
     ``n_queries``, ``n_draws``.  ``[fields]``: ``grid`` (points per side), ``extent`` (half
     width), ``n_draws``, ``values`` (parameter → list, one panel each).
@@ -145,6 +148,7 @@ class ScoreEvalConfig:
     sweeps: Dict[str, List[float]] = field(default_factory=_default_sweeps)
     mc_n_draws: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])
     mc_repetitions: int = 5
+    mc_n_queries: int = 0
     mc_sweep: str = "beta"
     profile_sigmas: List[float] = field(default_factory=lambda: [0.1, 0.13, 0.17, 0.23, 0.3, 0.4, 0.57, 0.75])
     richardson_sigmas: List[float] = field(default_factory=lambda: [0.1, 0.13, 0.17, 0.23])
@@ -162,12 +166,12 @@ class ScoreEvalConfig:
 
     def validate(self) -> "ScoreEvalConfig":
         """Raise ValueError/TypeError naming the first bad field; returns self."""
-        for name in ("seed", "n_queries", "n_draws", "bank_size", "chunk", "mc_repetitions",
+        for name in ("seed", "n_queries", "n_draws", "bank_size", "chunk", "mc_repetitions", "mc_n_queries",
                      "richardson_n_queries", "richardson_n_draws", "field_grid", "field_n_draws"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-            minimum = {"seed": 0, "chunk": 0, "bank_size": 4, "field_grid": 4}.get(name, 1)
+            minimum = {"seed": 0, "chunk": 0, "mc_n_queries": 0, "bank_size": 4, "field_grid": 4}.get(name, 1)
             if value < minimum:
                 raise ValueError(f"{name} must be >= {minimum}, got {value}")
         if self.dtype not in ("float32", "float64"):
@@ -216,7 +220,8 @@ def _check_floats(values, name: str, positive: bool = False) -> None:
 
 _SECTIONS = {
     "base": {k: k for k in PARAMETERS},
-    "mc_budget": {"n_draws": "mc_n_draws", "repetitions": "mc_repetitions", "sweep": "mc_sweep"},
+    "mc_budget": {"n_draws": "mc_n_draws", "repetitions": "mc_repetitions", "sweep": "mc_sweep",
+                  "n_queries": "mc_n_queries"},
     "sigma_profile": {"sigmas": "profile_sigmas"},
     "richardson": {"sigmas": "richardson_sigmas", "n_queries": "richardson_n_queries", "n_draws": "richardson_n_draws"},
     "fields": {"grid": "field_grid", "extent": "field_extent", "n_draws": "field_n_draws", "values": "field_values",
@@ -404,7 +409,7 @@ def run_score_eval(
     }
     cache: Dict[Tuple[str, float], Dict[str, Any]] = {}
 
-    def reference(tag: str, params: NoiseParams, queries_key) -> Dict[str, Any]:
+    def reference(params: NoiseParams, queries_key) -> Dict[str, Any]:
         """Queries of one setting with the IS reference and the disagreement of the halves (cached)."""
         if queries_key in cache:
             return cache[queries_key]
@@ -441,7 +446,7 @@ def run_score_eval(
         per_value = []
         for value in values:
             params = sweep_params(config.base, name, value, dtype)
-            entry = reference(name, params, (name, float(value)))
+            entry = reference(params, (name, float(value)))
             models = [evaluate(i, entry, config.n_draws, "sweep", name, float(value)) for i in range(n_models)]
             per_value.append(
                 {
@@ -465,17 +470,30 @@ def run_score_eval(
     # ------------------------------------------------ Table score_mc_budget
     if "mc_budget" in parts:
         name = config.mc_sweep
-        entries = [reference(name, sweep_params(config.base, name, v, dtype), (name, float(v))) for v in config.sweeps[name]]
+        entries = [reference(sweep_params(config.base, name, v, dtype), (name, float(v))) for v in config.sweeps[name]]
         budgets = list(config.mc_n_draws)
         # nmse[model][budget][repetition]: the mean over the sweep's values, as in the sweep table.
         nmse = [[[0.0] * config.mc_repetitions for _ in budgets] for _ in range(n_models)]
         cosine = [[[0.0] * config.mc_repetitions for _ in budgets] for _ in range(n_models)]
+        m = config.mc_n_queries or config.n_queries
         for i in range(n_models):
             for rep in range(config.mc_repetitions):
-                for b, n in enumerate(budgets):
-                    scores = [evaluate(i, e, n, "mc", rep, n, k) for k, e in enumerate(entries)]
-                    nmse[i][b][rep] = sum(s["nmse"] for s in scores) / len(scores)
-                    cosine[i][b][rep] = sum(s["cosine"] for s in scores) / len(scores)
+                per_nmse = [[] for _ in budgets]
+                per_cos = [[] for _ in budgets]
+                for k, e in enumerate(entries):
+                    y, ref = e["y"][:m], e["score"][:m]
+                    # One set of max(N) draws; budget N uses its first N (each estimator has its exact
+                    # law; budgets within one repetition are correlated, repetitions are independent).
+                    scorer = EnergyTweedieScore(posteriors[i], max(budgets), chunk=chunk,
+                                                generator=_stream(config.seed, "mc", i, rep, k))
+                    draws = scorer.draws(y, e["params"])
+                    for b, n in enumerate(budgets):
+                        s = score_from_draws(y, e["params"], draws[..., :n, :])
+                        per_nmse[b].append(score_nmse(s, ref))
+                        per_cos[b].append(mean_cosine(s, ref))
+                for b in range(len(budgets)):
+                    nmse[i][b][rep] = sum(per_nmse[b]) / len(per_nmse[b])
+                    cosine[i][b][rep] = sum(per_cos[b]) / len(per_cos[b])
                 stages.step(f"N-budget model {i} rep {rep}")
         rows = []
         for b, n in enumerate(budgets):
@@ -511,7 +529,7 @@ def run_score_eval(
                 params = sweep_params({**fixed, "sigma": float(sigma)}, "sigma", sigma, dtype)
                 # The generalized family is the σ sweep's tuple: share its queries and reference.
                 key = ("sigma", float(sigma)) if family == "generalized" else ("profile-gaussian", float(sigma))
-                entry = reference(family, params, key)
+                entry = reference(params, key)
                 if family == "gaussian":  # exact reference: the analytic noisy score, Σ = σ² I, noise N(0, σ²/λ I)
                     exact = ring.noisy_score(entry["y"], float(params.realized_rms()))
                     entry = {**entry, "score": exact, "mean": ring.posterior_mean(entry["y"], float(params.realized_rms()))}
@@ -806,7 +824,9 @@ def write_figures(
                         label=f"{results['models'][i]} (a={mc['fit_per_model'][i]['a']:.3f})")
         dense = torch.logspace(0, math.log10(max(budgets)), 100, dtype=torch.float64)
         a, b = mc["fit"]["a"], mc["fit"]["b"]
-        ax.plot(dense.tolist(), (a + b / dense).tolist(), ls="--", c="k", label=f"fit a + b/N: a={a:.3f}, b={b:.2f}")
+        fit = a + b / dense
+        keep = fit > 0  # a slightly negative floor (noise) would leave the log axis
+        ax.plot(dense[keep].tolist(), fit[keep].tolist(), ls="--", c="k", label=f"fit a + b/N: a={a:.3f}, b={b:.2f}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("posterior draws N")

@@ -96,3 +96,39 @@ def test_python_dash_m():
     done = subprocess.run([sys.executable, "-m", "etweedie", "info"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "backends" in done.stdout
+
+
+def test_full_demo_trains_evaluates_and_reports_where_files_are(tmp_path, capsys):
+    # `make demo` = train on CPU, evaluate the β sweep and the N budget, print tables and paths;
+    # here with the tiny training config and a small evaluation so it takes seconds.
+    import dataclasses
+    from io import StringIO
+    from pathlib import Path
+
+    from etweedie.demo import demo_eval_config, print_demo, run_demo
+    from etweedie.train import load_config
+
+    root = Path(__file__).resolve().parents[1]
+    train_cfg = load_config(root / "configs" / "eight_gaussians_tiny.toml")
+    eval_cfg = dataclasses.replace(
+        demo_eval_config(), n_queries=32, bank_size=3000, sweeps={"beta": [1.4, 2.0]}, mc_n_draws=[1, 4, 16],
+        mc_repetitions=2, field_grid=10, field_density=0.4, field_values={"beta": [1.4]},
+    )
+    log = StringIO()
+    demo = run_demo(tmp_path / "demo", progress=False, train_config=train_cfg, eval_config=eval_cfg, log=log)
+    assert "[1/2] training" in log.getvalue() and "[2/2] evaluating" in log.getvalue()
+    assert demo["train"]["step"] == train_cfg.steps
+    results = demo["eval"]
+    assert list(results["sweeps"]) == ["beta"] and results["mc_budget"]["n_draws"] == [1, 4, 16]
+    print_demo(demo)
+    printed = capsys.readouterr().out
+    for token in ("score NMSE", "a + b/N", "run directory", results["json_path"], demo["train"]["posterior"]):
+        assert token in printed
+    assert json.loads(Path(results["json_path"]).read_text())["models"] == [demo["train"]["posterior"]]
+    assert {Path(p).name for p in results["figures"]} == {"score_fields_beta.png", "mc_budget.png"}
+    for path in results["figures"]:
+        assert Path(path).stat().st_size > 5_000 and f"figure:  {path}" in printed
+    # a second run reuses the trained model (resume of a finished run) instead of training again
+    again = run_demo(tmp_path / "demo", progress=False, train_config=train_cfg,
+                     eval_config=dataclasses.replace(eval_cfg, parts=["sweeps"]), log=StringIO())
+    assert again["train"]["resumed_from"] == train_cfg.steps

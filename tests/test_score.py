@@ -18,6 +18,7 @@ from etweedie.score import (
     posterior_mean_mse,
     richardson,
     richardson_score,
+    score_from_draws,
     score_nmse,
 )
 
@@ -167,6 +168,21 @@ def test_batched_queries_and_gradients_through_the_tuple():
     s.pow(2).sum().backward()
     assert beta.grad is not None and torch.isfinite(beta.grad) and lam.grad is not None
     assert score.draws(y, NoiseParams(1.5, 1.8, 0.5)).shape == (3, 4, 5, 2)
+
+
+def test_score_from_draws_reuses_draws_for_smaller_budgets():
+    post = OraclePosterior(bank_size=2_000, generator=torch.Generator().manual_seed(0))
+    params = NoiseParams(torch.tensor([1.4, 1.8, 2.0], dtype=F64), 1.8, 0.57, 0.0, 0.6)
+    y = torch.randn(3, 2, generator=torch.Generator().manual_seed(1), dtype=F64)
+    draws = EnergyTweedieScore(post, 16).draws(y, params)
+    # same generator state: the score of all 16 draws equals the scorer's own
+    torch.testing.assert_close(score_from_draws(y, params, draws), EnergyTweedieScore(post, 16)(y, params))
+    first4 = score_from_draws(y, params, draws[:, :4])
+    for i in range(3):
+        row = NoiseParams(params.beta[i], 1.8, 0.57, 0.0, 0.6)
+        torch.testing.assert_close(first4[i], row.noise(2).score(y[i] - draws[i, :4]).mean(0), rtol=1e-5, atol=1e-8)
+    with pytest.raises(ValueError, match="draws"):
+        score_from_draws(y, params, draws[0])
 
 
 def test_default_generator_is_reproducible_and_call_generator_wins():
