@@ -89,8 +89,8 @@ def test_far_from_origin(backend, device, d, seed):
 def test_same_law_near_zero_different_laws_positive(backend, device, seed):
     g = gen(seed)
     B, n, d = 400, 40, 2
-    a = torch.randn(B, n, d, generator=g, dtype=torch.float64)
-    b = torch.randn(B, n, d, generator=g, dtype=torch.float64)
+    a = torch.randn(B, n, d, generator=g, dtype=torch.float64).to(device)
+    b = torch.randn(B, n, d, generator=g, dtype=torch.float64).to(device)
     ed = etweedie.energy_distance(a, b, backend=backend)
     z = ed.mean() / (ed.std() / B**0.5)
     assert abs(float(z)) < 5, f"same law: mean ED {float(ed.mean()):.2e} is {float(z):.1f} SE from 0 (seed {seed})"
@@ -102,10 +102,11 @@ def test_same_law_near_zero_different_laws_positive(backend, device, seed):
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE + [("reference", "cpu")], ids=BACKEND_IDS + ["reference"])
 def test_beta2_v_statistic_is_mean_difference(backend, device, seed):
     a, b, _, metric = _inputs(seed, 3, 10, 14, 6, "diagonal")
-    ed = etweedie.energy_distance(a, b, 2.0, metric, unbiased=False, backend=backend)
+    m, _ = metric_to(metric, torch.float64, device)
+    ed = etweedie.energy_distance(a.to(device), b.to(device), 2.0, m, unbiased=False, backend=backend)
     delta = a.mean(1) - b.mean(1)
     want = 2 * (delta * metric.apply_precision(delta)).sum(-1)
-    torch.testing.assert_close(ed, want, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ed.cpu(), want, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)

@@ -67,8 +67,8 @@ def test_biased_pair_term(backend, device, shape, seed):
     _check_all(backend, device, _inputs(seed, *shape, "diagonal"), seed, "fair=False", fair=False)
     # M = 1 is allowed with the biased term: the score is then the plain distance
     x, y, b, _ = _inputs(seed, 3, 1, shape[2], "none")
-    es = etweedie.energy_score(x.float(), y.float(), b.float(), fair=False, backend=backend)
-    torch.testing.assert_close(es, (x[:, 0] - y).norm(dim=-1).pow(b).float())
+    es = etweedie.energy_score(x.float().to(device), y.float().to(device), b.float().to(device), fair=False, backend=backend)
+    torch.testing.assert_close(es.cpu(), (x[:, 0] - y).norm(dim=-1).pow(b).float())
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
@@ -86,8 +86,8 @@ def test_coincident_points_no_nan(backend, device, beta, d, seed):
     x[:, 2] = y  # a sample on the target
     _check_all(backend, device, (x, y, b, metric), seed, f"coincident beta={beta}")
     # every sample on the target: the score and all its gradients are exactly 0
-    xs = y.float().unsqueeze(1).expand(4, 5, d).contiguous().requires_grad_()
-    es = etweedie.energy_score(xs, y.float(), beta, backend=backend)
+    xs = y.float().to(device).unsqueeze(1).expand(4, 5, d).contiguous().requires_grad_()
+    es = etweedie.energy_score(xs, y.float().to(device), beta, backend=backend)
     (gx,) = torch.autograd.grad(es.sum(), xs)
     assert torch.equal(es, torch.zeros_like(es)) and torch.equal(gx, torch.zeros_like(gx))
 

@@ -140,10 +140,13 @@ def _kernel(name, samples, target, beta, prec, kind, fair) -> torch.Tensor:
 
 
 def _fused_available(device: torch.device) -> bool:
-    return _FUSED if device.type == "cpu" else backends._has_op("energy_score_fwd_grad", "CUDA")
+    return _FUSED if device.type == "cpu" else _FUSED_CUDA
 
 
+# Looked up once at import (the extension registers its kernels when it loads); a lookup inside
+# the op would break torch.compile's graph (a dispatcher query returns a bool, not a tensor).
 _FUSED = backends._EXT_OK and backends._has_op("energy_score_fwd_grad", "CPU")
+_FUSED_CUDA = backends._EXT_OK and backends._has_op("energy_score_fwd_grad", "CUDA")
 
 
 # ---------------------------------------------------------------------------- registration
