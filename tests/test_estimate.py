@@ -33,6 +33,17 @@ SIGMAS = (0.25, 0.45, 0.75)
 N_EST, N_HOLD, K_DRAWS = 256, 64, 128
 
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One intra-op thread for this module (restored after): these small problems are
+    overhead-bound, and on a shared 2-core machine a second OpenMP thread that gets descheduled
+    makes every parallel region wait for it (100× slower steps were measured)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 @pytest.fixture(scope="module")
 def spd_problem():
     """CPU-scale full-SPD problem: 256 estimation + 64 held-out observations per level, K = 128.
