@@ -299,3 +299,28 @@ def test_bad_inputs_raise_named_errors():
         EstimatorSettings(beta_min=1.5, beta_init=1.2)
     with pytest.raises(ValueError, match="identically zero"):
         profile_lambda(s, torch.zeros_like(s))
+
+
+def test_cli_writes_results(tmp_path):
+    """`etweedie estimate` on a tiny config writes the JSON, the table and (with matplotlib) the figure."""
+    import json
+
+    from etweedie.cli import main
+
+    config = tmp_path / "tiny.toml"
+    config.write_text(
+        "replicates = 1\n[data]\nn_estimation = 24\nn_heldout = 16\nbank_size = 2000\n"
+        "[sources]\nscore = [\"oracle\"]\nposterior = [\"oracle\"]\n"
+        "[estimator]\nn_posterior = 16\nsteps = 5\n"
+    )
+    out = tmp_path / "out"
+    assert main(["estimate", "--config", str(config), "--out", str(out), "--no-progress"]) == 0
+    results = json.loads((out / "estimate_results.json").read_text())
+    assert [e["family"] for e in results["summary"]] == list(FAMILIES)
+    assert all(math.isfinite(r["heldout_nmse"]) for r in results["rows"])
+    assert (out / "estimate_table.md").read_text().startswith("| family |")
+    if results["figure"] is not None:
+        assert (out / "heldout_error.png").stat().st_size > 0
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[estimator]\nbeta_min = 2.5\n")
+    assert main(["estimate", "--config", str(bad), "--no-progress"]) == 2
