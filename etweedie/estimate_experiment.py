@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import platform
 import statistics
