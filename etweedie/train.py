@@ -62,6 +62,7 @@ __all__ = [
     "add_cli_arguments",
     "build_posterior",
     "cli_main",
+    "config_from_dict",
     "config_to_dict",
     "gaussian_posterior_check",
     "held_out_loss",
