@@ -38,11 +38,15 @@ __all__ = ["et_score_forward", "et_score_backward", "et_score_op", "block_sizes"
 # MNIST-sized rows (d = 784) in one chunk, so each draw is read once.
 _MAX_BLOCK_D = 1024
 _TILE = 4096
-# Programs per streaming multiprocessor the forward aims for: with too few query rows the
-# draws are split into S ranges (grid axis 2), each program writing partial sums that the host
-# adds — bandwidth needs many loads in flight, and B rows alone (e.g. 256 on 132 SMs) are not
-# enough.  _SM_OVERRIDE (tests) replaces the device's SM count; the interpreter assumes 2 SMs.
-_PROGRAMS_PER_SM = 8
+# Programs per streaming multiprocessor the forward aims for: with fewer query rows than that,
+# the draws are split into S ranges (grid axis 2), each program writing partial sums that the
+# host adds.  Measured on an H200 (benchmarks/RESULTS.md, 2026-11-26): at B = 256 rows (about 2
+# per SM) splitting to 8 programs per SM made the d = 784 forward slower (0.49 vs 0.37 ms: the
+# partial sums and the host-side finish cost more than the extra parallelism gives), so the
+# split is kept for rows too few to give every SM one program.  _SM_OVERRIDE (tests) replaces
+# the device's SM count; the interpreter pretends to have 16 SMs so that small test batches
+# take the split path and large ones do not.
+_PROGRAMS_PER_SM = 1
 _SM_OVERRIDE = None
 _SM_CACHE: dict = {}
 
@@ -51,7 +55,7 @@ def _sm_count(device: torch.device) -> int:
     if _SM_OVERRIDE is not None:
         return _SM_OVERRIDE
     if device.type != "cuda":
-        return 2
+        return 16
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _SM_CACHE:  # queried on first launch, never at import
         _SM_CACHE[idx] = torch.cuda.get_device_properties(idx).multi_processor_count

@@ -122,14 +122,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_finalize_ke
   }
 }
 
-// Draw ranges per row so that B·S blocks fill the GPU once (kMinBlocks per SM); 1 = no split.
+// Draw ranges per row so that B·S blocks give every SM one block; 1 = no split.  Measured on an
+// H200 (benchmarks/RESULTS.md, 2026-11-26): aiming at kMinBlocks blocks per SM made B = 256,
+// d = 784 slower (0.65 vs 0.43 ms), so only rows too few for one block per SM are split.
 // ETWEEDIE_CUDA_SPLIT=0 in the environment turns the split off (A/B timing, bisecting).
 inline int64_t draw_splits(int64_t B, int64_t N, int sms) {
   const char* flag = std::getenv("ETWEEDIE_CUDA_SPLIT");  // read per launch: A/B timing in one process
   const bool enabled = flag == nullptr || flag[0] != '0';
   constexpr int64_t kMinDraws = 16;  // fewest draws per range
   if (!enabled || B <= 0) return 1;
-  const int64_t slots = static_cast<int64_t>(kMinBlocks) * sms;
+  const int64_t slots = sms;
   if (B >= slots) return 1;
   const int64_t want = (slots + B - 1) / B, most = (N + kMinDraws - 1) / kMinDraws;
   return want < most ? want : most;
