@@ -199,7 +199,7 @@ def build_posteriors(config: Dict) -> Dict[str, object]:
 
     models = {}
     for i, path in enumerate(p["checkpoints"]):
-        name = f"model{i}:{Path(path).name if Path(path).is_file() else Path(path).name or path}"
+        name = f"model{i}:{'/'.join(Path(path).parts[-2:])}"
         models[name] = load_posterior(path, device=p["device"])
     return models
 
@@ -358,7 +358,7 @@ def _save_samples(stem: Path, x: torch.Tensor) -> None:
 
 
 def _add_timer(total: ThroughputTimer, part: ThroughputTimer) -> ThroughputTimer:
-    for key in ("posterior_s", "step_s", "total_s", "chain_steps", "posterior_calls", "chains", "levels"):
+    for key in ("posterior_s", "step_s", "callback_s", "total_s", "chain_steps", "posterior_calls", "chains", "levels"):
         setattr(total, key, getattr(total, key) + getattr(part, key))
     return total
 
@@ -528,9 +528,10 @@ def format_tables(results: Dict) -> str:
         t = res["timing"]
         lines.append("")
         lines.append(
-            f"throughput: {t['chain_steps_per_s']:.0f} chain·steps/s over {t['total_s']:.1f} s "
+            f"throughput: {t['chain_steps_per_s']:.0f} chain·steps/s over {t['sampling_s']:.1f} s of sampling "
             f"(posterior {100 * t['posterior_share']:.0f}%, score+step kernel {100 * t['score_step_share']:.0f}%, "
-            f"rest {100 * t['rest_share']:.0f}%); table wall time {res['wall_s']:.1f} s"
+            f"rest {100 * t['rest_share']:.0f}%; tracking callbacks {t['callback_s']:.1f} s apart); "
+            f"table wall time {res['wall_s']:.1f} s"
         )
         lines.append("")
     return "\n".join(lines)
