@@ -63,6 +63,9 @@ check-triton: $(STAMP)
 	env -u TRITON_INTERPRET $(PY) scripts/check_triton.py $(TRITON_CHECK_ARGS)
 
 # Needs an NVIDIA GPU and a CUDA build of torch; stops with the reason before building otherwise.
+# Where python3 already is a virtual environment holding a CUDA torch (an offline GPU box):
+#   make gpu-check VENV=$$(python3 -c 'import sys; print(sys.prefix)')
+# (benchmarks/RESULTS.md has the exact command of the recorded H200 run).
 # Log and JSON results in gpu_check/ (GPU_CHECK_ARGS=--quick for smaller benchmark shapes).
 GPU_CHECK_ARGS ?=
 # A machine whose python3 already holds a CUDA torch gets a venv that sees it (no download).
