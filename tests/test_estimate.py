@@ -250,6 +250,33 @@ def test_trace_normalized_dense_geometry():
     assert torch.trace(est.covariance()).item() == pytest.approx(2.0)
 
 
+
+def test_dense_geometry_recovers_gaussian_covariance():
+    """d = 6, dense Cholesky shape (k = d > 4): Gaussian prior N(0, I) and noise N(0, Σ) make the
+    posterior and the noisy score closed form; the forced-Gaussian fit recovers Ŝ = dΣ/tr Σ and
+    λ̂ = d/tr Σ (the trace-normalized representative of the scale orbit)."""
+    g = torch.Generator().manual_seed(9)
+    d, n, K = 6, 512, 64
+    A = torch.randn(d, d, generator=g, dtype=torch.float64)
+    Sigma = 0.3 * (A @ A.T / d + 0.3 * torch.eye(d, dtype=torch.float64))
+    eye = torch.eye(d, dtype=torch.float64)
+    y = torch.randn(n, d, generator=g, dtype=torch.float64) @ torch.linalg.cholesky(eye + Sigma).T
+    P = torch.linalg.inv(Sigma)
+    C = torch.linalg.inv(eye + P)  # posterior covariance; mean C P y
+    mean = y @ (C @ P).T
+    x = mean[:, None, :] + torch.randn(n, K, d, generator=g, dtype=torch.float64) @ torch.linalg.cholesky(C).T
+    s = -y @ torch.linalg.inv(eye + Sigma).T
+    est = estimate_noise(y, posterior_samples=x, scores=s, family="gaussian",
+                         settings=EstimatorSettings(n_posterior=K, steps=200, batch_size=n, lr=0.05),
+                         generator=g, progress=False)
+    assert est.shape.shape == (d, d) and est.beta == 2.0
+    target = d * Sigma / torch.trace(Sigma)
+    rel = float(torch.linalg.matrix_norm(est.shape - target) / torch.linalg.matrix_norm(target))
+    print(f"dense: rel {rel:.4f} lam {est.lam:.4f} target {d / float(torch.trace(Sigma)):.4f}")
+    assert rel < 0.1, rel
+    assert est.lam == pytest.approx(d / float(torch.trace(Sigma)), rel=0.1)
+
+
 # ---------------------------------------------------------------------------- bad input
 def _tiny():
     y = torch.zeros(4, 2, dtype=torch.float64)
