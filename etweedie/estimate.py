@@ -671,6 +671,14 @@ def add_cli_arguments(parser) -> None:
         "--posterior-checkpoint", metavar="PATH", action="append", default=None,
         help="learned posterior checkpoint (etweedie.train.load_posterior); repeat for several trained posteriors",
     )
+    parser.add_argument(
+        "--score-source", choices=("oracle", "learned"), action="append", default=None,
+        help="override sources.score (repeatable), e.g. --score-source oracle",
+    )
+    parser.add_argument(
+        "--family", choices=tuple(FAMILIES), action="append", default=None,
+        help="override sources.families (repeatable)",
+    )
     parser.add_argument("--replicates", type=int, help="override the number of data replicates")
     parser.add_argument("--seed", type=int, help="override the seed")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
@@ -691,6 +699,10 @@ def cli_main(args) -> int:
             config["seed"] = args.seed
         if args.posterior_checkpoint:
             config["sources"]["posterior_checkpoints"] = list(args.posterior_checkpoint)
+        if args.score_source:
+            config["sources"]["score"] = list(dict.fromkeys(args.score_source))
+        if args.family:
+            config["sources"]["families"] = list(dict.fromkeys(args.family))
         config = estimate_experiment.validate_config(config)
     except (OSError, ValueError, TypeError) as exc:
         print(f"etweedie estimate: error: {exc}", file=sys.stderr)
