@@ -5,7 +5,8 @@
 Per model: the held-out matched energy score over the training prior (its own config's prior
 and data; 4096 examples, 16 draws, fixed seed) and the exact-posterior check at β = 2, u = v = 0,
 λ = 1 (etweedie.train.gaussian_posterior_check: 1024 queries per σ ∈ {0.1, 0.25, 0.5, 0.75},
-N = 256 draws): Energy-Tweedie score NMSE against the analytic noisy score and the
+N = 256 draws): Energy-Tweedie score NMSE against the analytic noisy score (and the same with
+N exact posterior draws: the Monte-Carlo floor) and the
 posterior-mean error ‖x̄_N − E[X|y]‖².  One JSON line per model.
 """
 
@@ -35,6 +36,7 @@ def main() -> None:
             "step": blob["step"],
             "held_out_es": round(held_out_loss(posterior, config), 4),
             "gauss_score_nmse": round(check["score_nmse"], 4),
+            "gauss_exact_draws_score_nmse": round(check["exact_score_nmse"], 4),
             "gauss_pm_mse": round(check["pm_mse"], 5),
             "per_sigma_score_nmse": {k: round(v["score_nmse"], 4) for k, v in check["per_sigma"].items()},
         }
