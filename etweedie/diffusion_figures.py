@@ -36,7 +36,7 @@ def write_figures(results: Dict, ring: EightGaussians, out_dir) -> List[str]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:  # figures are optional: the metrics and samples do not need them
-        print("note: matplotlib is not installed; no figures written (pip install matplotlib)")
+        print("note: matplotlib is not installed; no figures written (pip install 'etweedie[plot]')")
         return []
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
