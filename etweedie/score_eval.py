@@ -807,6 +807,8 @@ def write_figures(
                 if d > REFERENCE_FLOOR and family == "generalized":
                     ax.axvspan(s / 1.08, s * 1.08, color="0.85", zorder=0)
             ax.set_xscale("log")
+            ax.minorticks_off()
+            ax.set_xticks(sig, [f"{x:g}" for x in sig], rotation=45, fontsize=7)
             ax.set_xlabel("σ")
             ax.set_title(f"{metric} — {family}", fontsize=10)
             ax.legend(fontsize=7)
