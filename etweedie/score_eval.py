@@ -134,7 +134,8 @@ class ScoreEvalConfig:
     that many of each sweep value's queries; 0 = all).
     ``[sigma_profile]``: ``sigmas``.  ``[richardson]``: ``sigmas`` (adjacent pairs are tried),
     ``n_queries``, ``n_draws``.  ``[fields]``: ``grid`` (points per side), ``extent`` (half
-    width), ``n_draws``, ``values`` (parameter → list, one panel each).
+    width), ``n_draws``, ``density`` (streamline density), ``values`` (parameter → list, one
+    panel each).
     """
 
     seed: int = 0
