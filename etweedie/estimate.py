@@ -679,6 +679,10 @@ def add_cli_arguments(parser) -> None:
         "--family", choices=tuple(FAMILIES), action="append", default=None,
         help="override sources.families (repeatable)",
     )
+    parser.add_argument(
+        "--level-scale", choices=LEVEL_SCALES, default=None,
+        help="override truth.level_scale: rms (Σ = (σ/c_{β,d})² S, DESIGN §2) or plain (Σ = σ² S, paper §5.1 text)",
+    )
     parser.add_argument("--replicates", type=int, help="override the number of data replicates")
     parser.add_argument("--seed", type=int, help="override the seed")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
@@ -703,6 +707,8 @@ def cli_main(args) -> int:
             config["sources"]["score"] = list(dict.fromkeys(args.score_source))
         if args.family:
             config["sources"]["families"] = list(dict.fromkeys(args.family))
+        if args.level_scale:
+            config["truth"]["level_scale"] = args.level_scale
         config = estimate_experiment.validate_config(config)
     except (OSError, ValueError, TypeError) as exc:
         print(f"etweedie estimate: error: {exc}", file=sys.stderr)

@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 from . import __version__
 from .data import EightGaussians, posterior_sample_sir
 from .estimate import FAMILIES, FAMILY_LABELS, EstimatorSettings, estimate_noise, level_variance
-from .metric import Metric, shape_matrix
+from .metric import Metric, scale_constant, shape_matrix
 from .noise import GeneralizedGaussian, NoiseParams
 from .ops import is_score
 from .scorematching import fit_score
@@ -187,7 +187,12 @@ def learned_posterior_sampler(model, truth: Dict, chunk: int = 128):
     def sample(y: torch.Tensor, sigma: Optional[float], K: int, generator: torch.Generator) -> torch.Tensor:
         if sigma is None:
             raise ValueError("the learned posterior needs the known level sigma of every group")
-        eta = NoiseParams(truth["beta"], truth["lam"], float(sigma), truth["u"], truth["v"]).eta().to(model_dtype)
+        # The posterior is conditioned on the five-parameter tuple of NoiseParams (Σ = (σ/c)² S);
+        # under the "plain" convention (Σ = σ² S) the same law has σ_NoiseParams = σ·c_{β,2}.
+        level = float(sigma)
+        if truth["level_scale"] == "plain":
+            level *= float(scale_constant(torch.tensor(float(truth["beta"]), dtype=torch.float64), 2))
+        eta = NoiseParams(truth["beta"], truth["lam"], level, truth["u"], truth["v"]).eta().to(model_dtype)
         out = []
         with torch.no_grad():
             for start in range(0, y.shape[0], chunk):
