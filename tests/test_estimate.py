@@ -351,3 +351,32 @@ def test_cli_writes_results(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[estimator]\nbeta_min = 2.5\n")
     assert main(["estimate", "--config", str(bad), "--no-progress"]) == 2
+
+
+def test_learned_posterior_adapter_passes_true_eta():
+    """The learned-posterior sampler conditions on η of the true tuple at each known level, in
+    chunks, in the model's dtype; under the "plain" convention σ is mapped to σ·c_{β,2}."""
+    from etweedie.estimate_experiment import learned_posterior_sampler
+    from etweedie.metric import scale_constant
+    from etweedie.noise import NoiseParams
+
+    class FakePosterior(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.etas = []
+
+        def sample(self, y, eta, n, *, generator):
+            assert y.dtype == torch.float32 and eta.shape == (y.shape[0], 5)
+            self.etas.append(eta[0].clone())
+            return y[:, None, :].expand(y.shape[0], n, y.shape[1]) + 1.0
+
+    y = torch.arange(10.0, dtype=torch.float64).reshape(5, 2)
+    for scale, sigma_np in (("rms", 0.45), ("plain", 0.45 * float(scale_constant(torch.tensor(1.4), 2)))):
+        model = FakePosterior()
+        sampler = learned_posterior_sampler(model, dict(TRUTH, level_scale=scale), chunk=2)
+        x = sampler(y, 0.45, 3, torch.Generator())
+        assert x.shape == (5, 3, 2) and x.dtype == torch.float64
+        torch.testing.assert_close(x, y[:, None, :].expand(5, 3, 2) + 1.0)
+        assert len(model.etas) == 3  # ceil(5 / 2) chunks
+        torch.testing.assert_close(model.etas[0], NoiseParams(1.4, 1.8, sigma_np, 0.25, 0.35).eta().float())
