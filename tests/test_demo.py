@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from etweedie.cli import main
 from etweedie.demo import QUICK_SIZES, format_score_table, run_score_demo
@@ -105,7 +106,7 @@ def test_full_demo_trains_evaluates_and_reports_where_files_are(tmp_path, capsys
     from io import StringIO
     from pathlib import Path
 
-    from etweedie.demo import demo_eval_config, print_demo, run_demo
+    from etweedie.demo import DEMO_SAMPLING, demo_eval_config, print_demo, run_demo
     from etweedie.train import load_config
 
     root = Path(__file__).resolve().parents[1]
@@ -114,15 +115,25 @@ def test_full_demo_trains_evaluates_and_reports_where_files_are(tmp_path, capsys
         demo_eval_config(), n_queries=32, bank_size=3000, sweeps={"beta": [1.4, 2.0]}, mc_n_draws=[1, 4, 16],
         mc_repetitions=2, field_grid=10, field_density=0.4, field_values={"beta": [1.4]},
     )
+    sampling = dict(DEMO_SAMPLING, levels=3, steps_per_level=1, first_level_steps=1, n_posterior=4, chains=64,
+                    n_reference=256)
     log = StringIO()
-    demo = run_demo(tmp_path / "demo", progress=False, train_config=train_cfg, eval_config=eval_cfg, log=log)
-    assert "[1/2] training" in log.getvalue() and "[2/2] evaluating" in log.getvalue()
+    demo = run_demo(tmp_path / "demo", progress=False, train_config=train_cfg, eval_config=eval_cfg,
+                    sampling_settings=sampling, log=log)
+    for stage in ("[1/3] training", "[2/3] evaluating", "[3/3] sampling"):
+        assert stage in log.getvalue()
+    samp = demo["sampling"]
+    assert torch.load(samp["samples_path"])["samples"].shape == (64, 2)
+    for key in ("signed_ed", "mode_weight_tv", "min_mode_mass", "modes_present", "mean_radial_error"):
+        assert key in samp["metrics"] and key in samp["clean_draws"]
+    assert json.loads((tmp_path / "demo" / "demo_sampling.json").read_text())["settings"]["chains"] == 64
     assert demo["train"]["step"] == train_cfg.steps
     results = demo["eval"]
     assert list(results["sweeps"]) == ["beta"] and results["mc_budget"]["n_draws"] == [1, 4, 16]
     print_demo(demo)
     printed = capsys.readouterr().out
-    for token in ("score NMSE", "a + b/N", "run directory", results["json_path"], demo["train"]["posterior"]):
+    for token in ("score NMSE", "a + b/N", "run directory", results["json_path"], demo["train"]["posterior"],
+                  "Sampling along the rotating path", "independent clean draws", samp["samples_path"]):
         assert token in printed
     assert json.loads(Path(results["json_path"]).read_text())["models"] == [demo["train"]["posterior"]]
     assert {Path(p).name for p in results["figures"]} == {"score_fields_beta.png", "mc_budget.png"}
@@ -130,5 +141,6 @@ def test_full_demo_trains_evaluates_and_reports_where_files_are(tmp_path, capsys
         assert Path(path).stat().st_size > 5_000 and f"figure:  {path}" in printed
     # a second run reuses the trained model (resume of a finished run) instead of training again
     again = run_demo(tmp_path / "demo", progress=False, train_config=train_cfg,
-                     eval_config=dataclasses.replace(eval_cfg, parts=["sweeps"]), log=StringIO())
+                     eval_config=dataclasses.replace(eval_cfg, parts=["sweeps"]), sampling_settings=sampling,
+                     log=StringIO())
     assert again["train"]["resumed_from"] == train_cfg.steps
