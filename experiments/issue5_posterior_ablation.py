@@ -29,9 +29,11 @@ def main() -> None:
     parser.add_argument("--out", default="runs/ablation")
     parser.add_argument("--steps", type=int)
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--batch-size", type=int, dest="batch_size", help="override the config's batch_size")
+    parser.add_argument("--draws", type=int, help="override the config's draws m")
     args = parser.parse_args()
     base = load_config(args.config)
-    over = {k: getattr(args, k) for k in ("steps", "seed") if getattr(args, k) is not None}
+    over = {k: getattr(args, k) for k in ("steps", "seed", "batch_size", "draws") if getattr(args, k) is not None}
     if over:
         base = dataclasses.replace(base, **over)
     out = Path(args.out)
@@ -41,7 +43,7 @@ def main() -> None:
         width = int(width[0]) if width else base.model.width
         model = dataclasses.replace(base.model, conditioning=conditioning, output=output, width=width)
         config = dataclasses.replace(base, model=model)
-        run_dir = out / f"{conditioning}_{output}_w{width}_s{config.seed}"
+        run_dir = out / f"{conditioning}_{output}_w{width}_B{config.batch_size}_m{config.draws}_s{config.seed}"
         start = time.perf_counter()
         summary = train(config, run_dir, progress=False)
         wall = time.perf_counter() - start
@@ -53,6 +55,8 @@ def main() -> None:
             "config": args.config,
             "steps": config.steps,
             "seed": config.seed,
+            "batch_size": config.batch_size,
+            "draws": config.draws,
             "params": sum(p.numel() for p in posterior.parameters()),
             "train_wall_s": round(wall, 1),
             "final_train_loss": summary["final_loss"],
