@@ -82,6 +82,34 @@ inline void tile_slopes(const T* q, int64_t n, T beta, T* s) {
   }
 }
 
+// Energies e_t = q_t^{β/2} and slopes s_t = β q_t^{(β−2)/2} = β e_t / q_t (0 at q = 0) with one
+// power per pair instead of two; returns Σ_t e_t.
+template <typename T>
+inline T tile_energies_and_slopes(const T* q, int64_t n, T beta, T* e, T* s) {
+  if (beta == T(1) || beta == T(2)) {
+    tile_slopes(q, n, beta, s);
+    T total = 0;
+#pragma omp simd reduction(+ : total)
+    for (int64_t t = 0; t < n; ++t) {
+      e[t] = beta == T(1) ? (q[t] > T(0) ? std::sqrt(q[t]) : T(0)) : (q[t] > T(0) ? q[t] : T(0));
+      total += e[t];
+    }
+    return total;
+  }
+  const T h = T(0.5) * beta;
+  T total = 0;
+#pragma omp simd reduction(+ : total)
+  for (int64_t t = 0; t < n; ++t) {
+    const bool pos = q[t] > T(0);
+    const T qs = pos ? q[t] : T(1);
+    const T et = pos ? pow_pos(qs, h) : T(0);
+    e[t] = et;
+    s[t] = pos ? beta * et / qs : T(0);
+    total += et;
+  }
+  return total;
+}
+
 // gP += Σ_t c_t (u_t u_tᵀ reduced to the parameter's shape), u in SoA form ut[k·ld + t].
 template <typename T>
 inline void accum_outer_soa(const RowPrec<T, kIsotropic, 0>&, const T* ut, int64_t ld, int64_t n, int64_t d,
@@ -183,13 +211,18 @@ inline void run_grad(const Prec& P, const T* x, const T* c, int64_t sc, int64_t 
     if (value) *value += cu * val;
     return;
   }
-  T ut[kSmallD * kTile], q[kTile], s[kTile];
+  T ut[kSmallD * kTile], q[kTile], s[kTile], e[kTile];
   for (int64_t j0 = 0; j0 < n; j0 += kTile) {
     const int64_t nt = std::min(kTile, n - j0);
     residual_tile(x, c + j0 * sc, sc, nt, d, ut);
     P.quad_soa(ut, kTile, nt, d, q);
-    if (value) *value += cu * tile_energy_sum(q, nt, beta);
-    tile_slopes(q, nt, beta, s);
+    const bool need_e = value != nullptr || gbeta != nullptr;
+    if (need_e) {
+      const T total = tile_energies_and_slopes(q, nt, beta, e, s);
+      if (value) *value += cu * total;
+    } else {
+      tile_slopes(q, nt, beta, s);
+    }
     for (int64_t k = 0; k < d; ++k) {
       const T* uk = ut + k * kTile;
       T a = 0;
@@ -206,7 +239,7 @@ inline void run_grad(const Prec& P, const T* x, const T* c, int64_t sc, int64_t 
     }
     if (gbeta) {
       T gb = 0;
-      for (int64_t t = 0; t < nt; ++t) gb += pair_energy_dbeta(q[t], pair_energy(q[t], beta));
+      for (int64_t t = 0; t < nt; ++t) gb += pair_energy_dbeta(q[t], e[t]);
       *gbeta += cp * gb;
     }
     if (gp) {
