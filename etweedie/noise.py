@@ -555,6 +555,24 @@ class NoiseParams:
         beta, lam, sigma, u, v = torch.broadcast_tensors(*self._tensors())
         return torch.stack([beta, torch.log(lam), torch.log(sigma), u, v], dim=-1)
 
+    @classmethod
+    def from_eta(cls, eta: torch.Tensor) -> "NoiseParams":
+        """Invert :meth:`eta`: η = (β, log λ, log σ, u, v), ``(..., 5)`` → fields of shape ``(...)``.
+
+        Example::
+
+            >>> q = NoiseParams.from_eta(NoiseParams(1.4, 1.8, 0.57, 0.0, 0.6).eta())
+            >>> round(float(q.lam), 4), round(float(q.sigma), 4)
+            (1.8, 0.57)
+        """
+        if not isinstance(eta, torch.Tensor) or not eta.is_floating_point():
+            got = eta.dtype if isinstance(eta, torch.Tensor) else type(eta).__name__
+            raise TypeError(f"eta must be a floating-point tensor of shape (..., 5), got {got}")
+        if eta.dim() < 1 or eta.shape[-1] != 5:
+            raise ValueError(f"eta must have shape (..., 5) = (β, log λ, log σ, u, v), got {tuple(eta.shape)}")
+        beta, log_lam, log_sigma, u, v = eta.unbind(-1)
+        return cls(beta, torch.exp(log_lam), torch.exp(log_sigma), u, v)
+
     @staticmethod
     def sigma_for_rms(r: Scalar, lam: Scalar, beta: Scalar) -> Scalar:
         """σ = r λ^{1/β}: the σ giving per-coordinate RMS r at (λ, β) (a path fixes σ_t this way).

@@ -54,13 +54,7 @@ def eta_to_params(eta: torch.Tensor) -> NoiseParams:
 
     ``eta``: ``(..., 5)`` → :class:`NoiseParams` with fields of shape ``(...)``.
     """
-    if not isinstance(eta, torch.Tensor) or not eta.is_floating_point():
-        got = eta.dtype if isinstance(eta, torch.Tensor) else type(eta).__name__
-        raise TypeError(f"eta must be a floating-point tensor (..., 5), got {got}")
-    if eta.dim() < 1 or eta.shape[-1] != 5:
-        raise ValueError(f"eta must have shape (..., 5) = (β, log λ, log σ, u, v), got {tuple(eta.shape)}")
-    beta, log_lam, log_sigma, u, v = eta.unbind(-1)
-    return NoiseParams(beta, torch.exp(log_lam), torch.exp(log_sigma), u, v)
+    return NoiseParams.from_eta(eta)
 
 
 def group_rows(keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -202,13 +202,7 @@ def params_from_eta(eta: torch.Tensor) -> NoiseParams:
         >>> round(float(q.lam), 4), round(float(q.sigma), 4)
         (1.8, 0.57)
     """
-    if not isinstance(eta, torch.Tensor) or not eta.is_floating_point():
-        got = eta.dtype if isinstance(eta, torch.Tensor) else type(eta).__name__
-        raise TypeError(f"eta must be a floating-point tensor of shape (..., 5), got {got}")
-    if eta.dim() < 1 or eta.shape[-1] != 5:
-        raise ValueError(f"eta must have shape (..., 5) = (β, log λ, log σ, u, v), got {tuple(eta.shape)}")
-    beta, log_lam, log_sigma, u, v = eta.unbind(-1)
-    return NoiseParams(beta, torch.exp(log_lam), torch.exp(log_sigma), u, v)
+    return NoiseParams.from_eta(eta)
 
 
 # ---------------------------------------------------------------------------- built-in paths
