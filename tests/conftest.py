@@ -95,3 +95,40 @@ def metric_to(metric, dtype, device="cpu", requires_grad=False):
         return None, None
     p = metric.param.detach().to(dtype=dtype, device=device).clone().requires_grad_(requires_grad)
     return etweedie.Metric(metric.kind, p), p
+
+
+# ----------------------------------------------------------------------------- Triton interpreter
+# Triton decides compiled-vs-interpreted when a function is defined (its own library functions
+# included, and torch imports triton at start-up), so TRITON_INTERPRET=1 must be set when the
+# process starts.  A Triton test file skips its cases in a normal run, and its driver test
+# (INTERPRETER_DRIVER) reruns the file in a fresh process with the variable set.
+TRITON_INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRETER_DRIVER = "test_cases_under_the_interpreter"
+
+
+def skip_unless_interpreting(request) -> None:
+    """For an autouse fixture of a Triton test file: skip every case but the driver outside the interpreter."""
+    if not TRITON_INTERPRETING and request.node.originalname != INTERPRETER_DRIVER:
+        pytest.skip(f"needs TRITON_INTERPRET=1 from process start; run by {INTERPRETER_DRIVER} in a subprocess")
+
+
+def run_file_under_interpreter(test_file: str) -> None:
+    """The driver: rerun ``test_file`` with TRITON_INTERPRET=1 and require that its cases passed."""
+    import subprocess
+    import sys
+
+    if TRITON_INTERPRETING:
+        pytest.skip("already running under TRITON_INTERPRET=1")
+    ok, why = etweedie.backends.available()["triton"]
+    if not ok and "not installed" in why:
+        pytest.skip(why)
+    here = os.path.dirname(os.path.abspath(test_file))
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.basename(test_file)],
+        cwd=here, env=env, capture_output=True, text=True, timeout=600,
+    )
+    tail = (proc.stdout + proc.stderr)[-6000:]
+    assert proc.returncode == 0, f"Triton interpreter cases failed (rc {proc.returncode}):\n{tail}"
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "error" not in summary, tail  # only the driver itself skips there

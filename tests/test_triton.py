@@ -12,25 +12,25 @@ with a GPU the rest of the suite also runs the Triton backend on CUDA tensors
 (tests/conftest.py adds "triton" there).
 """
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import etweedie
-from conftest import assert_close_to_ref, gen, random_metric
+from conftest import (
+    TRITON_INTERPRETING,
+    assert_close_to_ref,
+    gen,
+    random_metric,
+    run_file_under_interpreter,
+    skip_unless_interpreting,
+)
 from test_et_score import _check_against_reference, _inputs
 from test_langevin_step import _inputs as _langevin_inputs, _run as _langevin_run
 
-# Triton decides compiled-vs-interpreted when a function is defined — its own library
-# functions (tl.zeros, ...) included, and torch imports triton at start-up.  So the variable
-# must be set when the process starts: without it, the cases below are skipped here and
-# test_cases_under_the_interpreter reruns this file in a fresh process with it set.
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# TRITON_INTERPRET=1 must be set at process start (tests/conftest.py): without it the cases
+# below are skipped here and test_cases_under_the_interpreter reruns this file with it set.
+INTERPRET = TRITON_INTERPRETING
 DEV = torch.device("cpu")
-DRIVER = "test_cases_under_the_interpreter"
 
 if INTERPRET:
     try:
@@ -42,27 +42,12 @@ if INTERPRET:
 
 @pytest.fixture(autouse=True)
 def _interpreter_only(request):
-    if not INTERPRET and request.node.originalname != DRIVER:
-        pytest.skip(f"needs TRITON_INTERPRET=1 from process start; run by {DRIVER} in a subprocess")
+    skip_unless_interpreting(request)
 
 
 def test_cases_under_the_interpreter():
     """Run this file in a fresh interpreter-mode process (the real checks are the cases)."""
-    if INTERPRET:
-        pytest.skip("already running under TRITON_INTERPRET=1")
-    ok, why = etweedie.backends.available()["triton"]
-    if not ok and "not installed" in why:
-        pytest.skip(why)
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.basename(__file__)],
-        cwd=here, env=env, capture_output=True, text=True, timeout=600,
-    )
-    tail = (proc.stdout + proc.stderr)[-6000:]
-    assert proc.returncode == 0, f"Triton interpreter cases failed (rc {proc.returncode}):\n{tail}"
-    summary = proc.stdout.strip().splitlines()[-1]
-    assert " passed" in summary and "error" not in summary, tail  # only the driver itself skips there
+    run_file_under_interpreter(__file__)
 
 
 @pytest.fixture

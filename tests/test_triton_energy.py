@@ -12,21 +12,16 @@ As in tests/test_triton.py, TRITON_INTERPRET=1 must be set when the process star
 driver test reruns this file in a subprocess with it set.
 """
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import etweedie
-from conftest import gen, metric_to
+from conftest import TRITON_INTERPRETING, gen, metric_to, run_file_under_interpreter, skip_unless_interpreting
 from test_energy_distance import _check_all as _ed_check_all, _inputs as _ed_inputs
 from test_energy_score import _check_all as _es_check_all, _inputs as _es_inputs
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRET = TRITON_INTERPRETING
 DEV = torch.device("cpu")
-DRIVER = "test_cases_under_the_interpreter"
 
 if INTERPRET:
     try:
@@ -39,27 +34,12 @@ if INTERPRET:
 
 @pytest.fixture(autouse=True)
 def _interpreter_only(request):
-    if not INTERPRET and request.node.originalname != DRIVER:
-        pytest.skip(f"needs TRITON_INTERPRET=1 from process start; run by {DRIVER} in a subprocess")
+    skip_unless_interpreting(request)
 
 
 def test_cases_under_the_interpreter():
     """Run this file in a fresh interpreter-mode process (the real checks are the cases)."""
-    if INTERPRET:
-        pytest.skip("already running under TRITON_INTERPRET=1")
-    ok, why = etweedie.backends.available()["triton"]
-    if not ok and "not installed" in why:
-        pytest.skip(why)
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.basename(__file__)],
-        cwd=here, env=env, capture_output=True, text=True, timeout=600,
-    )
-    tail = (proc.stdout + proc.stderr)[-6000:]
-    assert proc.returncode == 0, f"Triton interpreter cases failed (rc {proc.returncode}):\n{tail}"
-    summary = proc.stdout.strip().splitlines()[-1]
-    assert " passed" in summary and "error" not in summary, tail  # only the driver itself skips there
+    run_file_under_interpreter(__file__)
 
 
 @pytest.fixture
