@@ -96,6 +96,45 @@ __device__ __forceinline__ void store_partials(const PairLaunch<T>& a, int64_t u
   }
 }
 
+// The pair schedule both kernels follow for their unit (row r, tile I of `own`, tiles `width`
+// points wide): the cross tiles against `oth`, then the within tiles — all of them when the
+// backward needs every ordered pair (within_all), else tiles I..I+h (mod nb), the circulant half
+// that forms each unordered pair once — with the sums' weights (ordered pairs count ½); then the
+// block's partial sums are stored.  tile(src, stride, j0, n, coef, grad, sums) -> Sums2 does one
+// tile.
+template <typename T, typename Tile>
+__device__ __forceinline__ void visit_pair_tiles(const PairLaunch<T>& a, int64_t unit, int64_t I, int64_t width,
+                                                 const T* own, const T* oth, T g, double* scratch, Tile&& tile) {
+  double ce = 0, we = 0, cb = 0, wb = 0;
+  const bool sums = a.need_value || a.need_beta;
+  if (a.cross != 0) {
+    for (int64_t j0 = 0; j0 < a.n_oth; j0 += width) {
+      const Sums2<T> t = tile(oth, a.st_n, j0, a.n_oth, g * a.w_cross, true, sums && a.cross == 1);
+      ce += static_cast<double>(t.e);
+      cb += static_cast<double>(t.b);
+    }
+  }
+  if (a.within) {
+    const int64_t nb = a.nt;
+    if (a.within_all) {
+      for (int64_t J = 0; J < nb; ++J) {
+        const Sums2<T> t = tile(own, a.so_n, J * width, a.n_own, g * a.w_within, true, sums);
+        we += 0.5 * static_cast<double>(t.e);  // ordered pairs: each unordered pair twice
+        wb += 0.5 * static_cast<double>(t.b);
+      }
+    } else {
+      const int64_t h = circulant_h(I, nb);
+      for (int64_t s = 0; s <= h; ++s) {
+        const Sums2<T> t = tile(own, a.so_n, (I + s) % nb * width, a.n_own, T(0), false, sums);
+        const double fac = s == 0 ? 0.5 : 1.0;  // the diagonal tile holds ordered pairs
+        we += fac * static_cast<double>(t.e);
+        wb += fac * static_cast<double>(t.b);
+      }
+    }
+  }
+  if (sums) store_partials(a, unit, ce, we, cb, wb, scratch);
+}
+
 // ----------------------------------------------------------------------------- small d
 
 template <typename T, int D, bool GRAD>
@@ -116,7 +155,6 @@ __global__ void __launch_bounds__(kThreads, kEnergyMinBlocks) energy_small_kerne
     xi[k] = valid ? own[i * a.so_n + k] : T(0);
     acc[k] = T(0);
   }
-  double ce = 0, we = 0, cb = 0, wb = 0;
   // pairs of this thread's point with points [j0, j0 + kThreads) of `src`: (Σ E, Σ ∂E/∂β)
   auto tile = [&](const T* __restrict__ src, int64_t sn, int64_t j0, int64_t n, T coef, bool grad, bool sums) {
     __syncthreads();  // the previous tile is consumed
@@ -149,33 +187,7 @@ __global__ void __launch_bounds__(kThreads, kEnergyMinBlocks) energy_small_kerne
     }
     return Sums2<T>{es, bs};
   };
-  const bool sums = a.need_value || a.need_beta;
-  if (a.cross != 0) {
-    for (int64_t j0 = 0; j0 < a.n_oth; j0 += kThreads) {
-      const Sums2<T> t = tile(oth, a.st_n, j0, a.n_oth, g * a.w_cross, true, sums && a.cross == 1);
-      ce += static_cast<double>(t.e);
-      cb += static_cast<double>(t.b);
-    }
-  }
-  if (a.within) {
-    const int64_t nb = a.nt;
-    if (a.within_all) {
-      for (int64_t J = 0; J < nb; ++J) {
-        const Sums2<T> t = tile(own, a.so_n, J * kThreads, a.n_own, g * a.w_within, true, sums);
-        we += 0.5 * static_cast<double>(t.e);  // ordered pairs: each unordered pair twice
-        wb += 0.5 * static_cast<double>(t.b);
-      }
-    } else {
-      const int64_t h = circulant_h(I, nb);
-      for (int64_t s = 0; s <= h; ++s) {
-        const Sums2<T> t = tile(own, a.so_n, (I + s) % nb * kThreads, a.n_own, T(0), false, sums);
-        const double fac = s == 0 ? 0.5 : 1.0;  // the diagonal tile holds ordered pairs
-        we += fac * static_cast<double>(t.e);
-        wb += fac * static_cast<double>(t.b);
-      }
-    }
-  }
-  if (sums) store_partials(a, unit, ce, we, cb, wb, scratch);
+  visit_pair_tiles(a, unit, I, kThreads, own, oth, g, scratch, tile);
   if (GRAD && a.gown && valid) {
 #pragma unroll
     for (int k = 0; k < D; ++k) a.gown[(r * a.n_own + i) * D + k] = acc[k];
@@ -200,7 +212,6 @@ __global__ void __launch_bounds__(kThreads, kEnergyMinBlocks) energy_large_kerne
   const int64_t i0 = I * kBig;
   const int tid = threadIdx.x;
   const int ti = tid / 8, tj = tid % 8;  // rows 2ti, 2ti+1; columns tj + 8m, m < 4
-  double ce = 0, we = 0, cb = 0, wb = 0;
 
   // stage columns [c0, c0 + kChunk) of own rows i0.. and src rows j0.. (zeros outside)
   auto stage = [&](const T* __restrict__ src, int64_t sn, int64_t j0, int64_t n, int64_t c0) {
@@ -268,33 +279,7 @@ __global__ void __launch_bounds__(kThreads, kEnergyMinBlocks) energy_large_kerne
     return Sums2<T>{es, bs};
   };
 
-  const bool sums = a.need_value || a.need_beta;
-  if (a.cross != 0) {
-    for (int64_t j0 = 0; j0 < a.n_oth; j0 += kBig) {
-      const Sums2<T> t = tile(oth, a.st_n, j0, a.n_oth, g * a.w_cross, true, sums && a.cross == 1);
-      ce += static_cast<double>(t.e);
-      cb += static_cast<double>(t.b);
-    }
-  }
-  if (a.within) {
-    const int64_t nb = a.nt;
-    if (a.within_all) {
-      for (int64_t J = 0; J < nb; ++J) {
-        const Sums2<T> t = tile(own, a.so_n, J * kBig, a.n_own, g * a.w_within, true, sums);
-        we += 0.5 * static_cast<double>(t.e);  // ordered pairs: each unordered pair twice
-        wb += 0.5 * static_cast<double>(t.b);
-      }
-    } else {
-      const int64_t h = circulant_h(I, nb);
-      for (int64_t s = 0; s <= h; ++s) {
-        const Sums2<T> t = tile(own, a.so_n, (I + s) % nb * kBig, a.n_own, T(0), false, sums);
-        const double fac = s == 0 ? 0.5 : 1.0;  // the diagonal tile holds ordered pairs
-        we += fac * static_cast<double>(t.e);
-        wb += fac * static_cast<double>(t.b);
-      }
-    }
-  }
-  if (sums) store_partials(a, unit, ce, we, cb, wb, scratch);
+  visit_pair_tiles(a, unit, I, kBig, own, oth, g, scratch, tile);
 }
 
 // ----------------------------------------------------------------------------- finish
