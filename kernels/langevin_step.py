@@ -35,28 +35,11 @@ def langevin_step_forward(y, x, noise, step, beta, lam, prec, kind: int):
 
 
 def langevin_step_backward(grad, grad_m, y, x, noise, step, beta, lam, prec, kind: int, m, need):
-    """Gradients (y, x, noise, step, beta, lam, prec) for the flags in ``need`` (None if not)."""
-    a = step.unsqueeze(-1)
-    gy_s, gx, gb, gl, gp = _ets.et_score_bwd_op(
-        a * grad, grad_m, y, x, beta, lam, prec, kind, m, need[0], need[1], need[4], need[5], need[6]
-    )
-    grad_y = grad + gy_s if need[0] else None
-    grad_noise = torch.sqrt(2 * a) * grad if need[2] else None
-    grad_step = None
-    if need[3]:
-        from etweedie.ops.reference import apply_precision
+    """Gradients (y, x, noise, step, beta, lam, prec) for the flags in ``need`` (None if not): the
+    shared chain rule of etweedie/ops/langevin_step.py over the Triton et_score backward."""
+    from etweedie.ops.langevin_step import backward_terms
 
-        s = -lam.unsqueeze(-1) * apply_precision(prec, kind, m)
-        grad_step = (grad * (s + noise / torch.sqrt(2 * a))).sum(-1)
-    return (
-        grad_y,
-        gx if need[1] else None,
-        grad_noise,
-        grad_step,
-        gb if need[4] else None,
-        gl if need[5] else None,
-        gp if need[6] else None,
-    )
+    return backward_terms(_ets.et_score_bwd_op, grad, grad_m, y, x, noise, step, beta, lam, prec, kind, m, need)
 
 
 def _fwd_impl(y: torch.Tensor, x: torch.Tensor, noise: torch.Tensor, step: torch.Tensor, beta: torch.Tensor,
@@ -73,23 +56,13 @@ def langevin_step_op(y, x, noise, step, beta, lam, prec, kind: int):
 
 
 def _register() -> None:
+    # Same fake and autograd rules as the C++ op (etweedie/ops/langevin_step.py), with the Triton
+    # et_score backward.
+    from etweedie.ops.langevin_step import autograd_rules, fake_fwd
+
     if interpreting():
-        @langevin_step_fwd_op.register_fake
-        def _(y, x, noise, step, beta, lam, prec, kind):
-            return y.new_empty(y.shape), y.new_empty(y.shape)
-
-    def setup_context(ctx, inputs, output):
-        y, x, noise, step, beta, lam, prec, kind = inputs
-        ctx.kind = kind
-        ctx.save_for_backward(y, x, noise, step, beta, lam, prec, output[1])
-
-    def backward(ctx, grad_out, grad_m):
-        y, x, noise, step, beta, lam, prec, m = ctx.saved_tensors
-        g = torch.zeros_like(y) if grad_out is None else grad_out
-        gm = torch.zeros_like(y) if grad_m is None else grad_m
-        grads = langevin_step_backward(g, gm, y, x, noise, step, beta, lam, prec, ctx.kind, m, ctx.needs_input_grad)
-        return (*grads, None)
-
+        langevin_step_fwd_op.register_fake(fake_fwd)
+    setup_context, backward = autograd_rules(_ets.et_score_bwd_op)
     langevin_step_fwd_op.register_autograd(backward, setup_context=setup_context)
 
 
