@@ -85,6 +85,28 @@ def test_far_from_origin(backend, device, d, seed):
     _check_all(backend, device, _inputs(seed, 2, 20, 25, d, "isotropic", offset=1e3), seed, "offset 1e3")
 
 
+@pytest.mark.parametrize("kind", ["none", "isotropic", "diagonal", "block2"])
+@pytest.mark.parametrize("beta", [1.0, 2.0, 0.7, None], ids=["b1", "b2", "b0.7", "per-row"])
+def test_cpu_gram_path(kind, beta, seed):
+    """The CPU forward's Gram form (float32, d ≥ 64, ≥ 32 points: csrc/cpu/energy_gram_cpu.h):
+    clouds 1e3 from the origin (centring), coincident and nearly coincident points (the
+    cancellation guard), partial panels (n, m not multiples of 16), several rows; gradients
+    (direct-difference backward) checked alongside."""
+    a, b, bt, metric = _inputs(seed, 2, 37, 50, 72, kind, beta=beta, offset=1e3)
+    a[:, 5] = a[:, 3]
+    b[:, 7] = a[:, 1]
+    b[:, 9] = (b[:, 8] + 1e-3).float().double()  # representable in float32, like every input
+    _check_all("cpu", "cpu", (a, b, bt, metric), seed, f"gram {kind} beta={beta}")
+
+
+def test_cpu_gram_path_non_contiguous_and_broadcast(seed):
+    a, b, bt, metric = _inputs(seed, 3, 40, 33, 64, "isotropic")
+    # a cloud stored transposed (stride over d ≠ 1) and one broadcast over the batch
+    a_t = a.transpose(1, 2).contiguous().transpose(1, 2)
+    b_bc = b[:1].expand(3, -1, -1)
+    _check_all("cpu", "cpu", (a_t, b_bc, bt, metric), seed, "gram strided")
+
+
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE + [("reference", "cpu")], ids=BACKEND_IDS + ["reference"])
 def test_same_law_near_zero_different_laws_positive(backend, device, seed):
     g = gen(seed)

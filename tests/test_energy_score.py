@@ -100,6 +100,25 @@ def test_far_from_origin(backend, device, d, seed):
         _check_all(backend, device, _inputs(seed, B, 17, d, "isotropic", offset=1e3), seed, "offset 1e3")
 
 
+@pytest.mark.parametrize("kind", ["none", "diagonal", "block2"])
+@pytest.mark.parametrize("beta", [1.0, 2.0, 0.7, None], ids=["b1", "b2", "b0.7", "per-row"])
+def test_cpu_gram_path(kind, beta, seed):
+    """Many draws in large d take the CPU forward's Gram form (float32, d ≥ 64, ≥ 32 draws:
+    csrc/cpu/energy_gram_cpu.h): 1e3 from the origin, coincident draws, a draw on the target."""
+    samples, target, bt, metric = _inputs(seed, 2, 37, 72, kind, beta=beta, offset=1e3)
+    samples[:, 4] = samples[:, 2]
+    samples[:, 6] = target
+    _check_all("cpu", "cpu", (samples, target, bt, metric), seed, f"gram {kind} beta={beta}")
+    with torch.no_grad():  # the forward-only call
+        args = [t.float() for t in (samples, target, bt)]
+        m, _ = metric_to(metric, torch.float32, "cpu", requires_grad=False)
+        out = etweedie.energy_score(*args, metric=m, backend="cpu")
+        r32 = etweedie.energy_score(*args, metric=m, backend="reference")
+        m64, _ = metric_to(metric, torch.float64, "cpu", requires_grad=False)
+        r64 = etweedie.energy_score(samples, target, bt, metric=m64, backend="reference")
+    assert_close_to_ref(out, r32, r64, name=f"ES no-grad [gram {kind}]", seed=seed)
+
+
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
 @pytest.mark.parametrize("kind", ["isotropic", "diagonal", "block2", "dense"])
 def test_gradcheck_float64(backend, device, kind, seed):

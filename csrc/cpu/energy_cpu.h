@@ -16,8 +16,9 @@
 //              visits all blocks (within pairs twice: no write races, no atomics).
 //   With many rows (B ≥ 4·threads) the backward instead runs one row per task and forms each
 //   pair once, adding its gradient to both points (the forward's pair count).
-// Pairs are formed from direct differences u = a_i − c_j (never the Gram form ‖a‖² + ‖c‖² −
-// 2a·c), so clouds far from the origin lose no precision.  Diagonal and block metrics with
+// Pairs are formed from direct differences u = a_i − c_j, so clouds far from the origin lose
+// no precision — except the float32 forward with large d and many points, which takes the
+// Gram form with centring and a cancellation guard (energy_gram_cpu.h).  Diagonal and block metrics with
 // large d are whitened once per call and run isotropically (energy_forward / energy_backward
 // at the end of this file).  Memory: O(R·d) scratch per thread, O(#units) partial sums
 // (doubles) for a deterministic reduction, O((n + m)·d) per row for the symmetric backward's
@@ -37,6 +38,8 @@
 #include <vector>
 
 #include "../common/energy.h"
+#include "energy_gram_cpu.h"
+#include "energy_tile_cpu.h"
 #include "et_score_cpu.h"
 #include "metric_cpu.h"
 
@@ -46,69 +49,6 @@ namespace cpu {
 constexpr int64_t kLargeDBlock = 8;
 
 inline int64_t energy_block(int64_t d) { return d > kSmallD ? kLargeDBlock : kTile; }
-
-// ------------------------------------------------------------------------- tile math (small d)
-
-// Σ_t E(q_t); the β branch is hoisted out of the vectorized loops.
-template <typename T>
-inline T tile_energy_sum(const T* q, int64_t n, T beta) {
-  T s = 0;
-  if (beta == T(1)) {
-#pragma omp simd reduction(+ : s)
-    for (int64_t t = 0; t < n; ++t) s += q[t] > T(0) ? std::sqrt(q[t]) : T(0);
-  } else if (beta == T(2)) {
-#pragma omp simd reduction(+ : s)
-    for (int64_t t = 0; t < n; ++t) s += q[t] > T(0) ? q[t] : T(0);
-  } else {
-    const T h = T(0.5) * beta;
-#pragma omp simd reduction(+ : s)
-    for (int64_t t = 0; t < n; ++t) s += pow_pos(q[t], h);
-  }
-  return s;
-}
-
-template <typename T>
-inline void tile_slopes(const T* q, int64_t n, T beta, T* s) {
-  if (beta == T(1)) {
-#pragma omp simd
-    for (int64_t t = 0; t < n; ++t) s[t] = q[t] > T(0) ? T(1) / std::sqrt(q[t] > T(0) ? q[t] : T(1)) : T(0);
-  } else if (beta == T(2)) {
-#pragma omp simd
-    for (int64_t t = 0; t < n; ++t) s[t] = q[t] > T(0) ? T(2) : T(0);
-  } else {
-    const T h = T(0.5) * (beta - T(2));
-#pragma omp simd
-    for (int64_t t = 0; t < n; ++t) s[t] = beta * pow_pos(q[t], h);
-  }
-}
-
-// Energies e_t = q_t^{β/2} and slopes s_t = β q_t^{(β−2)/2} = β e_t / q_t (0 at q = 0) with one
-// power per pair instead of two; returns Σ_t e_t.
-template <typename T>
-inline T tile_energies_and_slopes(const T* q, int64_t n, T beta, T* e, T* s) {
-  if (beta == T(1) || beta == T(2)) {
-    tile_slopes(q, n, beta, s);
-    T total = 0;
-#pragma omp simd reduction(+ : total)
-    for (int64_t t = 0; t < n; ++t) {
-      e[t] = beta == T(1) ? (q[t] > T(0) ? std::sqrt(q[t]) : T(0)) : (q[t] > T(0) ? q[t] : T(0));
-      total += e[t];
-    }
-    return total;
-  }
-  const T h = T(0.5) * beta;
-  T total = 0;
-#pragma omp simd reduction(+ : total)
-  for (int64_t t = 0; t < n; ++t) {
-    const bool pos = q[t] > T(0);
-    const T qs = pos ? q[t] : T(1);
-    const T et = pos ? pow_pos(qs, h) : T(0);
-    e[t] = et;
-    s[t] = pos ? beta * et / qs : T(0);
-    total += et;
-  }
-  return total;
-}
 
 // gP += Σ_t c_t (u_t u_tᵀ reduced to the parameter's shape), u in SoA form ut[k·ld + t].
 template <typename T>
@@ -260,10 +200,6 @@ inline void for_circulant_blocks(int64_t I, int64_t nb, F&& f) {
 
 // ------------------------------------------------------------------------- host functions
 
-struct PairWeights {
-  double cross, within_a, within_b;
-};
-
 inline void check_energy_canonical(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& beta,
                                    const at::Tensor& prec, int64_t kind) {
   TORCH_CHECK(a.dim() == 3, op, ": first cloud must be (B, n, d), got ", a.sizes());
@@ -297,6 +233,7 @@ inline at::Tensor energy_pairs_forward(const char* op, const at::Tensor& a, cons
   const int64_t B = a.size(0), n = a.size(1), m = b.size(1), d = a.size(2);
   auto out = at::zeros({B}, a.options());
   if (B == 0 || d == 0) return out;
+  if (gram_applicable(a, kind, n, m, d)) return energy_gram_forward(a, b, beta, prec, w);
   const int64_t R = energy_block(d);
   const int64_t nba = (n + R - 1) / R, nbb = (m + R - 1) / R;
   std::vector<double> part(B * (nba + nbb), 0.0);

@@ -1,0 +1,257 @@
+// Gram-form forward of the CPU pair engine for large d (float32, isotropic metric — diagonal
+// and block metrics reach it after whitening, energy_cpu.h).
+//
+// Math.  For one pair, q = p‖x − y‖² = p (‖x‖² + ‖y‖² − 2 x·y): the O(d) part of every pair
+// becomes one dot product, and a block of dot products is a small matrix product, which a
+// register-blocked micro-kernel runs at close to the FMA peak (one FMA per coordinate per pair
+// instead of the direct form's subtract + FMA, and 4 rows × 16 points share each load).  The
+// pair energy E = q^{β/2} and the weighted sums (energy_cpu.h) are applied to each 4 × 16 block
+// of dots while it is still in registers/L1 — the "epilogue" — so no n × m matrix exists.
+//
+// Cancellation (the reason torch.cdist's Gram mode loses precision away from the origin):
+//   1. both clouds are centred on their pooled mean μ (in float64) before anything else; the
+//      pair distances are translation invariant, so an offset of 1e3 costs nothing;
+//   2. a pair whose Gram value is small next to its norms, q < 2⁻⁶ (‖x‖² + ‖y‖²), is recomputed
+//      from the exact differences (rare for distinct points; always for coincident ones, which
+//      therefore give exactly q = 0 and E = 0 as in the direct form).
+//   With the guard, the float32 rounding of q is at most ~64·√d ulp-relative for the pairs kept
+//   in Gram form, well inside the ops' float32 tolerance against the float64 reference.
+//
+// Work decomposition: the first cloud in blocks of 16 points, the second packed once per call
+// into panels of 16 points stored coordinate-major ((d, 16) each, so the micro-kernel loads 16
+// consecutive floats per coordinate).  A task is one (block, panel) tile; cross tiles cover all
+// panels, within tiles the circulant half (for_circulant_blocks, diagonal tiles keep j > i), so
+// the tasks have equal cost and at::parallel_for's static split is balanced.  Partial sums are
+// stored per tile (doubles) and reduced in a fixed order: deterministic for any thread count.
+// Memory: the centred clouds and their panels, O((n + m)·d) per row; nothing of size n·m.
+//
+// ETWEEDIE_CPU_GRAM=0 turns this path off (the direct-difference engine runs instead).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define ETWEEDIE_GRAM_AVX2 1
+#endif
+
+#include "energy_tile_cpu.h"
+#include "metric_cpu.h"
+
+namespace etweedie {
+namespace cpu {
+
+constexpr int64_t kGramMinD = 64;    // below this the direct engine is as fast (few flops per pair)
+constexpr int64_t kGramMinPoints = 32;
+constexpr int64_t kGramNR = 16;      // points per panel = points per block
+constexpr int64_t kGramMR = 4;       // rows per micro-kernel call
+constexpr float kGramGuard = 1.0f / 64.0f;
+
+inline bool gram_env_enabled() {
+  static const bool on = [] {
+    const char* s = std::getenv("ETWEEDIE_CPU_GRAM");
+    return !(s != nullptr && s[0] == '0');
+  }();
+  return on;
+}
+
+// dots[r·16 + j] = x_r · (column j of the panel), r < 4; panel is (d, 16) coordinate-major.
+inline void gram_dots_4x16(const float* x0, const float* x1, const float* x2, const float* x3, const float* panel,
+                           int64_t d, float* dots) {
+#ifdef ETWEEDIE_GRAM_AVX2
+  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(),
+         c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(),
+         c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
+  for (int64_t k = 0; k < d; ++k) {
+    const __m256 p0 = _mm256_loadu_ps(panel + k * kGramNR);
+    const __m256 p1 = _mm256_loadu_ps(panel + k * kGramNR + 8);
+    __m256 v = _mm256_broadcast_ss(x0 + k);
+    c00 = _mm256_fmadd_ps(v, p0, c00);
+    c01 = _mm256_fmadd_ps(v, p1, c01);
+    v = _mm256_broadcast_ss(x1 + k);
+    c10 = _mm256_fmadd_ps(v, p0, c10);
+    c11 = _mm256_fmadd_ps(v, p1, c11);
+    v = _mm256_broadcast_ss(x2 + k);
+    c20 = _mm256_fmadd_ps(v, p0, c20);
+    c21 = _mm256_fmadd_ps(v, p1, c21);
+    v = _mm256_broadcast_ss(x3 + k);
+    c30 = _mm256_fmadd_ps(v, p0, c30);
+    c31 = _mm256_fmadd_ps(v, p1, c31);
+  }
+  _mm256_storeu_ps(dots + 0, c00);
+  _mm256_storeu_ps(dots + 8, c01);
+  _mm256_storeu_ps(dots + 16, c10);
+  _mm256_storeu_ps(dots + 24, c11);
+  _mm256_storeu_ps(dots + 32, c20);
+  _mm256_storeu_ps(dots + 40, c21);
+  _mm256_storeu_ps(dots + 48, c30);
+  _mm256_storeu_ps(dots + 56, c31);
+#else
+  const float* xs[4] = {x0, x1, x2, x3};
+  for (int r = 0; r < 4; ++r) {
+    float acc[kGramNR] = {};
+    for (int64_t k = 0; k < d; ++k) {
+      const float v = xs[r][k];
+      const float* pk = panel + k * kGramNR;
+#pragma omp simd
+      for (int64_t j = 0; j < kGramNR; ++j) acc[j] += v * pk[j];
+    }
+    for (int64_t j = 0; j < kGramNR; ++j) dots[r * kGramNR + j] = acc[j];
+  }
+#endif
+}
+
+inline bool gram_applicable(const at::Tensor& a, int64_t kind, int64_t n, int64_t m, int64_t d) {
+  return gram_env_enabled() && a.scalar_type() == at::kFloat && kind == kIsotropic && d >= kGramMinD &&
+         std::max(n, m) >= kGramMinPoints;
+}
+
+// One centred, packed cloud of a row batch: rows (B, n, d) contiguous, norms (B, n_pad) with
+// zero padding, panels (B, n_pad / 16, d, 16) with zero padding.
+struct GramCloud {
+  at::Tensor rows, norms, panels;
+  int64_t n = 0, nblocks = 0;
+};
+
+inline GramCloud gram_pack(const at::Tensor& x, const at::Tensor& mu, bool need_panels) {
+  GramCloud c;
+  const int64_t B = x.size(0), d = x.size(2);
+  c.n = x.size(1);
+  c.nblocks = (c.n + kGramNR - 1) / kGramNR;
+  const auto centred64 = x.to(at::kDouble) - mu;  // (B, n, d), exact centring before rounding
+  c.rows = centred64.to(at::kFloat).contiguous();
+  const int64_t npad = c.nblocks * kGramNR;
+  c.norms = at::zeros({B, npad}, x.options());
+  // the norms of the rounded rows (what the dot products see), summed in float64
+  c.norms.narrow(1, 0, c.n).copy_(c.rows.to(at::kDouble).square().sum(-1));
+  if (need_panels) {
+    auto padded = at::zeros({B, npad, d}, x.options());
+    padded.narrow(1, 0, c.n).copy_(c.rows);
+    c.panels = padded.view({B, c.nblocks, kGramNR, d}).transpose(2, 3).contiguous();
+  }
+  return c;
+}
+
+// Σ over the valid pairs of one 16 × 16 tile (block I of cloud X, panel J of cloud Y) of
+// E(p q).  tri: X = Y and I = J, so only pairs j > i count.
+inline double gram_tile(const GramCloud& X, const GramCloud& Y, int64_t r, int64_t I, int64_t J, bool tri, float p,
+                        float beta, int64_t d) {
+  const float* xr = X.rows.data_ptr<float>() + r * X.n * d;
+  const float* yr = Y.rows.data_ptr<float>() + r * Y.n * d;
+  const float* nx = X.norms.data_ptr<float>() + r * X.norms.size(1);
+  const float* ny = Y.norms.data_ptr<float>() + r * Y.norms.size(1) + J * kGramNR;
+  const float* panel = Y.panels.data_ptr<float>() + (r * Y.nblocks + J) * d * kGramNR;
+  const int64_t i0 = I * kGramNR, i1 = std::min(X.n, i0 + kGramNR);
+  const int64_t j0 = J * kGramNR, nj = std::min(kGramNR, Y.n - j0);
+  float dots[kGramMR * kGramNR];
+  float q[kGramNR];
+  double total = 0;
+  for (int64_t ii = i0; ii < i1; ii += kGramMR) {
+    const float* rows[kGramMR];
+    for (int64_t t = 0; t < kGramMR; ++t) rows[t] = xr + std::min(ii + t, i1 - 1) * d;
+    gram_dots_4x16(rows[0], rows[1], rows[2], rows[3], panel, d, dots);
+    const int64_t nr = std::min(kGramMR, i1 - ii);
+    for (int64_t t = 0; t < nr; ++t) {
+      const int64_t i = ii + t;
+      const float nxi = nx[i];
+      const float* dt = dots + t * kGramNR;
+      // first valid column: j > i on a diagonal tile, and j < nj always
+      const int64_t jlo = tri ? i - j0 + 1 : 0;
+      bool guard = false;
+#pragma omp simd reduction(|| : guard)
+      for (int64_t j = 0; j < kGramNR; ++j) {
+        const float s = nxi + ny[j];
+        const float v = s - 2.0f * dt[j];
+        const bool valid = j >= jlo && j < nj;
+        q[j] = valid ? v : 0.0f;
+        guard = guard || (valid && v < kGramGuard * s);
+      }
+      if (guard) {
+        for (int64_t j = std::max<int64_t>(jlo, 0); j < nj; ++j) {
+          if (q[j] >= kGramGuard * (nxi + ny[j])) continue;
+          const float* xi = xr + i * d;
+          const float* yj = yr + (j0 + j) * d;
+          float acc = 0;
+#pragma omp simd reduction(+ : acc)
+          for (int64_t k = 0; k < d; ++k) {
+            const float u = xi[k] - yj[k];
+            acc += u * u;
+          }
+          q[j] = acc;
+        }
+      }
+#pragma omp simd
+      for (int64_t j = 0; j < kGramNR; ++j) q[j] = q[j] > 0.0f ? p * q[j] : 0.0f;
+      total += tile_energy_sum(q, kGramNR, beta);
+    }
+  }
+  return total;
+}
+
+// (B,) weighted pair sums (energy_pairs_forward's contract) in Gram form; float32, isotropic
+// prec (B,).
+inline at::Tensor energy_gram_forward(const at::Tensor& a, const at::Tensor& b, const at::Tensor& beta,
+                                      const at::Tensor& prec, PairWeights w) {
+  const int64_t B = a.size(0), d = a.size(2);
+  auto out = at::zeros({B}, a.options());
+  if (B == 0) return out;
+  const bool within_a = w.within_a != 0 && a.size(1) > 1, within_b = w.within_b != 0 && b.size(1) > 1;
+  const bool cross = w.cross != 0;
+  const auto mu = (a.sum(1, true, at::kDouble) + b.sum(1, true, at::kDouble)) /
+                  static_cast<double>(a.size(1) + b.size(1));
+  const GramCloud A = gram_pack(a, mu, within_a);
+  const GramCloud Bc = gram_pack(b, mu, cross || within_b);
+  const int64_t na = A.nblocks, nb = Bc.nblocks;
+  // per-row task grid: cross (na × nb), within a (na × (na/2 + 1)), within b (nb × (nb/2 + 1));
+  // within slots beyond a block's circulant half are empty tasks
+  const int64_t wa = na / 2 + 1, wb = nb / 2 + 1;
+  const int64_t t_cross = cross ? na * nb : 0, t_wa = within_a ? na * wa : 0, t_wb = within_b ? nb * wb : 0;
+  const int64_t per_row = t_cross + t_wa + t_wb;
+  std::vector<double> part(B * per_row, 0.0);
+  const float* betap = beta.data_ptr<float>();
+  const float* pp = prec.data_ptr<float>();
+  const int64_t sbeta = beta.stride(0), sp = prec.stride(0);
+  auto circulant_h = [](int64_t I, int64_t nblk) {
+    return (nblk % 2) ? (nblk - 1) / 2 : (I < nblk / 2 ? nblk / 2 : nblk / 2 - 1);
+  };
+  at::parallel_for(0, B * per_row, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r = t / per_row;
+      int64_t k = t % per_row;
+      const float be = betap[r * sbeta], p = pp[r * sp];
+      double v = 0;
+      if (k < t_cross) {
+        v = w.cross * gram_tile(A, Bc, r, k / nb, k % nb, false, p, be, d);
+      } else if ((k -= t_cross) < t_wa) {
+        const int64_t I = k / wa, off = k % wa;
+        if (off <= circulant_h(I, na)) {
+          const int64_t J = (I + off) % na;
+          v = w.within_a * gram_tile(A, A, r, I, J, J == I, p, be, d);
+        }
+      } else {
+        k -= t_wa;
+        const int64_t I = k / wb, off = k % wb;
+        if (off <= circulant_h(I, nb)) {
+          const int64_t J = (I + off) % nb;
+          v = w.within_b * gram_tile(Bc, Bc, r, I, J, J == I, p, be, d);
+        }
+      }
+      part[t] = v;
+    }
+  });
+  float* o = out.data_ptr<float>();
+  for (int64_t r = 0; r < B; ++r) {
+    double s = 0;
+    for (int64_t k = 0; k < per_row; ++k) s += part[r * per_row + k];
+    o[r] = static_cast<float>(s);
+  }
+  return out;
+}
+
+}  // namespace cpu
+}  // namespace etweedie
