@@ -4,11 +4,13 @@
 //   c_M = 1/(M(M−1)) (fair, the unbiased pairwise term) or 1/M² (biased, i = j terms are 0).
 //
 // The pair engine (csrc/cpu/energy_cpu.h) runs with cloud a = the M samples and cloud b = the
-// target as a one-point cloud; parallel over (row, block of samples).  Inputs are canonical
+// target as a one-point cloud; parallel over (row, block of samples).  Small d with many rows
+// (and no β / metric gradient asked) takes the row kernel of energy_score_rows_cpu.h instead.  Inputs are canonical
 // (etweedie/ops/_prep.py): samples (B, M, d), target (B, d), beta (B,), prec (B, *param).
 #include <torch/library.h>
 
 #include "energy_cpu.h"
+#include "energy_score_rows_cpu.h"
 
 namespace etweedie {
 namespace cpu {
@@ -33,6 +35,12 @@ at::Tensor energy_score_fwd_cpu(const at::Tensor& samples, const at::Tensor& tar
   check_target(samples, target);
   TORCH_CHECK(!fair || samples.size(1) >= 2 || samples.size(0) == 0,
               "energy_score: the fair estimator needs M >= 2 samples, got M = ", samples.size(1));
+  if (energy_score_rows_applicable(samples, false, false)) {
+    auto value = at::empty({samples.size(0)}, samples.options());
+    energy_score_rows(samples, target, beta, prec, kind, energy_score_weights(samples.size(1), fair), nullptr, &value,
+                      nullptr, nullptr);
+    return value;
+  }
   return energy_forward("energy_score", samples, target.unsqueeze(1), beta, prec, kind,
                               energy_score_weights(samples.size(1), fair));
 }
@@ -42,6 +50,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_score_bwd_cpu(
     const at::Tensor& prec, int64_t kind, bool fair, bool need_samples, bool need_target, bool need_beta,
     bool need_prec) {
   check_target(samples, target);
+  if (energy_score_rows_applicable(samples, need_beta, need_prec)) {
+    auto g = grad.contiguous();
+    TORCH_CHECK(g.dim() == 1 && g.size(0) == samples.size(0), "energy_score: grad must be (B,) = (", samples.size(0),
+                "), got ", grad.sizes());
+    auto empty = [&] { return at::empty({0}, samples.options()); };
+    auto gs = need_samples ? at::empty(samples.sizes(), samples.options()) : empty();
+    auto gt = need_target ? at::empty(target.sizes(), samples.options()) : empty();
+    energy_score_rows(samples, target, beta, prec, kind, energy_score_weights(samples.size(1), fair), &g, nullptr,
+                      need_samples ? &gs : nullptr, need_target ? &gt : nullptr);
+    return {gs, gt, empty(), empty()};
+  }
   auto out = energy_backward("energy_score", grad, samples, target.unsqueeze(1), beta, prec, kind,
                                    energy_score_weights(samples.size(1), fair), need_samples, need_target, need_beta,
                                    need_prec);
@@ -59,6 +78,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_sc
   check_target(samples, target);
   TORCH_CHECK(!fair || samples.size(1) >= 2 || samples.size(0) == 0,
               "energy_score: the fair estimator needs M >= 2 samples, got M = ", samples.size(1));
+  if (energy_score_rows_applicable(samples, need_beta, need_prec)) {
+    auto empty = [&] { return at::empty({0}, samples.options()); };
+    auto value = at::empty({samples.size(0)}, samples.options());
+    auto gs = need_samples ? at::empty(samples.sizes(), samples.options()) : empty();
+    auto gt = need_target ? at::empty(target.sizes(), samples.options()) : empty();
+    energy_score_rows(samples, target, beta, prec, kind, energy_score_weights(samples.size(1), fair), nullptr, &value,
+                      need_samples ? &gs : nullptr, need_target ? &gt : nullptr);
+    return {value, gs, gt, empty(), empty()};
+  }
   at::Tensor value;
   auto ones = at::ones({samples.size(0)}, samples.options());
   auto out = energy_backward("energy_score", ones, samples, target.unsqueeze(1), beta, prec, kind,
