@@ -9,8 +9,8 @@
 // of dots while it is still in registers/L1 — the "epilogue" — so no n × m matrix exists.
 //
 // Cancellation (the reason torch.cdist's Gram mode loses precision away from the origin):
-//   1. both clouds are centred on their pooled mean μ (in float64) before anything else; the
-//      pair distances are translation invariant, so an offset of 1e3 costs nothing;
+//   1. both clouds are centred on their pooled mean before anything else; the pair distances
+//      are translation invariant, so an offset of 1e3 costs nothing;
 //   2. a pair whose Gram value is small next to its norms, q < 2⁻⁶ (‖x‖² + ‖y‖²), is recomputed
 //      from the exact differences (rare for distinct points; always for coincident ones, which
 //      therefore give exactly q = 0 and E = 0 as in the direct form).
@@ -112,29 +112,72 @@ inline bool gram_applicable(const at::Tensor& a, int64_t kind, int64_t n, int64_
 }
 
 // One centred, packed cloud of a row batch: rows (B, n, d) contiguous, norms (B, n_pad) with
-// zero padding, panels (B, n_pad / 16, d, 16) with zero padding.
+// zero padding, panels (B, n_pad / 16, d, 16) with zero padding.  Inputs have unit stride over
+// d (check_energy_canonical) and any stride over rows and points.
 struct GramCloud {
   at::Tensor rows, norms, panels;
   int64_t n = 0, nblocks = 0;
 };
 
-inline GramCloud gram_pack(const at::Tensor& x, const at::Tensor& mu, bool need_panels) {
+// Centre (x − c, c the pooled mean rounded to float: any common centre preserves the
+// distances, and the float subtraction is exact or off by half an ulp of the centred value),
+// norms summed in float64, and the coordinate-major panels, in one pass over the cloud.
+inline GramCloud gram_pack(const at::Tensor& x, const at::Tensor& centre, bool need_panels) {
   GramCloud c;
   const int64_t B = x.size(0), d = x.size(2);
   c.n = x.size(1);
   c.nblocks = (c.n + kGramNR - 1) / kGramNR;
-  const auto centred64 = x.to(at::kDouble) - mu;  // (B, n, d), exact centring before rounding
-  c.rows = centred64.to(at::kFloat).contiguous();
   const int64_t npad = c.nblocks * kGramNR;
+  c.rows = at::empty({B, c.n, d}, x.options());
   c.norms = at::zeros({B, npad}, x.options());
-  // the norms of the rounded rows (what the dot products see), summed in float64
-  c.norms.narrow(1, 0, c.n).copy_(c.rows.to(at::kDouble).square().sum(-1));
-  if (need_panels) {
-    auto padded = at::zeros({B, npad, d}, x.options());
-    padded.narrow(1, 0, c.n).copy_(c.rows);
-    c.panels = padded.view({B, c.nblocks, kGramNR, d}).transpose(2, 3).contiguous();
-  }
+  if (need_panels) c.panels = at::zeros({B, c.nblocks, d, kGramNR}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* cp = centre.data_ptr<float>();
+  float* rp = c.rows.data_ptr<float>();
+  float* np_ = c.norms.data_ptr<float>();
+  float* pp = need_panels ? c.panels.data_ptr<float>() : nullptr;
+  const int64_t sx0 = x.stride(0), sx1 = x.stride(1), n = c.n;
+  at::parallel_for(0, B * n, 64, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t b = p / n, i = p % n;
+      const float* xi = xp + b * sx0 + i * sx1;
+      const float* cb = cp + b * d;
+      float* ri = rp + p * d;
+      double nrm = 0;
+      for (int64_t k = 0; k < d; ++k) {
+        const float v = xi[k] - cb[k];
+        ri[k] = v;
+        nrm += static_cast<double>(v) * v;
+      }
+      np_[b * npad + i] = static_cast<float>(nrm);
+      if (pp) {
+        float* panel = pp + ((b * c.nblocks + i / kGramNR) * d) * kGramNR + i % kGramNR;
+        for (int64_t k = 0; k < d; ++k) panel[k * kGramNR] = ri[k];
+      }
+    }
+  });
   return c;
+}
+
+// (B, d) float: the pooled mean of both clouds (accumulated in float64), rounded to float.
+inline at::Tensor gram_centre(const at::Tensor& a, const at::Tensor& b) {
+  const int64_t B = a.size(0), d = a.size(2), n = a.size(1), m = b.size(1);
+  auto centre = at::empty({B, d}, a.options());
+  const float* ap = a.data_ptr<float>();
+  const float* bp = b.data_ptr<float>();
+  float* cp = centre.data_ptr<float>();
+  at::parallel_for(0, B, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<double> acc(d);
+    for (int64_t r = r0; r < r1; ++r) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t k = 0; k < d; ++k) acc[k] += ap[r * a.stride(0) + i * a.stride(1) + k];
+      for (int64_t j = 0; j < m; ++j)
+        for (int64_t k = 0; k < d; ++k) acc[k] += bp[r * b.stride(0) + j * b.stride(1) + k];
+      for (int64_t k = 0; k < d; ++k) cp[r * d + k] = static_cast<float>(acc[k] / static_cast<double>(n + m));
+    }
+  });
+  return centre;
 }
 
 // Σ over the valid pairs of one 16 × 16 tile (block I of cloud X, panel J of cloud Y) of
@@ -202,10 +245,9 @@ inline at::Tensor energy_gram_forward(const at::Tensor& a, const at::Tensor& b, 
   if (B == 0) return out;
   const bool within_a = w.within_a != 0 && a.size(1) > 1, within_b = w.within_b != 0 && b.size(1) > 1;
   const bool cross = w.cross != 0;
-  const auto mu = (a.sum(1, true, at::kDouble) + b.sum(1, true, at::kDouble)) /
-                  static_cast<double>(a.size(1) + b.size(1));
-  const GramCloud A = gram_pack(a, mu, within_a);
-  const GramCloud Bc = gram_pack(b, mu, cross || within_b);
+  const auto centre = gram_centre(a, b);
+  const GramCloud A = gram_pack(a, centre, within_a);
+  const GramCloud Bc = gram_pack(b, centre, cross || within_b);
   const int64_t na = A.nblocks, nb = Bc.nblocks;
   // per-row task grid: cross (na × nb), within a (na × (na/2 + 1)), within b (nb × (nb/2 + 1));
   // within slots beyond a block's circulant half are empty tasks
