@@ -152,3 +152,25 @@ def test_bad_inputs_raise_named_errors():
         NoisePath("p", beta=1.4, lam=1.0, u=0.8, v=0.8, rms=GeometricRMS(1.0, 0.1))(T([0.5]))
     with pytest.raises(ValueError, match=r"eta must have shape \(\.\.\., 5\)"):
         params_from_eta(torch.zeros(3, 4))
+
+
+@pytest.mark.parametrize("config", ["eight_gaussians_diffusion_cpu.toml", "eight_gaussians_diffusion_full.toml"])
+def test_diffusion_training_prior_covers_every_eight_gaussian_path(config):
+    """The diffusion posteriors' training prior contains every (β, λ, σ, u, v) the paper's
+    eight-Gaussian paths and isolation arms visit on their schedules (a model queried outside
+    its training box extrapolates, and the score amplifies that error by 1/r at small r)."""
+    from pathlib import Path
+
+    from etweedie.paths import EIGHT_GAUSSIAN_PATHS, ISOLATION_ARMS
+    from etweedie.train import load_config
+
+    prior = load_config(Path(__file__).resolve().parents[1] / "configs" / config).prior
+    for name in (*EIGHT_GAUSSIAN_PATHS, *ISOLATION_ARMS):
+        p = get_path(name)(level_times(DEFAULT_LEVELS[name]))
+        for field, (lo, hi) in (("beta", prior.beta), ("lam", prior.lam), ("sigma", prior.sigma)):
+            values = getattr(p, field)
+            assert float(values.min()) >= lo - 1e-9 and float(values.max()) <= hi + 1e-9, (
+                f"{config}: path {name} visits {field} in [{float(values.min()):.4g}, {float(values.max()):.4g}], "
+                f"outside the training prior [{lo}, {hi}]"
+            )
+        assert float((p.u**2 + p.v**2).max()) <= prior.disk_radius**2 + 1e-9, f"{config}: path {name} leaves the (u, v) disk"
