@@ -92,6 +92,17 @@ DEFAULT_CONFIG: Dict = {
         "steps": 3000,
         "batch_size": 512,
         "lr": 2e-3,
+        # options of etweedie.scorematching.fit_score (these defaults = the original network/trainer)
+        "arch": "mlp",
+        "parametrization": "direct",
+        "n_fourier": 0,
+        "fourier_period": 8.0,
+        "floor": 0.2,
+        "ema": 0.0,
+        "lr_final_fraction": 0.05,
+        "warmup": 0,
+        "val_fraction": 0.0,
+        "eval_every": 250,
     },
     "learned_posterior": {"chunk": 128},
 }
@@ -262,8 +273,13 @@ def make_replicate(config: Dict, rep: int, progress: bool = True) -> Dict:
     return {"levels": levels, "timings": timings, "ring": ring}
 
 
-def learned_score_for(config: Dict, replicate: Dict, rep: int, progress: bool = True):
-    """Train the conditional Hyvärinen score of one replicate; returns (scores per level, diagnostics)."""
+SCORE_NET_OPTIONS = ("arch", "parametrization", "n_fourier", "fourier_period", "floor", "ema", "lr_final_fraction", "warmup", "val_fraction", "eval_every")
+
+
+def learned_score_for(config: Dict, replicate: Dict, rep: int, progress: bool = True, return_model: bool = False):
+    """Train the conditional Hyvärinen score of one replicate; returns (scores per level, diagnostics).
+
+    With ``return_model`` the diagnostics also hold the trained score under ``"model"``."""
     dtype = getattr(torch, config["dtype"])
     seed, net_cfg = config["seed"], config["score_net"]
     ring = replicate["ring"]
@@ -278,6 +294,7 @@ def learned_score_for(config: Dict, replicate: Dict, rep: int, progress: bool = 
         train, sigmas, method=net_cfg["method"], hidden=net_cfg["hidden"], depth=net_cfg["depth"],
         steps=net_cfg["steps"], batch_size=net_cfg["batch_size"], lr=net_cfg["lr"],
         generator=_stream(seed, rep, 40), progress=progress,
+        **{key: net_cfg[key] for key in SCORE_NET_OPTIONS},
     )
     seconds = time.perf_counter() - t
     scores = [learned(lv["y_est"], lv["sigma"]) for lv in replicate["levels"]]
@@ -291,7 +308,12 @@ def learned_score_for(config: Dict, replicate: Dict, rep: int, progress: bool = 
         "nmse_heldout": _nmse(torch.cat(s_hold), ref_hold),
         "cosine_heldout": _cosine(torch.cat(s_hold), ref_hold),
         "final_loss": sum(learned.train_result.losses[-100:]) / min(100, len(learned.train_result.losses)),
+        "best_step": learned.train_result.best_step,
     }
+    if learned.train_result.val_losses:
+        diag["val_loss"] = min(learned.train_result.val_losses)
+    if return_model:
+        diag["model"] = learned
     return scores, diag
 
 

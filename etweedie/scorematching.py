@@ -46,6 +46,7 @@ from tqdm.auto import trange
 __all__ = [
     "ConditionalScoreNet",
     "LearnedScore",
+    "ResidualMLP",
     "ScoreNet",
     "ScoreTrainResult",
     "fit_score",
@@ -59,6 +60,9 @@ __all__ = [
 # columns per point, SSM-VR a fixed number of projections, so they cross over near d ≈ 16.
 EXACT_MAX_DIM = 16
 METHODS = ("auto", "exact", "ssm_vr")
+ARCHS = ("mlp", "resmlp")
+# How ConditionalScoreNet turns the output into a score (see its docstring).
+PARAMETRIZATIONS = ("direct", "residual", "energy")
 
 
 # ---------------------------------------------------------------------------- validation
@@ -99,14 +103,48 @@ def _check_cond(cond, y: torch.Tensor, n_cond: int) -> Optional[torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------- networks
+class ResidualMLP(nn.Module):
+    """h₀ = W_in x;  h_{k+1} = h_k + W₂ₖ SiLU(W₁ₖ SiLU(h_k));  out = W_out SiLU(h_K).
+
+    A pre-activation residual MLP with ``depth`` blocks of width ``hidden`` (smooth, row-wise).
+    The second linear map of every block starts at zero, so at initialization the body is the
+    identity and the blocks are switched on by training.
+    """
+
+    def __init__(self, n_in: int, hidden: int, depth: int, n_out: int):
+        super().__init__()
+        self.inp = nn.Linear(n_in, hidden)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, hidden)) for _ in range(depth)
+        )
+        self.out = nn.Sequential(nn.SiLU(), nn.Linear(hidden, n_out))
+        self.zero_block_outputs()
+
+    def zero_block_outputs(self) -> None:
+        with torch.no_grad():
+            for block in self.blocks:
+                block[-1].weight.zero_()
+                block[-1].bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.out(h)
+
+
 class ScoreNet(nn.Module):
     """MLP score model s(y[, c]) : R^d (× R^{n_cond}) → R^d.
 
     Args:
         dim: data dimension d.
         hidden: width of the hidden layers.
-        depth: number of hidden layers (≥ 1).
+        depth: number of hidden layers (≥ 1; residual blocks for ``arch="resmlp"``).
         n_cond: width of the conditioning input c (0: unconditional).
+        arch: ``"mlp"`` (plain SiLU MLP) or ``"resmlp"`` (:class:`ResidualMLP`).
+        n_in: input width of the network body (default d + n_cond; subclasses that
+            build their own input features pass it).
+        n_out: output width of the body (default d; 1 for an energy network).
 
     SiLU activations (smooth, so ∇_y s exists everywhere, which score matching needs).
 
@@ -116,17 +154,28 @@ class ScoreNet(nn.Module):
         torch.Size([3, 2])
     """
 
-    def __init__(self, dim: int, hidden: int = 128, depth: int = 3, n_cond: int = 0):
+    def __init__(
+        self, dim: int, hidden: int = 128, depth: int = 3, n_cond: int = 0, arch: str = "mlp",
+        n_in: Optional[int] = None, n_out: Optional[int] = None,
+    ):
         super().__init__()
         self.dim = _check_int(dim, "dim", 1)
         self.n_cond = _check_int(n_cond, "n_cond", 0)
         hidden = _check_int(hidden, "hidden", 1)
         depth = _check_int(depth, "depth", 1)
-        layers: List[nn.Module] = [nn.Linear(dim + n_cond, hidden), nn.SiLU()]
-        for _ in range(depth - 1):
-            layers += [nn.Linear(hidden, hidden), nn.SiLU()]
-        layers.append(nn.Linear(hidden, dim))
-        self.net = nn.Sequential(*layers)
+        if arch not in ARCHS:
+            raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
+        self.arch = arch
+        n_in = dim + n_cond if n_in is None else _check_int(n_in, "n_in", 1)
+        n_out = dim if n_out is None else _check_int(n_out, "n_out", 1)
+        if arch == "resmlp":
+            self.net: nn.Module = ResidualMLP(n_in, hidden, depth, n_out)
+        else:
+            layers: List[nn.Module] = [nn.Linear(n_in, hidden), nn.SiLU()]
+            for _ in range(depth - 1):
+                layers += [nn.Linear(hidden, hidden), nn.SiLU()]
+            layers.append(nn.Linear(hidden, n_out))
+            self.net = nn.Sequential(*layers)
 
     def forward(self, y: torch.Tensor, cond: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Score at y ``(..., d)``; ``cond`` ``(..., n_cond)`` when conditional. Returns ``(..., d)``."""
@@ -146,6 +195,19 @@ class ConditionalScoreNet(ScoreNet):
     data-scale constant): the noisy score scales like 1/(τ² + r²) with r ∝ σ, so this
     preconditioning keeps the network's raw output O(1) across levels.
 
+    Options (defaults reproduce the original network):
+
+    * ``parametrization="direct"``: s = f(y, c) / (σ² + floor²);
+      ``"residual"``: s = (f(y, c) − y) / (σ² + floor²) — f plays the role of a denoised
+      point (Tweedie form: for Gaussian noise s = (E[X|y] − y)/σ²), so the network's output is
+      the slowly varying part of the field instead of a linear ramp per mode.
+      ``"energy"``: s = ∇_y E(y, c) / (σ² + floor²) with a scalar network E — a conservative
+      field by construction, as the true score ∇ log m is (the Hyvärinen trace is then the
+      Laplacian of E, by forward-over-reverse ``torch.func``).
+    * ``n_fourier = K > 0``: appends the positional features sin(2ᵏπ y_j / P), cos(2ᵏπ y_j / P),
+      k = 0..K−1, j = 1..d (period P = ``fourier_period``; deterministic, no random frequencies).
+    * ``arch``: ``"mlp"`` or ``"resmlp"`` (see :class:`ScoreNet`).
+
     Example::
 
         >>> net = ConditionalScoreNet(2, hidden=8, depth=1)
@@ -153,14 +215,39 @@ class ConditionalScoreNet(ScoreNet):
         torch.Size([3, 2])
     """
 
-    def __init__(self, dim: int, hidden: int = 128, depth: int = 3, floor: float = 0.2):
-        super().__init__(dim, hidden, depth, n_cond=1)
+    def __init__(
+        self,
+        dim: int,
+        hidden: int = 128,
+        depth: int = 3,
+        floor: float = 0.2,
+        *,
+        arch: str = "mlp",
+        parametrization: str = "direct",
+        n_fourier: int = 0,
+        fourier_period: float = 8.0,
+    ):
+        n_fourier = _check_int(n_fourier, "n_fourier", 0)
+        if parametrization not in PARAMETRIZATIONS:
+            raise ValueError(f"parametrization must be one of {PARAMETRIZATIONS}, got {parametrization!r}")
+        super().__init__(
+            dim, hidden, depth, n_cond=1, arch=arch, n_in=_check_int(dim, "dim", 1) * (1 + 2 * n_fourier) + 1,
+            n_out=1 if parametrization == "energy" else dim,
+        )
         if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not floor > 0:
             raise ValueError(f"floor must be a float > 0, got {floor!r}")
+        if isinstance(fourier_period, bool) or not isinstance(fourier_period, (int, float)) or not fourier_period > 0:
+            raise ValueError(f"fourier_period must be a float > 0, got {fourier_period!r}")
         self.floor = float(floor)
+        self.parametrization = parametrization
+        self.n_fourier = n_fourier
+        self.fourier_period = float(fourier_period)
+        self.register_buffer(
+            "frequencies", (2.0 ** torch.arange(n_fourier, dtype=torch.float32)) * (2 * math.pi / self.fourier_period), persistent=False
+        )
 
     def features(self, sigma, like: torch.Tensor) -> torch.Tensor:
-        """σ (float or tensor broadcasting to ``like.shape[:-1]``) → (c = log σ, σ) tensors."""
+        """σ (float or tensor broadcasting to ``like.shape[:-1]``) → σ expanded to that shape."""
         sigma = torch.as_tensor(sigma, dtype=like.dtype, device=like.device)
         if sigma.numel() and not bool((sigma > 0).all()):
             raise ValueError(f"sigma must be > 0, got min {float(sigma.min()):.4g}")
@@ -170,10 +257,25 @@ class ConditionalScoreNet(ScoreNet):
             raise ValueError(f"sigma must broadcast to y's batch shape {tuple(like.shape[:-1])}, got {tuple(sigma.shape)}") from None
         return sigma
 
+    def inputs(self, y: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        """Network input ``(..., d(1 + 2K) + 1)``: y, its K-octave sin/cos features, log σ."""
+        parts = [y]
+        if self.n_fourier:
+            phase = (y[..., :, None] * self.frequencies.to(y.dtype)).flatten(-2)  # (..., d·K)
+            parts += [torch.sin(phase), torch.cos(phase)]
+        parts.append(torch.log(sigma)[..., None])
+        return torch.cat(parts, dim=-1)
+
     def forward(self, y: torch.Tensor, sigma) -> torch.Tensor:  # type: ignore[override]
         """Score at y ``(..., d)`` for known level(s) σ (float or ``(...)`` tensor)."""
         sigma = self.features(sigma, y)
-        raw = self.net(torch.cat([y, torch.log(sigma)[..., None]], dim=-1))
+        if self.parametrization == "energy":
+            # rows are independent, so ∇_y of the summed energy is the per-row gradient
+            raw = torch.func.grad(lambda q: self.net(self.inputs(q, sigma)).sum())(y)
+            return raw / (sigma * sigma + self.floor**2)[..., None]
+        raw = self.net(self.inputs(y, sigma))
+        if self.parametrization == "residual":
+            raw = raw - y
         return raw / (sigma * sigma + self.floor**2)[..., None]
 
 
@@ -281,11 +383,20 @@ def sliced_score_matching_vr_loss(
 # ---------------------------------------------------------------------------- training
 @dataclass
 class ScoreTrainResult:
-    """Loss per step and wall time of :func:`train_score_net`."""
+    """Loss per step and wall time of :func:`train_score_net`.
+
+    With a validation split, ``val_steps``/``val_losses`` hold the held-out score-matching loss
+    (of the weights actually returned: the EMA weights when ``ema > 0``) every ``eval_every``
+    steps, and ``best_step`` the step whose weights were kept (the last step without one).
+    """
 
     losses: List[float] = field(default_factory=list)
     method: str = "exact"
     seconds: float = 0.0
+    ema: float = 0.0
+    val_steps: List[int] = field(default_factory=list)
+    val_losses: List[float] = field(default_factory=list)
+    best_step: Optional[int] = None
 
 
 def _resolve_method(method: str, d: int) -> str:
@@ -294,6 +405,21 @@ def _resolve_method(method: str, d: int) -> str:
     if method == "auto":
         return "exact" if d <= EXACT_MAX_DIM else "ssm_vr"
     return method
+
+
+def _check_fraction(value, name: str, low: float, high: float, *, closed_low: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    ok = (low <= value if closed_low else low < value) and value < high
+    if not ok:
+        raise ValueError(f"{name} must be in {'[' if closed_low else '('}{low}, {high}), got {value!r}")
+    return float(value)
+
+
+def _loss(model, yb, cb, method, n_projections, generator):
+    if method == "exact":
+        return hyvarinen_loss(model, yb, cb)
+    return sliced_score_matching_vr_loss(model, yb, cb, n_projections=n_projections, generator=generator)
 
 
 def train_score_net(
@@ -308,12 +434,32 @@ def train_score_net(
     n_projections: int = 1,
     generator: torch.Generator,
     progress: bool = True,
+    ema: float = 0.0,
+    lr_final_fraction: float = 0.05,
+    warmup: int = 0,
+    val_fraction: float = 0.0,
+    eval_every: int = 250,
+    val_batch: int = 4096,
 ) -> ScoreTrainResult:
     """Train ``model`` by score matching on noisy observations ``y`` ``(n, d)``.
 
-    Minibatches of ``batch_size`` rows are drawn with ``generator``; Adam with a cosine
-    learning-rate decay to lr/20.  ``cond`` (per-row, e.g. the known σ of each observation for
-    a :class:`ConditionalScoreNet`) is sliced with the same rows.
+    Minibatches of ``batch_size`` rows are drawn with ``generator``; Adam with a linear warmup
+    over ``warmup`` steps and a cosine learning-rate decay to ``lr · lr_final_fraction``.
+    ``cond`` (per-row, e.g. the known σ of each observation for a :class:`ConditionalScoreNet`)
+    is sliced with the same rows.
+
+    Polyak/EMA averaging (``ema = α > 0``): θ̄ ← α_t θ̄ + (1 − α_t) θ after optimizer step
+    t = 1, 2, …, with the warm-up decay α_t = min(α, t/(t + 9)) (so the random initial weights
+    are forgotten at once instead of keeping weight α^steps); the model is left holding θ̄ (the
+    weights evaluated and returned).
+
+    Held-out model selection (``val_fraction = f > 0``): a random fraction f of the rows of y
+    (noisy observations only — no clean data, no noise parameters, no oracle score) is kept out
+    of training; every ``eval_every`` steps and at the end the score-matching loss of the
+    returned weights on those rows is computed (exact Hyvärinen loss for ``method="exact"``,
+    otherwise SSM-VR with fixed projections), and the weights with the lowest held-out loss are
+    kept.  Since E‖s − ∇log m‖² = 2·J_H(s) + const, this selects the best-scoring checkpoint
+    without ever seeing the true score.
 
     Args:
         model: a row-wise score model (trained in place).
@@ -322,11 +468,17 @@ def train_score_net(
         method: ``"exact"`` (Hyvärinen, small d), ``"ssm_vr"``, or ``"auto"`` (exact for d ≤ 16).
         steps, batch_size, lr: optimizer settings.
         n_projections: SSM-VR projections per point.
-        generator: the ``torch.Generator`` of minibatches and projections.
+        generator: the ``torch.Generator`` of minibatches, projections and the validation split.
         progress: show a tqdm bar.
+        ema: EMA decay α in [0, 1) (0: no averaging; the raw weights are returned).
+        lr_final_fraction: final learning rate of the cosine schedule as a fraction of ``lr``.
+        warmup: linear-warmup steps (0: none).
+        val_fraction: held-out fraction in [0, 0.5) for model selection (0: none).
+        eval_every: steps between held-out evaluations.
+        val_batch: held-out rows evaluated per chunk.
 
     Returns:
-        :class:`ScoreTrainResult` with the loss per step.
+        :class:`ScoreTrainResult` with the loss per step (and the held-out trace).
     """
     import time
 
@@ -336,34 +488,106 @@ def train_score_net(
     batch_size = _check_int(batch_size, "batch_size", 1)
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
         raise ValueError(f"lr must be a float > 0, got {lr!r}")
+    ema = _check_fraction(ema, "ema", 0.0, 1.0)
+    lr_final_fraction = _check_fraction(lr_final_fraction, "lr_final_fraction", 0.0, 1.0 + 1e-12, closed_low=False)
+    warmup = _check_int(warmup, "warmup", 0)
+    val_fraction = _check_fraction(val_fraction, "val_fraction", 0.0, 0.5)
+    eval_every = _check_int(eval_every, "eval_every", 1)
+    val_batch = _check_int(val_batch, "val_batch", 1)
     if cond is not None:
         cond = torch.as_tensor(cond, dtype=y.dtype, device=y.device)
         if cond.dim() == 0 or cond.shape[0] != y.shape[0]:
             raise ValueError(f"cond must have leading dimension n={y.shape[0]} to match y, got shape {tuple(cond.shape)}")
     method = _resolve_method(method, y.shape[-1])
+    y_val = c_val = None
+    if val_fraction > 0:
+        n_val = int(round(val_fraction * y.shape[0]))
+        if n_val < 1 or n_val >= y.shape[0]:
+            raise ValueError(f"val_fraction={val_fraction} leaves no validation or no training rows for n={y.shape[0]}")
+        perm = torch.randperm(y.shape[0], generator=generator, device="cpu").to(y.device)
+        y_val, y = y[perm[:n_val]], y[perm[n_val:]]
+        if cond is not None:
+            c_val, cond = cond[perm[:n_val]], cond[perm[n_val:]]
     n = y.shape[0]
     batch_size = min(batch_size, n)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps, eta_min=lr / 20)
-    result = ScoreTrainResult(method=method)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=lr)
+
+    def lr_factor(step: int) -> float:  # multiplier of lr before optimizer step `step` (0-based)
+        if step < warmup:
+            return (step + 1) / warmup
+        t = (step - warmup) / max(1, steps - warmup)
+        return lr_final_fraction + (1 - lr_final_fraction) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+    ema_params = [p.detach().clone() for p in params] if ema > 0 else None
+    val_gen = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=generator))) if y_val is not None else None
+
+    def swap_in_ema():
+        """Exchange the raw and the averaged weights (an involution)."""
+        if ema_params is None:
+            return
+        with torch.no_grad():
+            for p, q in zip(params, ema_params):
+                tmp = p.detach().clone()
+                p.copy_(q)
+                q.copy_(tmp)
+
+    def validation_loss() -> float:
+        total = 0.0
+        for s in range(0, y_val.shape[0], val_batch):
+            yb = y_val[s : s + val_batch]
+            cb = None if c_val is None else c_val[s : s + val_batch]
+            g = None if method == "exact" else torch.Generator().manual_seed(val_gen.initial_seed())
+            with torch.no_grad():
+                total += float(_loss(model, yb, cb, method, n_projections, g)) * yb.shape[0]
+        return total / y_val.shape[0]
+
+    result = ScoreTrainResult(method=method, ema=ema)
+    best_loss, best_state = math.inf, None
+
+    def evaluate(step: int):
+        nonlocal best_loss, best_state
+        swap_in_ema()
+        model.eval()
+        loss = validation_loss()
+        result.val_steps.append(step)
+        result.val_losses.append(loss)
+        if loss < best_loss:
+            best_loss, result.best_step = loss, step
+            best_state = [p.detach().clone() for p in params]
+        swap_in_ema()
+        model.train()
+
     start = time.perf_counter()
     model.train()
     bar = trange(steps, desc=f"score matching ({method})", disable=not progress, leave=False)
-    for _ in bar:
+    for step in bar:
         idx = torch.randint(n, (batch_size,), generator=generator, device="cpu").to(y.device)
         yb = y[idx]
         cb = None if cond is None else cond[idx]
-        if method == "exact":
-            loss = hyvarinen_loss(model, yb, cb)
-        else:
-            loss = sliced_score_matching_vr_loss(model, yb, cb, n_projections=n_projections, generator=generator)
+        loss = _loss(model, yb, cb, method, n_projections, generator)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         sched.step()
+        if ema_params is not None:
+            with torch.no_grad():
+                decay = min(ema, (step + 1) / (step + 10))
+                torch._foreach_lerp_(ema_params, [p.detach() for p in params], 1.0 - decay)
         result.losses.append(loss.detach().item())
         if len(result.losses) % 50 == 0:
             bar.set_postfix(loss=f"{sum(result.losses[-50:]) / 50:.4g}")
+        if y_val is not None and ((step + 1) % eval_every == 0 or step + 1 == steps):
+            evaluate(step + 1)
+    # Leave the model holding the weights it is evaluated with.
+    if best_state is not None:
+        with torch.no_grad():
+            for p, q in zip(params, best_state):
+                p.copy_(q)
+    else:
+        swap_in_ema()
+        result.best_step = steps
     model.eval()
     result.seconds = time.perf_counter() - start
     return result
@@ -411,6 +635,16 @@ def fit_score(
     dtype: torch.dtype = torch.float32,
     generator: torch.Generator,
     progress: bool = True,
+    arch: str = "mlp",
+    parametrization: str = "direct",
+    n_fourier: int = 0,
+    fourier_period: float = 8.0,
+    floor: float = 0.2,
+    ema: float = 0.0,
+    lr_final_fraction: float = 0.05,
+    warmup: int = 0,
+    val_fraction: float = 0.0,
+    eval_every: int = 250,
 ) -> LearnedScore:
     """Build and train a score network on noisy observations (one model for all levels).
 
@@ -423,6 +657,11 @@ def fit_score(
         dtype: training dtype (float32 is several times faster on CPU).
         generator: seeds the initialization, minibatches and projections.
         progress: tqdm bar.
+        arch: ``"mlp"`` or ``"resmlp"`` (see :class:`ScoreNet`).
+        parametrization, n_fourier, fourier_period, floor: conditional-network options (see
+            :class:`ConditionalScoreNet`; only with per-level groups).
+        ema, lr_final_fraction, warmup, val_fraction, eval_every: see :func:`train_score_net`
+            (EMA weight averaging, schedule, held-out model selection on noisy observations).
 
     Returns:
         :class:`LearnedScore`; call it as ``score(y)`` or ``score(y, sigma)``.
@@ -441,7 +680,12 @@ def fit_score(
             raise ValueError("sigmas is only used with a sequence of per-level observation groups")
         y = _check_points(observations, "observations").to(dtype)
         cond = None
-        net: ScoreNet = ScoreNet(y.shape[-1], hidden, depth)
+        if parametrization != "direct" or n_fourier != 0:
+            raise ValueError(
+                f"parametrization and n_fourier apply to the conditional network (per-level groups); got "
+                f"parametrization={parametrization!r}, n_fourier={n_fourier!r} with a single tensor"
+            )
+        net: ScoreNet = ScoreNet(y.shape[-1], hidden, depth, arch=arch)
     else:
         groups = list(observations)
         if not groups:
@@ -458,7 +702,10 @@ def fit_score(
                 raise ValueError(f"observations[{i}] has d={g.shape[-1]}, observations[0] has d={groups[0].shape[-1]}")
         y = torch.cat(groups).to(dtype)
         cond = torch.cat([torch.full((g.shape[0],), float(s), dtype=dtype) for g, s in zip(groups, sigmas)])
-        net = ConditionalScoreNet(y.shape[-1], hidden, depth)
+        net = ConditionalScoreNet(
+            y.shape[-1], hidden, depth, floor, arch=arch, parametrization=parametrization,
+            n_fourier=n_fourier, fourier_period=fourier_period,
+        )
     # Initialization from the explicit generator: reset every Linear with seeded draws.
     with torch.no_grad():
         for layer in net.modules():
@@ -466,9 +713,12 @@ def fit_score(
                 bound = 1.0 / math.sqrt(layer.in_features)
                 layer.weight.copy_(torch.empty_like(layer.weight).uniform_(-bound, bound, generator=generator))
                 layer.bias.copy_(torch.empty_like(layer.bias).uniform_(-bound, bound, generator=generator))
+        if isinstance(net.net, ResidualMLP):
+            net.net.zero_block_outputs()
     net = net.to(dtype)
     result = train_score_net(
         net, y, cond, method=method, steps=steps, batch_size=batch_size, lr=lr,
-        n_projections=n_projections, generator=generator, progress=progress,
+        n_projections=n_projections, generator=generator, progress=progress, ema=ema,
+        lr_final_fraction=lr_final_fraction, warmup=warmup, val_fraction=val_fraction, eval_every=eval_every,
     )
     return LearnedScore(net, result)

@@ -159,3 +159,96 @@ def test_bad_inputs_raise_named_errors():
         ConditionalScoreNet(2, hidden=4, depth=1)(y, -1.0)
     with pytest.raises(ValueError, match="distribution"):
         sliced_score_matching_vr_loss(net, y, generator=torch.Generator(), distribution="uniform")
+
+
+# ---------------------------------------------------------------------------- options (second session)
+def test_default_options_reproduce_plain_trainer():
+    """New options at their defaults change nothing: same losses as an explicit default call."""
+    y = torch.randn(512, 2, generator=torch.Generator().manual_seed(9))
+    a = fit_score(y, steps=12, hidden=8, depth=1, generator=torch.Generator().manual_seed(3), progress=False)
+    b = fit_score(y, steps=12, hidden=8, depth=1, generator=torch.Generator().manual_seed(3), progress=False,
+                  arch="mlp", ema=0.0, lr_final_fraction=0.05, warmup=0, val_fraction=0.0)
+    assert a.train_result.losses == b.train_result.losses
+    assert a.train_result.best_step == 12 and a.train_result.val_losses == []
+
+
+def test_ema_weights_are_the_ones_evaluated():
+    """After one step with ema = α the model holds α₁θ₀ + (1 − α₁)θ₁, α₁ = min(α, 1/10)."""
+    y = torch.randn(256, 2, generator=torch.Generator().manual_seed(10))
+
+    def make():
+        torch.manual_seed(0)
+        return ScoreNet(2, hidden=8, depth=1)
+
+    init = [p.detach().clone() for p in make().parameters()]
+    raw, avg = make(), make()
+    train_score_net(raw, y, steps=1, batch_size=64, lr=0.1, generator=torch.Generator().manual_seed(1), progress=False)
+    res = train_score_net(avg, y, steps=1, batch_size=64, lr=0.1, ema=0.99, generator=torch.Generator().manual_seed(1), progress=False)
+    assert res.ema == 0.99
+    for p0, p1, pa in zip(init, raw.parameters(), avg.parameters()):
+        torch.testing.assert_close(pa.detach(), 0.1 * p0 + 0.9 * p1.detach())
+    # ... and the scores a LearnedScore returns come from those averaged weights
+    learned = fit_score(y, steps=30, hidden=8, depth=1, ema=0.9, generator=torch.Generator().manual_seed(2), progress=False)
+    plain = fit_score(y, steps=30, hidden=8, depth=1, generator=torch.Generator().manual_seed(2), progress=False)
+    assert learned.train_result.losses == plain.train_result.losses  # averaging never feeds back into training
+    assert not torch.allclose(learned(y[:4]), plain(y[:4]))
+
+
+def test_validation_selection_uses_heldout_rows():
+    """val_fraction holds rows out, records the held-out Hyvärinen loss, keeps the best weights."""
+    g = torch.Generator().manual_seed(11)
+    y = torch.randn(2000, 2, generator=g) * 0.5
+    res_net = ScoreNet(2, hidden=16, depth=1)
+    res = train_score_net(res_net, y, steps=60, batch_size=128, lr=5e-3, val_fraction=0.2, eval_every=20,
+                          generator=torch.Generator().manual_seed(4), progress=False)
+    assert res.val_steps == [20, 40, 60] and len(res.val_losses) == 3
+    assert res.best_step == res.val_steps[min(range(3), key=res.val_losses.__getitem__)]
+    # the kept weights reproduce the best held-out loss on the same held-out rows
+    perm = torch.randperm(2000, generator=torch.Generator().manual_seed(4))
+    held = y[perm[:400]]
+    assert hyvarinen_loss(res_net, held).item() == pytest.approx(min(res.val_losses), rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("parametrization", ["direct", "residual", "energy"])
+@pytest.mark.parametrize("arch", ["mlp", "resmlp"])
+def test_conditional_net_options_shapes_and_trace(parametrization, arch):
+    g = torch.Generator().manual_seed(12)
+    net = ConditionalScoreNet(2, hidden=8, depth=2, arch=arch, parametrization=parametrization, n_fourier=3).double()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.5)
+    y = torch.randn(6, 2, generator=g, dtype=torch.float64)
+    sig = torch.full((6,), 0.4, dtype=torch.float64)
+    assert net.inputs(y, sig).shape == (6, 2 * (1 + 2 * 3) + 1)
+    s, tr = jacobian_trace(net, y, sig)
+    assert s.shape == (6, 2)
+    jac = torch.stack([torch.autograd.functional.jacobian(lambda q: net(q[None], sig[i : i + 1])[0], y[i]) for i in range(6)])
+    torch.testing.assert_close(tr, jac.diagonal(dim1=-2, dim2=-1).sum(-1))
+    if parametrization == "energy":  # a gradient field: symmetric Jacobian
+        torch.testing.assert_close(jac, jac.transpose(-1, -2))
+
+
+def test_new_options_bad_inputs_name_the_argument():
+    net = ScoreNet(2, hidden=8, depth=1)
+    y = torch.zeros(8, 2)
+    g = torch.Generator()
+    with pytest.raises(ValueError, match="ema"):
+        train_score_net(net, y, ema=1.0, generator=g)
+    with pytest.raises(TypeError, match="ema"):
+        train_score_net(net, y, ema="0.9", generator=g)
+    with pytest.raises(ValueError, match="val_fraction"):
+        train_score_net(net, y, val_fraction=0.7, generator=g)
+    with pytest.raises(ValueError, match="lr_final_fraction"):
+        train_score_net(net, y, lr_final_fraction=0.0, generator=g)
+    with pytest.raises(ValueError, match="warmup"):
+        train_score_net(net, y, warmup=-1, generator=g)
+    with pytest.raises(ValueError, match="arch"):
+        ScoreNet(2, arch="transformer")
+    with pytest.raises(ValueError, match="parametrization"):
+        ConditionalScoreNet(2, parametrization="potential")
+    with pytest.raises(ValueError, match="n_fourier"):
+        ConditionalScoreNet(2, n_fourier=-1)
+    with pytest.raises(ValueError, match="fourier_period"):
+        ConditionalScoreNet(2, fourier_period=0.0)
+    with pytest.raises(ValueError, match="parametrization"):
+        fit_score(y, parametrization="energy", generator=g)
