@@ -97,6 +97,32 @@ def test_cpu_gram_path(kind, beta, seed):
     b[:, 7] = a[:, 1]
     b[:, 9] = (b[:, 8] + 1e-3).float().double()  # representable in float32, like every input
     _check_all("cpu", "cpu", (a, b, bt, metric), seed, f"gram {kind} beta={beta}")
+    _check_cloud_grads_only(a, b, bt, metric, seed, f"gram {kind} beta={beta}")
+
+
+def _check_cloud_grads_only(a, b, bt, metric, seed, label, unbiased=True):
+    """Gradients for the clouds only (no β / metric gradient): the CPU backward's Gram form."""
+
+    def run(backend, dtype):
+        x, y = (t.to(dtype).requires_grad_() for t in (a, b))
+        m, _ = metric_to(metric, dtype, "cpu", requires_grad=False)
+        out = etweedie.energy_distance(x, y, bt.to(dtype), metric=m, unbiased=unbiased, backend=backend)
+        up = torch.linspace(0.5, 1.5, out.numel(), dtype=dtype).reshape(out.shape)
+        return torch.autograd.grad((out * up).sum(), (x, y))
+
+    got, r32, r64 = run("cpu", torch.float32), run("reference", torch.float32), run("reference", torch.float64)
+    for name, x, y, z in zip(["a", "b"], got, r32, r64):
+        assert_close_to_ref(x, y, z, name=f"grad {name} only [{label}]", seed=seed, atol_scale=3e-5)
+
+
+@pytest.mark.parametrize("unbiased", [True, False], ids=["U", "V"])
+@pytest.mark.parametrize("shape", [(1, 33, 90, 80), (2, 48, 16, 64), (3, 40, 2, 100)], ids=["odd", "blocks", "tiny-m"])
+def test_cpu_gram_backward_shapes(shape, unbiased, seed):
+    """Gram backward on partial blocks, whole blocks, a second cloud of 2 points, d not a
+    multiple of the 16-wide vector kernel; 1e3 from the origin, a coincident pair."""
+    a, b, bt, metric = _inputs(seed, *shape, "isotropic", offset=1e3)
+    a[:, 2] = a[:, 1]
+    _check_cloud_grads_only(a, b, bt, metric, seed, f"gram bwd {shape}", unbiased)
 
 
 def test_cpu_gram_path_non_contiguous_and_broadcast(seed):
@@ -105,6 +131,7 @@ def test_cpu_gram_path_non_contiguous_and_broadcast(seed):
     a_t = a.transpose(1, 2).contiguous().transpose(1, 2)
     b_bc = b[:1].expand(3, -1, -1)
     _check_all("cpu", "cpu", (a_t, b_bc, bt, metric), seed, "gram strided")
+    _check_cloud_grads_only(a_t, b_bc, bt, metric, seed, "gram strided")
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE + [("reference", "cpu")], ids=BACKEND_IDS + ["reference"])

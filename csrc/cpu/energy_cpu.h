@@ -314,6 +314,10 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
   auto gbeta = need_beta ? at::zeros({B}, a.options()) : empty();
   std::vector<int64_t> psize(prec.sizes().begin(), prec.sizes().end());
   auto gprec = need_prec ? at::zeros(psize, a.options()) : empty();
+  if (value == nullptr && !need_beta && !need_prec && d > 0 && gram_applicable(a, kind, n, m, d)) {
+    auto [gga, ggb] = energy_gram_backward(g, a, b, beta, prec, w, need_a, need_b);
+    return {gga, ggb, gbeta, gprec};
+  }
   // Many rows: parallel over rows with the symmetric pair loop (half the pairs of the
   // per-point split below, which is used when a few large rows must share the threads).
   const bool row_parallel = B >= 4 * static_cast<int64_t>(at::get_num_threads());

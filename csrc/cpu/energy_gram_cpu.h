@@ -25,7 +25,8 @@
 // stored per tile (doubles) and reduced in a fixed order: deterministic for any thread count.
 // Memory: the centred clouds and their panels, O((n + m)·d) per row; nothing of size n·m.
 //
-// ETWEEDIE_CPU_GRAM=0 turns this path off (the direct-difference engine runs instead).
+// The backward (gradients of the clouds, no β / metric gradient asked) uses the same form:
+// see "backward" below.  ETWEEDIE_CPU_GRAM=0 turns both off (the direct-difference engine runs).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -293,6 +294,208 @@ inline at::Tensor energy_gram_forward(const at::Tensor& a, const at::Tensor& b, 
     o[r] = static_cast<float>(s);
   }
   return out;
+}
+
+// ------------------------------------------------------------------------- backward
+//
+// ∂/∂x_i of Σ_j w E(x_i − y_j) = w Σ_j s_ij p (x_i − y_j) = (Σ_j c_ij) x_i − Σ_j c_ij y_j with
+// c_ij = w p s_ij (s the pair slope, energy.h).  Per tile: the dots (same micro-kernel as the
+// forward), q with the cancellation guard, c_ij, then the row sums of c and the product C·Y,
+// a second 4 × 16 register-blocked kernel over the rows of Y; the guarded (close) pairs add
+// c_ij (x_i − y_j) from the exact difference instead.  A task owns one block of
+// points of one cloud and visits every panel its points pair with (cross: the other cloud;
+// within: its own cloud, all panels, i ≠ j), so it writes only its own points' gradients —
+// no races, no atomics.  Both clouds' tasks visit nba + nbb panels: the static split is
+// balanced.  In centred coordinates (translation invariance) the result is exact to rounding.
+
+// out_t[k] += Σ_{j<nj} C[t·16 + j] · y_j[k] for the 4 rows t (y_j = Y + j·d, row-major).
+inline void gram_cy_4(const float* C, const float* Y, int64_t nj, int64_t d, float* out0, float* out1, float* out2,
+                      float* out3) {
+  float* outs[4] = {out0, out1, out2, out3};
+  int64_t k0 = 0;
+#ifdef ETWEEDIE_GRAM_AVX2
+  for (; k0 + 16 <= d; k0 += 16) {
+    __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps(), a10 = _mm256_setzero_ps(),
+           a11 = _mm256_setzero_ps(), a20 = _mm256_setzero_ps(), a21 = _mm256_setzero_ps(),
+           a30 = _mm256_setzero_ps(), a31 = _mm256_setzero_ps();
+    for (int64_t j = 0; j < nj; ++j) {
+      const float* yj = Y + j * d + k0;
+      const __m256 y0 = _mm256_loadu_ps(yj), y1 = _mm256_loadu_ps(yj + 8);
+      __m256 c = _mm256_broadcast_ss(C + j);
+      a00 = _mm256_fmadd_ps(c, y0, a00);
+      a01 = _mm256_fmadd_ps(c, y1, a01);
+      c = _mm256_broadcast_ss(C + kGramNR + j);
+      a10 = _mm256_fmadd_ps(c, y0, a10);
+      a11 = _mm256_fmadd_ps(c, y1, a11);
+      c = _mm256_broadcast_ss(C + 2 * kGramNR + j);
+      a20 = _mm256_fmadd_ps(c, y0, a20);
+      a21 = _mm256_fmadd_ps(c, y1, a21);
+      c = _mm256_broadcast_ss(C + 3 * kGramNR + j);
+      a30 = _mm256_fmadd_ps(c, y0, a30);
+      a31 = _mm256_fmadd_ps(c, y1, a31);
+    }
+    const __m256 acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
+    for (int t = 0; t < 4; ++t) {
+      float* o = outs[t] + k0;
+      _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), acc[t][0]));
+      _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), acc[t][1]));
+    }
+  }
+#endif
+  for (int t = 0; t < 4; ++t) {
+    const float* ct = C + t * kGramNR;
+    for (int64_t j = 0; j < nj; ++j) {
+      const float c = ct[j];
+      const float* yj = Y + j * d;
+      float* o = outs[t];
+#pragma omp simd
+      for (int64_t k = k0; k < d; ++k) o[k] += c * yj[k];
+    }
+  }
+}
+
+// One tile's contribution to the gradients of block I of X against panel J of Y:
+// cs[i − i0] += Σ_j c_ij, cy rows (i − i0) += Σ_j c_ij y_j.  self: X = Y and I = J (skip j = i).
+inline void gram_grad_tile(const GramCloud& X, const GramCloud& Y, int64_t r, int64_t I, int64_t J, bool self,
+                           float p, float beta, float w, int64_t d, float* cs, float* cy) {
+  const float* xr = X.rows.data_ptr<float>() + r * X.n * d;
+  const float* yr = Y.rows.data_ptr<float>() + r * Y.n * d;
+  const float* nx = X.norms.data_ptr<float>() + r * X.norms.size(1);
+  const float* ny = Y.norms.data_ptr<float>() + r * Y.norms.size(1) + J * kGramNR;
+  const float* panel = Y.panels.data_ptr<float>() + (r * Y.nblocks + J) * d * kGramNR;
+  const int64_t i0 = I * kGramNR, i1 = std::min(X.n, i0 + kGramNR);
+  const int64_t j0 = J * kGramNR, nj = std::min(kGramNR, Y.n - j0);
+  const float wp = w * p;
+  float dots[kGramMR * kGramNR];
+  float C[kGramMR * kGramNR];
+  float q[kGramNR];
+  for (int64_t ii = i0; ii < i1; ii += kGramMR) {
+    const float* rows[kGramMR];
+    for (int64_t t = 0; t < kGramMR; ++t) rows[t] = xr + std::min(ii + t, i1 - 1) * d;
+    gram_dots_4x16(rows[0], rows[1], rows[2], rows[3], panel, d, dots);
+    const int64_t nr = std::min(kGramMR, i1 - ii);
+    for (int64_t t = 0; t < kGramMR; ++t) {
+      float* ct = C + t * kGramNR;
+      if (t >= nr) {
+        std::fill(ct, ct + kGramNR, 0.0f);
+        continue;
+      }
+      const int64_t i = ii + t;
+      const float nxi = nx[i];
+      const float* dt = dots + t * kGramNR;
+      const int64_t skip = self ? i - j0 : -1;
+      bool guard = false;
+#pragma omp simd reduction(|| : guard)
+      for (int64_t j = 0; j < kGramNR; ++j) {
+        const float s = nxi + ny[j];
+        const float v = s - 2.0f * dt[j];
+        const bool valid = j < nj && j != skip;
+        q[j] = valid ? v : 0.0f;
+        guard = guard || (valid && v < kGramGuard * s);
+      }
+      bool exact[kGramNR] = {};
+      if (guard) {
+        for (int64_t j = 0; j < nj; ++j) {
+          if (j == skip || q[j] >= kGramGuard * (nxi + ny[j])) continue;
+          const float* xi = xr + i * d;
+          const float* yj = yr + (j0 + j) * d;
+          float acc = 0;
+#pragma omp simd reduction(+ : acc)
+          for (int64_t k = 0; k < d; ++k) {
+            const float u = xi[k] - yj[k];
+            acc += u * u;
+          }
+          q[j] = acc;
+          exact[j] = true;
+        }
+      }
+#pragma omp simd
+      for (int64_t j = 0; j < kGramNR; ++j) q[j] = q[j] > 0.0f ? p * q[j] : 0.0f;
+      tile_slopes(q, kGramNR, beta, ct);
+#pragma omp simd
+      for (int64_t j = 0; j < kGramNR; ++j) ct[j] *= wp;
+      if (guard) {
+        // A close pair's c (x_i − y_j) from the exact difference: in the split form
+        // c x_i − c y_j the difference would cancel, and c is large there (β < 2).
+        float* cyi = cy + (i - i0) * d;
+        const float* xi = xr + i * d;
+        for (int64_t j = 0; j < nj; ++j) {
+          if (!exact[j]) continue;
+          const float c = ct[j];
+          ct[j] = 0.0f;
+          const float* yj = yr + (j0 + j) * d;
+#pragma omp simd
+          for (int64_t k = 0; k < d; ++k) cyi[k] -= c * (xi[k] - yj[k]);
+        }
+      }
+      float sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < kGramNR; ++j) sum += ct[j];
+      cs[i - i0] += sum;
+    }
+    float* base = cy + (ii - i0) * d;
+    gram_cy_4(C, yr + j0 * d, nj, d, base, base + (nr > 1 ? d : 0), base + (nr > 2 ? 2 * d : 0),
+              base + (nr > 3 ? 3 * d : 0));
+  }
+}
+
+// (grad_a, grad_b) of grad[r] · (weighted pair sums of row r) in Gram form; float32, isotropic
+// prec (B,); an unrequested gradient is an empty tensor.
+inline std::pair<at::Tensor, at::Tensor> energy_gram_backward(const at::Tensor& grad, const at::Tensor& a,
+                                                              const at::Tensor& b, const at::Tensor& beta,
+                                                              const at::Tensor& prec, PairWeights w, bool need_a,
+                                                              bool need_b) {
+  const int64_t B = a.size(0), n = a.size(1), m = b.size(1), d = a.size(2);
+  auto ga = need_a ? at::zeros({B, n, d}, a.options()) : at::empty({0}, a.options());
+  auto gb = need_b ? at::zeros({B, m, d}, a.options()) : at::empty({0}, a.options());
+  if (B == 0 || !(need_a || need_b)) return {ga, gb};
+  const auto g = grad.contiguous();
+  const auto centre = gram_centre(a, b);
+  const bool within_a = w.within_a != 0 && n > 1, within_b = w.within_b != 0 && m > 1, cross = w.cross != 0;
+  const GramCloud A = gram_pack(a, centre, (need_b && cross) || (need_a && within_a));
+  const GramCloud Bc = gram_pack(b, centre, (need_a && cross) || (need_b && within_b));
+  const int64_t na = A.nblocks, nb = Bc.nblocks;
+  const int64_t ta = need_a ? na : 0, tb = need_b ? nb : 0, per_row = ta + tb;
+  const float* betap = beta.data_ptr<float>();
+  const float* pp = prec.data_ptr<float>();
+  const float* gp = g.data_ptr<float>();
+  float* gap = need_a ? ga.data_ptr<float>() : nullptr;
+  float* gbp = need_b ? gb.data_ptr<float>() : nullptr;
+  const int64_t sbeta = beta.stride(0), sp = prec.stride(0);
+  at::parallel_for(0, B * per_row, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> cs(kGramNR), cy(kGramNR * d);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r = t / per_row, k = t % per_row;
+      const bool on_a = k < ta;
+      const GramCloud& X = on_a ? A : Bc;
+      const GramCloud& Other = on_a ? Bc : A;
+      const int64_t I = on_a ? k : k - ta;
+      const float be = betap[r * sbeta], p = pp[r * sp];
+      const float w_self = static_cast<float>(on_a ? w.within_a : w.within_b);
+      const bool self_pairs = on_a ? within_a : within_b;
+      std::fill(cs.begin(), cs.end(), 0.0f);
+      std::fill(cy.begin(), cy.end(), 0.0f);
+      if (cross)
+        for (int64_t J = 0; J < Other.nblocks; ++J)
+          gram_grad_tile(X, Other, r, I, J, false, p, be, static_cast<float>(w.cross), d, cs.data(), cy.data());
+      if (self_pairs)
+        for (int64_t J = 0; J < X.nblocks; ++J)
+          gram_grad_tile(X, X, r, I, J, J == I, p, be, w_self, d, cs.data(), cy.data());
+      const int64_t i0 = I * kGramNR, i1 = std::min(X.n, i0 + kGramNR);
+      const float gr = gp[r];
+      const float* xr = X.rows.data_ptr<float>() + r * X.n * d;
+      float* out = (on_a ? gap : gbp) + r * X.n * d;
+      for (int64_t i = i0; i < i1; ++i) {
+        const float c = cs[i - i0];
+        const float* xi = xr + i * d;
+        const float* cyi = cy.data() + (i - i0) * d;
+        float* o = out + i * d;
+#pragma omp simd
+        for (int64_t kk = 0; kk < d; ++kk) o[kk] = gr * (c * xi[kk] - cyi[kk]);
+      }
+    }
+  });
+  return {ga, gb};
 }
 
 }  // namespace cpu
