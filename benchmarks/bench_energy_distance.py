@@ -2,6 +2,7 @@
 
     energy_distance_4096_2    n=m=4096, d=2      ≥ 10× faster than the eager cdist form; memory O(n·d)
     energy_distance_768_256   n=768, m=2048, d=256  within 1.2× of the eager cdist form, or faster
+    energy_distance_768_256_grad  the same, forward + gradients of both clouds (no target; reported)
 
 The eager baseline is the reference (torch.cdist in its exact direct-difference mode).  The
 extra ``cdist_mm`` row times torch.cdist's default Gram (matrix-multiply) mode — faster for
@@ -77,7 +78,44 @@ def energy_distance_768_256(quick: bool = False) -> Case:
     return forward_case("energy_distance_768_256", n, m, 256)
 
 
-CASES = (energy_distance_4096_2, energy_distance_768_256)
+def energy_distance_768_256_grad(quick: bool = False) -> Case:
+    """Forward + gradients of both clouds (no target: reported for the Gram-form backward)."""
+    n, m, d = (192, 512, 256) if quick else (768, 2048, 256)
+    id = "energy_distance_768_256_grad"
+    a0, b0 = clouds(n, m, d)
+    beta, prec = torch.ones(1), torch.ones(1)
+    a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+    ra, rb = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+
+    def kernel():
+        return torch.autograd.grad(etweedie.energy_distance(a, b, 1.0, backend="cpu").sum(), (a, b))
+
+    def baseline(fn):
+        return lambda: torch.autograd.grad(fn(ra, rb, beta, prec, 0).sum(), (ra, rb))
+
+    def cdist_mm_grad():
+        return torch.autograd.grad(cdist_mm_form(ra, rb).sum(), (ra, rb))
+
+    def check():
+        a64, b64 = (t.detach().double().requires_grad_() for t in (a0, b0))
+        g64 = torch.autograd.grad(reference.energy_distance(a64, b64, beta.double(), prec.double(), 0).sum(), (a64, b64))
+        check_close(id, kernel(), baseline(reference.energy_distance)(), g64, atol_scale=3e-5)
+
+    return Case(
+        id=id,
+        workload=f"energy_distance fwd+bwd(a, b) iso β=1 n={n} m={m} d={d}",
+        kernel=kernel,
+        reference_fn=reference.energy_distance,
+        baseline=baseline,
+        check=check,
+        bytes_x=(a0.numel() + b0.numel()) * a0.element_size(),
+        meta=dict(n=n, m=m, d=d),
+        extras={"cdist_mm": cdist_mm_grad},
+        work=("pairs", n * m + n * (n - 1) // 2 + m * (m - 1) // 2),
+    )
+
+
+CASES = (energy_distance_4096_2, energy_distance_768_256, energy_distance_768_256_grad)
 
 
 def targets(res: Dict[str, object]) -> List[object]:
@@ -102,6 +140,11 @@ def targets(res: Dict[str, object]) -> List[object]:
         out.append(Target(r.case.workload, "within 1.2× of the eager cdist (Gram mode) form, or faster",
                           f"{ours / mm:.2f}× the time of cdist Gram mode ({ours:.1f} vs {mm:.1f} ms); "
                           f"{exact / ours:.1f}× faster than cdist direct mode", ours <= 1.2 * mm))
+    if "energy_distance_768_256_grad" in res:
+        r = res["energy_distance_768_256_grad"]
+        ours, mm = r.timings["cpu"].median_ms, r.extras["cdist_mm"].median_ms
+        out.append(Target(r.case.workload, "reported (no target): vs autograd through cdist Gram mode",
+                          f"{ours / mm:.2f}× its time ({ours:.1f} vs {mm:.1f} ms)", None))
     return out
 
 
@@ -113,3 +156,8 @@ def test_energy_distance_4096_2(benchmark, backend, quick):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_energy_distance_768_256(benchmark, backend, quick):
     run_benchmark(benchmark, energy_distance_768_256(quick), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_energy_distance_768_256_grad(benchmark, backend, quick):
+    run_benchmark(benchmark, energy_distance_768_256_grad(quick), backend)
