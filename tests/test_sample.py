@@ -11,6 +11,7 @@ terminal noise, so the chains never leave their broad Gaussian start) must land 
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -245,3 +246,20 @@ def test_cli_usage_errors(capsys):
     assert cli_main(["sample", "--path", "gaussian", "--chains", "8"]) == 2
     assert "--checkpoint PATH" in capsys.readouterr().err
     assert cli_main(["sample", "--config", "does/not/exist.toml"]) == 2
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "configs").glob("diffusion_*.toml")))
+def test_diffusion_configs_load_and_validate(name):
+    """Every shipped diffusion config parses and passes validation (unknown keys, bad values)."""
+    from etweedie.diffusion_eval import load_config
+
+    path = Path(__file__).resolve().parents[1] / "configs" / name
+    if '"checkpoint"' in path.read_text() and "checkpoints = []" in path.read_text():
+        # the models come from --checkpoint on the command line; without them it must say so
+        with pytest.raises(ValueError, match="--checkpoint"):
+            load_config(path)
+        return
+    config = load_config(path)
+    assert config["paths"]["enabled"] or config["isolation"]["enabled"]
+    if config["posterior"]["kind"] == "checkpoint":
+        assert all(isinstance(c, str) and c for c in config["posterior"]["checkpoints"])
