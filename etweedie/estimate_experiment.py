@@ -103,6 +103,7 @@ DEFAULT_CONFIG: Dict = {
         "warmup": 0,
         "val_fraction": 0.0,
         "eval_every": 250,
+        "weight_decay": 0.0,
     },
     "learned_posterior": {"chunk": 128},
 }
@@ -273,7 +274,7 @@ def make_replicate(config: Dict, rep: int, progress: bool = True) -> Dict:
     return {"levels": levels, "timings": timings, "ring": ring}
 
 
-SCORE_NET_OPTIONS = ("arch", "parametrization", "n_fourier", "fourier_period", "floor", "ema", "lr_final_fraction", "warmup", "val_fraction", "eval_every")
+SCORE_NET_OPTIONS = ("arch", "parametrization", "n_fourier", "fourier_period", "floor", "ema", "lr_final_fraction", "warmup", "val_fraction", "eval_every", "weight_decay")
 
 
 def learned_score_for(config: Dict, replicate: Dict, rep: int, progress: bool = True, return_model: bool = False):

@@ -440,6 +440,7 @@ def train_score_net(
     val_fraction: float = 0.0,
     eval_every: int = 250,
     val_batch: int = 4096,
+    weight_decay: float = 0.0,
 ) -> ScoreTrainResult:
     """Train ``model`` by score matching on noisy observations ``y`` ``(n, d)``.
 
@@ -476,6 +477,8 @@ def train_score_net(
         val_fraction: held-out fraction in [0, 0.5) for model selection (0: none).
         eval_every: steps between held-out evaluations.
         val_batch: held-out rows evaluated per chunk.
+        weight_decay: decoupled (AdamW) weight decay of the weight matrices (0: plain Adam);
+            biases are not decayed.
 
     Returns:
         :class:`ScoreTrainResult` with the loss per step (and the held-out trace).
@@ -511,7 +514,16 @@ def train_score_net(
     n = y.shape[0]
     batch_size = min(batch_size, n)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=lr)
+    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not weight_decay >= 0:
+        raise ValueError(f"weight_decay must be a float >= 0, got {weight_decay!r}")
+    if weight_decay > 0:
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": float(weight_decay)},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        opt: torch.optim.Optimizer = torch.optim.AdamW(groups, lr=lr)
+    else:
+        opt = torch.optim.Adam(params, lr=lr)
 
     def lr_factor(step: int) -> float:  # multiplier of lr before optimizer step `step` (0-based)
         if step < warmup:
@@ -645,6 +657,7 @@ def fit_score(
     warmup: int = 0,
     val_fraction: float = 0.0,
     eval_every: int = 250,
+    weight_decay: float = 0.0,
 ) -> LearnedScore:
     """Build and train a score network on noisy observations (one model for all levels).
 
@@ -660,7 +673,7 @@ def fit_score(
         arch: ``"mlp"`` or ``"resmlp"`` (see :class:`ScoreNet`).
         parametrization, n_fourier, fourier_period, floor: conditional-network options (see
             :class:`ConditionalScoreNet`; only with per-level groups).
-        ema, lr_final_fraction, warmup, val_fraction, eval_every: see :func:`train_score_net`
+        ema, lr_final_fraction, warmup, val_fraction, eval_every, weight_decay: see :func:`train_score_net`
             (EMA weight averaging, schedule, held-out model selection on noisy observations).
 
     Returns:
@@ -720,5 +733,6 @@ def fit_score(
         net, y, cond, method=method, steps=steps, batch_size=batch_size, lr=lr,
         n_projections=n_projections, generator=generator, progress=progress, ema=ema,
         lr_final_fraction=lr_final_fraction, warmup=warmup, val_fraction=val_fraction, eval_every=eval_every,
+        weight_decay=weight_decay,
     )
     return LearnedScore(net, result)
