@@ -181,59 +181,90 @@ inline at::Tensor gram_centre(const at::Tensor& a, const at::Tensor& b) {
   return centre;
 }
 
-// Σ over the valid pairs of one 16 × 16 tile (block I of cloud X, panel J of cloud Y) of
-// E(p q).  tri: X = Y and I = J, so only pairs j > i count.
-inline double gram_tile(const GramCloud& X, const GramCloud& Y, int64_t r, int64_t I, int64_t J, bool tri, float p,
-                        float beta, int64_t d) {
-  const float* xr = X.rows.data_ptr<float>() + r * X.n * d;
-  const float* yr = Y.rows.data_ptr<float>() + r * Y.n * d;
-  const float* nx = X.norms.data_ptr<float>() + r * X.norms.size(1);
-  const float* ny = Y.norms.data_ptr<float>() + r * Y.norms.size(1) + J * kGramNR;
-  const float* panel = Y.panels.data_ptr<float>() + (r * Y.nblocks + J) * d * kGramNR;
-  const int64_t i0 = I * kGramNR, i1 = std::min(X.n, i0 + kGramNR);
-  const int64_t j0 = J * kGramNR, nj = std::min(kGramNR, Y.n - j0);
-  float dots[kGramMR * kGramNR];
-  float q[kGramNR];
-  double total = 0;
-  for (int64_t ii = i0; ii < i1; ii += kGramMR) {
-    const float* rows[kGramMR];
-    for (int64_t t = 0; t < kGramMR; ++t) rows[t] = xr + std::min(ii + t, i1 - 1) * d;
-    gram_dots_4x16(rows[0], rows[1], rows[2], rows[3], panel, d, dots);
-    const int64_t nr = std::min(kGramMR, i1 - ii);
-    for (int64_t t = 0; t < nr; ++t) {
-      const int64_t i = ii + t;
-      const float nxi = nx[i];
-      const float* dt = dots + t * kGramNR;
-      // first valid column: j > i on a diagonal tile, and j < nj always
-      const int64_t jlo = tri ? i - j0 + 1 : 0;
-      bool guard = false;
-#pragma omp simd reduction(|| : guard)
-      for (int64_t j = 0; j < kGramNR; ++j) {
-        const float s = nxi + ny[j];
-        const float v = s - 2.0f * dt[j];
-        const bool valid = j >= jlo && j < nj;
-        q[j] = valid ? v : 0.0f;
-        guard = guard || (valid && v < kGramGuard * s);
-      }
-      if (guard) {
-        for (int64_t j = std::max<int64_t>(jlo, 0); j < nj; ++j) {
-          if (q[j] >= kGramGuard * (nxi + ny[j])) continue;
-          const float* xi = xr + i * d;
-          const float* yj = yr + (j0 + j) * d;
-          float acc = 0;
-#pragma omp simd reduction(+ : acc)
-          for (int64_t k = 0; k < d; ++k) {
-            const float u = xi[k] - yj[k];
-            acc += u * u;
-          }
-          q[j] = acc;
-        }
-      }
-#pragma omp simd
-      for (int64_t j = 0; j < kGramNR; ++j) q[j] = q[j] > 0.0f ? p * q[j] : 0.0f;
-      total += tile_energy_sum(q, kGramNR, beta);
+// One tile of row r: block I of cloud X (up to 16 points) against panel J of cloud Y.
+struct GramTileView {
+  const float* xr;     // X's centred rows of row r
+  const float* yr;     // Y's centred rows of row r
+  const float* nx;     // X's norms
+  const float* ny;     // Y's norms from the panel's first point
+  const float* panel;  // Y's panel J, (d, 16)
+  int64_t i0, i1, j0, nj, d;
+
+  GramTileView(const GramCloud& X, const GramCloud& Y, int64_t r, int64_t I, int64_t J, int64_t d_)
+      : xr(X.rows.data_ptr<float>() + r * X.n * d_),
+        yr(Y.rows.data_ptr<float>() + r * Y.n * d_),
+        nx(X.norms.data_ptr<float>() + r * X.norms.size(1)),
+        ny(Y.norms.data_ptr<float>() + r * Y.norms.size(1) + J * kGramNR),
+        panel(Y.panels.data_ptr<float>() + (r * Y.nblocks + J) * d_ * kGramNR),
+        i0(I * kGramNR),
+        i1(std::min(X.n, I * kGramNR + kGramNR)),
+        j0(J * kGramNR),
+        nj(std::min(kGramNR, Y.n - J * kGramNR)),
+        d(d_) {}
+
+  // For each group of 4 rows: the dots with the panel, then row(t, i, dots of row i) for its
+  // rows and group(first row, rows in the group).
+  template <typename Row, typename Group>
+  void for_groups(Row&& row, Group&& group) const {
+    float dots[kGramMR * kGramNR];
+    for (int64_t ii = i0; ii < i1; ii += kGramMR) {
+      const float* rows[kGramMR];
+      for (int64_t t = 0; t < kGramMR; ++t) rows[t] = xr + std::min(ii + t, i1 - 1) * d;
+      gram_dots_4x16(rows[0], rows[1], rows[2], rows[3], panel, d, dots);
+      const int64_t nr = std::min(kGramMR, i1 - ii);
+      for (int64_t t = 0; t < nr; ++t) row(t, ii + t, dots + t * kGramNR);
+      group(ii, nr);
     }
   }
+
+  // q[j] = p‖x_i − y_j‖² of row i from its dots, 0 where j is not a pair (j < jlo, j ≥ nj or
+  // j = skip).  Pairs with q < 2⁻⁶(‖x_i‖² + ‖y_j‖²) are recomputed from the exact differences
+  // and flagged in exact[j] (when given); returns whether any was.
+  bool row_q(int64_t i, const float* dt, int64_t jlo, int64_t skip, float p, float* q, bool* exact) const {
+    const float nxi = nx[i];
+    bool guard = false;
+#pragma omp simd reduction(|| : guard)
+    for (int64_t j = 0; j < kGramNR; ++j) {
+      const float s = nxi + ny[j];
+      const float v = s - 2.0f * dt[j];
+      const bool valid = j >= jlo && j < nj && j != skip;
+      q[j] = valid ? v : 0.0f;
+      guard = guard || (valid && v < kGramGuard * s);
+    }
+    if (exact) std::fill(exact, exact + kGramNR, false);
+    if (guard) {
+      const float* xi = xr + i * d;
+      for (int64_t j = std::max<int64_t>(jlo, 0); j < nj; ++j) {
+        if (j == skip || q[j] >= kGramGuard * (nxi + ny[j])) continue;
+        const float* yj = yr + (j0 + j) * d;
+        float acc = 0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t k = 0; k < d; ++k) {
+          const float u = xi[k] - yj[k];
+          acc += u * u;
+        }
+        q[j] = acc;
+        if (exact) exact[j] = true;
+      }
+    }
+#pragma omp simd
+    for (int64_t j = 0; j < kGramNR; ++j) q[j] = q[j] > 0.0f ? p * q[j] : 0.0f;
+    return guard;
+  }
+};
+
+// Σ over the valid pairs of one tile of E(p q).  tri: X = Y and I = J, so only pairs j > i count.
+inline double gram_tile(const GramCloud& X, const GramCloud& Y, int64_t r, int64_t I, int64_t J, bool tri, float p,
+                        float beta, int64_t d) {
+  const GramTileView v(X, Y, r, I, J, d);
+  float q[kGramNR];
+  double total = 0;
+  v.for_groups(
+      [&](int64_t, int64_t i, const float* dt) {
+        v.row_q(i, dt, tri ? i - v.j0 + 1 : 0, -1, p, q, nullptr);
+        total += tile_energy_sum(q, kGramNR, beta);
+      },
+      [](int64_t, int64_t) {});
   return total;
 }
 
@@ -358,85 +389,43 @@ inline void gram_cy_4(const float* C, const float* Y, int64_t nj, int64_t d, flo
 // cs[i − i0] += Σ_j c_ij, cy rows (i − i0) += Σ_j c_ij y_j.  self: X = Y and I = J (skip j = i).
 inline void gram_grad_tile(const GramCloud& X, const GramCloud& Y, int64_t r, int64_t I, int64_t J, bool self,
                            float p, float beta, float w, int64_t d, float* cs, float* cy) {
-  const float* xr = X.rows.data_ptr<float>() + r * X.n * d;
-  const float* yr = Y.rows.data_ptr<float>() + r * Y.n * d;
-  const float* nx = X.norms.data_ptr<float>() + r * X.norms.size(1);
-  const float* ny = Y.norms.data_ptr<float>() + r * Y.norms.size(1) + J * kGramNR;
-  const float* panel = Y.panels.data_ptr<float>() + (r * Y.nblocks + J) * d * kGramNR;
-  const int64_t i0 = I * kGramNR, i1 = std::min(X.n, i0 + kGramNR);
-  const int64_t j0 = J * kGramNR, nj = std::min(kGramNR, Y.n - j0);
+  const GramTileView v(X, Y, r, I, J, d);
   const float wp = w * p;
-  float dots[kGramMR * kGramNR];
   float C[kGramMR * kGramNR];
   float q[kGramNR];
-  for (int64_t ii = i0; ii < i1; ii += kGramMR) {
-    const float* rows[kGramMR];
-    for (int64_t t = 0; t < kGramMR; ++t) rows[t] = xr + std::min(ii + t, i1 - 1) * d;
-    gram_dots_4x16(rows[0], rows[1], rows[2], rows[3], panel, d, dots);
-    const int64_t nr = std::min(kGramMR, i1 - ii);
-    for (int64_t t = 0; t < kGramMR; ++t) {
-      float* ct = C + t * kGramNR;
-      if (t >= nr) {
-        std::fill(ct, ct + kGramNR, 0.0f);
-        continue;
-      }
-      const int64_t i = ii + t;
-      const float nxi = nx[i];
-      const float* dt = dots + t * kGramNR;
-      const int64_t skip = self ? i - j0 : -1;
-      bool guard = false;
-#pragma omp simd reduction(|| : guard)
-      for (int64_t j = 0; j < kGramNR; ++j) {
-        const float s = nxi + ny[j];
-        const float v = s - 2.0f * dt[j];
-        const bool valid = j < nj && j != skip;
-        q[j] = valid ? v : 0.0f;
-        guard = guard || (valid && v < kGramGuard * s);
-      }
-      bool exact[kGramNR] = {};
-      if (guard) {
-        for (int64_t j = 0; j < nj; ++j) {
-          if (j == skip || q[j] >= kGramGuard * (nxi + ny[j])) continue;
-          const float* xi = xr + i * d;
-          const float* yj = yr + (j0 + j) * d;
-          float acc = 0;
-#pragma omp simd reduction(+ : acc)
-          for (int64_t k = 0; k < d; ++k) {
-            const float u = xi[k] - yj[k];
-            acc += u * u;
+  bool exact[kGramNR];
+  v.for_groups(
+      [&](int64_t t, int64_t i, const float* dt) {
+        float* ct = C + t * kGramNR;
+        const bool guarded = v.row_q(i, dt, 0, self ? i - v.j0 : -1, p, q, exact);
+        tile_slopes(q, kGramNR, beta, ct);
+#pragma omp simd
+        for (int64_t j = 0; j < kGramNR; ++j) ct[j] *= wp;
+        if (guarded) {
+          // A close pair's c (x_i − y_j) from the exact difference: in the split form
+          // c x_i − c y_j the difference would cancel, and c is large there (β < 2).
+          float* cyi = cy + (i - v.i0) * d;
+          const float* xi = v.xr + i * d;
+          for (int64_t j = 0; j < v.nj; ++j) {
+            if (!exact[j]) continue;
+            const float c = ct[j];
+            ct[j] = 0.0f;
+            const float* yj = v.yr + (v.j0 + j) * d;
+#pragma omp simd
+            for (int64_t k = 0; k < d; ++k) cyi[k] -= c * (xi[k] - yj[k]);
           }
-          q[j] = acc;
-          exact[j] = true;
         }
-      }
-#pragma omp simd
-      for (int64_t j = 0; j < kGramNR; ++j) q[j] = q[j] > 0.0f ? p * q[j] : 0.0f;
-      tile_slopes(q, kGramNR, beta, ct);
-#pragma omp simd
-      for (int64_t j = 0; j < kGramNR; ++j) ct[j] *= wp;
-      if (guard) {
-        // A close pair's c (x_i − y_j) from the exact difference: in the split form
-        // c x_i − c y_j the difference would cancel, and c is large there (β < 2).
-        float* cyi = cy + (i - i0) * d;
-        const float* xi = xr + i * d;
-        for (int64_t j = 0; j < nj; ++j) {
-          if (!exact[j]) continue;
-          const float c = ct[j];
-          ct[j] = 0.0f;
-          const float* yj = yr + (j0 + j) * d;
-#pragma omp simd
-          for (int64_t k = 0; k < d; ++k) cyi[k] -= c * (xi[k] - yj[k]);
-        }
-      }
-      float sum = 0;
+        float sum = 0;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < kGramNR; ++j) sum += ct[j];
-      cs[i - i0] += sum;
-    }
-    float* base = cy + (ii - i0) * d;
-    gram_cy_4(C, yr + j0 * d, nj, d, base, base + (nr > 1 ? d : 0), base + (nr > 2 ? 2 * d : 0),
-              base + (nr > 3 ? 3 * d : 0));
-  }
+        for (int64_t j = 0; j < kGramNR; ++j) sum += ct[j];
+        cs[i - v.i0] += sum;
+      },
+      [&](int64_t ii, int64_t nr) {
+        std::fill(C + nr * kGramNR, C + kGramMR * kGramNR, 0.0f);  // rows past the block
+        float* base = cy + (ii - v.i0) * d;
+        gram_cy_4(C, v.yr + v.j0 * d, v.nj, d, base, base + (nr > 1 ? d : 0), base + (nr > 2 ? 2 * d : 0),
+                  base + (nr > 3 ? 3 * d : 0));
+      });
 }
 
 // (grad_a, grad_b) of grad[r] · (weighted pair sums of row r) in Gram form; float32, isotropic
