@@ -240,14 +240,13 @@ def _cosine(estimate: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 # ---------------------------------------------------------------------------- one replicate
-def make_replicate(config: Dict, rep: int, progress: bool = True) -> Dict:
-    """Data, oracle scores and oracle posterior draws of one replicate (all levels)."""
+def replicate_observations(config: Dict, rep: int) -> Dict:
+    """The clean banks and noisy observations of one replicate, from its fixed streams:
+    ``{"ring", "reference_bank", "posterior_bank", "levels": [{sigma, law, y_est, y_hold}]}``."""
     dtype = getattr(torch, config["dtype"])
     seed, truth, data = config["seed"], config["truth"], config["data"]
-    K = config["estimator"]["n_posterior"]
     ring = EightGaussians(radius=data["radius"], std=data["std"])
     n_est, n_hold = data["n_estimation"], data["n_heldout"]
-    timings = {"oracle_score_estimation": 0.0, "oracle_score_heldout": 0.0, "sir_estimation": 0.0, "sir_heldout": 0.0}
     reference_bank, _ = ring.sample(data["bank_size"], _stream(seed, rep, 0), dtype=dtype)
     posterior_bank, _ = ring.sample(data["bank_size"], _stream(seed, rep, 1), dtype=dtype)
     levels = []
@@ -256,7 +255,20 @@ def make_replicate(config: Dict, rep: int, progress: bool = True) -> Dict:
         g = _stream(seed, rep, 10 + li)
         x, _ = ring.sample(n_est + n_hold, g, dtype=dtype)
         y = x + law.sample((n_est + n_hold,), generator=g)
-        y_est, y_hold = y[:n_est].contiguous(), y[n_est:].contiguous()
+        levels.append(dict(sigma=float(sigma), law=law, y_est=y[:n_est].contiguous(), y_hold=y[n_est:].contiguous()))
+    return {"ring": ring, "reference_bank": reference_bank, "posterior_bank": posterior_bank, "levels": levels}
+
+
+def make_replicate(config: Dict, rep: int, progress: bool = True) -> Dict:
+    """Data, oracle scores and oracle posterior draws of one replicate (all levels)."""
+    seed = config["seed"]
+    K = config["estimator"]["n_posterior"]
+    obs = replicate_observations(config, rep)
+    reference_bank, posterior_bank = obs["reference_bank"], obs["posterior_bank"]
+    timings = {"oracle_score_estimation": 0.0, "oracle_score_heldout": 0.0, "sir_estimation": 0.0, "sir_heldout": 0.0}
+    levels = []
+    for li, level in enumerate(obs["levels"]):
+        law, y_est, y_hold = level["law"], level["y_est"], level["y_hold"]
         t = time.perf_counter()
         s_est = is_score(y_est, reference_bank, law)[0]
         timings["oracle_score_estimation"] += time.perf_counter() - t
@@ -270,8 +282,8 @@ def make_replicate(config: Dict, rep: int, progress: bool = True) -> Dict:
         t = time.perf_counter()
         x_hold = posterior_sample_sir(y_hold, posterior_bank, law, K, g)
         timings["sir_heldout"] += time.perf_counter() - t
-        levels.append(dict(sigma=float(sigma), law=law, y_est=y_est, y_hold=y_hold, s_est=s_est, s_hold=s_hold, x_est=x_est, x_hold=x_hold))
-    return {"levels": levels, "timings": timings, "ring": ring}
+        levels.append(dict(level, s_est=s_est, s_hold=s_hold, x_est=x_est, x_hold=x_hold))
+    return {"levels": levels, "timings": timings, "ring": obs["ring"]}
 
 
 SCORE_NET_OPTIONS = ("arch", "parametrization", "n_fourier", "fourier_period", "floor", "ema", "lr_final_fraction", "warmup", "val_fraction", "eval_every", "weight_decay")

@@ -24,8 +24,7 @@ import time
 
 import torch
 
-from etweedie.estimate_experiment import _stream, learned_score_for, load_config, make_replicate, truth_law, validate_config
-from etweedie.data import EightGaussians
+from etweedie.estimate_experiment import learned_score_for, load_config, replicate_observations, validate_config
 from etweedie.ops import is_score
 
 
@@ -45,26 +44,16 @@ def _cos(a, b):
 
 
 def light_replicate(config, rep):
-    """make_replicate without the SIR posterior draws (same streams for the bank and observations)."""
-    dtype = getattr(torch, config["dtype"])
-    seed, truth, data = config["seed"], config["truth"], config["data"]
-    ring = EightGaussians(radius=data["radius"], std=data["std"])
-    n_est, n_hold = data["n_estimation"], data["n_heldout"]
-    reference_bank, _ = ring.sample(data["bank_size"], _stream(seed, rep, 0), dtype=dtype)
-    posterior_bank, _ = ring.sample(data["bank_size"], _stream(seed, rep, 1), dtype=dtype)
-    levels = []
-    for li, sigma in enumerate(truth["sigmas"]):
-        law = truth_law(truth, sigma, dtype)
-        g = _stream(seed, rep, 10 + li)
-        x, _ = ring.sample(n_est + n_hold, g, dtype=dtype)
-        y = x + law.sample((n_est + n_hold,), generator=g)
-        y_est, y_hold = y[:n_est].contiguous(), y[n_est:].contiguous()
-        levels.append(dict(
-            sigma=float(sigma), law=law, y_est=y_est, y_hold=y_hold,
-            s_est=is_score(y_est, reference_bank, law)[0], s_hold=is_score(y_hold, reference_bank, law)[0],
-            s_hold_indep=is_score(y_hold, posterior_bank, law)[0],
-        ))
-    return {"levels": levels, "ring": ring}
+    """make_replicate without the SIR posterior draws (the same observations, from the same streams)."""
+    obs = replicate_observations(config, rep)
+    levels = [
+        dict(level,
+             s_est=is_score(level["y_est"], obs["reference_bank"], level["law"])[0],
+             s_hold=is_score(level["y_hold"], obs["reference_bank"], level["law"])[0],
+             s_hold_indep=is_score(level["y_hold"], obs["posterior_bank"], level["law"])[0])
+        for level in obs["levels"]
+    ]
+    return {"levels": levels, "ring": obs["ring"]}
 
 
 def main(argv=None) -> int:
