@@ -687,6 +687,10 @@ def add_cli_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, help="override the seed")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--no-resume", action="store_true",
+        help="recompute every replicate and learned score even where --out holds matching checkpoints",
+    )
 
 
 def cli_main(args) -> int:
@@ -718,7 +722,9 @@ def cli_main(args) -> int:
             print(f"etweedie estimate: error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
             return 2
         torch.set_num_threads(args.threads)
-    results = estimate_experiment.run_experiment(config, progress=not args.no_progress, out_dir=args.out)
+    results = estimate_experiment.run_experiment(
+        config, progress=not args.no_progress, out_dir=args.out, resume=not args.no_resume
+    )
     print(estimate_experiment.format_table(results))
     if args.out:
         print(f"results written to {args.out}")

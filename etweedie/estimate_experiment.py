@@ -22,11 +22,19 @@ Draws and scores are made once per replicate and reused by every family.  Every 
 score × posterior combination is fitted with :func:`etweedie.estimate.estimate_noise`; the
 table reports mean ± std over replicates (× posterior models) of β̂, λ̂, û, v̂, ‖Ŝ − S*‖_F, the
 held-out MSE (mean over observations of ‖ŝ − s_ref‖²) and NMSE (pooled over the levels).
+
+Checkpoint and resume (with ``out_dir``): each finished replicate is written to
+``out_dir/checkpoints/replicate_<r>.json`` and each trained score's outputs to
+``out_dir/checkpoints/learned_score_<r>.pt``, each under a fingerprint of everything it depends
+on (config, package version, posterior checkpoint contents).  A rerun into the same directory
+reuses every matching piece — an interrupted full run loses at most the replicate in flight, and
+a run that only adds sources (the learned-posterior rows, say) skips the score training.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import platform
@@ -330,9 +338,69 @@ def learned_score_for(config: Dict, replicate: Dict, rep: int, progress: bool = 
     return scores, diag
 
 
+# ---------------------------------------------------------------------------- checkpoints
+CHECKPOINT_DIR = "checkpoints"
+
+
+def _fingerprint(*parts) -> str:
+    """sha256 of JSON-serializable parts (sorted keys): the key a checkpoint must match to be reused."""
+    return hashlib.sha256(json.dumps([__version__, *parts], sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _score_fingerprint(config: Dict, rep: int) -> str:
+    """Everything one replicate's learned score depends on (not the sources, estimator or posteriors)."""
+    keys = ("seed", "dtype", "truth", "data", "score_net")
+    return _fingerprint("learned_score", rep, {k: config[k] for k in keys})
+
+
+def _read_checkpoint(path: Path, key: str, loader):
+    """The payload of checkpoint ``path`` if it exists and was written under ``key``; else None."""
+    if not path.exists():
+        return None
+    try:
+        payload = loader(path)
+    except Exception:  # a torn write from an interrupted run: recompute
+        return None
+    return payload if isinstance(payload, dict) and payload.get("key") == key else None
+
+
+def _write_atomic(path: Path, writer) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    writer(tmp)
+    os.replace(tmp, path)  # a checkpoint is either complete or absent
+
+
+def _cached_learned_score(config: Dict, replicate: Dict, rep: int, progress: bool, ckpt_dir: Optional[Path]):
+    """learned_score_for, reusing ``ckpt_dir/learned_score_<rep>.pt`` when its fingerprint matches."""
+    if ckpt_dir is None:
+        return learned_score_for(config, replicate, rep, progress)
+    path, key = ckpt_dir / f"learned_score_{rep}.pt", _score_fingerprint(config, rep)
+    cached = _read_checkpoint(path, key, lambda p: torch.load(p, map_location="cpu", weights_only=True))
+    if cached is not None:
+        return cached["scores"], {**cached["diag"], "reused_from_checkpoint": True}
+    scores, diag = learned_score_for(config, replicate, rep, progress)
+    _write_atomic(path, lambda p: torch.save({"key": key, "scores": scores, "diag": diag}, p))
+    return scores, diag
+
+
 # ---------------------------------------------------------------------------- the experiment
-def run_experiment(config: Dict, *, progress: bool = True, out_dir: Optional[str] = None) -> Dict:
-    """Run every replicate × source × family fit of ``config``; optionally write outputs to ``out_dir``."""
+def run_experiment(
+    config: Dict, *, progress: bool = True, out_dir: Optional[str] = None, resume: bool = True
+) -> Dict:
+    """Run every replicate × source × family fit of ``config``; optionally write outputs to ``out_dir``.
+
+    With ``out_dir`` every finished replicate and every trained score is checkpointed there
+    (see the module docstring); ``resume=False`` ignores (and overwrites) existing checkpoints.
+    """
     config = validate_config(copy.deepcopy(config))
     truth, sources = config["truth"], config["sources"]
     settings = EstimatorSettings(**config["estimator"], level_scale=truth["level_scale"])
@@ -341,10 +409,20 @@ def run_experiment(config: Dict, *, progress: bool = True, out_dir: Optional[str
     notes = []
     if "learned" in sources["posterior"] and not posteriors:
         notes.append("learned-posterior rows skipped: no posterior checkpoints given (sources.posterior_checkpoints / --posterior-checkpoint)")
+    ckpt_dir = Path(out_dir) / CHECKPOINT_DIR if out_dir is not None else None
+    posterior_digests = [_file_digest(p) for p in sources["posterior_checkpoints"]] if posteriors else []
     rows: List[Dict] = []
     replicate_info: List[Dict] = []
     start = time.perf_counter()
     for rep in tqdm(range(config["replicates"]), desc="replicates", disable=not progress):
+        rep_key = _fingerprint("replicate", rep, config, posterior_digests)
+        rep_path = ckpt_dir / f"replicate_{rep}.json" if ckpt_dir is not None else None
+        done = _read_checkpoint(rep_path, rep_key, lambda p: json.loads(p.read_text())) if rep_path is not None and resume else None
+        if done is not None:
+            rows.extend(done["rows"])
+            replicate_info.append({**done["info"], "reused_from_checkpoint": True})
+            continue
+        n_rows = len(rows)
         t = time.perf_counter()
         replicate = make_replicate(config, rep, progress)
         info = {"replicate": rep, "timings": dict(replicate["timings"]), "data_seconds": time.perf_counter() - t}
@@ -354,7 +432,13 @@ def run_experiment(config: Dict, *, progress: bool = True, out_dir: Optional[str
         if "oracle" in sources["score"]:
             score_sets["oracle"] = [lv["s_est"] for lv in levels]
         if "learned" in sources["score"]:
-            score_sets["learned"], info["learned_score"] = learned_score_for(config, replicate, rep, progress)
+            score_sets["learned"], info["learned_score"] = _cached_learned_score(
+                config, replicate, rep, progress, ckpt_dir if resume else None
+            )
+            if ckpt_dir is not None and not resume:  # refresh the score checkpoint too
+                scores, diag = score_sets["learned"], info["learned_score"]
+                key = _score_fingerprint(config, rep)
+                _write_atomic(ckpt_dir / f"learned_score_{rep}.pt", lambda p: torch.save({"key": key, "scores": scores, "diag": diag}, p))
         posterior_sets = []
         if "oracle" in sources["posterior"]:
             posterior_sets.append(("oracle", None, [lv["x_est"] for lv in levels], [lv["x_hold"] for lv in levels]))
@@ -385,6 +469,9 @@ def run_experiment(config: Dict, *, progress: bool = True, out_dir: Optional[str
                         "objective_trace_every_10": est.objective_trace[::10],
                     })
         replicate_info.append(info)
+        if rep_path is not None:
+            payload = {"key": rep_key, "rows": rows[n_rows:], "info": info}
+            _write_atomic(rep_path, lambda p: p.write_text(json.dumps(payload, default=float)))
     results = {
         "version": __version__,
         "config": config,

@@ -7,7 +7,9 @@ experiment; its tolerance is stated next to it.
 
 from __future__ import annotations
 
+import copy
 import math
+import os
 
 import pytest
 import torch
@@ -380,3 +382,49 @@ def test_learned_posterior_adapter_passes_true_eta():
         torch.testing.assert_close(x, y[:, None, :].expand(5, 3, 2) + 1.0)
         assert len(model.etas) == 3  # ceil(5 / 2) chunks
         torch.testing.assert_close(model.etas[0], NoiseParams(1.4, 1.8, sigma_np, 0.25, 0.35).eta().float())
+
+
+def test_experiment_checkpoints_and_resumes(tmp_path):
+    """With an out_dir each replicate and each learned score is checkpointed: a rerun reuses them
+    (same rows to the last digit), a lost replicate is recomputed identically, a changed
+    estimator setting reuses the trained scores but refits, and resume=False recomputes all."""
+    from etweedie.estimate_experiment import DEFAULT_CONFIG, run_experiment
+
+    config = copy.deepcopy(DEFAULT_CONFIG)
+    config.update(replicates=2, seed=int.from_bytes(os.urandom(2), "little"))
+    config["data"].update(n_estimation=16, n_heldout=8, bank_size=1000)
+    config["sources"].update(score=["oracle", "learned"], posterior=["oracle"], families=["generalized", "gaussian"])
+    config["estimator"].update(n_posterior=8, steps=4)
+    config["score_net"].update(train_per_level=64, hidden=8, depth=1, steps=3, batch_size=32)
+    out = tmp_path / "run"
+
+    def key(rows):
+        return [(r["replicate"], r["family"], r["score"], r["beta"], r["lam"], r["u"], r["v"], r["heldout_nmse"]) for r in rows]
+
+    first = run_experiment(config, progress=False, out_dir=str(out))
+    ckpt = out / "checkpoints"
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "learned_score_0.pt", "learned_score_1.pt", "replicate_0.json", "replicate_1.json"]
+    assert not any(info.get("reused_from_checkpoint") for info in first["replicates"])
+
+    again = run_experiment(config, progress=False, out_dir=str(out))
+    assert all(info["reused_from_checkpoint"] for info in again["replicates"])
+    assert key(again["rows"]) == key(first["rows"])
+
+    (ckpt / "replicate_1.json").unlink()  # as if the run was killed during replicate 1
+    (ckpt / "learned_score_1.pt").write_bytes(b"torn write")
+    partial = run_experiment(config, progress=False, out_dir=str(out))
+    assert [bool(i.get("reused_from_checkpoint")) for i in partial["replicates"]] == [True, False]
+    assert key(partial["rows"]) == key(first["rows"])
+
+    changed = copy.deepcopy(config)
+    changed["estimator"]["steps"] = 5
+    refit = run_experiment(changed, progress=False, out_dir=str(out))
+    assert not any(info.get("reused_from_checkpoint") for info in refit["replicates"])
+    assert all(info["learned_score"]["reused_from_checkpoint"] for info in refit["replicates"])
+    assert key(refit["rows"]) != key(first["rows"])
+
+    fresh = run_experiment(config, progress=False, out_dir=str(out), resume=False)
+    assert not any(info.get("reused_from_checkpoint") for info in fresh["replicates"])
+    assert not any(info["learned_score"].get("reused_from_checkpoint") for info in fresh["replicates"])
+    assert key(fresh["rows"]) == key(first["rows"])
