@@ -60,7 +60,8 @@ def test_broadcast_eta_equals_expanded_eta():
 
 
 def test_one_batched_forward():
-    """All queries × draws go through the network once: each layer runs exactly one time."""
+    """All queries × draws go through the network once: each layer runs exactly one time (CPU
+    no-grad calls above 2·CPU_INFERENCE_ROWS rows run in blocks: see the next test)."""
     model = small()
     calls = {"out": 0, "input": 0}
     model.out.register_forward_hook(lambda *a: calls.__setitem__("out", calls["out"] + 1))
@@ -68,6 +69,33 @@ def test_one_batched_forward():
     out = model.sample(torch.randn(5, 3, 2), ETA, 11, generator=gen(5))
     assert out.shape == (5, 3, 11, 2)
     assert calls == {"out": 1, "input": 1}
+
+
+def test_cpu_inference_blocks_match_one_block(monkeypatch):
+    """No-grad CPU calls run in row blocks (cache-sized); the draws equal the one-block call's,
+    the generator advances the same, broadcast η included, and autograd calls stay one block."""
+    model = small()
+    seed = int(torch.randint(0, 2**31 - 1, ()).item())
+    y = torch.randn(37, 2, generator=gen(seed))
+    eta = torch.stack([ETA] * 37) + 0.01 * torch.randn(37, ETA_DIM, generator=gen(seed + 1))
+    monkeypatch.setattr(EngressionPosterior, "CPU_INFERENCE_ROWS", 40)  # 10 queries × 4 draws per block
+    calls = {"out": 0}
+    model.out.register_forward_hook(lambda *a: calls.__setitem__("out", calls["out"] + 1))
+    for e in (eta, ETA):
+        g1, g2 = gen(seed + 2), gen(seed + 2)
+        calls["out"] = 0
+        with torch.no_grad():
+            blocked = model.sample(y, e, 4, generator=g1)
+        assert calls["out"] == 4  # ceil(37 / 10) blocks
+        monkeypatch.setattr(EngressionPosterior, "CPU_INFERENCE_ROWS", None)
+        with torch.no_grad():
+            whole = model.sample(y, e, 4, generator=g2)
+        monkeypatch.setattr(EngressionPosterior, "CPU_INFERENCE_ROWS", 40)
+        torch.testing.assert_close(blocked, whole, rtol=1e-6, atol=1e-6)
+        assert torch.equal(g1.get_state(), g2.get_state())
+    calls["out"] = 0
+    model.sample(y, ETA, 4, generator=gen(seed)).sum().backward()
+    assert calls["out"] == 1
 
 
 def test_reproducible_from_generator():
