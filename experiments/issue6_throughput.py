@@ -4,7 +4,7 @@
 levels of the joint path's 51-level schedule; prints the ThroughputTimer split (posterior
 forward vs fused score/step kernel vs rest) per posterior.
 
-    OMP_NUM_THREADS=1 python experiments/issue6_throughput.py [--checkpoint RUN_DIR] [--levels 2]
+    OMP_NUM_THREADS=1 python experiments/issue6_throughput.py [--checkpoint RUN_DIR] [--levels 2] [--no-blocking]
 """
 
 import argparse
@@ -22,7 +22,13 @@ def main() -> None:
     parser.add_argument("--checkpoint", action="append", default=[], help="learned posterior(s) to time as well")
     parser.add_argument("--chains", type=int, default=4096)
     parser.add_argument("--levels", type=int, default=2)
+    parser.add_argument("--no-blocking", action="store_true",
+                        help="one forward per posterior call (EngressionPosterior.CPU_INFERENCE_ROWS = None): the old behaviour")
     args = parser.parse_args()
+    if args.no_blocking:
+        from etweedie.models import EngressionPosterior
+
+        EngressionPosterior.CPU_INFERENCE_ROWS = None
     posteriors = [("known", KnownPosterior())]
     if args.checkpoint:
         from etweedie.train import load_posterior
