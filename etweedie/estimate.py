@@ -676,6 +676,10 @@ def add_cli_arguments(parser) -> None:
         help="override sources.score (repeatable), e.g. --score-source oracle",
     )
     parser.add_argument(
+        "--posterior-source", choices=("oracle", "learned"), action="append", default=None,
+        help="override sources.posterior (repeatable), e.g. --posterior-source learned",
+    )
+    parser.add_argument(
         "--family", choices=tuple(FAMILIES), action="append", default=None,
         help="override sources.families (repeatable)",
     )
@@ -709,6 +713,8 @@ def cli_main(args) -> int:
             config["sources"]["posterior_checkpoints"] = list(args.posterior_checkpoint)
         if args.score_source:
             config["sources"]["score"] = list(dict.fromkeys(args.score_source))
+        if args.posterior_source:
+            config["sources"]["posterior"] = list(dict.fromkeys(args.posterior_source))
         if args.family:
             config["sources"]["families"] = list(dict.fromkeys(args.family))
         if args.level_scale:

@@ -350,6 +350,12 @@ def test_cli_writes_results(tmp_path):
     assert (out / "estimate_table.md").read_text().startswith("| family |")
     if results["figure"] is not None:
         assert (out / "heldout_error.png").stat().st_size > 0
+    # --posterior-source overrides sources.posterior: learned rows without checkpoints are skipped, with a note
+    assert main(["estimate", "--config", str(config), "--out", str(tmp_path / "learned"), "--no-progress",
+                 "--posterior-source", "learned"]) == 0
+    learned = json.loads((tmp_path / "learned" / "estimate_results.json").read_text())
+    assert learned["config"]["sources"]["posterior"] == ["learned"] and learned["rows"] == []
+    assert "no posterior checkpoints" in learned["notes"][0]
     bad = tmp_path / "bad.toml"
     bad.write_text("[estimator]\nbeta_min = 2.5\n")
     assert main(["estimate", "--config", str(bad), "--no-progress"]) == 2
