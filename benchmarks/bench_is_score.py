@@ -1,4 +1,4 @@
-"""Benchmark of etweedie.is_score (importance-sampling oracle), float32.
+"""Benchmark of etweedie.is_score (importance-sampling oracle), float32, and the float64 oracle of the score tables.
 
 4096 queries against a 160,000-point clean bank (the paper's §5.1 oracle), d = 2, noise
 GeneralizedGaussian(β=1.4, λ=1.8, Metric.block(S)) with S the base tuple's
@@ -44,15 +44,17 @@ def eight_gaussians(n: int, generator: torch.Generator) -> torch.Tensor:
     return centers + 0.2 * torch.randn(n, 2, generator=generator)
 
 
-def is_score_160k(quick: bool = False) -> Case:
-    Q, M = (128, 5_000) if quick else (4096, 160_000)
+def is_score_160k(quick: bool = False, dtype: torch.dtype = torch.float32) -> Case:
+    Q, M = (128, 5_000) if quick else ((4096 if dtype == torch.float32 else 1024), 160_000)
+    f64 = dtype == torch.float64
     g = torch.Generator().manual_seed(0)
     # from_params builds exactly Metric.block((σ/c)² S(u, v)) — the base tuple's geometry.
     metric = etweedie.Metric.from_params(0.57, 0.0, 0.6, BETA, 2)
     law = etweedie.GeneralizedGaussian(BETA, LAM, metric)
-    bank = eight_gaussians(M, g)
-    y = eight_gaussians(Q, g) + law.sample((Q,), generator=g, dim=2).float()
+    bank = eight_gaussians(M, g).to(dtype)
+    y = (eight_gaussians(Q, g) + law.sample((Q,), generator=g, dim=2).float()).to(dtype)
     prec, kind = metric_param(metric, torch.Size([1]), 2)
+    prec = prec.to(dtype)
 
     def kernel():
         return etweedie.is_score(y, bank, law, backend="cpu")
@@ -60,15 +62,22 @@ def is_score_160k(quick: bool = False) -> Case:
     def check():
         yc = y[:CHECK_QUERIES]
         out = etweedie.is_score(yc, bank, law, backend="cpu")
-        ref32 = reference.is_score(yc, bank, BETA, LAM, prec, kind, chunk=CHUNK)
         ref64 = reference.is_score(yc.double(), bank.double(), BETA, LAM, prec.double(), kind, chunk=CHUNK)
+        ref32 = reference.is_score(yc.float(), bank.float(), BETA, LAM, prec.float(), kind, chunk=CHUNK)
+        if f64:  # the float64 oracle must match the float64 reference (same law) far below float32 error
+            ref = etweedie.is_score(yc, bank, law, backend="reference")
+            for name, a, b in zip(("score", "mean", "ess"), out, ref):
+                err = float((a - b).abs().max() / b.abs().max())
+                if not err < 1e-12:
+                    raise AssertionError(f"is_score float64 {name}: max relative error {err:.2e} vs the float64 reference")
+            return
         # The kernel's running sums are double (csrc/cpu/is_score_cpu.cpp), so the tests'
         # criterion holds over the full 160,000-point bank.
         check_close("is_score (score, mean, ess)", out, ref32, ref64)
 
     return Case(
-        id="is_score_160k",
-        workload=f"is_score Q={Q} M={M} d=2 block",
+        id="is_score_160k" + ("_f64" if f64 else ""),
+        workload=f"is_score Q={Q} M={M} d=2 block" + (" float64" if f64 else ""),
         kernel=kernel,
         reference_fn=reference.is_score,
         baseline=lambda fn: (lambda: fn(y, bank, BETA, LAM, prec, kind, chunk=CHUNK)),
@@ -84,9 +93,15 @@ def is_score_160k(quick: bool = False) -> Case:
     )
 
 
-CASES = (is_score_160k,)
+def is_score_160k_f64(quick: bool = False) -> Case:
+    """The float64 oracle of the score tables (score_eval, estimate): 1,024 queries."""
+    return is_score_160k(quick, torch.float64)
+
+
+CASES = (is_score_160k, is_score_160k_f64)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_is_score_160k(benchmark, backend, quick):
-    run_benchmark(benchmark, is_score_160k(quick), backend)
+@pytest.mark.parametrize("case", CASES)
+def test_is_score_160k(benchmark, backend, case, quick):
+    run_benchmark(benchmark, case(quick), backend)
