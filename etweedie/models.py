@@ -288,7 +288,7 @@ class EngressionPosterior(nn.Module):
         dtype = param.dtype
         y_rows = y.to(dtype).expand(*batch, self.dim).reshape(rows, self.dim)
         eta_rows = eta.to(dtype).expand(*batch, ETA_DIM).reshape(rows, ETA_DIM)
-        noise = torch.randn(rows, n, self.depth * self.noise_dim, generator=generator, dtype=dtype, device=param.device)
+        noise = self.draw_noise(rows, n, generator)
         block = self._inference_block(rows, n, param.device)
         if block is None:
             x = self.generate(y_rows, eta_rows, noise)
@@ -297,6 +297,12 @@ class EngressionPosterior(nn.Module):
             x = torch.cat([self.generate(y_rows[i : i + block], eta_rows[i : i + block], noise[i : i + block])
                            for i in range(0, rows, block)])
         return x.reshape(*batch, n, self.dim).to(y.dtype)
+
+    def draw_noise(self, rows: int, n: int, generator: torch.Generator) -> torch.Tensor:
+        """The ε of :meth:`sample` for ``rows`` queries × ``n`` draws: ``(rows, n, depth·noise_dim)`` standard
+        normals from ``generator``, in the model's dtype and device (``generate(y, eta, noise)`` consumes it)."""
+        param = self.out.weight
+        return torch.randn(rows, n, self.depth * self.noise_dim, generator=generator, dtype=param.dtype, device=param.device)
 
     #: Sample rows (queries × draws) per block of a CPU inference call: the W-wide activations of
     #: a block stay in cache between layers.  At W = 256, 1,024–4,096 rows ran 2.7–2.9× faster than one
