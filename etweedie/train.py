@@ -419,7 +419,6 @@ def _rewrite_log(path: Path, upto_step: int) -> None:
 
 
 # ---------------------------------------------------------------------------- training
-
 def _train_block(batch: int, draws: int, device: torch.device) -> int:
     """Examples per backward block of one training step (the whole batch on GPUs and for small steps)."""
     if CPU_TRAIN_ROWS is None or device.type != "cpu" or batch * draws <= 2 * CPU_TRAIN_ROWS:
@@ -452,6 +451,7 @@ def _loss_and_backward(model, x, y, noise_params: NoiseParams, draws: int, gener
         loss.backward()
         total += float(loss.detach())
     return total
+
 
 def train(
     config: TrainConfig,
@@ -595,7 +595,7 @@ def _train(config: TrainConfig, out: Path, resume: bool, progress: bool, stop_af
                 x, y = x.to(device), y.to(device)
                 noise_params = NoiseParams(*(torch.as_tensor(t).to(device) for t in noise_params._tensors()))
             optimizer.zero_grad(set_to_none=True)
-            loss = _loss_and_backward(model, x, y, noise_params, config.draws, gens["model"], device)
+            loss_value = _loss_and_backward(model, x, y, noise_params, config.draws, gens["model"], device)
             if config.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
             optimizer.step()
@@ -603,7 +603,6 @@ def _train(config: TrainConfig, out: Path, resume: bool, progress: bool, stop_af
                 with torch.no_grad():
                     torch._foreach_lerp_(ema_params, params, 1 - config.ema_decay)
             step += 1
-            loss_value = loss
             if not math.isfinite(loss_value):
                 raise FloatingPointError(f"training loss became {loss_value} at step {step}; lower lr or raise grad_clip")
             interval_sum += loss_value
