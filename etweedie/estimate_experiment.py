@@ -379,12 +379,14 @@ def _write_atomic(path: Path, writer) -> None:
     os.replace(tmp, path)  # a checkpoint is either complete or absent
 
 
-def _cached_learned_score(config: Dict, replicate: Dict, rep: int, progress: bool, ckpt_dir: Optional[Path]):
-    """learned_score_for, reusing ``ckpt_dir/learned_score_<rep>.pt`` when its fingerprint matches."""
+def _cached_learned_score(config: Dict, replicate: Dict, rep: int, progress: bool, ckpt_dir: Optional[Path],
+                          reuse: bool = True):
+    """learned_score_for, checkpointed to ``ckpt_dir/learned_score_<rep>.pt`` and reused (with
+    ``reuse``) when its fingerprint matches."""
     if ckpt_dir is None:
         return learned_score_for(config, replicate, rep, progress)
     path, key = ckpt_dir / f"learned_score_{rep}.pt", _score_fingerprint(config, rep)
-    cached = _read_checkpoint(path, key, lambda p: torch.load(p, map_location="cpu", weights_only=True))
+    cached = _read_checkpoint(path, key, lambda p: torch.load(p, map_location="cpu", weights_only=True)) if reuse else None
     if cached is not None:
         return cached["scores"], {**cached["diag"], "reused_from_checkpoint": True}
     scores, diag = learned_score_for(config, replicate, rep, progress)
@@ -433,12 +435,8 @@ def run_experiment(
             score_sets["oracle"] = [lv["s_est"] for lv in levels]
         if "learned" in sources["score"]:
             score_sets["learned"], info["learned_score"] = _cached_learned_score(
-                config, replicate, rep, progress, ckpt_dir if resume else None
+                config, replicate, rep, progress, ckpt_dir, reuse=resume
             )
-            if ckpt_dir is not None and not resume:  # refresh the score checkpoint too
-                scores, diag = score_sets["learned"], info["learned_score"]
-                key = _score_fingerprint(config, rep)
-                _write_atomic(ckpt_dir / f"learned_score_{rep}.pt", lambda p: torch.save({"key": key, "scores": scores, "diag": diag}, p))
         posterior_sets = []
         if "oracle" in sources["posterior"]:
             posterior_sets.append(("oracle", None, [lv["x_est"] for lv in levels], [lv["x_hold"] for lv in levels]))
