@@ -128,7 +128,9 @@ class ScoreEvalConfig:
 
     Top level: ``seed``, ``dtype`` ("float32"/"float64"), ``n_queries`` (per sweep value),
     ``n_draws`` (N for the tables), ``bank_size`` (IS bank, 160,000 in the paper), ``chunk``
-    (queries per posterior call; 0 = all), ``parts`` (subset of ``PARTS``).
+    (queries per posterior call; 0 = all), ``parts`` (subset of ``PARTS``), ``antithetic``
+    (antithetic posterior draws for every learned score, :class:`etweedie.EnergyTweedieScore`;
+    the paper's protocol is independent draws, the default).
     ``[base]``: the base tuple.  ``[sweeps]``: parameter → values (any subset of β, λ, σ, u, v).
     ``[mc_budget]``: ``n_draws`` (list), ``repetitions``, ``sweep``, ``n_queries`` (the first
     that many of each sweep value's queries; 0 = all).
@@ -144,6 +146,7 @@ class ScoreEvalConfig:
     n_draws: int = 64
     bank_size: int = 160_000
     chunk: int = 0
+    antithetic: bool = False
     parts: List[str] = field(default_factory=lambda: list(PARTS))
     base: Dict[str, float] = field(default_factory=lambda: dict(BASE))
     sweeps: Dict[str, List[float]] = field(default_factory=_default_sweeps)
@@ -175,6 +178,8 @@ class ScoreEvalConfig:
             minimum = {"seed": 0, "chunk": 0, "mc_n_queries": 0, "bank_size": 4, "field_grid": 4}.get(name, 1)
             if value < minimum:
                 raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        if not isinstance(self.antithetic, bool):
+            raise TypeError(f"antithetic must be a bool, got {type(self.antithetic).__name__} {self.antithetic!r}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
         unknown = [p for p in self.parts if p not in PARTS]
@@ -228,7 +233,7 @@ _SECTIONS = {
     "fields": {"grid": "field_grid", "extent": "field_extent", "n_draws": "field_n_draws", "values": "field_values",
                "density": "field_density"},
 }
-_TOP = ("seed", "dtype", "n_queries", "n_draws", "bank_size", "chunk", "parts")
+_TOP = ("seed", "dtype", "n_queries", "n_draws", "bank_size", "chunk", "antithetic", "parts")
 
 
 def config_from_dict(values: Dict[str, Any], *, source: str = "config") -> ScoreEvalConfig:
@@ -430,7 +435,8 @@ def run_score_eval(
 
     def evaluate(model_index: int, entry, n_draws: int, *keys) -> Dict[str, float]:
         scorer = EnergyTweedieScore(
-            posteriors[model_index], n_draws, generator=_stream(config.seed, "draws", model_index, *keys), chunk=chunk
+            posteriors[model_index], n_draws, generator=_stream(config.seed, "draws", model_index, *keys), chunk=chunk,
+            antithetic=config.antithetic,
         )
         s, m = scorer.score_and_mean(entry["y"], entry["params"])
         return {
@@ -485,7 +491,7 @@ def run_score_eval(
                     y, ref = e["y"][:m], e["score"][:m]
                     # One set of max(N) draws; budget N uses its first N (each estimator has its exact
                     # law; budgets within one repetition are correlated, repetitions are independent).
-                    scorer = EnergyTweedieScore(posteriors[i], max(budgets), chunk=chunk,
+                    scorer = EnergyTweedieScore(posteriors[i], max(budgets), chunk=chunk, antithetic=config.antithetic,
                                                 generator=_stream(config.seed, "mc", i, rep, k))
                     draws = scorer.draws(y, e["params"])
                     for b, n in enumerate(budgets):
@@ -592,7 +598,7 @@ def _richardson(posteriors, config: ScoreEvalConfig, ring: EightGaussians, oracl
             exact_name = "IS"
         model_scores = [
             {s: EnergyTweedieScore(post, config.richardson_n_draws, generator=_stream(config.seed, "re", i, family, s),
-                                   chunk=chunk)(x, p) for s, p in levels.items()}
+                                   chunk=chunk, antithetic=config.antithetic)(x, p) for s, p in levels.items()}
             for i, post in enumerate(posteriors)
         ]
         mse = lambda s: float((s - clean).pow(2).sum(-1).mean())
@@ -636,7 +642,8 @@ def format_sweep_table(results: Dict[str, Any]) -> str:
             f"{s['reference_disagreement']:>14.4f}{paper:>20}"
         )
     n = len(results.get("models", []))
-    lines.append(f"mean ± std over {n} model(s); N = {results['config']['n_draws']} draws, "
+    draws = "antithetic" if results["config"].get("antithetic") else "independent"
+    lines.append(f"mean ± std over {n} model(s); N = {results['config']['n_draws']} {draws} draws, "
                  f"{results['config']['n_queries']} queries per value, IS bank {results['config']['bank_size']:,}")
     return "\n".join(lines)
 
@@ -653,7 +660,8 @@ def format_mc_budget_table(results: Dict[str, Any]) -> str:
     per = ", ".join(f"({f['a']:.3f}, {f['b']:.3f})" for f in mc["fit_per_model"])
     lines.append(f"fit NMSE ≈ a + b/N: a = {a:.4f}, b = {b:.3f} (paper a = {PAPER['mc_floor_a']}, b = {PAPER['mc_slope_b']}); "
                  f"per model (a, b): {per}")
-    lines.append(f"queries: the {SYMBOLS[mc['sweep']]} sweep; {mc['repetitions']} repetitions per model")
+    draws = "antithetic draws" if results["config"].get("antithetic") else "independent draws"
+    lines.append(f"queries: the {SYMBOLS[mc['sweep']]} sweep; {mc['repetitions']} repetitions per model; {draws}")
     return "\n".join(lines)
 
 
@@ -773,7 +781,7 @@ def write_figures(
                 params = sweep_params(config.base, name, value, dtype)
                 scorer = EnergyTweedieScore(posterior, config.field_n_draws,
                                             generator=_stream(config.seed, "field", name, float(value)),
-                                            chunk=config.chunk or None)
+                                            chunk=config.chunk or None, antithetic=config.antithetic)
                 fields.append(scorer(points.reshape(-1, 2), params).reshape(points.shape))
             norm = shared_norm(fields)
             fig, axes = plt.subplots(1, len(values), figsize=(3.0 * len(values), 3.2), squeeze=False)
@@ -846,7 +854,8 @@ def write_figures(
         fig, axes = plt.subplots(len(richardson_fields), 3, figsize=(10, 3.3 * len(richardson_fields)), squeeze=False)
         for row, (family, (params, s1, s2)) in enumerate(richardson_fields.items()):
             scorer = EnergyTweedieScore(posterior, config.richardson_n_draws,
-                                        generator=_stream(config.seed, "re-field", family), chunk=config.chunk or None)
+                                        generator=_stream(config.seed, "re-field", family), chunk=config.chunk or None,
+                                        antithetic=config.antithetic)
             s_re, _, _ = richardson_score(scorer, flat, params, s1, s2)
             s_re = s_re.reshape(points.shape)
             norm = shared_norm([clean, s_re])
@@ -876,6 +885,8 @@ def add_cli_arguments(parser) -> None:
     parser.add_argument("--out", metavar="DIR", help="run directory (default runs/score_eval_<config name>)")
     parser.add_argument("--parts", metavar="LIST", help=f"comma-separated subset of {','.join(PARTS)} (default: the config's)")
     parser.add_argument("--seed", type=int, help="override the config's seed")
+    parser.add_argument("--antithetic", action="store_true",
+                        help="antithetic posterior draws (mirrored noise pairs; unbiased, lower Monte Carlo error)")
     parser.add_argument("--no-figures", action="store_true", help="write the JSON only")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -888,12 +899,18 @@ def cli_main(args) -> int:
             config = dataclasses.replace(config, parts=[p.strip() for p in args.parts.split(",") if p.strip()])
         if args.seed is not None:
             config = dataclasses.replace(config, seed=args.seed)
+        if args.antithetic:
+            config = dataclasses.replace(config, antithetic=True)
         config.validate()
     except (ValueError, TypeError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     if bool(args.checkpoint) == bool(args.oracle):
         print(f"{prog}: error: give --checkpoint PATH (one or more) or --oracle, not both/neither", file=sys.stderr)
+        return 2
+    if args.oracle and config.antithetic:
+        print(f"{prog}: error: antithetic draws need a learned posterior (the oracle's SIR draws have no noise "
+              "to mirror); drop --antithetic or the config's antithetic = true", file=sys.stderr)
         return 2
     if args.oracle:
         from .oracles import OraclePosterior

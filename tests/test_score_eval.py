@@ -146,6 +146,7 @@ def test_shipped_configs_load(name):
         ({"richardson": {"sigmas": [0.1]}}, ValueError, "richardson.sigmas"),
         ({"fields": {"grid": 2}}, ValueError, "field_grid"),
         ({"parts": ["plots"]}, ValueError, "parts"),
+        ({"antithetic": "yes"}, TypeError, "antithetic"),
     ],
 )
 def test_config_rejects_bad_values(values, error, name):
@@ -201,6 +202,15 @@ def test_cli_with_a_tiny_trained_checkpoint(tmp_path, capsys):
         nmse = sweep["summary"]["nmse"]
         assert all(math.isfinite(v) and v > 0 for v in nmse["per_model"])
     assert results["figures"] == [] and "mc_budget" not in results
+    # the same evaluation with antithetic draws: the flag lands in the config and the table
+    status = main(["score-eval", "--checkpoint", checkpoint, "--config", str(CONFIGS / "score_eval_tiny.toml"),
+                   "--parts", "sweeps", "--no-figures", "--out", str(tmp_path / "anti"), "--no-progress", "--antithetic"])
+    assert status == 0, capsys.readouterr().err
+    assert "antithetic draws" in capsys.readouterr().out
+    anti = json.loads((tmp_path / "anti" / "score_eval.json").read_text())
+    assert anti["config"]["antithetic"] is True and results["config"]["antithetic"] is False
+    for name, sweep in anti["sweeps"].items():
+        assert math.isfinite(sweep["summary"]["nmse"]["mean"])
 
 
 def test_cli_usage_errors(tmp_path, capsys):
@@ -210,5 +220,6 @@ def test_cli_usage_errors(tmp_path, capsys):
     assert main(["score-eval", "--checkpoint", str(tmp_path / "missing.pt"), "--config", cfg, "--out", str(tmp_path)]) == 2
     assert main(["score-eval", "--oracle", "--config", str(tmp_path / "none.toml")]) == 2
     assert main(["score-eval", "--oracle", "--config", cfg, "--parts", "sweeps,plots"]) == 2
+    assert main(["score-eval", "--oracle", "--antithetic", "--config", cfg, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "--checkpoint" in err and "parts" in err
+    assert "--checkpoint" in err and "parts" in err and "antithetic" in err
