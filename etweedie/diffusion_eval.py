@@ -76,6 +76,7 @@ DEFAULT_CONFIG: Dict = {
         "first_level_steps": -1,  # -1: same as steps_per_level
         "final_draw": True,
         "init": "gaussian",
+        "antithetic": False,  # antithetic posterior draws per score (learned posteriors only)
     },
     "paths": {
         "enabled": True,
@@ -152,6 +153,11 @@ def _validate(config: Dict) -> None:
         raise ValueError("config: posterior.kind = 'checkpoint' needs posterior.checkpoints (or --checkpoint PATH)")
     if config["sampler"]["init"] not in ("gaussian", "marginal"):
         raise ValueError(f"config: sampler.init must be 'gaussian' or 'marginal', got {config['sampler']['init']!r}")
+    if not isinstance(config["sampler"]["antithetic"], bool):
+        raise TypeError(f"config: sampler.antithetic must be true or false, got {config['sampler']['antithetic']!r}")
+    if config["sampler"]["antithetic"] and kind == "known":
+        raise ValueError("config: sampler.antithetic needs a learned posterior (posterior.kind = 'checkpoint'); "
+                         "the known posterior's draws have no noise to mirror")
     for table in ("paths", "isolation"):
         t = config[table]
         for name in t["names"]:
@@ -172,6 +178,8 @@ def override_config(config: Dict, args) -> Dict:
         config["posterior"]["kind"] = "known"
     if getattr(args, "device", None):
         config["posterior"]["device"] = args.device
+    if getattr(args, "antithetic", False):
+        config["sampler"]["antithetic"] = True
     if getattr(args, "quick", False):
         for section, values in _QUICK.items():
             config[section].update(values)
@@ -290,7 +298,7 @@ def run_table(
                     steps_per_level=int(sc["steps_per_level"]), n_posterior=int(sc["n_posterior"]),
                     step_scale=float(sc["step_scale"]), first_level_steps=first, final_draw=bool(sc["final_draw"]),
                     generator=g, callback=(lambda info: [cb(info) for cb in callbacks]) if callbacks else None,
-                    disable=not progress, timer=timer,
+                    disable=not progress, timer=timer, antithetic=bool(sc["antithetic"]),
                 ).float()
                 groups.append(x)
                 per_run.append(eight_gaussians_metrics(x, None, ring))

@@ -49,6 +49,7 @@ from tqdm.auto import tqdm
 
 from .noise import NoiseParams
 from .ops import langevin_step
+from .score import _accepts_keyword
 
 __all__ = ["CLI_HELP", "ThroughputTimer", "add_cli_arguments", "cli_main", "sample_langevin", "step_sizes"]
 
@@ -183,6 +184,7 @@ def sample_langevin(
     callback: Optional[Callable[[Dict], None]] = None,
     disable: Optional[bool] = None,
     timer: Optional[ThroughputTimer] = None,
+    antithetic: bool = False,
 ) -> torch.Tensor:
     """Annealed Langevin with the Energy-Tweedie score along a noise-parameter path.
 
@@ -205,6 +207,10 @@ def sample_langevin(
             posterior draw per chain from the level's last score evaluation, y0's shape)}``.
         disable: True hides the tqdm bar over levels (None: tqdm's default).
         timer: a :class:`ThroughputTimer` to accumulate the time split into.
+        antithetic: the N draws of each score evaluation in antithetic noise pairs
+            (``posterior.sample(..., antithetic=True)``, :class:`etweedie.models.EngressionPosterior`):
+            the score stays unbiased with less Monte Carlo noise.  A posterior without the keyword
+            is a TypeError.
 
     Returns:
         final samples, y0's shape and dtype.
@@ -231,6 +237,13 @@ def sample_langevin(
         )
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable or None, got {type(callback).__name__}")
+    if not isinstance(antithetic, bool):
+        raise TypeError(f"antithetic must be a bool, got {type(antithetic).__name__}")
+    if antithetic and not _accepts_keyword(posterior.sample, "antithetic"):
+        raise TypeError(
+            f"antithetic=True needs a posterior whose sample() takes antithetic=, got {type(posterior).__name__}"
+        )
+    options = {"antithetic": True} if antithetic else {}
     if timer is not None and not isinstance(timer, ThroughputTimer):
         raise TypeError(f"timer must be an etweedie.sample.ThroughputTimer or None, got {type(timer).__name__}")
 
@@ -254,7 +267,7 @@ def sample_langevin(
         x = None
         for _ in range(n_steps):
             t0 = clock.now()
-            x = posterior.sample(y, eta, n_posterior, generator=generator)
+            x = posterior.sample(y, eta, n_posterior, generator=generator, **options)
             t1 = clock.now()
             if x.shape != (chains, n_posterior, d):
                 raise ValueError(
@@ -321,6 +334,8 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps-per-level", type=int, default=10, help="Langevin updates per level (default 10)")
     parser.add_argument("--first-level-steps", type=int, help="updates at the first level (default: steps-per-level)")
     parser.add_argument("--n-posterior", type=int, default=64, help="posterior draws per score evaluation N (default 64)")
+    parser.add_argument("--antithetic", action="store_true",
+                        help="learned posterior: antithetic draws for every score (unbiased, less Monte Carlo noise)")
     parser.add_argument("--step-scale", type=float, default=None, help="ε: terminal step; α_k = ε (r_k/r_L)² (default 2e-5)")
     parser.add_argument("--init", choices=("gaussian", "marginal"), default="gaussian",
                         help="initial states: moment-matched Gaussian (default) or the exact first noisy marginal")

@@ -263,3 +263,40 @@ def test_diffusion_configs_load_and_validate(name):
     assert config["paths"]["enabled"] or config["isolation"]["enabled"]
     if config["posterior"]["kind"] == "checkpoint":
         assert all(isinstance(c, str) and c for c in config["posterior"]["checkpoints"])
+
+
+def test_antithetic_draws_reach_every_score_evaluation_and_need_support():
+    """antithetic=True asks the posterior for mirrored draws at every update (not for the final
+    single draw), a learned model takes them (a finite run, different from the independent
+    draws'), and a posterior without the keyword — or the config's known posterior — is refused
+    up front."""
+    from etweedie.diffusion_eval import DEFAULT_CONFIG, _validate
+    from etweedie.models import EngressionPosterior
+
+    class Flagged(_Recording):
+        def sample(self, y, eta, n, *, generator, antithetic=False):
+            self.calls.append((n, antithetic))
+            return y.new_zeros(*y.shape[:-1], n, y.shape[-1])
+
+    post = Flagged()
+    times = torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64)
+    sample_langevin(post, _y0(4, 1), get_path("gaussian"), times, steps_per_level=2, n_posterior=6,
+                    step_scale=1e-4, generator=gen(3), disable=True, antithetic=True)
+    assert post.calls == [(6, True)] * 6 + [(1, False)]
+    model = EngressionPosterior(2, width=16, depth=2, noise_dim=3, cond_width=8, init_seed=1)
+    path = get_path("rotating")
+    a = sample_langevin(model, _y0(8, 2), path, times, steps_per_level=1, n_posterior=4, step_scale=1e-4,
+                        generator=gen(5), disable=True, antithetic=True, final_draw=False)
+    b = sample_langevin(model, _y0(8, 2), path, times, steps_per_level=1, n_posterior=4, step_scale=1e-4,
+                        generator=gen(5), disable=True, final_draw=False)
+    assert torch.isfinite(a).all() and not torch.equal(a, b)
+    with pytest.raises(TypeError, match="antithetic"):
+        sample_langevin(_Recording(), _y0(4, 1), get_path("gaussian"), times, steps_per_level=1, n_posterior=2,
+                        step_scale=1e-4, generator=gen(3), disable=True, antithetic=True)
+    with pytest.raises(TypeError, match="antithetic"):
+        sample_langevin(post, _y0(4, 1), get_path("gaussian"), times, steps_per_level=1, n_posterior=2,
+                        step_scale=1e-4, generator=gen(3), disable=True, antithetic=1)
+    config = {k: dict(v) if isinstance(v, dict) else v for k, v in DEFAULT_CONFIG.items()}
+    config["sampler"] = dict(config["sampler"], antithetic=True)
+    with pytest.raises(ValueError, match="antithetic"):
+        _validate(config)
