@@ -507,15 +507,18 @@ def run_score_eval(
             units_n = [nmse[i][b][r] for i in range(n_models) for r in range(config.mc_repetitions)]
             units_c = [cosine[i][b][r] for i in range(n_models) for r in range(config.mc_repetitions)]
             rows.append({"n_draws": n, "nmse": _mean_std(units_n), "cosine": _mean_std(units_c)})
-        pooled_n = [n for i in range(n_models) for b, n in enumerate(budgets) for _ in range(config.mc_repetitions)]
-        pooled_e = [nmse[i][b][r] for i in range(n_models) for b in range(len(budgets)) for r in range(config.mc_repetitions)]
+        # Antithetic draws: an odd N holds one unpaired draw (N = 1 is a plain draw), so the a + b/N
+        # law is fitted over the even budgets only (their variance is that of N/2 mirrored pairs).
+        fit_idx = [b for b, n in enumerate(budgets) if not (config.antithetic and n % 2)]
+        if len({budgets[b] for b in fit_idx}) < 2:
+            fit_idx = list(range(len(budgets)))
+        reps = range(config.mc_repetitions)
+        pooled_n = [budgets[b] for i in range(n_models) for b in fit_idx for _ in reps]
+        pooled_e = [nmse[i][b][r] for i in range(n_models) for b in fit_idx for r in reps]
         a, b_fit = fit_mc_budget(pooled_n, pooled_e)
         per_model_fit = []
         for i in range(n_models):
-            ai, bi = fit_mc_budget(
-                [n for n in budgets for _ in range(config.mc_repetitions)],
-                [nmse[i][b][r] for b in range(len(budgets)) for r in range(config.mc_repetitions)],
-            )
+            ai, bi = fit_mc_budget([budgets[b] for b in fit_idx for _ in reps], [nmse[i][b][r] for b in fit_idx for r in reps])
             per_model_fit.append({"a": ai, "b": bi})
         results["mc_budget"] = {
             "sweep": name,
@@ -524,7 +527,7 @@ def run_score_eval(
             "nmse": nmse,
             "cosine": cosine,
             "rows": rows,
-            "fit": {"a": a, "b": b_fit},
+            "fit": {"a": a, "b": b_fit, "n_draws": [budgets[b] for b in fit_idx]},
             "fit_per_model": per_model_fit,
         }
 
@@ -654,12 +657,15 @@ def format_mc_budget_table(results: Dict[str, Any]) -> str:
     head = f"{'N':>5}{'score NMSE':>20}{'score cosine':>20}{'a + b/N':>10}"
     lines = [head, "-" * len(head)]
     a, b = mc["fit"]["a"], mc["fit"]["b"]
+    fitted = set(mc["fit"].get("n_draws", mc["n_draws"]))
     for row in mc["rows"]:
         n = row["n_draws"]
-        lines.append(f"{n:>5}{_pm(row['nmse']):>20}{_pm(row['cosine']):>20}{a + b / n:>10.3f}")
+        fit = f"{a + b / n:>10.3f}" if n in fitted else f"{'—':>10}"
+        lines.append(f"{n:>5}{_pm(row['nmse']):>20}{_pm(row['cosine']):>20}{fit}")
     per = ", ".join(f"({f['a']:.3f}, {f['b']:.3f})" for f in mc["fit_per_model"])
-    lines.append(f"fit NMSE ≈ a + b/N: a = {a:.4f}, b = {b:.3f} (paper a = {PAPER['mc_floor_a']}, b = {PAPER['mc_slope_b']}); "
-                 f"per model (a, b): {per}")
+    over = "" if fitted == set(mc["n_draws"]) else f" over N ∈ {sorted(fitted)}"
+    lines.append(f"fit NMSE ≈ a + b/N{over}: a = {a:.4f}, b = {b:.3f} (paper a = {PAPER['mc_floor_a']}, "
+                 f"b = {PAPER['mc_slope_b']}); per model (a, b): {per}")
     draws = "antithetic draws" if results["config"].get("antithetic") else "independent draws"
     lines.append(f"queries: the {SYMBOLS[mc['sweep']]} sweep; {mc['repetitions']} repetitions per model; {draws}")
     return "\n".join(lines)

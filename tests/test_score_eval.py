@@ -202,13 +202,18 @@ def test_cli_with_a_tiny_trained_checkpoint(tmp_path, capsys):
         nmse = sweep["summary"]["nmse"]
         assert all(math.isfinite(v) and v > 0 for v in nmse["per_model"])
     assert results["figures"] == [] and "mc_budget" not in results
-    # the same evaluation with antithetic draws: the flag lands in the config and the table
+    # the same evaluation with antithetic draws: the flag lands in the config and the tables, and
+    # the a + b/N fit skips the odd budgets (N = 1 is one plain draw)
+    capsys.readouterr()
     status = main(["score-eval", "--checkpoint", checkpoint, "--config", str(CONFIGS / "score_eval_tiny.toml"),
-                   "--parts", "sweeps", "--no-figures", "--out", str(tmp_path / "anti"), "--no-progress", "--antithetic"])
+                   "--parts", "sweeps,mc_budget", "--no-figures", "--out", str(tmp_path / "anti"), "--no-progress",
+                   "--antithetic"])
     assert status == 0, capsys.readouterr().err
-    assert "antithetic draws" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "antithetic draws" in printed and "over N ∈ [4, 16]" in printed
     anti = json.loads((tmp_path / "anti" / "score_eval.json").read_text())
     assert anti["config"]["antithetic"] is True and results["config"]["antithetic"] is False
+    assert anti["mc_budget"]["fit"]["n_draws"] == [4, 16]
     for name, sweep in anti["sweeps"].items():
         assert math.isfinite(sweep["summary"]["nmse"]["mean"])
 
