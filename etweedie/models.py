@@ -310,10 +310,10 @@ class EngressionPosterior(nn.Module):
 
         With ``antithetic=True`` the draws come in mirrored pairs (h₁, −h₁, h₂, −h₂, …) of fresh
         normals h_k, so every even-length prefix is paired too (an odd n leaves the last draw
-        unpaired).  Every ε
-        is still N(0, I), so means over the draws stay unbiased; when g is close to affine in ε
-        (a concentrated posterior) the mirrored pairs cancel most of the Monte Carlo error
-        (antithetic variates, e.g. Owen, *Monte Carlo theory, methods and examples*, §8.2).
+        unpaired).  Every ε is still N(0, I), so means over the draws stay unbiased; when g is
+        close to affine in ε (a concentrated posterior) the mirrored pairs cancel most of the
+        Monte Carlo error (antithetic variates, e.g. Owen, *Monte Carlo theory, methods and
+        examples*, §8.2).
         """
         if not isinstance(antithetic, bool):
             raise TypeError(f"antithetic must be a bool, got {type(antithetic).__name__}")
