@@ -192,13 +192,15 @@ def truth_law(truth: Dict, sigma: float, dtype: torch.dtype) -> GeneralizedGauss
     return GeneralizedGaussian(beta, torch.tensor(truth["lam"], dtype=dtype), Metric.block(scale * S), dim=2)
 
 
-def learned_posterior_sampler(model, truth: Dict, chunk: int = 128):
+def learned_posterior_sampler(model, truth: Dict, chunk: int = 128, antithetic: bool = False):
     """posterior(y, sigma, K, generator) for a learned conditional posterior ``model``.
 
     ``model.sample(y (..., d), eta (..., 5), n, generator=...) -> (..., n, d)`` with
     η = NoiseParams(β*, λ*, σ, u*, v*).eta(); queries run ``chunk`` at a time in the model's
-    dtype, and the draws come back in y's dtype.
+    dtype, and the draws come back in y's dtype.  ``antithetic=True`` asks the model for
+    mirrored-noise draws (:meth:`etweedie.models.EngressionPosterior.sample`).
     """
+    options = {"antithetic": True} if antithetic else {}
     try:
         model_dtype = next(model.parameters()).dtype
     except (AttributeError, StopIteration, TypeError):
@@ -217,7 +219,7 @@ def learned_posterior_sampler(model, truth: Dict, chunk: int = 128):
         with torch.no_grad():
             for start in range(0, y.shape[0], chunk):
                 yb = y[start : start + chunk].to(model_dtype)
-                out.append(model.sample(yb, eta.expand(yb.shape[0], 5), K, generator=generator))
+                out.append(model.sample(yb, eta.expand(yb.shape[0], 5), K, generator=generator, **options))
         return torch.cat(out).to(y.dtype)
 
     return sample
