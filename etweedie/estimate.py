@@ -125,6 +125,11 @@ class EstimatorSettings:
         level_scale: how a known level σ scales Σ: ``"rms"`` (DESIGN §2, ``NoiseParams``):
             Σ = (σ/c_{β,d})² (I ⊗ S), so the noise RMS is σλ^{−1/β} whatever β; ``"plain"``
             (the wording of the paper's §5.1): Σ = σ² (I ⊗ S).
+        split_half: debias the objective's ‖G‖² term over the K draws.  The plain objective
+            uses ‖Ĝ_K‖², whose mean is ‖G‖² + tr Var(Ĝ_K) — a term of order 1/K that depends on
+            (β, Σ) and so pulls the minimizer; with ``split_half`` it is replaced by ⟨Ĝ_A, Ĝ_B⟩
+            from two disjoint halves of the draws, whose mean is exactly ‖G‖² (a U-statistic),
+            in both the profiled λ and the objective.  Same cost (each half is one fused call).
     """
 
     beta_min: float = 0.5
@@ -139,8 +144,11 @@ class EstimatorSettings:
     beta_init: float = 1.7
     block_size: Optional[int] = None
     level_scale: str = "rms"
+    split_half: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.split_half, bool):
+            raise TypeError(f"split_half must be a bool, got {type(self.split_half).__name__}")
         for name in ("beta_min", "lam_min", "lam_max", "lr", "lr_final_fraction", "beta_init"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -210,7 +218,12 @@ def residual_field(y: torch.Tensor, x: torch.Tensor, beta, metric: Optional[Metr
 
 
 def profile_lambda(
-    scores: torch.Tensor, field: torch.Tensor, lam_min: Optional[float] = None, lam_max: Optional[float] = None
+    scores: torch.Tensor,
+    field: torch.Tensor,
+    lam_min: Optional[float] = None,
+    lam_max: Optional[float] = None,
+    *,
+    field_power: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Closed-form profiled scale (Cor. lambda_profile), projected onto [λ_min, λ_max].
 
@@ -220,13 +233,20 @@ def profile_lambda(
         scores: ŝ_m at the observations ``(n, d)``.
         field: G at the same observations ``(n, d)``.
         lam_min, lam_max: the projection interval (None: no bound on that side).
+        field_power: per-row estimates ``(n,)`` of ‖G(Y_i)‖² to use instead of ``field``'s own
+            (the split-half ⟨Ĝ_A, Ĝ_B⟩ of :class:`EstimatorSettings`).
 
     Returns:
         ``(λ̂, λ*)`` as 0-d tensors (projected, unconstrained).
     """
     if scores.shape != field.shape:
         raise ValueError(f"scores and field must have the same shape, got {tuple(scores.shape)} and {tuple(field.shape)}")
-    den = field.pow(2).sum()
+    if field_power is not None and field_power.shape != field.shape[:-1]:
+        raise ValueError(f"field_power must have shape {tuple(field.shape[:-1])}, got {tuple(field_power.shape)}")
+    den = field.pow(2).sum() if field_power is None else field_power.sum()
+    if field_power is not None and not bool(den > 0):
+        raise ValueError(f"field_power sums to {float(den):.3g} <= 0: the split-half estimate of Σ‖G‖² carries no "
+                         "signal on these observations (more observations or draws per observation)")
     if not bool(den > 0):
         raise ValueError("the residual field G is identically zero on these observations; λ is not identifiable (Cor. lambda_profile needs E‖G‖² > 0)")
     raw = (scores * field).sum() / den
@@ -235,9 +255,17 @@ def profile_lambda(
     return raw.clamp(lo, hi), raw
 
 
-def profiled_objective(scores: torch.Tensor, field: torch.Tensor, lam) -> torch.Tensor:
-    """J = (1/n) Σ_i ‖ŝ(Y_i) − λ G(Y_i)‖² (Eq. param_optim_pop, sample form)."""
-    return (scores - lam * field).pow(2).sum(-1).mean()
+def profiled_objective(
+    scores: torch.Tensor, field: torch.Tensor, lam, *, field_power: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """J = (1/n) Σ_i ‖ŝ(Y_i) − λ G(Y_i)‖² (Eq. param_optim_pop, sample form).
+
+    With ``field_power`` (per-row estimates of ‖G(Y_i)‖², e.g. the split-half ⟨Ĝ_A, Ĝ_B⟩) the
+    square is expanded and ‖G‖² replaced: (1/n) Σ_i ‖ŝ‖² − 2λ⟨ŝ, G⟩ + λ² field_power_i.
+    """
+    if field_power is None:
+        return (scores - lam * field).pow(2).sum(-1).mean()
+    return (scores.pow(2).sum(-1) - 2 * lam * (scores * field).sum(-1) + lam**2 * field_power).mean()
 
 
 def _kron_identity(S: torch.Tensor, d: int) -> torch.Tensor:
@@ -570,11 +598,23 @@ def estimate_noise(
         S = shape_from_cholesky(phi) if free_shape else eye_k
         return beta, S
 
-    def field_at(idx, beta, S, rows_y=None, rows_x=None, rows_sig=None):
-        yy = y_all[idx] if rows_y is None else rows_y
-        xx = x_all[idx] if rows_x is None else rows_x
-        sg = (None if sig_all is None else sig_all[idx]) if rows_sig is None else rows_sig
-        return residual_field(yy, xx, beta, _geometry(S, d, beta, sg, settings.level_scale))
+    split = settings.split_half
+    if split and x_all.shape[1] < 2:
+        raise ValueError(f"split_half needs K >= 2 posterior draws per observation, got K = {x_all.shape[1]}")
+
+    def field_at(idx, beta, S):
+        """(G, per-row ‖G‖² estimate or None): G over all K draws; with split_half ⟨Ĝ_A, Ĝ_B⟩ too."""
+        yy, xx = y_all[idx], x_all[idx]
+        metric = _geometry(S, d, beta, None if sig_all is None else sig_all[idx], settings.level_scale)
+        if not split:
+            return residual_field(yy, xx, beta, metric), None
+        half = xx.shape[1] // 2
+        g_a = residual_field(yy, xx[:, :half], beta, metric)
+        g_b = residual_field(yy, xx[:, half : 2 * half], beta, metric)
+        G = (g_a + g_b) / 2
+        if xx.shape[1] % 2:  # odd K: the last draw joins G (weight 1/K), not the power estimate
+            G = (G * (2 * half) + residual_field(yy, xx[:, -1:], beta, metric)) / xx.shape[1]
+        return G, (g_a * g_b).sum(-1)
 
     objective_trace: List[float] = []
     beta_trace: List[float] = []
@@ -599,13 +639,14 @@ def estimate_noise(
                 idx = torch.arange(n, device=device)
             beta, S = current()
             tf = time.perf_counter()
-            G = field_at(idx, beta, S)
+            G, power = field_at(idx, beta, S)
             timings["fused_forward"] += time.perf_counter() - tf
             s_b = s_all[idx]
             with torch.no_grad():
-                lam_t, _ = profile_lambda(s_b, G, settings.lam_min, settings.lam_max)
+                lam_t, _ = profile_lambda(s_b, G, settings.lam_min, settings.lam_max,
+                                          field_power=None if power is None else power.detach())
             # λ_t enters as a constant: the envelope theorem makes ∂J/∂λ vanish at the profile.
-            loss = profiled_objective(s_b, G, lam_t)
+            loss = profiled_objective(s_b, G, lam_t, field_power=power)
             opt.zero_grad(set_to_none=True)
             tb = time.perf_counter()
             loss.backward()
@@ -620,9 +661,9 @@ def estimate_noise(
 
     with torch.no_grad():
         beta, S = current()
-        G = field_at(torch.arange(n, device=device), beta, S)
-        lam_hat, lam_raw = profile_lambda(s_all, G, settings.lam_min, settings.lam_max)
-        objective = float(profiled_objective(s_all, G, lam_hat))
+        G, power = field_at(torch.arange(n, device=device), beta, S)
+        lam_hat, lam_raw = profile_lambda(s_all, G, settings.lam_min, settings.lam_max, field_power=power)
+        objective = float(profiled_objective(s_all, G, lam_hat, field_power=power))
     timings["fit"] = time.perf_counter() - t_fit
 
     result = NoiseEstimate(
@@ -647,7 +688,7 @@ def estimate_noise(
             count = 0
             for i, (yh, xh, sh) in enumerate(zip(hy, hx, hs)):
                 sg = None if levels is None else torch.full((yh.shape[0],), levels[i], dtype=dtype, device=device)
-                pred = lam_hat * field_at(None, beta, S, yh, xh, sg)
+                pred = lam_hat * residual_field(yh, xh, beta, _geometry(S, d, beta, sg, settings.level_scale))
                 e = float((pred - sh).pow(2).sum())
                 p = float(sh.pow(2).sum())
                 per_level.append(e / p if p > 0 else math.nan)
@@ -695,6 +736,10 @@ def add_cli_arguments(parser) -> None:
         "--no-resume", action="store_true",
         help="recompute every replicate and learned score even where --out holds matching checkpoints",
     )
+    parser.add_argument(
+        "--split-half", action="store_true",
+        help="debias the objective's ‖G‖² term with two halves of the K draws (estimator.split_half = true)",
+    )
 
 
 def cli_main(args) -> int:
@@ -719,6 +764,8 @@ def cli_main(args) -> int:
             config["sources"]["families"] = list(dict.fromkeys(args.family))
         if args.level_scale:
             config["truth"]["level_scale"] = args.level_scale
+        if args.split_half:
+            config["estimator"]["split_half"] = True
         config = estimate_experiment.validate_config(config)
     except (OSError, ValueError, TypeError) as exc:
         print(f"etweedie estimate: error: {exc}", file=sys.stderr)

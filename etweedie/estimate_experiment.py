@@ -91,6 +91,7 @@ DEFAULT_CONFIG: Dict = {
         "lr_final_fraction": 0.02,
         "optimizer": "adam",
         "beta_init": 1.7,
+        "split_half": False,  # EstimatorSettings.split_half: the debiased ‖G‖² term
     },
     "score_net": {
         "method": "exact",

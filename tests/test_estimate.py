@@ -434,3 +434,62 @@ def test_experiment_checkpoints_and_resumes(tmp_path):
     assert not any(info.get("reused_from_checkpoint") for info in fresh["replicates"])
     assert not any(info["learned_score"].get("reused_from_checkpoint") for info in fresh["replicates"])
     assert key(fresh["rows"]) == key(first["rows"])
+
+
+# ---------------------------------------------------------------------------- split-half objective
+def test_split_half_power_profile_and_objective():
+    """field_power replaces ‖G‖² in the profiled λ and in J; ⟨Ĝ_A, Ĝ_B⟩ over disjoint halves is
+    unbiased for ‖E Ĝ‖² (fresh draws), while ‖Ĝ_K‖² overshoots it by tr Var(Ĝ_K)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    g = torch.Generator().manual_seed(seed)
+    n, K, d = 64, 8, 2
+    y = torch.randn(n, d, generator=g, dtype=torch.float64)
+    Sigma = torch.tensor([[0.8, 0.3], [0.3, 0.5]], dtype=torch.float64)
+    s = torch.randn(n, d, generator=g, dtype=torch.float64)
+    beta = 1.3
+    # draws around 0.5 y (a posterior shrinking towards the origin), so E Ĝ ≠ 0
+    x = 0.5 * y[:, None, :] + 0.5 * torch.randn(n, K, d, generator=g, dtype=torch.float64)
+    G_a, G_b = _explicit_field(y, x[:, : K // 2], beta, Sigma), _explicit_field(y, x[:, K // 2 :], beta, Sigma)
+    G, power = (G_a + G_b) / 2, (G_a * G_b).sum(-1)
+    lam, raw = profile_lambda(s, G, field_power=power)
+    assert math.isclose(float(raw), float((s * G).sum() / power.sum()), rel_tol=1e-12)
+    l = 0.7
+    expected = ((s * s).sum(-1) - 2 * l * (s * G).sum(-1) + l**2 * power).mean()
+    torch.testing.assert_close(profiled_objective(s, G, l, field_power=power), expected)
+    torch.testing.assert_close(profiled_objective(s, G, l, field_power=G.pow(2).sum(-1)), profiled_objective(s, G, l))
+    with pytest.raises(ValueError, match="field_power"):
+        profile_lambda(s, G, field_power=power[:-1])
+    # unbiasedness over many fresh draw sets for one query set (Monte Carlo, 400 sets)
+    mc = lambda k: 0.5 * y[:, None, :] + 0.5 * torch.randn(n, k, d, generator=g, dtype=torch.float64)
+    sets = [mc(K) for _ in range(400)]
+    truth = _explicit_field(y, mc(20000), beta, Sigma).pow(2).sum(-1).mean()
+    split = torch.stack([(_explicit_field(y, z[:, :4], beta, Sigma) * _explicit_field(y, z[:, 4:], beta, Sigma)).sum(-1).mean()
+                         for z in sets])
+    plain = torch.stack([_explicit_field(y, z, beta, Sigma).pow(2).sum(-1).mean() for z in sets])
+    se = float(split.std() / 20)
+    assert abs(float(split.mean() - truth)) < 4 * se + 1e-3 * float(truth), (float(split.mean()), float(truth), se)
+    assert float(plain.mean() - truth) > 10 * se  # the plain square is biased upward
+
+
+def test_split_half_pulls_beta_back_at_small_K(spd_problem):
+    """With K = 8 draws the plain objective's variance term pulls β̂ up; the split-half objective
+    removes it (same data, draws and steps), and odd K and K < 2 are handled."""
+    small = dict(spd_problem, x=[x[:, :8] for x in spd_problem["x"]], xh=[x[:, :8] for x in spd_problem["xh"]])
+
+    def fit(problem, k, **kw):
+        settings = EstimatorSettings(n_posterior=k, steps=100, batch_size=384, lr=0.05, **kw)
+        return estimate_noise(problem["y"], sigma=list(SIGMAS), posterior_samples=problem["x"], scores=problem["s"],
+                              family="generalized", settings=settings, generator=torch.Generator().manual_seed(0),
+                              progress=False)
+
+    plain, split = fit(small, 8), fit(small, 8, split_half=True)
+    print(f"K = 8: plain beta {plain.beta:.4f}, split-half beta {split.beta:.4f}")
+    assert abs(split.beta - 1.4) < abs(plain.beta - 1.4) - 0.02, (plain.beta, split.beta)
+    assert abs(split.beta - 1.4) <= 0.06
+    odd = dict(spd_problem, x=[x[:, :7] for x in spd_problem["x"]])
+    assert math.isfinite(fit(odd, 7, split_half=True).beta)
+    one = dict(spd_problem, x=[x[:, :1] for x in spd_problem["x"]])
+    with pytest.raises(ValueError, match="split_half"):
+        fit(one, 1, split_half=True)
+    with pytest.raises(TypeError, match="split_half"):
+        EstimatorSettings(split_half="yes")
