@@ -33,7 +33,9 @@ def main() -> None:
 
     config = ee.validate_config(ee.load_config(args.config))
     truth = config["truth"]
-    settings = EstimatorSettings(**config["estimator"], level_scale=truth["level_scale"], split_half=args.split_half)
+    if args.split_half:
+        config["estimator"]["split_half"] = True
+    settings = EstimatorSettings(**config["estimator"], level_scale=truth["level_scale"])
     models = ee._load_posteriors(args.posterior_checkpoint)
     rows = []
     print(f"truth β {truth['beta']} λ {truth['lam']} u {truth['u']} v {truth['v']}; generalized family, oracle score")
