@@ -52,6 +52,7 @@ from .estimate import FAMILIES, FAMILY_LABELS, EstimatorSettings, estimate_noise
 from .metric import Metric, scale_constant, shape_matrix
 from .noise import GeneralizedGaussian, NoiseParams
 from .ops import is_score
+from .score import antithetic_options
 from .scorematching import fit_score
 
 __all__ = [
@@ -201,7 +202,7 @@ def learned_posterior_sampler(model, truth: Dict, chunk: int = 128, antithetic: 
     dtype, and the draws come back in y's dtype.  ``antithetic=True`` asks the model for
     mirrored-noise draws (:meth:`etweedie.models.EngressionPosterior.sample`).
     """
-    options = {"antithetic": True} if antithetic else {}
+    options = antithetic_options(model, antithetic)
     try:
         model_dtype = next(model.parameters()).dtype
     except (AttributeError, StopIteration, TypeError):

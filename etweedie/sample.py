@@ -49,7 +49,7 @@ from tqdm.auto import tqdm
 
 from .noise import NoiseParams
 from .ops import langevin_step
-from .score import _accepts_keyword
+from .score import antithetic_options
 
 __all__ = ["CLI_HELP", "ThroughputTimer", "add_cli_arguments", "cli_main", "sample_langevin", "step_sizes"]
 
@@ -237,13 +237,7 @@ def sample_langevin(
         )
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable or None, got {type(callback).__name__}")
-    if not isinstance(antithetic, bool):
-        raise TypeError(f"antithetic must be a bool, got {type(antithetic).__name__}")
-    if antithetic and not _accepts_keyword(posterior.sample, "antithetic"):
-        raise TypeError(
-            f"antithetic=True needs a posterior whose sample() takes antithetic=, got {type(posterior).__name__}"
-        )
-    options = {"antithetic": True} if antithetic else {}
+    options = antithetic_options(posterior, antithetic)
     if timer is not None and not isinstance(timer, ThroughputTimer):
         raise TypeError(f"timer must be an etweedie.sample.ThroughputTimer or None, got {type(timer).__name__}")
 

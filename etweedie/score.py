@@ -192,6 +192,18 @@ def _accepts_keyword(function, name: str) -> bool:
                for p in parameters)
 
 
+def antithetic_options(posterior, antithetic) -> dict:
+    """The extra ``posterior.sample`` keywords for an ``antithetic`` request: ``{}`` or
+    ``{"antithetic": True}``; TypeError for a non-bool or a posterior whose ``sample`` lacks it."""
+    if not isinstance(antithetic, bool):
+        raise TypeError(f"antithetic must be a bool, got {type(antithetic).__name__}")
+    if antithetic and not _accepts_keyword(posterior.sample, "antithetic"):
+        raise TypeError(
+            f"antithetic=True needs a posterior whose sample() takes antithetic=, got {type(posterior).__name__}"
+        )
+    return {"antithetic": True} if antithetic else {}
+
+
 # ---------------------------------------------------------------------------- Energy-Tweedie score
 class EnergyTweedieScore:
     """A score function s(y; η) from a posterior model and N draws per query (paper Eq. ``sm_finite_sample``).
@@ -208,7 +220,7 @@ class EnergyTweedieScore:
         antithetic: ask the posterior for antithetic draws (``sample(..., antithetic=True)``, e.g.
             :meth:`etweedie.models.EngressionPosterior.sample`): the N draws come in mirrored
             noise pairs, so the estimate stays unbiased and its Monte Carlo error drops — on the
-            full eight-Gaussians models, score NMSE at N = 64 fell 2.5–5× (experiments/RESULTS.md,
+            full eight-Gaussians models, score NMSE at N = 64 fell 2.7–4.6× (experiments/RESULTS.md,
             issue 5).  A posterior whose ``sample`` takes no ``antithetic`` keyword is a TypeError.
 
     Calling ``score(y, noise_params)`` returns ``(..., d)``: the score at every query y under its
@@ -237,12 +249,7 @@ class EnergyTweedieScore:
             raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
             raise ValueError(f"chunk must be a positive int or None, got {chunk!r}")
-        if not isinstance(antithetic, bool):
-            raise TypeError(f"antithetic must be a bool, got {type(antithetic).__name__}")
-        if antithetic and not _accepts_keyword(posterior.sample, "antithetic"):
-            raise TypeError(
-                f"antithetic=True needs a posterior whose sample() takes antithetic=, got {type(posterior).__name__}"
-            )
+        self._options = antithetic_options(posterior, antithetic)
         self.posterior = posterior
         self.antithetic = antithetic
         self.n_draws = n_draws
@@ -273,7 +280,6 @@ class EnergyTweedieScore:
         device = rows_y.device if device is None else device
         out = rows_y.new_empty(rows_y.shape[0], self.n_draws, rows_y.shape[-1])
         chunk = self.chunk or max(rows_y.shape[0], 1)
-        options = {"antithetic": True} if self.antithetic else {}
         with torch.no_grad():
             for start in range(0, rows_y.shape[0], chunk):
                 stop = start + chunk
@@ -283,7 +289,7 @@ class EnergyTweedieScore:
                     eta.to(dtype=dtype, device=device),
                     self.n_draws,
                     generator=generator,
-                    **options,
+                    **self._options,
                 )
                 expected = (min(stop, rows_y.shape[0]) - start, self.n_draws, rows_y.shape[-1])
                 if tuple(x.shape) != expected:

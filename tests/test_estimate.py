@@ -388,6 +388,18 @@ def test_learned_posterior_adapter_passes_true_eta():
         torch.testing.assert_close(x, y[:, None, :].expand(5, 3, 2) + 1.0)
         assert len(model.etas) == 3  # ceil(5 / 2) chunks
         torch.testing.assert_close(model.etas[0], NoiseParams(1.4, 1.8, sigma_np, 0.25, 0.35).eta().float())
+    # antithetic draws reach a model that takes them; one that does not is refused up front
+    with pytest.raises(TypeError, match="antithetic"):
+        learned_posterior_sampler(FakePosterior(), TRUTH, antithetic=True)
+
+    class Mirrored(FakePosterior):
+        def sample(self, y, eta, n, *, generator, antithetic=False):
+            self.etas.append(antithetic)
+            return y[:, None, :].expand(y.shape[0], n, y.shape[1])
+
+    model = Mirrored()
+    learned_posterior_sampler(model, TRUTH, chunk=2, antithetic=True)(y, 0.45, 3, torch.Generator())
+    assert model.etas == [True] * 3
 
 
 def test_experiment_checkpoints_and_resumes(tmp_path):
