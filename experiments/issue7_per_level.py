@@ -8,15 +8,17 @@ where the learned rows leave the oracle row is where the posterior model is off.
 
     OMP_NUM_THREADS=1 python experiments/issue7_per_level.py \
         --posterior-checkpoint runs/eg_full/posterior.pt --posterior-checkpoint runs/eg_full_seed43/posterior.pt \
-        --replicates 0 3 [--antithetic] [--split-half]
+        --replicates 0 3 [--antithetic] [--oracle-draws 1024] [--split-half]
 """
 
 import argparse
+import dataclasses
 import json
 
 import torch
 
 from etweedie import estimate_experiment as ee
+from etweedie.data import posterior_sample_sir
 from etweedie.estimate import EstimatorSettings, estimate_noise
 
 
@@ -26,6 +28,8 @@ def main() -> None:
     parser.add_argument("--posterior-checkpoint", action="append", required=True, metavar="PATH")
     parser.add_argument("--replicates", type=int, nargs="+", default=[0])
     parser.add_argument("--antithetic", action="store_true", help="antithetic draws from the learned posteriors")
+    parser.add_argument("--oracle-draws", type=int, metavar="K",
+                        help="redraw the oracle (SIR) posterior with K draws per observation instead of the config's")
     parser.add_argument("--split-half", action="store_true", help="the split-half debiased objective (EstimatorSettings.split_half)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     args = parser.parse_args()
@@ -41,6 +45,11 @@ def main() -> None:
     print(f"truth β {truth['beta']} λ {truth['lam']} u {truth['u']} v {truth['v']}; generalized family, oracle score")
     for rep in args.replicates:
         levels = ee.make_replicate(config, rep, progress=False)["levels"]
+        if args.oracle_draws:
+            bank = ee.replicate_observations(config, rep)["posterior_bank"]
+            for i, lv in enumerate(levels):
+                lv["x_est"] = posterior_sample_sir(lv["y_est"], bank, lv["law"], args.oracle_draws,
+                                                   ee._stream(config["seed"], rep, 99 + i))
         learned = []
         for j, model in enumerate(models):
             # the experiment's own sampler and stream, so the draws equal `etweedie estimate`'s
@@ -55,7 +64,8 @@ def main() -> None:
             for name, draws in sources:
                 est = estimate_noise([levels[i]["y_est"] for i in sel], sigma=[levels[i]["sigma"] for i in sel],
                                      posterior_samples=draws, scores=[levels[i]["s_est"] for i in sel],
-                                     family="generalized", settings=settings,
+                                     family="generalized",
+                                     settings=dataclasses.replace(settings, n_posterior=draws[0].shape[1]),
                                      generator=ee._stream(config["seed"], rep, 60), progress=False)
                 label = "all" if len(sel) > 1 else levels[sel[0]]["sigma"]
                 rows.append(dict(replicate=rep, sigma=label, posterior=name, beta=est.beta, lam=est.lam,
