@@ -141,15 +141,15 @@ def load_config(path) -> Dict:
         raw = tomllib.load(fh)
     config = _merge(DEFAULT_CONFIG, raw)
     config["source"] = str(path)
-    _validate(config)
+    _validate(config, need_checkpoints=False)  # --checkpoint may supply them (override_config checks again)
     return config
 
 
-def _validate(config: Dict) -> None:
+def _validate(config: Dict, need_checkpoints: bool = True) -> None:
     kind = config["posterior"]["kind"]
     if kind not in ("known", "checkpoint"):
         raise ValueError(f"config: posterior.kind must be 'known' or 'checkpoint', got {kind!r}")
-    if kind == "checkpoint" and not config["posterior"]["checkpoints"]:
+    if need_checkpoints and kind == "checkpoint" and not config["posterior"]["checkpoints"]:
         raise ValueError("config: posterior.kind = 'checkpoint' needs posterior.checkpoints (or --checkpoint PATH)")
     if config["sampler"]["init"] not in ("gaussian", "marginal"):
         raise ValueError(f"config: sampler.init must be 'gaussian' or 'marginal', got {config['sampler']['init']!r}")
@@ -223,6 +223,21 @@ def initial_state(ring: EightGaussians, params0, n: int, init: str, generator: t
     return forward_noised(clean, params0, generator)
 
 
+def posterior_device(posterior) -> torch.device:
+    """Where a posterior's draws live: a model's parameter device, else the CPU (e.g. the known posterior)."""
+    parameters = getattr(posterior, "parameters", None)
+    if callable(parameters):
+        first = next(iter(parameters()), None)
+        if first is not None:
+            return first.device
+    return torch.device("cpu")
+
+
+def _on_cpu(info: Dict) -> Dict:
+    """A sampler callback dict with its tensors moved to the CPU (the trackers' references live there)."""
+    return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in info.items()}
+
+
 class _Recorder:
     """Callback keeping the states of the first chains at every level (progress and ribbon figures)."""
 
@@ -268,6 +283,7 @@ def run_table(
     t_start = time.perf_counter()
     n_runs, run_index = len(posteriors) * len(names) * len(seeds), 0
     for mi, (model_name, posterior) in enumerate(posteriors.items()):
+        device = posterior_device(posterior)
         reference = draw_clean(int(tc["n_reference"]), _stream("reference", table, mi))
         for name in names:
             path = get_path(name, rms=rms)
@@ -278,6 +294,8 @@ def run_table(
             for si, seed in enumerate(seeds):
                 g = torch.Generator().manual_seed(seed)
                 y0 = initial_state(ring, params0, n, sc["init"], g)
+                if device.type != "cpu":  # same starts; the chain's own stream on the posterior's device
+                    y0, g = y0.to(device), torch.Generator(device=device).manual_seed(seed)
                 callbacks = []
                 if track["enabled"]:
                     tracker = MarginalTracker(
@@ -297,9 +315,9 @@ def run_table(
                     posterior, y0, path, times,
                     steps_per_level=int(sc["steps_per_level"]), n_posterior=int(sc["n_posterior"]),
                     step_scale=float(sc["step_scale"]), first_level_steps=first, final_draw=bool(sc["final_draw"]),
-                    generator=g, callback=(lambda info: [cb(info) for cb in callbacks]) if callbacks else None,
+                    generator=g, callback=(lambda info: [cb(_on_cpu(info)) for cb in callbacks]) if callbacks else None,
                     disable=not progress, timer=timer, antithetic=bool(sc["antithetic"]),
-                ).float()
+                ).float().cpu()
                 groups.append(x)
                 per_run.append(eight_gaussians_metrics(x, None, ring))
                 if sample_dir is not None:
@@ -319,7 +337,9 @@ def run_table(
             metrics["per_seed"] = [{k: r[k] for k in ("mode_weight_tv", "min_mode_mass", "modes_present", "mean_radial_error")} for r in per_run]
             metrics["timing"] = timer.as_dict()
             if int(boot["n_boot"]) >= 2:
-                metrics["bootstrap"] = _bootstrap(groups, int(tc["ed_subset"]), reference, ring, boot, (table, mi, name))
+                metrics["bootstrap"] = _bootstrap(
+                    groups, int(tc["ed_subset"]), reference, ring, boot, (table, mi, name), device=device
+                )
             if trackers:
                 curve = _mean_curve(trackers)
                 metrics["tracking"] = curve
@@ -380,15 +400,23 @@ def _mean_curve(trackers: Sequence[MarginalTracker]) -> List[Dict]:
     return curve
 
 
-def _bootstrap(groups, ed_subset: int, reference, ring: EightGaussians, boot: Dict, key) -> Dict:
-    """Seed-stratified percentile intervals for the four endpoint metrics."""
+def _bootstrap(groups, ed_subset: int, reference, ring: EightGaussians, boot: Dict, key, device=None) -> Dict:
+    """Seed-stratified percentile intervals for the four endpoint metrics.
+
+    The signed-ED resamples (``n_boot`` energy distances of ``ed_subset`` points each) run on
+    ``device`` when given (a GPU computes them with the fused ``energy_distance`` kernel); the
+    resampling indices and the other metrics stay on the CPU, so the intervals do not depend on it.
+    """
     means = ring.means(torch.float64)
     g = _stream("bootstrap", *key)
     n_boot, level = int(boot["n_boot"]), float(boot["level"])
     take = [ed_subset // len(groups) + (1 if i < ed_subset % len(groups) else 0) for i in range(len(groups))]
     out = {}
+    ed_device = torch.device("cpu") if device is None else torch.device(device)
+    ed_reference = reference.to(ed_device)
     _, lo, hi = stratified_bootstrap(
-        lambda x: signed_energy_distance(x, reference), [x[:k] for x, k in zip(groups, take)], n_boot=n_boot, generator=g, level=level
+        lambda x: signed_energy_distance(x, ed_reference),
+        [x[:k].to(ed_device) for x, k in zip(groups, take)], n_boot=n_boot, generator=g, level=level,
     )
     out["signed_ed"] = [lo, hi]
     for name, fn in (

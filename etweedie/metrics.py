@@ -387,7 +387,7 @@ def stratified_bootstrap(
     estimate = float(statistic(torch.cat(groups)))
     replicates = torch.empty(n_boot, dtype=torch.float64)
     for b in range(n_boot):
-        parts = [x[torch.randint(x.shape[0], (x.shape[0],), generator=generator, device=x.device)] for x in groups]
+        parts = [x[torch.randint(x.shape[0], (x.shape[0],), generator=generator).to(x.device)] for x in groups]
         replicates[b] = float(statistic(torch.cat(parts)))
     alpha = (1 - level) / 2
     lower, upper = torch.quantile(replicates, torch.tensor([alpha, 1 - alpha], dtype=torch.float64)).tolist()

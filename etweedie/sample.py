@@ -237,6 +237,11 @@ def sample_langevin(
         )
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable or None, got {type(callback).__name__}")
+    if generator.device.type != y0.device.type:
+        raise ValueError(
+            f"generator must be on y0's device ({y0.device.type}), got a {generator.device.type} generator; "
+            f"use torch.Generator(device={str(y0.device)!r}).manual_seed(seed)"
+        )
     options = antithetic_options(posterior, antithetic)
     if timer is not None and not isinstance(timer, ThroughputTimer):
         raise TypeError(f"timer must be an etweedie.sample.ThroughputTimer or None, got {type(timer).__name__}")
@@ -254,8 +259,8 @@ def sample_langevin(
     eta = None
     for k in tqdm(range(schedule.numel()), desc="langevin", unit="level", disable=disable):
         level = _level(params, k)
-        eta = level.eta().to(y.dtype).expand(chains, 5)
-        metric = level.metric(d).to(y.dtype)
+        eta = level.eta().to(device=y.device, dtype=y.dtype).expand(chains, 5)
+        metric = level.metric(d).to(device=y.device, dtype=y.dtype)
         beta, lam, alpha = float(level.beta), float(level.lam), float(alphas[k])
         n_steps = first_level_steps if (k == 0 and first_level_steps is not None) else steps_per_level
         x = None

@@ -776,6 +776,7 @@ def add_cli_arguments(parser) -> None:
     parser.add_argument("--out", metavar="DIR", help="run directory (default runs/<config name>)")
     parser.add_argument("--steps", type=int, help="override the config's steps")
     parser.add_argument("--seed", type=int, help="override the config's seed")
+    parser.add_argument("--device", help="override the config's device (cpu, cuda, cuda:1)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-resume", action="store_true", help="start afresh even if DIR/checkpoint.pt exists")
 
@@ -783,7 +784,7 @@ def add_cli_arguments(parser) -> None:
 def cli_main(args) -> int:
     try:
         config = load_config(args.config)
-        overrides = {k: getattr(args, k) for k in ("steps", "seed") if getattr(args, k) is not None}
+        overrides = {k: getattr(args, k) for k in ("steps", "seed", "device") if getattr(args, k) is not None}
         if overrides:
             config = dataclasses.replace(config, **overrides)
     except (ValueError, TypeError) as exc:
