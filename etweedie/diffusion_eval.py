@@ -205,11 +205,15 @@ def build_posteriors(config: Dict) -> Dict[str, object]:
         return {"known": KnownPosterior(_ring(config), method=p["method"], n_proposals=int(p["n_proposals"]))}
     from .train import load_posterior  # the learned model (needs the training module only here)
 
-    models = {}
-    for i, path in enumerate(p["checkpoints"]):
-        name = f"model{i}:{'/'.join(Path(path).parts[-2:])}"
-        models[name] = load_posterior(path, device=p["device"])
-    return models
+    return {name: load_posterior(path, device=p["device"]) for name, path in zip(posterior_names(config), p["checkpoints"])}
+
+
+def posterior_names(config: Dict) -> List[str]:
+    """The table's model names (``"known"``, or ``model<i>:<last two parts of the checkpoint path>``)."""
+    p = config["posterior"]
+    if p["kind"] == "known":
+        return ["known"]
+    return [f"model{i}:{'/'.join(Path(path).parts[-2:])}" for i, path in enumerate(p["checkpoints"])]
 
 
 def initial_state(ring: EightGaussians, params0, n: int, init: str, generator: torch.Generator) -> torch.Tensor:
@@ -260,12 +264,19 @@ def run_table(
     *,
     progress: bool = True,
     sample_dir: Optional[Path] = None,
+    saved: Optional[Sequence[Path]] = None,
 ) -> Dict:
     """Sample every (model, path, seed) of one table and compute its metrics.
 
     Returns a dict with ``rows`` (per path: per-model metrics, mean/sd across models,
     bootstrap intervals, tracking curves), ``clean`` (the independent-clean-draws row),
     ``timing`` and the figure inputs under ``_figure``.
+
+    With ``saved`` (folders holding the ``samples/*.pt`` of earlier runs of the same config and
+    models) nothing is sampled: each run's final samples are read back and scored exactly as
+    after sampling (same references, subsets and bootstrap streams), so a run whose sampling
+    finished elsewhere (a GPU) is scored here.  Tracking curves and timings exist only for
+    runs sampled in this call.
     """
     ring = _ring(config)
     tc, sc = config[table], config["sampler"]
@@ -292,6 +303,14 @@ def run_table(
             groups, per_run, trackers = [], [], []
             timer = ThroughputTimer()
             for si, seed in enumerate(seeds):
+                run_index += 1
+                if saved is not None:
+                    x = _load_saved(saved, f"{table}_{_slug(model_name)}_{name}_seed{seed}", n)
+                    groups.append(x)
+                    per_run.append(eight_gaussians_metrics(x, None, ring))
+                    if si == 0 and mi == 0:
+                        figure["final"][name] = x
+                    continue
                 g = torch.Generator().manual_seed(seed)
                 y0 = initial_state(ring, params0, n, sc["init"], g)
                 if device.type != "cpu":  # same starts; the chain's own stream on the posterior's device
@@ -308,7 +327,6 @@ def run_table(
                 if mi == 0 and si == 0:
                     recorder = _Recorder(int(config["figures"]["progress_chains"]))
                     callbacks.append(recorder)
-                run_index += 1
                 if progress:
                     print(f"[{table}] {model_name} / {name} / seed {seed}  ({run_index}/{n_runs})", flush=True)
                 x = sample_langevin(
@@ -335,7 +353,7 @@ def run_table(
             metrics = eight_gaussians_metrics(pooled, reference, ring, ed_samples=ed_subset)
             metrics["modes_present_min_run"] = min(r["modes_present"] for r in per_run)
             metrics["per_seed"] = [{k: r[k] for k in ("mode_weight_tv", "min_mode_mass", "modes_present", "mean_radial_error")} for r in per_run]
-            metrics["timing"] = timer.as_dict()
+            metrics["timing"] = timer.as_dict() if saved is None else None
             if int(boot["n_boot"]) >= 2:
                 metrics["bootstrap"] = _bootstrap(
                     groups, int(tc["ed_subset"]), reference, ring, boot, (table, mi, name), device=device
@@ -355,7 +373,10 @@ def run_table(
         pooled = torch.cat(groups)
         metrics = eight_gaussians_metrics(pooled, reference, ring, ed_samples=stratified_subset(groups, int(tc["ed_subset"])))
         if int(boot["n_boot"]) >= 2:
-            metrics["bootstrap"] = _bootstrap(groups, int(tc["ed_subset"]), reference, ring, boot, (table, mi, "clean"))
+            metrics["bootstrap"] = _bootstrap(
+                groups, int(tc["ed_subset"]), reference, ring, boot, (table, mi, "clean"),
+                device=posterior_device(posteriors[model_name]),
+            )
         clean_row["per_model"][model_name] = metrics
         figure.setdefault("clean", pooled)
     for row in list(rows.values()) + [clean_row]:
@@ -368,9 +389,26 @@ def run_table(
         n_samples=n,
         rows=rows,
         clean=clean_row,
-        timing=table_timer.as_dict(),
+        timing=table_timer.as_dict() if saved is None else None,
+        rescored_from=None if saved is None else [str(p) for p in saved],
         wall_s=time.perf_counter() - t_start,
         _figure=figure,
+    )
+
+
+def _load_saved(folders: Sequence[Path], stem: str, n: int) -> torch.Tensor:
+    """The ``samples/<stem>.pt`` of an earlier run, from the first folder that has it."""
+    for folder in folders:
+        path = Path(folder) / "samples" / f"{stem}.pt"
+        if path.is_file():
+            x = torch.load(path, map_location="cpu", weights_only=True)
+            if not isinstance(x, torch.Tensor) or tuple(x.shape) != (n, 2):
+                raise ValueError(f"{path}: expected a ({n}, 2) tensor of final samples, got "
+                                 f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+            return x.float()
+    raise FileNotFoundError(
+        f"no saved samples {stem}.pt under {', '.join(str(Path(f) / 'samples') for f in folders)} "
+        "(--from-samples needs the same config, checkpoints and seeds as the run that saved them)"
     )
 
 
@@ -443,21 +481,34 @@ def _summarize(per_model: Dict[str, Dict]) -> Dict:
 
 
 # ---------------------------------------------------------------------------- entry points
-def run_diffusion_eval(config: Dict, *, out_dir=None, progress: bool = True, figures: bool = True) -> Dict:
-    """Run the enabled tables of a config; write JSON, samples and figures to ``out_dir`` when given."""
+def run_diffusion_eval(
+    config: Dict, *, out_dir=None, progress: bool = True, figures: bool = True, saved: Optional[Sequence] = None
+) -> Dict:
+    """Run the enabled tables of a config; write JSON, samples and figures to ``out_dir`` when given.
+
+    ``saved``: score the final samples saved by earlier runs in these folders instead of
+    sampling (see :func:`run_table`); the posteriors are not loaded then.
+    """
     _validate(config)
     out = None if out_dir is None else Path(out_dir)
     sample_dir = None
-    if out is not None:
+    if saved is not None:
+        saved = [Path(f) for f in saved]
+    elif out is not None:
         sample_dir = out / "samples"
         sample_dir.mkdir(parents=True, exist_ok=True)
-    posteriors = build_posteriors(config)
+    posteriors = build_posteriors(config) if saved is None else {name: None for name in posterior_names(config)}
     results = dict(config=config, posteriors=list(posteriors), tables={}, torch_threads=torch.get_num_threads())
     start = time.perf_counter()
     for table in ("paths", "isolation"):
+        if saved is not None and config[table]["enabled"] and not any(
+            next((Path(f) / "samples").glob(f"{table}_*.pt"), None) is not None for f in saved
+        ):
+            print(f"note: no saved {table} samples under the --from-samples folders; the {table} table is skipped")
+            continue
         if config[table]["enabled"]:
             results["tables"][table] = run_table(
-                table, config[table]["names"], posteriors, config, progress=progress, sample_dir=sample_dir
+                table, config[table]["names"], posteriors, config, progress=progress, sample_dir=sample_dir, saved=saved
             )
     results["wall_s"] = time.perf_counter() - start
     if out is not None:
@@ -563,6 +614,11 @@ def format_tables(results: Dict) -> str:
             lines.append(f"seed-stratified bootstrap 95% intervals ({first_model}): " + "; ".join(cis))
         t = res["timing"]
         lines.append("")
+        if t is None:
+            lines.append(f"scored from the saved samples of {', '.join(res.get('rescored_from') or [])} "
+                         f"(no tracking or timing); wall time {res['wall_s']:.1f} s")
+            lines.append("")
+            continue
         lines.append(
             f"throughput: {t['chain_steps_per_s']:.0f} chain·steps/s over {t['sampling_s']:.1f} s of sampling "
             f"(posterior {100 * t['posterior_share']:.0f}%, score+step kernel {100 * t['score_step_share']:.0f}%, "

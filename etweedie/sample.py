@@ -346,6 +346,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", help="output directory (metrics JSON, samples .pt/.npz, figures)")
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
     parser.add_argument("--quick", action="store_true", help="with --config: shrink every size for a smoke run")
+    parser.add_argument("--from-samples", action="append", metavar="DIR",
+                        help="with --config: score the final samples an earlier run of the same config and "
+                             "--checkpoint list saved under DIR/samples (repeatable) instead of sampling")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -362,12 +365,15 @@ def cli_main(args: argparse.Namespace) -> int:
         return _error("give exactly one of --config TOML (the paper's tables) or --path NAME [NAME ...]")
     if args.posterior == "known" and args.checkpoint:
         return _error("--posterior known and --checkpoint exclude each other")
+    if getattr(args, "from_samples", None) and args.config is None:
+        return _error("--from-samples needs --config (the config the samples were drawn with)")
     try:
         if args.config is not None:
             config = diffusion_eval.load_config(args.config)
             config = diffusion_eval.override_config(config, args)
             results = diffusion_eval.run_diffusion_eval(
-                config, out_dir=args.out, progress=not args.no_progress, figures=not args.no_figures
+                config, out_dir=args.out, progress=not args.no_progress, figures=not args.no_figures,
+                saved=getattr(args, "from_samples", None),
             )
             print(diffusion_eval.format_tables(results))
         else:

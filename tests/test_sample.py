@@ -253,11 +253,19 @@ def test_diffusion_configs_load_and_validate(name):
     """Every shipped diffusion config parses and passes validation (unknown keys, bad values)."""
     from etweedie.diffusion_eval import load_config
 
+    import argparse
+
+    from etweedie.diffusion_eval import override_config
+
     path = Path(__file__).resolve().parents[1] / "configs" / name
     if '"checkpoint"' in path.read_text() and "checkpoints = []" in path.read_text():
-        # the models come from --checkpoint on the command line; without them it must say so
+        # the models come from --checkpoint on the command line: the config loads, and the
+        # command line without them must say so (a config with them validates)
+        config = load_config(path)
         with pytest.raises(ValueError, match="--checkpoint"):
-            load_config(path)
+            override_config(config, argparse.Namespace(checkpoint=None))
+        config = override_config(config, argparse.Namespace(checkpoint=["runs/a", "runs/b"]))
+        assert config["posterior"]["checkpoints"] == ["runs/a", "runs/b"]
         return
     config = load_config(path)
     assert config["paths"]["enabled"] or config["isolation"]["enabled"]
