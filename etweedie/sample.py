@@ -224,6 +224,15 @@ def sample_langevin(
         raise TypeError(f"y0 must be a float32/float64 tensor of shape (..., d), got {got}")
     if y0.dim() < 1 or y0.shape[-1] < 1:
         raise ValueError(f"y0 must have shape (..., d) with d >= 1, got {tuple(y0.shape)}")
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"generator must be a torch.Generator (randomness is always explicit), got {type(generator).__name__}"
+        )
+    if generator.device.type != y0.device.type:
+        raise ValueError(
+            f"generator must be on y0's device ({y0.device.type}), got a {generator.device.type} generator; "
+            f"use torch.Generator(device={str(y0.device)!r}).manual_seed(seed)"
+        )
     if not bool(torch.isfinite(y0).all()):
         raise ValueError("y0 must be finite (it holds NaN or inf)")
     schedule = _check_schedule(schedule)
@@ -231,17 +240,8 @@ def sample_langevin(
     n_posterior = _check_int(n_posterior, "n_posterior", 1)
     if first_level_steps is not None:
         first_level_steps = _check_int(first_level_steps, "first_level_steps", 0)
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(
-            f"generator must be a torch.Generator (randomness is always explicit), got {type(generator).__name__}"
-        )
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable or None, got {type(callback).__name__}")
-    if generator.device.type != y0.device.type:
-        raise ValueError(
-            f"generator must be on y0's device ({y0.device.type}), got a {generator.device.type} generator; "
-            f"use torch.Generator(device={str(y0.device)!r}).manual_seed(seed)"
-        )
     options = antithetic_options(posterior, antithetic)
     if timer is not None and not isinstance(timer, ThroughputTimer):
         raise TypeError(f"timer must be an etweedie.sample.ThroughputTimer or None, got {type(timer).__name__}")

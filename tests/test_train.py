@@ -265,6 +265,16 @@ def test_cli_train_usage_errors(tmp_path, capsys):
     assert "unknown key(s) bogus" in capsys.readouterr().err
     assert cli(["train", "--config", str(TINY), "--out", str(tmp_path / "y"), "--steps", "-1"]) == 2
     assert "steps must be >= 0" in capsys.readouterr().err
+    assert cli(["train", "--config", str(TINY), "--out", str(tmp_path / "z"), "--device", "gpu0"]) == 2
+    assert "device must name a torch device" in capsys.readouterr().err
+
+
+def test_cli_train_device_override(tmp_path, capsys):
+    """--device replaces the config's device (the run's saved config records it)."""
+    out = tmp_path / "dev"
+    assert cli(["train", "--config", str(TINY), "--out", str(out), "--steps", "3", "--device", "cpu", "--no-progress"]) == 0
+    assert "trained 3 steps" in capsys.readouterr().out
+    assert torch.load(out / "checkpoint.pt", weights_only=False)["config"]["device"] == "cpu"
 
 
 @pytest.mark.slow
