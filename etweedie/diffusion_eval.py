@@ -31,6 +31,7 @@ import time
 import tomllib
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -305,7 +306,11 @@ def run_table(
             for si, seed in enumerate(seeds):
                 run_index += 1
                 if saved is not None:
-                    x = _load_saved(saved, f"{table}_{_slug(model_name)}_{name}_seed{seed}", n)
+                    stem = f"{table}_{_slug(model_name)}_{name}_seed{seed}"
+                    x = _load_saved(saved, stem, n)
+                    records = _load_saved_tracking(saved, stem) if track["enabled"] else None
+                    if records is not None:
+                        trackers.append(SimpleNamespace(records=records))
                     groups.append(x)
                     per_run.append(eight_gaussians_metrics(x, None, ring))
                     if si == 0 and mi == 0:
@@ -339,7 +344,10 @@ def run_table(
                 groups.append(x)
                 per_run.append(eight_gaussians_metrics(x, None, ring))
                 if sample_dir is not None:
-                    _save_samples(sample_dir / f"{table}_{_slug(model_name)}_{name}_seed{seed}", x)
+                    stem = sample_dir / f"{table}_{_slug(model_name)}_{name}_seed{seed}"
+                    _save_samples(stem, x)
+                    if track["enabled"]:  # per run, so a scoring pass (--from-samples) can rebuild the curves
+                        _write_json({"records": trackers[-1].records, "timing": None}, Path(f"{stem}.tracking.json"))
                 if recorder is not None:
                     figure["progress"][name] = dict(states=torch.stack(recorder.states), r=recorder.r)
                     figure["trajectories"][name] = dict(
@@ -358,7 +366,7 @@ def run_table(
                 metrics["bootstrap"] = _bootstrap(
                     groups, int(tc["ed_subset"]), reference, ring, boot, (table, mi, name), device=device
                 )
-            if trackers:
+            if trackers and len(trackers) == len(seeds):
                 curve = _mean_curve(trackers)
                 metrics["tracking"] = curve
                 burn = min(int(track["burn_in_levels"]), curve[-1]["level"])  # short schedules: at least the last level
@@ -410,6 +418,15 @@ def _load_saved(folders: Sequence[Path], stem: str, n: int) -> torch.Tensor:
         f"no saved samples {stem}.pt under {', '.join(str(Path(f) / 'samples') for f in folders)} "
         "(--from-samples needs the same config, checkpoints and seeds as the run that saved them)"
     )
+
+
+def _load_saved_tracking(folders: Sequence[Path], stem: str) -> Optional[List[Dict]]:
+    """The per-level tracking records saved beside ``samples/<stem>.pt``, or None (older runs)."""
+    for folder in folders:
+        path = Path(folder) / "samples" / f"{stem}.tracking.json"
+        if path.is_file():
+            return json.loads(path.read_text())["records"]
+    return None
 
 
 def _slug(name: str) -> str:
