@@ -21,7 +21,14 @@ Stages:
 4. at the deadline, whatever still runs is stopped, and the run directories are packed into
    ``--pack-dir`` as tar.gz files (the trainings separately, so each stays small).
 
-Afterwards ``python experiments/issue6_merge.py`` turns the per-path / per-arm results into the tables.
+Every finished run saves its final samples and tracking records under ``<job>/samples``, so the
+tables are scored afterwards on any machine, also from jobs stopped at the deadline::
+
+    etweedie sample --config configs/diffusion_full.toml --checkpoint runs/egd_full --checkpoint runs/egd_full_seed43 \
+        --from-samples runs/diffusion_full_gpu/paths_isotropic ... --out runs/diffusion_full_gpu/table
+
+A later call that carries ``runs/egd_full`` and ``runs/egd_full_seed43`` (device ``carry``) skips the
+training; ``--tables isolation paths`` runs the isolation arms first.
 """
 
 from __future__ import annotations
@@ -155,6 +162,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=4, help="table jobs at a time")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--no-isolation", action="store_true")
+    parser.add_argument("--tables", nargs="+", choices=("paths", "isolation"), default=["paths", "isolation"],
+                        help="table jobs to run, in this order (default: paths isolation)")
     parser.add_argument("--table-seconds", type=float, default=210.0,
                         help="time kept for the paths table: fewer training steps if 40k would not leave it")
     parser.add_argument("--dry-run", action="store_true",
@@ -262,7 +271,9 @@ def main() -> int:
     from_paths = ["isotropic", "nondiagonal", "rotating", "joint"]
     isolation = ["fixed_ref", "fixed_beta1.3", "fixed_beta1.6", "fixed_beta1.8", "fixed_beta2.0", "fixed_lam1.0",
                  "fixed_lam2.5", "fixed_uv0,0", "fixed_uv0.6,0", "fixed_uv0,-0.6", "fixed_uv-0.6,0"]
-    jobs = [("paths", n) for n in from_paths] + ([] if args.no_isolation else [("isolation", n) for n in isolation])
+    by_table = {"paths": [("paths", n) for n in from_paths], "isolation": [("isolation", n) for n in isolation]}
+    tables = [t for t in args.tables if not (t == "isolation" and args.no_isolation)]
+    jobs = [job for table in tables for job in by_table[table]]
     if not (have_models and smoke_ok):
         log(f"no table jobs (models ready: {have_models}, smoke ok: {smoke_ok})")
         jobs = []
