@@ -347,7 +347,7 @@ def run_table(
                     stem = sample_dir / f"{table}_{_slug(model_name)}_{name}_seed{seed}"
                     _save_samples(stem, x)
                     if track["enabled"]:  # per run, so a scoring pass (--from-samples) can rebuild the curves
-                        _write_json({"records": trackers[-1].records, "timing": None}, Path(f"{stem}.tracking.json"))
+                        _write_json({"records": trackers[-1].records}, Path(f"{stem}.tracking.json"))
                 if recorder is not None:
                     figure["progress"][name] = dict(states=torch.stack(recorder.states), r=recorder.r)
                     figure["trajectories"][name] = dict(
@@ -633,7 +633,7 @@ def format_tables(results: Dict) -> str:
         lines.append("")
         if t is None:
             lines.append(f"scored from the saved samples of {', '.join(res.get('rescored_from') or [])} "
-                         f"(no tracking or timing); wall time {res['wall_s']:.1f} s")
+                         f"(no timings; tracking curves from the saved per-run records where present); wall time {res['wall_s']:.1f} s")
             lines.append("")
             continue
         lines.append(
