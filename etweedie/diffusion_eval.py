@@ -52,6 +52,7 @@ from .metrics import (
 )
 from .paths import DEFAULT_LEVELS, GeometricRMS, ISOLATION_ARMS, get_path, level_times
 from .sample import ThroughputTimer, sample_langevin
+from .score import _module_dtype_device
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -230,12 +231,8 @@ def initial_state(ring: EightGaussians, params0, n: int, init: str, generator: t
 
 def posterior_device(posterior) -> torch.device:
     """Where a posterior's draws live: a model's parameter device, else the CPU (e.g. the known posterior)."""
-    parameters = getattr(posterior, "parameters", None)
-    if callable(parameters):
-        first = next(iter(parameters()), None)
-        if first is not None:
-            return first.device
-    return torch.device("cpu")
+    _, device = _module_dtype_device(posterior)
+    return torch.device("cpu") if device is None else device
 
 
 def _on_cpu(info: Dict) -> Dict:

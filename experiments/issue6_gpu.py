@@ -143,11 +143,10 @@ def worker(args) -> int:
     config["posterior"].update(kind="checkpoint", checkpoints=[m for m, _ in MODELS], device=args.device)
     other = "isolation" if args.table == "paths" else "paths"
     config[other]["enabled"] = False
-    config[args.table]["names"] = [args.name]
     if args.dry_run:
         for section, values in diffusion_eval._QUICK.items():
             config[section].update(values)
-        config[args.table]["names"] = [args.name]
+    config[args.table]["names"] = [args.name]
     diffusion_eval._validate(config)
     results = diffusion_eval.run_diffusion_eval(config, out_dir=args.job_dir, progress=True, figures=True)
     print(diffusion_eval.format_tables(results))
@@ -268,10 +267,12 @@ def main() -> int:
     have_models = all((ROOT / run / "posterior.pt").exists() for run, _ in MODELS)
 
     # 3. table jobs
-    from_paths = ["isotropic", "nondiagonal", "rotating", "joint"]
-    isolation = ["fixed_ref", "fixed_beta1.3", "fixed_beta1.6", "fixed_beta1.8", "fixed_beta2.0", "fixed_lam1.0",
-                 "fixed_lam2.5", "fixed_uv0,0", "fixed_uv0.6,0", "fixed_uv0,-0.6", "fixed_uv-0.6,0"]
-    by_table = {"paths": [("paths", n) for n in from_paths], "isolation": [("isolation", n) for n in isolation]}
+    # one job per path / arm of the config (its isolation arms default to etweedie.paths.ISOLATION_ARMS)
+    sys.path.insert(0, str(ROOT))
+    from etweedie.diffusion_eval import load_config
+
+    sample_config = load_config(ROOT / SAMPLE_CONFIG)
+    by_table = {table: [(table, n) for n in sample_config[table]["names"]] for table in ("paths", "isolation")}
     tables = [t for t in args.tables if not (t == "isolation" and args.no_isolation)]
     jobs = [job for table in tables for job in by_table[table]]
     if not (have_models and smoke_ok):
