@@ -27,7 +27,20 @@ with the conditioning map M_l either
 
 The output is ``"direct"`` (x = A_out h_L), ``"residual"`` (x = y + A_out h_L) or
 ``"scaled_residual"`` (x = y + r(η) A_out h_L with the realized noise RMS r = σ λ^{−1/β},
-so the network predicts the denoising displacement in noise units).  Per-query parts
+so the network predicts the denoising displacement in noise units).
+
+``latent="noise_law"`` adds one more latent: a draw ẑ of the conditioned noise law itself,
+standardized to unit RMS (ẑ = e / r(η), e ~ GG(β, λ, Σ)).  It enters the first layer (A_z ẑ)
+and, through a learned η-dependent gate a(η̃), the output directly:
+
+    x = y + r(η) · (A_out h_L + a(η̃) ẑ)                 (scaled_residual; r ẑ for the others)
+
+Why: a SiLU network is asymptotically linear in ε, so from Gaussian ε alone its draws have at
+most Gaussian tails.  As σ → 0 the posterior of y = x + e tends to y − e, whose tails are the
+noise's (exp(−λ t^β), heavier than Gaussian for β < 2).  The Gaussian-latent full-config models
+draw residuals with a kurtosis of ≈ 2.33 where the exact posterior has ≈ 2.47 at σ = 0.1–0.25
+(experiments/RESULTS.md, issue 7, "Noise-law latent"), which biases β̂ upward at small σ;
+the noise-law latent gives the generator the right tail directly.  Per-query parts
 (y's and η's projections, the FiLM coefficients) are computed once per query and broadcast
 over its n draws; only the ε-dependent parts run per draw.
 
@@ -51,11 +64,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .noise import NoiseParams
+
 __all__ = ["EngressionPosterior", "ETA_DIM", "default_eta_bounds"]
 
 ETA_DIM = 5  # η = (β, log λ, log σ, u, v)
 CONDITIONINGS = ("film", "concat")
 OUTPUTS = ("scaled_residual", "residual", "direct")
+LATENTS = ("gaussian", "noise_law")
 
 
 def default_eta_bounds(
@@ -126,7 +142,10 @@ class EngressionPosterior(nn.Module):
         noise_dim: size of each ε_l (≥ 1).
         conditioning: ``"film"`` or ``"concat"``.
         output: ``"scaled_residual"``, ``"residual"`` or ``"direct"``.
-        cond_width: width of the FiLM embedding MLP of η̃ (unused for ``"concat"``).
+        cond_width: width of the FiLM embedding MLP of η̃ (unused for ``"concat"``) and of the
+            noise-law gate's MLP.
+        latent: ``"gaussian"`` (ε only) or ``"noise_law"`` (ε plus a standardized draw of the
+            conditioned noise law; needs an even ``dim``, the block metric's requirement).
         eta_low, eta_high: the box [low, high] of η over which it is normalized to [−1, 1]
             (default: the 2-D training prior, :func:`default_eta_bounds`).
         init_seed: seed of the parameter initialization (a private ``torch.Generator``).
@@ -146,6 +165,7 @@ class EngressionPosterior(nn.Module):
         conditioning: str = "film",
         output: str = "scaled_residual",
         cond_width: int = 64,
+        latent: str = "gaussian",
         eta_low: Optional[Sequence[float]] = None,
         eta_high: Optional[Sequence[float]] = None,
         init_seed: int = 0,
@@ -159,13 +179,16 @@ class EngressionPosterior(nn.Module):
         init_seed = _check_int(init_seed, "init_seed", 0)
         conditioning = _check_choice(conditioning, "conditioning", CONDITIONINGS)
         output = _check_choice(output, "output", OUTPUTS)
+        latent = _check_choice(latent, "latent", LATENTS)
+        if latent == "noise_law" and self.dim % 2:
+            raise ValueError(f"latent='noise_law' needs an even dim (the (u, v) block metric), got dim={self.dim}")
         if (eta_low is None) != (eta_high is None):
             raise ValueError("eta_low and eta_high must be given together")
         if eta_low is None:
             eta_low, eta_high = default_eta_bounds()
         eta_low, eta_high = _check_bounds(eta_low, eta_high)
         self.width, self.depth, self.noise_dim = width, depth, noise_dim
-        self.conditioning, self.output = conditioning, output
+        self.conditioning, self.output, self.latent = conditioning, output, latent
         self.config: Dict[str, Any] = dict(
             dim=self.dim,
             width=width,
@@ -174,6 +197,7 @@ class EngressionPosterior(nn.Module):
             conditioning=conditioning,
             output=output,
             cond_width=cond_width,
+            latent=latent,
             eta_low=list(eta_low),
             eta_high=list(eta_high),
             init_seed=init_seed,
@@ -200,6 +224,12 @@ class EngressionPosterior(nn.Module):
             # γ_l, b_l for every layer; small init so training starts near the unmodulated net.
             self.film_out = _Affine(cond_width, 2 * width * depth, generator=g, gain=0.1)
         self.out = _Affine(width, d, generator=g)
+        if latent == "noise_law":
+            # drawn after every other parameter, so a Gaussian-latent model's init is unchanged
+            self.latent_map = _Affine(d, width, bias=False, generator=g)
+            self.latent_gate = nn.Sequential(
+                _Affine(ETA_DIM, cond_width, generator=g), nn.SiLU(), _Affine(cond_width, 1, generator=g, gain=0.1)
+            )
 
     # ------------------------------------------------------------------ pieces
     def normalize_eta(self, eta: torch.Tensor) -> torch.Tensor:
@@ -211,13 +241,20 @@ class EngressionPosterior(nn.Module):
         """r = σ λ^{−1/β} = exp(log σ − log λ / β) from η = (β, log λ, log σ, u, v): ``(..., 5)`` → ``(...)``."""
         return torch.exp(eta[..., 2] - eta[..., 1] / eta[..., 0])
 
-    def generate(self, y: torch.Tensor, eta: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """The deterministic map g: draws ``(B, n, d)`` from y ``(B, d)``, η ``(B, 5)`` and noise ``(B, n, depth·noise_dim)``.
+    @property
+    def latent_width(self) -> int:
+        """Columns of the latent tensor :meth:`generate` consumes: depth·noise_dim (+ d for ``"noise_law"``)."""
+        return self.depth * self.noise_dim + (self.dim if self.latent == "noise_law" else 0)
 
-        ``sample`` draws the noise and calls this; it is exposed for tests and custom noise.
+    def generate(self, y: torch.Tensor, eta: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """The deterministic map g: draws ``(B, n, d)`` from y ``(B, d)``, η ``(B, 5)`` and noise ``(B, n, latent_width)``.
+
+        ``sample`` draws the noise (:meth:`draw_noise`) and calls this; it is exposed for tests
+        and custom noise.  For ``latent="noise_law"`` the last d columns are ẑ.
         """
         eta_n = self.normalize_eta(eta)
-        eps = noise.split(self.noise_dim, dim=-1)
+        eps = noise[..., : self.depth * self.noise_dim].split(self.noise_dim, dim=-1)
+        z_hat = noise[..., self.depth * self.noise_dim :] if self.latent == "noise_law" else None
         if self.conditioning == "film":
             film = self.film_out(self.film_embed(eta_n)).unsqueeze(-2)  # (B, 1, 2·W·L)
             gammas = film[..., : self.width * self.depth].split(self.width, dim=-1)
@@ -228,12 +265,19 @@ class EngressionPosterior(nn.Module):
                 return (1 + gammas[layer]) * z + shifts[layer]
             return z + self.cond_maps[layer](eta_n).unsqueeze(-2)
 
-        h = F.silu(condition(self.input_y(y).unsqueeze(-2) + self.noise_maps[0](eps[0]), 0))
+        first = self.input_y(y).unsqueeze(-2) + self.noise_maps[0](eps[0])
+        if z_hat is not None:
+            first = first + self.latent_map(z_hat)
+        h = F.silu(condition(first, 0))
         for layer, hidden in enumerate(self.hidden, start=1):
             h = h + F.silu(condition(hidden(h) + self.noise_maps[layer](eps[layer]), layer))
         out = self.out(h)
         if self.conditioning == "concat":
             out = out + self.cond_out(eta_n).unsqueeze(-2)
+        if z_hat is not None:
+            gate = self.latent_gate(eta_n).unsqueeze(-2)  # (B, 1, 1)
+            unit = 1.0 if self.output == "scaled_residual" else self.realized_rms(eta)[..., None, None]
+            out = out + gate * unit * z_hat
         if self.output == "direct":
             return out
         if self.output == "residual":
@@ -294,7 +338,7 @@ class EngressionPosterior(nn.Module):
         dtype = param.dtype
         y_rows = y.to(dtype).expand(*batch, self.dim).reshape(rows, self.dim)
         eta_rows = eta.to(dtype).expand(*batch, ETA_DIM).reshape(rows, ETA_DIM)
-        noise = self.draw_noise(rows, n, generator, antithetic=antithetic)
+        noise = self.draw_noise(rows, n, generator, antithetic=antithetic, eta=eta_rows)
         block = self._inference_block(rows, n, param.device)
         if block is None:
             x = self.generate(y_rows, eta_rows, noise)
@@ -304,26 +348,42 @@ class EngressionPosterior(nn.Module):
                            for i in range(0, rows, block)])
         return x.reshape(*batch, n, self.dim).to(y.dtype)
 
-    def draw_noise(self, rows: int, n: int, generator: torch.Generator, *, antithetic: bool = False) -> torch.Tensor:
-        """The ε of :meth:`sample` for ``rows`` queries × ``n`` draws: ``(rows, n, depth·noise_dim)`` standard
-        normals from ``generator``, in the model's dtype and device (``generate(y, eta, noise)`` consumes it).
+    def draw_noise(
+        self, rows: int, n: int, generator: torch.Generator, *, antithetic: bool = False, eta: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """The latent of :meth:`sample` for ``rows`` queries × ``n`` draws: ``(rows, n, latent_width)``
+        in the model's dtype and device (``generate(y, eta, noise)`` consumes it).
+
+        The first depth·noise_dim columns are standard normals ε from ``generator``.  For
+        ``latent="noise_law"`` the last d columns are ẑ = e / r(η), e drawn from each row's noise
+        law (:meth:`etweedie.NoiseParams.noise`, after the normals, from the same generator);
+        ``eta`` ``(rows, 5)`` is then required.
 
         With ``antithetic=True`` the draws come in mirrored pairs (h₁, −h₁, h₂, −h₂, …) of fresh
-        normals h_k, so every even-length prefix is paired too (an odd n leaves the last draw
-        unpaired).  Every ε is still N(0, I), so means over the draws stay unbiased; when g is
-        close to affine in ε (a concentrated posterior) the mirrored pairs cancel most of the
-        Monte Carlo error (antithetic variates, e.g. Owen, *Monte Carlo theory, methods and
-        examples*, §8.2).
+        latents h_k (ε and ẑ alike: both laws are symmetric), so every even-length prefix is
+        paired too (an odd n leaves the last draw unpaired).  Every latent keeps its law, so means
+        over the draws stay unbiased; when g is close to affine in the latent (a concentrated
+        posterior) the mirrored pairs cancel most of the Monte Carlo error (antithetic variates,
+        e.g. Owen, *Monte Carlo theory, methods and examples*, §8.2).
         """
         if not isinstance(antithetic, bool):
             raise TypeError(f"antithetic must be a bool, got {type(antithetic).__name__}")
         param = self.out.weight
+        fresh = (n + 1) // 2 if antithetic else n
+        latent = torch.randn(rows, fresh, self.depth * self.noise_dim, generator=generator, dtype=param.dtype,
+                             device=param.device)
+        if self.latent == "noise_law":
+            if not isinstance(eta, torch.Tensor) or eta.shape != (rows, ETA_DIM):
+                got = tuple(eta.shape) if isinstance(eta, torch.Tensor) else type(eta).__name__
+                raise ValueError(f"eta must be a ({rows}, {ETA_DIM}) tensor for latent='noise_law', got {got}")
+            eta = eta.to(device=param.device, dtype=param.dtype)
+            law = NoiseParams.from_eta(eta).noise(self.dim)
+            e = law.sample((fresh,), generator=generator).transpose(0, 1)  # (rows, fresh, d)
+            z_hat = e / self.realized_rms(eta)[:, None, None]
+            latent = torch.cat([latent, z_hat.to(param.dtype)], dim=-1)
         if not antithetic:
-            return torch.randn(rows, n, self.depth * self.noise_dim, generator=generator, dtype=param.dtype,
-                               device=param.device)
-        half = torch.randn(rows, (n + 1) // 2, self.depth * self.noise_dim, generator=generator, dtype=param.dtype,
-                           device=param.device)
-        return torch.stack([half, -half], dim=2).reshape(rows, 2 * half.shape[1], half.shape[-1])[:, :n]
+            return latent
+        return torch.stack([latent, -latent], dim=2).reshape(rows, 2 * fresh, latent.shape[-1])[:, :n]
 
     #: Sample rows (queries × draws) per block of a CPU inference call: the W-wide activations of
     #: a block stay in cache between layers.  At W = 256, 1,024–4,096 rows ran 2.7–2.9× faster than one
@@ -347,5 +407,5 @@ class EngressionPosterior(nn.Module):
         c = self.config
         return (
             f"dim={c['dim']}, width={c['width']}, depth={c['depth']}, noise_dim={c['noise_dim']}, "
-            f"conditioning={c['conditioning']!r}, output={c['output']!r}"
+            f"conditioning={c['conditioning']!r}, output={c['output']!r}, latent={c.get('latent', 'gaussian')!r}"
         )

@@ -48,7 +48,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .data import EightGaussians
-from .models import CONDITIONINGS, OUTPUTS, EngressionPosterior, default_eta_bounds
+from .models import CONDITIONINGS, LATENTS, OUTPUTS, EngressionPosterior, default_eta_bounds
 from .noise import NoiseParams
 from .ops import energy_score
 
@@ -102,6 +102,7 @@ class ModelConfig:
     conditioning: str = "film"
     output: str = "scaled_residual"
     cond_width: int = 64
+    latent: str = "gaussian"
 
 
 @dataclass
@@ -136,6 +137,10 @@ class TrainConfig:
         checkpoint_every: steps between checkpoints.  log_every: steps between log lines.
         threads: ``torch.set_num_threads`` for the run (0 leaves torch's setting).
         device: where the model trains (``"cpu"``, ``"cuda"``, ``"cuda:1"``; data are drawn on the CPU).
+        loss_beta: exponent of the training energy score in the noise metric: ``"matched"`` (each
+            example's own noise β, paper Eq. es_tweedie) or a number in (0, 2) for all examples.
+            Every β < 2 gives a strictly proper score with the same minimizer, the true posterior;
+            the matched score degenerates as β → 2 (only the mean is identified there).
     """
 
     seed: int = 0
@@ -151,6 +156,7 @@ class TrainConfig:
     log_every: int = 50
     threads: int = 0
     device: str = "cpu"
+    loss_beta: Union[str, float] = "matched"
     model: ModelConfig = field(default_factory=ModelConfig)
     prior: PriorConfig = field(default_factory=PriorConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -176,6 +182,11 @@ class TrainConfig:
             torch.device(self.device)
         except RuntimeError:
             raise ValueError(f"device must name a torch device such as 'cpu' or 'cuda:0', got {self.device!r}") from None
+        if isinstance(self.loss_beta, str):
+            _require(self.loss_beta == "matched", "loss_beta", "'matched' or a number in (0, 2)", self.loss_beta)
+        else:
+            _check_float(self.loss_beta, "loss_beta")
+            _require(0 < self.loss_beta < 2, "loss_beta", "'matched' or a number in (0, 2)", self.loss_beta)
         for name in ("lr", "lr_min", "grad_clip", "ema_decay"):
             _check_float(getattr(self, name), name)
         _require(self.lr > 0, "lr", "> 0", self.lr)
@@ -196,6 +207,7 @@ class TrainConfig:
         EightGaussians(self.data.radius, self.data.std, self.data.n_modes)
         _require(m.conditioning in CONDITIONINGS, "model.conditioning", f"one of {CONDITIONINGS}", m.conditioning)
         _require(m.output in OUTPUTS, "model.output", f"one of {OUTPUTS}", m.output)
+        _require(m.latent in LATENTS, "model.latent", f"one of {LATENTS}", m.latent)
         return self
 
 
@@ -368,6 +380,7 @@ def build_posterior(config: TrainConfig, dim: int = 2) -> EngressionPosterior:
         conditioning=m.conditioning,
         output=m.output,
         cond_width=m.cond_width,
+        latent=m.latent,
         eta_low=low,
         eta_high=high,
         init_seed=config.seed,
@@ -391,10 +404,14 @@ def _atomic_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
+#: keys added after runs were saved without them, with the value those runs used
+_ADDED_KEYS = {"loss_beta": "matched", "model.latent": "gaussian"}
+
+
 def _config_differences(saved: Dict[str, Any], current: Dict[str, Any], prefix: str = "") -> list:
     diffs = []
     for key in sorted(set(saved) | set(current)):
-        a, b = saved.get(key), current.get(key)
+        a, b = saved.get(key, _ADDED_KEYS.get(prefix + key)), current.get(key, _ADDED_KEYS.get(prefix + key))
         if isinstance(a, dict) and isinstance(b, dict):
             diffs += _config_differences(a, b, f"{prefix}{key}.")
         elif a != b:
@@ -426,7 +443,12 @@ def _train_block(batch: int, draws: int, device: torch.device) -> int:
     return max(1, CPU_TRAIN_ROWS // draws)
 
 
-def _loss_and_backward(model, x, y, noise_params: NoiseParams, draws: int, generator, device) -> float:
+def _score_beta(config_loss_beta, params: NoiseParams):
+    """The training energy score's β: each example's own (``"matched"``) or the config's number."""
+    return params.beta if config_loss_beta == "matched" else float(config_loss_beta)
+
+
+def _loss_and_backward(model, x, y, noise_params: NoiseParams, draws: int, generator, device, loss_beta="matched") -> float:
     """Energy-score loss of one step (mean over examples); accumulates its gradient into ``.grad``.
 
     On CPU, large steps run in blocks of examples (:data:`CPU_TRAIN_ROWS`) with the ε of the
@@ -436,18 +458,18 @@ def _loss_and_backward(model, x, y, noise_params: NoiseParams, draws: int, gener
     block = _train_block(batch, draws, device)
     if block >= batch:
         samples = model.sample(y, noise_params.eta(), draws, generator=generator)
-        loss = energy_score(samples, x, beta=noise_params.beta, metric=noise_params.metric(x.shape[-1])).mean()
+        loss = energy_score(samples, x, beta=_score_beta(loss_beta, noise_params), metric=noise_params.metric(x.shape[-1])).mean()
         loss.backward()
         return float(loss.detach())
     dtype = model.out.weight.dtype
-    noise = model.draw_noise(batch, draws, generator)
+    noise = model.draw_noise(batch, draws, generator, eta=noise_params.eta().expand(batch, 5).to(dtype))
     fields = noise_params._tensors()
     total = 0.0
     for i in range(0, batch, block):
         part = slice(i, i + block)
         params = NoiseParams(*(t[part] if t.dim() else t for t in fields))
         samples = model.generate(y[part].to(dtype), params.eta().to(dtype), noise[part]).to(y.dtype)
-        loss = energy_score(samples, x[part], beta=params.beta, metric=params.metric(x.shape[-1])).sum() / batch
+        loss = energy_score(samples, x[part], beta=_score_beta(loss_beta, params), metric=params.metric(x.shape[-1])).sum() / batch
         loss.backward()
         total += float(loss.detach())
     return total
@@ -595,7 +617,7 @@ def _train(config: TrainConfig, out: Path, resume: bool, progress: bool, stop_af
                 x, y = x.to(device), y.to(device)
                 noise_params = NoiseParams(*(torch.as_tensor(t).to(device) for t in noise_params._tensors()))
             optimizer.zero_grad(set_to_none=True)
-            loss_value = _loss_and_backward(model, x, y, noise_params, config.draws, gens["model"], device)
+            loss_value = _loss_and_backward(model, x, y, noise_params, config.draws, gens["model"], device, config.loss_beta)
             if config.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
             optimizer.step()
@@ -699,7 +721,7 @@ def held_out_loss(
     x, y = x.to(device), y.to(device)
     params = NoiseParams(*(torch.as_tensor(t).to(device) for t in params._tensors()))
     samples = posterior.sample(y, params.eta(), draws, generator=gens["model"])
-    return float(energy_score(samples, x, beta=params.beta, metric=params.metric(data.dim)).mean())
+    return float(energy_score(samples, x, beta=_score_beta(config.loss_beta, params), metric=params.metric(data.dim)).mean())
 
 
 @torch.no_grad()

@@ -204,6 +204,7 @@ def main() -> int:
         trainings[run] = (spawn(argv, ROOT / f"{run}.out", extra_env), seed, time.time())
         log(f"training {run} (seed {seed}) started{' with ' + str(extra_env) if extra_env else ''}")
 
+    carried = {run for run, _ in MODELS if (ROOT / run / "posterior.pt").exists()}
     for run, seed in MODELS:
         if (ROOT / run / "posterior.pt").exists():
             log(f"{run}: posterior.pt exists, not training")
@@ -318,9 +319,12 @@ def main() -> int:
             log(f"packed {tar_name}: {(pack / tar_name).stat().st_size / 2**20:.1f} MiB")
 
         for run, _ in MODELS:
-            add(Path(run).name + ".tar.gz", [run, f"{run}.out"])
-        add("tables_paths.tar.gz", [str(p.relative_to(ROOT)) for p in sorted((ROOT / JOB_ROOT).glob("paths_*"))])
-        add("tables_isolation.tar.gz", [str(p.relative_to(ROOT)) for p in sorted((ROOT / JOB_ROOT).glob("isolation_*"))])
+            if run not in carried:  # at most 8 files come back: a carried model is not sent back
+                add(Path(run).name + ".tar.gz", [run, f"{run}.out"])
+        for table in ("paths", "isolation"):  # an empty table would only take one of the 8 files that come back
+            members = [str(p.relative_to(ROOT)) for p in sorted((ROOT / JOB_ROOT).glob(f"{table}_*"))]
+            if members:
+                add(f"tables_{table}.tar.gz", members)
         add("smoke.tar.gz", [str(JOB_ROOT / "smoke"), str(JOB_ROOT / "smoke.log")])
         (pack / "driver.log").write_text((JOB_ROOT / "driver.log").read_text())
     log("done")

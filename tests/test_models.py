@@ -260,3 +260,95 @@ def test_antithetic_draw_means_have_smaller_variance(seed):
     # unbiased: the antithetic mean over reps sits within a few standard errors of the long-run mean
     se = (var_anti / reps + iid.var(0).mean() * 16 / 20000).sqrt()
     assert float((anti.mean(0) - truth).abs().mean()) < 1.5 * float(se)  # E|z| ≈ 0.8 when unbiased
+
+
+# ---------------------------------------------------------------------------- noise-law latent
+def _noise_law_params(seed):
+    g = gen(seed)
+    u = torch.rand(7, generator=g)
+    return NoiseParams(1.2 + 0.8 * u, 1.0 + 1.5 * torch.rand(7, generator=g), 0.1 + 0.6 * torch.rand(7, generator=g),
+                       0.4 * torch.rand(7, generator=g) - 0.2, 0.4 * torch.rand(7, generator=g) - 0.2)
+
+
+@pytest.mark.parametrize("antithetic", [False, True])
+def test_noise_law_latent_is_the_standardized_noise_draw(seed, antithetic):
+    """latent='noise_law': after the depth·noise_dim normals come d columns ẑ = e/r(η), e drawn
+    from each row's noise law with the same generator, after the normals (mirrored when antithetic)."""
+    model = small(latent="noise_law")
+    params = _noise_law_params(seed)
+    eta = params.eta()
+    n = 5
+    noise = model.draw_noise(7, n, gen(seed + 1), antithetic=antithetic, eta=eta)
+    assert noise.shape == (7, n, model.latent_width) and model.latent_width == model.depth * model.noise_dim + 2
+    fresh = (n + 1) // 2 if antithetic else n
+    g = gen(seed + 1)
+    normals = torch.randn(7, fresh, model.depth * model.noise_dim, generator=g)
+    e = params.noise(2).sample((fresh,), generator=g).transpose(0, 1)
+    expected = torch.cat([normals, e / params.realized_rms()[:, None, None]], dim=-1)
+    if antithetic:
+        expected = torch.stack([expected, -expected], dim=2).reshape(7, 2 * fresh, -1)[:, :n]
+    torch.testing.assert_close(noise, expected.float(), rtol=1e-5, atol=1e-6)
+    # unit RMS per coordinate, whatever (β, λ, σ, u, v)
+    many = model.draw_noise(7, 6000, gen(seed + 2), eta=eta)[..., -2:]
+    rms = many.pow(2).mean(dim=(1, 2)).sqrt()
+    assert torch.allclose(rms, torch.ones(7), atol=0.05), rms
+
+
+def test_noise_law_latent_gate_gives_noise_shaped_draws(seed):
+    """With the network's output and gate's MLP zeroed but its bias at −1, x = y − r(η)·ẑ = y − e: draws
+    carry the noise law exactly (its heavier-than-Gaussian tails included), for every output kind."""
+    params = NoiseParams(1.3, 1.8, 0.25, 0.25, 0.35)
+    y = torch.randn(3, 2, generator=gen(seed))
+    for output in ("scaled_residual", "residual", "direct"):
+        model = small(latent="noise_law", output=output)
+        with torch.no_grad():
+            model.out.weight.zero_(), model.out.bias.zero_()
+            model.latent_gate[-1].weight.zero_(), model.latent_gate[-1].bias.fill_(-1.0)
+            x = model.sample(y, params.eta(), 4, generator=gen(seed + 1))
+            noise = model.draw_noise(3, 4, gen(seed + 1), eta=params.eta().expand(3, 5))
+        e = noise[..., -2:] * params.realized_rms()
+        base = torch.zeros_like(y) if output == "direct" else y
+        torch.testing.assert_close(x, base[:, None] - e, rtol=1e-5, atol=1e-6)
+
+
+def test_noise_law_latent_model_trains_and_rebuilds(seed):
+    """Differentiable in the parameters, y and η; the config rebuilds it; sample = generate(draw_noise)."""
+    model = small(latent="noise_law", init_seed=3)
+    y = torch.randn(4, 2, generator=gen(seed), requires_grad=True)
+    eta = ETA.clone().requires_grad_(True)
+    x = model.sample(y, eta, 3, generator=gen(seed + 1))
+    x.pow(2).sum().backward()
+    assert y.grad is not None and eta.grad is not None
+    assert all(p.grad is not None for p in model.parameters())
+    clone = EngressionPosterior(**model.config)
+    clone.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        a = model.sample(y, ETA, 6, generator=gen(seed + 2))
+        b = clone.generate(y, ETA.expand(4, ETA_DIM), clone.draw_noise(4, 6, gen(seed + 2), eta=ETA.expand(4, ETA_DIM)))
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert model.config["latent"] == "noise_law" and "latent='noise_law'" in repr(model)
+
+
+def test_noise_law_latent_bad_input():
+    with pytest.raises(ValueError, match="latent must be one of"):
+        small(latent="student")
+    with pytest.raises(ValueError, match="even dim"):
+        EngressionPosterior(3, width=8, depth=1, latent="noise_law")
+    model = small(latent="noise_law")
+    with pytest.raises(ValueError, match=r"eta must be a \(4, 5\) tensor"):
+        model.draw_noise(4, 2, gen(0))
+    with pytest.raises(ValueError, match=r"eta must be a \(4, 5\) tensor"):
+        model.draw_noise(4, 2, gen(0), eta=ETA)
+
+
+def test_gaussian_latent_unchanged_by_the_option(seed):
+    """A model built before the option (config without 'latent') rebuilds as latent='gaussian' with the
+    same parameters, and its draws ignore eta in draw_noise."""
+    model = small(init_seed=2)
+    config = dict(model.config)
+    del config["latent"]
+    old = EngressionPosterior(**config)
+    assert old.latent == "gaussian" and set(old.state_dict()) == set(model.state_dict())
+    for k, v in old.state_dict().items():
+        assert torch.equal(v, model.state_dict()[k]), k
+    assert torch.equal(model.draw_noise(3, 4, gen(seed)), model.draw_noise(3, 4, gen(seed), eta=ETA.expand(3, 5)))

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from etweedie.cli import main as cli
+from etweedie.ops import energy_score
 from etweedie.train import (
     ModelConfig,
     NoisePrior,
@@ -73,6 +74,9 @@ def test_config_roundtrip(tiny):
         ("draws = 1\n", "draws must be >= 2"),
         ("ema_decay = 1.0\n", "ema_decay must be in"),
         ("[model]\nconditioning = 'attn'\n", "model.conditioning must be one of"),
+        ("[model]\nlatent = 'student'\n", "model.latent must be one of"),
+        ("loss_beta = 2.0\n", r"loss_beta must be 'matched' or a number in \(0, 2\), got 2.0"),
+        ("loss_beta = 'fixed'\n", r"loss_beta must be 'matched' or a number in \(0, 2\), got 'fixed'"),
         ("steps = [\n", "not valid TOML"),
     ],
 )
@@ -179,6 +183,37 @@ def test_resume_refuses_a_different_config(tmp_path, tiny):
     # starting afresh is allowed, and more steps is a legal change
     fresh = train(other, tmp_path / "run", progress=False, resume=False, stop_after=3)
     assert fresh["resumed_from"] is None and fresh["step"] == 3
+
+
+def test_resume_accepts_checkpoints_saved_before_new_config_keys(tmp_path, tiny):
+    """A checkpoint written before ``loss_beta`` and ``model.latent`` existed holds their defaults:
+    it resumes under a config with those defaults, and refuses one that changes them."""
+    train(tiny, tmp_path / "run", progress=False, stop_after=tiny.checkpoint_every)
+    path = tmp_path / "run" / "checkpoint.pt"
+    ckpt = torch.load(path, weights_only=False)
+    del ckpt["config"]["loss_beta"], ckpt["config"]["model"]["latent"]
+    torch.save(ckpt, path)
+    with pytest.raises(ValueError, match="config differs from the checkpoint.*loss_beta"):
+        train(dataclasses.replace(tiny, loss_beta=1.0), tmp_path / "run", progress=False)
+    resumed = train(tiny, tmp_path / "run", progress=False, stop_after=tiny.checkpoint_every + 2)
+    assert resumed["resumed_from"] == tiny.checkpoint_every
+
+
+def test_fixed_loss_beta_is_the_energy_score_at_that_beta(tiny):
+    """loss_beta = b trains on ES_{Σ⁻¹, b} for every example; "matched" on each example's own β."""
+    from etweedie.train import _loss_and_backward
+
+    model = build_posterior(tiny)
+    seed = int.from_bytes(os.urandom(2), "little")
+    g = gen(seed)
+    x = torch.randn(9, 2, generator=g)
+    params = NoisePrior(beta=(1.3, 1.9)).sample(9, g)
+    y = x + params.noise(2).sample(generator=g)
+    for loss_beta, beta in (("matched", params.beta), (1.0, 1.0)):
+        loss = _loss_and_backward(model, x, y, params, 4, gen(seed + 1), torch.device("cpu"), loss_beta)
+        draws = model.sample(y, params.eta(), 4, generator=gen(seed + 1))
+        expected = energy_score(draws, x, beta=beta, metric=params.metric(2)).mean()
+        assert math.isclose(loss, float(expected.detach()), rel_tol=1e-5), (loss_beta, loss, float(expected.detach()))
 
 
 def test_load_posterior_prefers_ema(tmp_path, tiny):
@@ -299,13 +334,16 @@ def test_killed_process_resumes_bit_identically(tmp_path):
     assert _states_equal(a, b)
 
 
-def test_blocked_cpu_step_equals_one_block(monkeypatch, tiny):
+@pytest.mark.parametrize("latent", ["gaussian", "noise_law"])
+def test_blocked_cpu_step_equals_one_block(monkeypatch, tiny, latent):
     """A CPU training step run in blocks of examples (train.CPU_TRAIN_ROWS) gives the one-block
-    step's loss and gradients up to rounding and consumes the model generator identically."""
+    step's loss and gradients up to rounding and consumes the model generator identically
+    (with the noise-law latent too: its per-example noise laws follow the blocks)."""
     import etweedie.train as train_mod
     from etweedie.train import _loss_and_backward
 
-    model = build_posterior(tiny)
+    model = build_posterior(dataclasses.replace(tiny, model=dataclasses.replace(tiny.model, latent=latent)))
+    assert model.latent == latent
     seed = int.from_bytes(os.urandom(2), "little")
     g = gen(seed)
     x = torch.randn(37, 2, generator=g)
