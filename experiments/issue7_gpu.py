@@ -1,8 +1,8 @@
 """Issue 7 on one GPU, inside one time-limited call: train the three estimation posteriors side by side.
 
 The device tool lends a GPU for minutes.  This trains ``--config`` once per seed (default
-``configs/eight_gaussians_full_noise_law.toml``, seeds 42 43 44 into ``runs/eg_nl_full``,
-``runs/eg_nl_full_seed43``, ``runs/eg_nl_full_seed44``), one process each on the GPU, under one
+``configs/eight_gaussians_large.toml``, seeds 42 43 44 into ``runs/eg_large``,
+``runs/eg_large_seed43``, ``runs/eg_large_seed44``), one process each on the GPU, under one
 wall-clock deadline, and packs the runs into ``--pack-dir`` as tar.gz files.  It can share the
 card with :mod:`experiments.issue6_gpu` (run both at once; each packs its own files)::
 
@@ -59,9 +59,9 @@ def run_name(prefix: str, seed: int, first_seed: int) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/eight_gaussians_full_noise_law.toml")
+    parser.add_argument("--config", default="configs/eight_gaussians_large.toml")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
-    parser.add_argument("--prefix", default="runs/eg_nl_full", help="run directory of the first seed; the others get _seed<N>")
+    parser.add_argument("--prefix", default="runs/eg_large", help="run directory of the first seed; the others get _seed<N>")
     parser.add_argument("--pack-dir", help="where the tar.gz results go (the device's $OUT)")
     parser.add_argument("--deadline", type=float, default=540.0, help="seconds from start to stop and pack")
     parser.add_argument("--margin", type=float, default=40.0, help="seconds before the deadline the trainings should end")
