@@ -39,9 +39,10 @@ Why: a SiLU network is asymptotically linear in ε, so from Gaussian ε alone it
 most Gaussian tails.  As σ → 0 the posterior of y = x + e tends to y − e, whose tails are the
 noise's (exp(−λ t^β), heavier than Gaussian for β < 2).  The Gaussian-latent full-config models
 draw residuals with a kurtosis of ≈ 2.33 where the exact posterior has ≈ 2.47 at σ = 0.1–0.25
-(experiments/RESULTS.md, issue 7, "Noise-law latent"), which biases β̂ upward at small σ;
-the noise-law latent gives the generator the right tail directly.  Per-query parts
-(y's and η's projections, the FiLM coefficients) are computed once per query and broadcast
+(experiments/RESULTS.md, issue 7, "Larger posteriors with the noise-law latent"), which biases
+β̂ upward at small σ; the noise-law latent gives the generator the right tail directly.
+
+Per-query parts (y's and η's projections, the FiLM coefficients) are computed once per query and broadcast
 over its n draws; only the ε-dependent parts run per draw.
 
 Example::
