@@ -86,6 +86,22 @@ def tail(path: Path, n: int = 25) -> str:
         return "(no log)"
 
 
+def poll_trainings(procs, restarted: set, restart, log) -> bool:
+    """One look at training processes ``[(run, proc, started)]``: True while any still runs.  A run
+    that failed within its first 4 minutes is restarted once (``restart(run)``; noted in ``restarted``)."""
+    running = False
+    for run, proc, started in procs:
+        rc = proc.poll()
+        if rc is None:
+            running = True
+        elif rc != 0 and run not in restarted and time.time() - started < 240:
+            restarted.add(run)
+            log(f"{run} failed (rc {rc}):\n{tail(ROOT / f'{run}.out')}")
+            restart(run)
+            running = True
+    return running
+
+
 def train_progress(run: str) -> str:
     log_path = ROOT / run / "train_log.jsonl"
     try:
@@ -242,16 +258,9 @@ def main() -> int:
     while True:
         if not shortened and not args.dry_run and trainings:
             shortened = maybe_shorten(trainings, args, start_training)
-        running = False
-        for run, (proc, seed, started) in list(trainings.items()):
-            rc = proc.poll()
-            if rc is None:
-                running = True
-            elif rc != 0 and run not in restarted and time.time() - started < 240:
-                restarted.add(run)
-                log(f"{run} failed (rc {rc}):\n{tail(ROOT / f'{run}.out')}")
-                start_training(run, seed, {"ETWEEDIE_BACKEND": "reference"})
-                running = True
+        running = poll_trainings(
+            [(run, proc, started) for run, (proc, _, started) in trainings.items()], restarted,
+            lambda run: start_training(run, trainings[run][1], {"ETWEEDIE_BACKEND": "reference"}), log)
         if not running:
             break
         if time.time() - T0 > train_deadline:

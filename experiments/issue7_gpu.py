@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from issue6_gpu import rate, spawn, stop, tail  # noqa: E402  (shared process helpers)
+from issue6_gpu import poll_trainings, rate, spawn, stop, tail  # noqa: E402  (shared process helpers)
 
 T0 = time.time()
 LOG = ROOT / "runs" / "issue7_gpu.log"
@@ -113,16 +113,8 @@ def main() -> int:
                     for run, (proc, _) in list(procs.items()):
                         stop(proc)
                         start(run, steps=steps)
-        running = False
-        for run, (proc, started) in list(procs.items()):
-            rc = proc.poll()
-            if rc is None:
-                running = True
-            elif rc != 0 and run not in restarted and time.time() - started < 240:
-                restarted.add(run)
-                log(f"{run} failed (rc {rc}):\n{tail(ROOT / f'{run}.out')}")
-                start(run, {"ETWEEDIE_BACKEND": "reference"})
-                running = True
+        running = poll_trainings([(run, proc, started) for run, (proc, started) in procs.items()], restarted,
+                                 lambda run: start(run, {"ETWEEDIE_BACKEND": "reference"}), log)
         if not running:
             break
         if now > args.deadline:
