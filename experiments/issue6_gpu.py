@@ -21,8 +21,11 @@ Stages:
 4. at the deadline, whatever still runs is stopped, and the run directories are packed into
    ``--pack-dir`` as tar.gz files (the trainings separately, so each stays small).
 
-Every finished run saves its final samples and tracking records under ``<job>/samples``, so the
-tables are scored afterwards on any machine, also from jobs stopped at the deadline::
+Every finished run saves its final samples and tracking records under ``<job>/samples``.  By default
+a table job stops there: its bootstrap intervals and figures are left out, because on the lent
+machines (no compiled extension; the CPU-side metrics ran the pure-PyTorch reference) the jobs
+twice spent minutes in that stage and were stopped before writing it.  ``--score-on-gpu`` keeps
+them.  The tables are scored afterwards on any machine, also from jobs stopped at the deadline::
 
     etweedie sample --config configs/diffusion_full.toml --checkpoint runs/egd_full --checkpoint runs/egd_full_seed43 \
         --from-samples runs/diffusion_full_gpu/paths_isotropic ... --out runs/diffusion_full_gpu/table
@@ -163,8 +166,11 @@ def worker(args) -> int:
         for section, values in diffusion_eval._QUICK.items():
             config[section].update(values)
     config[args.table]["names"] = [args.name]
+    if not args.score_on_gpu:
+        # sampling only: the bootstrap and the figures are left to `etweedie sample --from-samples`
+        config["bootstrap"]["n_boot"] = 0
     diffusion_eval._validate(config)
-    results = diffusion_eval.run_diffusion_eval(config, out_dir=args.job_dir, progress=True, figures=True)
+    results = diffusion_eval.run_diffusion_eval(config, out_dir=args.job_dir, progress=True, figures=args.score_on_gpu)
     print(diffusion_eval.format_tables(results))
     return 0
 
@@ -181,6 +187,9 @@ def main() -> int:
                         help="table jobs to run, in this order (default: paths isolation)")
     parser.add_argument("--table-seconds", type=float, default=210.0,
                         help="time kept for the paths table: fewer training steps if 40k would not leave it")
+    parser.add_argument("--score-on-gpu", action="store_true",
+                        help="also run the bootstrap intervals and figures in each table job (by default the jobs only "
+                             "sample and save; score them afterwards with etweedie sample --from-samples)")
     parser.add_argument("--dry-run", action="store_true",
                         help="check the driver on a CPU: 20-step CPU-config models and the quick tables under runs/dry_issue6_gpu/")
     parser.add_argument("--worker", nargs=2, metavar=("TABLE", "NAME"), help=argparse.SUPPRESS)
@@ -297,7 +306,8 @@ def main() -> int:
                 log(f"{table}/{name}: done earlier")
                 continue
             argv = [py, str(Path(__file__).resolve()), "--worker", table, name, "--job-dir", str(job_dir),
-                    "--device", args.device, "--threads", "3"] + (["--dry-run"] if args.dry_run else [])
+                    "--device", args.device, "--threads", "3"] + (["--dry-run"] if args.dry_run else []) \
+                + (["--score-on-gpu"] if args.score_on_gpu else [])
             active[(table, name)] = (spawn(argv, job_dir.with_suffix(".log"), job_env), time.time())
             log(f"{table}/{name}: started")
         for key, (proc, started) in list(active.items()):
