@@ -3,11 +3,14 @@
 The device tool lends a GPU for minutes.  This trains ``--config`` once per seed (default
 ``configs/eight_gaussians_large.toml``, seeds 42 43 44 into ``runs/eg_large``,
 ``runs/eg_large_seed43``, ``runs/eg_large_seed44``), one process each on the GPU, under one
-wall-clock deadline, and packs the runs into ``--pack-dir`` as tar.gz files.  It can share the
-card with :mod:`experiments.issue6_gpu` (run both at once; each packs its own files)::
+wall-clock deadline, and packs the runs into ``--pack-dir`` as tar.gz files (the finished
+posteriors in one archive, an unfinished run with its checkpoint in its own)::
 
-    python experiments/issue7_gpu.py --pack-dir "$OUT" --deadline 540 &
-    python experiments/issue6_gpu.py --pack-dir "$OUT" --deadline 540 --tables paths; wait
+    python3 experiments/issue7_gpu.py --pack-dir "$OUT" --deadline 535 --margin 35   # 469 s on an H200, 3 × 15,000 steps
+
+Its files do not collide with :mod:`experiments.issue6_gpu`'s, so the two can share a call; the
+sixth session ran them in two calls on the same machine, since the table jobs' big sampling
+kernels would slow the launch-bound trainings.
 
 Once every training has logged two rows, the step rate decides the length: if the config's steps
 would not finish ``--margin`` seconds before the deadline, the trainings are restarted (they resume
