@@ -42,8 +42,8 @@ draw residuals with a kurtosis of ≈ 2.33 where the exact posterior has ≈ 2.4
 (experiments/RESULTS.md, issue 7, "Larger posteriors with the noise-law latent"), which biases
 β̂ upward at small σ; the noise-law latent gives the generator the right tail directly.
 
-Per-query parts (y's and η's projections, the FiLM coefficients) are computed once per query and broadcast
-over its n draws; only the ε-dependent parts run per draw.
+Per-query parts (y's and η's projections, the FiLM coefficients) are computed once per query
+and broadcast over its n draws; only the ε-dependent parts run per draw.
 
 Example::
 
