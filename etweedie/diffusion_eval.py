@@ -46,8 +46,8 @@ from .metrics import (
     min_mode_mass,
     mode_weight_tv,
     mean_radial_error,
-    signed_energy_distance,
     stratified_bootstrap,
+    stratified_bootstrap_energy_distance,
     stratified_subset,
 )
 from .paths import DEFAULT_LEVELS, GeometricRMS, ISOLATION_ARMS, get_path, level_times
@@ -466,9 +466,8 @@ def _bootstrap(groups, ed_subset: int, reference, ring: EightGaussians, boot: Di
     out = {}
     ed_device = torch.device("cpu") if device is None else torch.device(device)
     ed_reference = reference.to(ed_device)
-    _, lo, hi = stratified_bootstrap(
-        lambda x: signed_energy_distance(x, ed_reference),
-        [x[:k].to(ed_device) for x, k in zip(groups, take)], n_boot=n_boot, generator=g, level=level,
+    _, lo, hi = stratified_bootstrap_energy_distance(
+        [x[:k].to(ed_device) for x, k in zip(groups, take)], ed_reference, n_boot=n_boot, generator=g, level=level,
     )
     out["signed_ed"] = [lo, hi]
     for name, fn in (
