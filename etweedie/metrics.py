@@ -415,8 +415,9 @@ def stratified_bootstrap_energy_distance(
     size; the reference is not resampled), but evaluates each replicate without the pairs of a
     point with its own copy.  A resample with counts w_a of the n original points has
     n² − Σ_a w_a² ordered pairs of *different* points; the within-cloud U-statistic averages
-    over those only (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 10: the
-    plain replicate of a U-statistic carries an O(1/n) bias from the tied pairs).  With S the
+    over those only, so a replicate is the U-statistic of the distinct points it drew, weighted by
+    their counts (derived here from the U-statistic's definition; the plain replicate is biased
+    by O(1/n) through the tied pairs).  With S the
     sum of ‖x*_i − x*_j‖^β over all ordered position pairs (ties add 0),
 
         ED* = 2 C* − S / (n² − Σ w²) − W_ref,
