@@ -382,13 +382,7 @@ def stratified_bootstrap(
     """
     if not callable(statistic):
         raise TypeError(f"statistic must be a callable (n, d) -> float, got {type(statistic).__name__}")
-    if not isinstance(groups, (list, tuple)) or not groups:
-        raise TypeError(f"groups must be a non-empty list of (n_i, d) tensors, got {type(groups).__name__}")
-    groups = [_check_cloud(x, f"groups[{i}]") for i, x in enumerate(groups)]
-    n_boot = _check_int(n_boot, "n_boot", 2)
-    generator = _check_generator(generator)
-    if isinstance(level, bool) or not isinstance(level, float) or not 0 < level < 1:
-        raise ValueError(f"level must be a float in (0, 1), got {level!r}")
+    groups, n_boot, generator = _check_bootstrap(groups, n_boot, generator, level)
     estimate = float(statistic(torch.cat(groups)))
     replicates = torch.empty(n_boot, dtype=torch.float64)
     for b in range(n_boot):
@@ -439,23 +433,16 @@ def stratified_bootstrap_energy_distance(
         >>> lo < est < hi
         True
     """
-    if not isinstance(groups, (list, tuple)) or not groups:
-        raise TypeError(f"groups must be a non-empty list of (n_i, d) tensors, got {type(groups).__name__}")
-    groups = [_check_cloud(x, f"groups[{i}]") for i, x in enumerate(groups)]
+    groups, n_boot, generator = _check_bootstrap(groups, n_boot, generator, level)
     d = groups[0].shape[1]
     for i, x in enumerate(groups):
         if x.shape[1] != d:
             raise ValueError(f"groups[{i}] must have d = {d} columns like groups[0], got shape {tuple(x.shape)}")
     reference = _check_cloud(reference, "reference", d, min_points=2)
-    n_boot = _check_int(n_boot, "n_boot", 2)
     chunk = _check_int(chunk, "chunk", 1)
-    generator = _check_generator(generator)
-    if isinstance(level, bool) or not isinstance(level, float) or not 0 < level < 1:
-        raise ValueError(f"level must be a float in (0, 1), got {level!r}")
     pool = torch.cat(groups).double()
-    n = pool.shape[0]
-    if n < 2:
-        raise ValueError(f"groups must hold at least 2 points in all, got {n}")
+    if pool.shape[0] < 2:
+        raise ValueError(f"groups must hold at least 2 points in all, got {pool.shape[0]}")
     ref = reference.double().to(pool.device)
     estimate = float(energy_distance(pool, ref, beta, unbiased=True))
     replicates = _bootstrap_ed_replicates(groups, ref, n_boot, generator, beta, chunk)
@@ -468,7 +455,7 @@ def _bootstrap_ed_replicates(
     groups: Sequence[torch.Tensor], ref: torch.Tensor, n_boot: int, generator: torch.Generator, beta: float, chunk: int
 ) -> torch.Tensor:
     """``(n_boot,)`` float64 tie-free signed-ED replicates (see :func:`stratified_bootstrap_energy_distance`)."""
-    device = ref.device
+    device, groups = ref.device, [x.double() for x in groups]
     n = sum(x.shape[0] for x in groups)
     out = torch.empty(n_boot, dtype=torch.float64)
     for start in range(0, n_boot, chunk):
@@ -479,7 +466,7 @@ def _bootstrap_ed_replicates(
             idx = torch.randint(k, (b, k), generator=generator)
             counts = torch.zeros(b, k, dtype=torch.float64).scatter_add_(1, idx, torch.ones(b, k, dtype=torch.float64))
             ties += (counts * counts).sum(1)
-            parts.append(x.double()[idx.to(x.device)].to(device))
+            parts.append(x[idx.to(x.device)].to(device))
         xs = torch.cat(parts, dim=1)  # (b, n, d)
         plain = energy_distance(xs, ref, beta, unbiased=True).cpu()
         s = -energy_distance(xs, xs, beta, unbiased=True).cpu() / 2 * (n * n * (n - 1))  # S: all ordered position pairs
@@ -487,6 +474,18 @@ def _bootstrap_ed_replicates(
         tie_free = torch.where(distinct > 0, s / distinct.clamp_min(1), torch.full_like(s, math.nan))
         out[start:start + b] = plain + s / (n * (n - 1)) - tie_free
     return out
+
+
+def _check_bootstrap(groups, n_boot, generator, level) -> Tuple[List[torch.Tensor], int, torch.Generator]:
+    """The arguments both seed-stratified bootstraps share, checked: (groups, n_boot, generator)."""
+    if not isinstance(groups, (list, tuple)) or not groups:
+        raise TypeError(f"groups must be a non-empty list of (n_i, d) tensors, got {type(groups).__name__}")
+    groups = [_check_cloud(x, f"groups[{i}]") for i, x in enumerate(groups)]
+    n_boot = _check_int(n_boot, "n_boot", 2)
+    generator = _check_generator(generator)
+    if isinstance(level, bool) or not isinstance(level, float) or not 0 < level < 1:
+        raise ValueError(f"level must be a float in (0, 1), got {level!r}")
+    return groups, n_boot, generator
 
 
 def mean_and_sd(values: Sequence[float]) -> Tuple[float, float]:
