@@ -453,9 +453,12 @@ def _mean_curve(trackers: Sequence[MarginalTracker]) -> List[Dict]:
 
 
 def _bootstrap(groups, ed_subset: int, reference, ring: EightGaussians, boot: Dict, key, device=None) -> Dict:
-    """Seed-stratified percentile intervals for the four endpoint metrics.
+    """Seed-stratified bootstrap intervals for the four endpoint metrics.
 
-    The signed-ED resamples (``n_boot`` energy distances of ``ed_subset`` points each) run on
+    Signed ED (tie-free replicates) and mean radial error (a mean) get percentile intervals;
+    mode-weight TV and minimum mode mass, plug-in statistics biased at these sizes, get basic
+    intervals clipped to their ranges (:func:`etweedie.metrics.stratified_bootstrap`).  The
+    signed-ED resamples (``n_boot`` energy distances of ``ed_subset`` points each) run on
     ``device`` when given (a GPU computes them with the fused ``energy_distance`` kernel); the
     resampling indices and the other metrics stay on the CPU, so the intervals do not depend on it.
     """
@@ -470,12 +473,15 @@ def _bootstrap(groups, ed_subset: int, reference, ring: EightGaussians, boot: Di
         [x[:k].to(ed_device) for x, k in zip(groups, take)], ed_reference, n_boot=n_boot, generator=g, level=level,
     )
     out["signed_ed"] = [lo, hi]
-    for name, fn in (
-        ("mode_weight_tv", lambda x: mode_weight_tv(x.double(), means)),
-        ("min_mode_mass", lambda x: min_mode_mass(x.double(), means)),
-        ("mean_radial_error", lambda x: mean_radial_error(x, ring.radius)),
+    k = ring.n_modes
+    for name, fn, method, bounds in (
+        ("mode_weight_tv", lambda x: mode_weight_tv(x.double(), means), "basic", (0.0, 1.0 - 1.0 / k)),
+        ("min_mode_mass", lambda x: min_mode_mass(x.double(), means), "basic", (0.0, 1.0 / k)),
+        ("mean_radial_error", lambda x: mean_radial_error(x, ring.radius), "percentile", None),
     ):
-        _, lo, hi = stratified_bootstrap(fn, list(groups), n_boot=n_boot, generator=g, level=level)
+        _, lo, hi = stratified_bootstrap(
+            fn, list(groups), n_boot=n_boot, generator=g, level=level, method=method, bounds=bounds
+        )
         out[name] = [lo, hi]
     return out
 

@@ -14,7 +14,8 @@ The last stage of the data path (data → noise → posterior → score → samp
 * :class:`MarginalTracker` — a sampler callback: at each level, the signed ED between the chain
   state and forward-noised clean data ``x + u``, u from that level's noise law.
 * :func:`stratified_subset`, :func:`stratified_bootstrap` — seed-stratified fixed subsets and
-  percentile bootstrap intervals (resampling within each seed's samples);
+  bootstrap intervals (resampling within each seed's samples; percentile, or basic for biased
+  statistics such as mode-weight TV and minimum mode mass);
   :func:`stratified_bootstrap_energy_distance` the same for the signed ED, without the upward
   shift that tied (duplicated) points give a resampled U-statistic.
 
@@ -360,13 +361,30 @@ def stratified_bootstrap(
     n_boot: int,
     generator: torch.Generator,
     level: float = 0.95,
+    method: str = "percentile",
+    bounds: Optional[Tuple[float, float]] = None,
 ) -> Tuple[float, float, float]:
-    """Seed-stratified percentile bootstrap: ``(estimate, lower, upper)``.
+    """Seed-stratified bootstrap interval: ``(estimate, lower, upper)``.
 
     Each replicate resamples every group (one seed's samples) with replacement at its own size,
-    pools the groups and evaluates ``statistic`` on the pool; the interval is the central
-    ``level`` percentile range of the replicates, the estimate the statistic on the pooled
-    original samples.  For a U-statistic such as the signed ED, the duplicates a resample
+    pools the groups and evaluates ``statistic`` on the pool; the estimate is the statistic on
+    the pooled original samples.  With q_lo, q_hi the central ``level`` quantiles of the
+    replicates, ``method`` picks the interval:
+
+    * ``"percentile"``: [q_lo, q_hi].  Right for a statistic without bias at this size.
+    * ``"basic"``: [2·est − q_hi, 2·est − q_lo] (Davison & Hinkley 1997, ch. 5), which
+      reflects the replicates about the estimate and so undoes the bias the replicates add on
+      top of the estimate's own.  The percentile interval of a biased plug-in statistic sits on
+      the wrong side of the truth: mode-weight TV is biased up near TV = 0 and minimum mode mass
+      down when modes tie for the minimum.  Over known mode weights at 3 × 4,096 points, 95 %
+      percentile intervals cover the truth in 0–97 % of data sets (0 % for TV = 0 and for tied
+      minima), basic intervals in 65–94 %; at 3 × 512, 0–96 % against 59–89 %
+      (experiments/issue6_interval_coverage.py).  Neither is exact at a kink; the basic interval
+      has by far the better worst case.  It need not contain the biased estimate.
+
+    ``bounds`` = (low, high) clips the interval to the statistic's range (e.g. TV ≥ 0).
+
+    For a U-statistic such as the signed ED, the duplicates a resample
     contains shrink the within-cloud term by O(1/n), so its interval is shifted upward by that
     much: ≈ E‖a−a'‖/n, +0.0046 for 513 eight-Gaussians points and +0.0006 for 4,095, against
     signed EDs of 0.001–0.006 (experiments/issue6_bootstrap_shift.py).
@@ -383,6 +401,12 @@ def stratified_bootstrap(
     if not callable(statistic):
         raise TypeError(f"statistic must be a callable (n, d) -> float, got {type(statistic).__name__}")
     groups, n_boot, generator = _check_bootstrap(groups, n_boot, generator, level)
+    if method not in ("percentile", "basic"):
+        raise ValueError(f"method must be 'percentile' or 'basic', got {method!r}")
+    if bounds is not None:
+        if not isinstance(bounds, (tuple, list)) or len(bounds) != 2 or not float(bounds[0]) <= float(bounds[1]):
+            raise ValueError(f"bounds must be a pair (low, high) with low <= high, got {bounds!r}")
+        bounds = (float(bounds[0]), float(bounds[1]))
     estimate = float(statistic(torch.cat(groups)))
     replicates = torch.empty(n_boot, dtype=torch.float64)
     for b in range(n_boot):
@@ -390,6 +414,10 @@ def stratified_bootstrap(
         replicates[b] = float(statistic(torch.cat(parts)))
     alpha = (1 - level) / 2
     lower, upper = torch.quantile(replicates, torch.tensor([alpha, 1 - alpha], dtype=torch.float64)).tolist()
+    if method == "basic":
+        lower, upper = 2 * estimate - upper, 2 * estimate - lower
+    if bounds is not None:
+        lower, upper = min(max(lower, bounds[0]), bounds[1]), min(max(upper, bounds[0]), bounds[1])
     return estimate, lower, upper
 
 
