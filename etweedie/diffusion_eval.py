@@ -24,9 +24,11 @@ Posteriors: ``kind = "known"`` (:class:`~etweedie.known_posterior.KnownPosterior
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import os
+import pickle
 import time
 import tomllib
 import zlib
@@ -271,6 +273,7 @@ def run_table(
     progress: bool = True,
     sample_dir: Optional[Path] = None,
     saved: Optional[Sequence[Path]] = None,
+    resume: bool = True,
 ) -> Dict:
     """Sample every (model, path, seed) of one table and compute its metrics.
 
@@ -283,6 +286,14 @@ def run_table(
     after sampling (same references, subsets and bootstrap streams), so a run whose sampling
     finished elsewhere (a GPU) is scored here.  Tracking curves and timings exist only for
     runs sampled in this call.
+
+    With ``sample_dir``, every finished run leaves ``<stem>.pt`` (final samples), its tracking
+    records, for the first run of a model its figure states, and last ``<stem>.run.json``: the
+    run's fingerprint (table, path, seed, model weights digest, data, sampler, schedule, sizes,
+    tracking).  With ``resume`` a run whose files and matching fingerprint are already there is
+    read back instead of sampled, so an interrupted table restarts at its first unfinished run
+    and scores as if run in one go (the samples depend only on the seed).  A stale fingerprint
+    is removed before its run is sampled again.  Timings count the runs sampled in this call.
     """
     ring = _ring(config)
     tc, sc = config[table], config["sampler"]
@@ -298,8 +309,9 @@ def run_table(
     figure = {"final": {}, "trajectories": {}, "progress": {}, "tracking": {}}
     table_timer = ThroughputTimer()
     t_start = time.perf_counter()
-    n_runs, run_index = len(posteriors) * len(names) * len(seeds), 0
+    n_runs, run_index, n_resumed = len(posteriors) * len(names) * len(seeds), 0, 0
     for mi, (model_name, posterior) in enumerate(posteriors.items()):
+        digest = _weights_digest(posterior) if saved is None else None
         device = posterior_device(posterior)
         reference = draw_clean(int(tc["n_reference"]), _stream("reference", table, mi))
         for name in names:
@@ -321,6 +333,24 @@ def run_table(
                     if si == 0 and mi == 0:
                         figure["final"][name] = x
                     continue
+                stem = None if sample_dir is None else sample_dir / f"{table}_{_slug(model_name)}_{name}_seed{seed}"
+                fingerprint = _run_fingerprint(config, table, name, seed, model_name, digest, figures=mi == 0 and si == 0)
+                done = _finished_run(stem, fingerprint, n) if resume and stem is not None else None
+                if done is not None:
+                    x, records, states = done
+                    n_resumed += 1
+                    if progress:
+                        print(f"[{table}] {model_name} / {name} / seed {seed}  ({run_index}/{n_runs}): "
+                              f"finished earlier, read from {stem}.pt", flush=True)
+                    if records is not None:
+                        trackers.append(SimpleNamespace(records=records))
+                    groups.append(x)
+                    per_run.append(eight_gaussians_metrics(x, None, ring))
+                    if states is not None:
+                        _figure_states(figure, name, states["states"], states["r"], x, config)
+                    continue
+                if stem is not None:
+                    Path(f"{stem}.run.json").unlink(missing_ok=True)  # the files below no longer match it
                 g = torch.Generator().manual_seed(seed)
                 y0 = initial_state(ring, params0, n, sc["init"], g)
                 if device.type != "cpu":  # same starts; the chain's own stream on the posterior's device
@@ -348,25 +378,22 @@ def run_table(
                 ).float().cpu()
                 groups.append(x)
                 per_run.append(eight_gaussians_metrics(x, None, ring))
-                if sample_dir is not None:
-                    stem = sample_dir / f"{table}_{_slug(model_name)}_{name}_seed{seed}"
+                if stem is not None:
                     _save_samples(stem, x)
                     if track["enabled"]:  # per run, so a scoring pass (--from-samples) can rebuild the curves
                         _write_json({"records": trackers[-1].records}, Path(f"{stem}.tracking.json"))
+                    if recorder is not None:
+                        torch.save(dict(states=torch.stack(recorder.states), r=list(recorder.r)), f"{stem}.states.pt")
+                    _write_json(fingerprint, Path(f"{stem}.run.json"))  # last: marks the run finished
                 if recorder is not None:
-                    figure["progress"][name] = dict(states=torch.stack(recorder.states), r=recorder.r)
-                    figure["trajectories"][name] = dict(
-                        states=torch.stack([s[: int(config["figures"]["trajectory_chains"])] for s in recorder.states]),
-                        final=x[: int(config["figures"]["trajectory_chains"])],
-                    )
-                    figure["final"][name] = x
+                    _figure_states(figure, name, torch.stack(recorder.states), recorder.r, x, config)
             table_timer = _add_timer(table_timer, timer)
             pooled = torch.cat(groups)
             ed_subset = stratified_subset(groups, int(tc["ed_subset"]))
             metrics = eight_gaussians_metrics(pooled, reference, ring, ed_samples=ed_subset)
             metrics["modes_present_min_run"] = min(r["modes_present"] for r in per_run)
             metrics["per_seed"] = [{k: r[k] for k in ("mode_weight_tv", "min_mode_mass", "modes_present", "mean_radial_error")} for r in per_run]
-            metrics["timing"] = timer.as_dict() if saved is None else None
+            metrics["timing"] = timer.as_dict() if saved is None and timer.chains else None
             if int(boot["n_boot"]) >= 2:
                 metrics["bootstrap"] = _bootstrap(
                     groups, int(tc["ed_subset"]), reference, ring, boot, (table, mi, name), device=device
@@ -403,11 +430,71 @@ def run_table(
         rows=rows,
         clean=clean_row,
         bootstrap_methods=dict(BOOTSTRAP_METHODS),
-        timing=table_timer.as_dict() if saved is None else None,
+        timing=table_timer.as_dict() if saved is None and n_resumed < n_runs else None,
+        resumed_runs=n_resumed,
         rescored_from=None if saved is None else [str(p) for p in saved],
         wall_s=time.perf_counter() - t_start,
         _figure=figure,
     )
+
+
+def _figure_states(figure: Dict, name: str, states: torch.Tensor, r, x: torch.Tensor, config: Dict) -> None:
+    """Record the first run's per-level states for the progress and trajectory figures."""
+    k = int(config["figures"]["trajectory_chains"])
+    figure["progress"][name] = dict(states=states, r=list(r))
+    figure["trajectories"][name] = dict(states=states[:, :k], final=x[:k])
+    figure["final"][name] = x
+
+
+def _weights_digest(posterior) -> Optional[str]:
+    """SHA-256 of a model posterior's state dict (None for a posterior without one, e.g. the known one)."""
+    state_dict = getattr(posterior, "state_dict", None)
+    if not callable(state_dict):
+        return None
+    h = hashlib.sha256()
+    for key, value in sorted(state_dict().items()):
+        h.update(key.encode())
+        h.update(value.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _run_fingerprint(config: Dict, table: str, name: str, seed: int, model_name: str, digest: Optional[str], *,
+                     figures: bool) -> Dict:
+    """Everything one run's samples depend on (see :func:`run_table`, ``resume``)."""
+    tc, post, track = config[table], config["posterior"], config["tracking"]
+    return dict(
+        table=table, path=name, seed=int(seed), model=model_name, weights_sha256=digest,
+        posterior=dict(kind=post["kind"], **({"method": post["method"], "n_proposals": int(post["n_proposals"])}
+                                              if post["kind"] == "known" else {})),
+        data={k: config["data"][k] for k in ("radius", "std", "n_modes")},
+        sampler=dict(config["sampler"]),
+        schedule=dict(r_max=float(tc["r_max"]), r_min=float(tc["r_min"]), n_levels=int(tc["n_levels"])),
+        n_samples=int(tc["n_samples"]),
+        tracking=({k: int(track[k]) for k in ("n_reference", "max_chains")} if track["enabled"] else None),
+        figure_chains=int(config["figures"]["progress_chains"]) if figures else None,
+    )
+
+
+def _finished_run(stem: Path, fingerprint: Dict, n: int):
+    """``(samples, tracking records or None, figure states or None)`` of a finished run whose saved
+    fingerprint equals ``fingerprint`` and whose files are all there; else None."""
+    marker = Path(f"{stem}.run.json")
+    if not marker.is_file():
+        return None
+    try:
+        if json.loads(marker.read_text()) != _jsonable(fingerprint):
+            return None
+        x = torch.load(f"{stem}.pt", map_location="cpu", weights_only=True)
+        records = states = None
+        if fingerprint["tracking"] is not None:
+            records = json.loads(Path(f"{stem}.tracking.json").read_text())["records"]
+        if fingerprint["figure_chains"] is not None:
+            states = torch.load(f"{stem}.states.pt", map_location="cpu", weights_only=True)
+    except (OSError, EOFError, ValueError, KeyError, RuntimeError, pickle.UnpicklingError):  # missing or damaged: sample again
+        return None
+    if not isinstance(x, torch.Tensor) or tuple(x.shape) != (n, 2):
+        return None
+    return x.float(), records, states
 
 
 def _load_saved(folders: Sequence[Path], stem: str, n: int) -> torch.Tensor:
@@ -510,12 +597,15 @@ def _summarize(per_model: Dict[str, Dict]) -> Dict:
 
 # ---------------------------------------------------------------------------- entry points
 def run_diffusion_eval(
-    config: Dict, *, out_dir=None, progress: bool = True, figures: bool = True, saved: Optional[Sequence] = None
+    config: Dict, *, out_dir=None, progress: bool = True, figures: bool = True, saved: Optional[Sequence] = None,
+    resume: bool = True,
 ) -> Dict:
     """Run the enabled tables of a config; write JSON, samples and figures to ``out_dir`` when given.
 
     ``saved``: score the final samples saved by earlier runs in these folders instead of
-    sampling (see :func:`run_table`); the posteriors are not loaded then.
+    sampling (see :func:`run_table`); the posteriors are not loaded then.  ``resume``: read back
+    the runs an interrupted call of the same config already finished in ``out_dir`` (see
+    :func:`run_table`) instead of sampling them again.
     """
     _validate(config)
     out = None if out_dir is None else Path(out_dir)
@@ -536,7 +626,8 @@ def run_diffusion_eval(
             continue
         if config[table]["enabled"]:
             results["tables"][table] = run_table(
-                table, config[table]["names"], posteriors, config, progress=progress, sample_dir=sample_dir, saved=saved
+                table, config[table]["names"], posteriors, config, progress=progress, sample_dir=sample_dir, saved=saved,
+                resume=resume,
             )
     results["wall_s"] = time.perf_counter() - start
     if out is not None:
@@ -578,7 +669,8 @@ def run_paths_cli(args) -> Dict:
     if args.posterior is None and not args.checkpoint:
         raise ValueError("give --checkpoint PATH (a trained posterior) or --posterior known")
     config = override_config(config, args)
-    return run_diffusion_eval(config, out_dir=args.out, progress=not args.no_progress, figures=not args.no_figures)
+    return run_diffusion_eval(config, out_dir=args.out, progress=not args.no_progress, figures=not args.no_figures,
+                              resume=not getattr(args, "no_resume", False))
 
 
 def _jsonable(value):
@@ -646,9 +738,12 @@ def format_tables(results: Dict) -> str:
                          + (f"; {how}" if how else "") + "): " + "; ".join(cis))
         t = res["timing"]
         lines.append("")
+        resumed = int(res.get("resumed_runs") or 0)
         if t is None:
-            lines.append(f"scored from the saved samples of {', '.join(res.get('rescored_from') or [])} "
-                         f"(no timings; tracking curves from the saved per-run records where present); wall time {res['wall_s']:.1f} s")
+            source = (f"scored from the saved samples of {', '.join(res['rescored_from'])}" if res.get("rescored_from")
+                      else f"all runs ({resumed}) read back from an earlier call (--no-resume samples them again)")
+            lines.append(f"{source} (no timings; tracking curves from the saved per-run records where present); "
+                         f"wall time {res['wall_s']:.1f} s")
             lines.append("")
             continue
         lines.append(
@@ -656,6 +751,7 @@ def format_tables(results: Dict) -> str:
             f"(posterior {100 * t['posterior_share']:.0f}%, score+step kernel {100 * t['score_step_share']:.0f}%, "
             f"rest {100 * t['rest_share']:.0f}%; tracking callbacks {t['callback_s']:.1f} s apart); "
             f"table wall time {res['wall_s']:.1f} s"
+            + (f"; {resumed} runs read back from an earlier call, not timed" if resumed else "")
         )
         lines.append("")
     return "\n".join(lines)

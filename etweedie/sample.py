@@ -349,6 +349,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-samples", action="append", metavar="DIR",
                         help="with --config: score the final samples an earlier run of the same config and "
                              "--checkpoint list saved under DIR/samples (repeatable) instead of sampling")
+    parser.add_argument("--no-resume", action="store_true",
+                        help="with --out: sample every run again, even those an interrupted call of the same config "
+                             "already finished there (default: read those back)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -373,7 +376,7 @@ def cli_main(args: argparse.Namespace) -> int:
             config = diffusion_eval.override_config(config, args)
             results = diffusion_eval.run_diffusion_eval(
                 config, out_dir=args.out, progress=not args.no_progress, figures=not args.no_figures,
-                saved=getattr(args, "from_samples", None),
+                saved=getattr(args, "from_samples", None), resume=not args.no_resume,
             )
             print(diffusion_eval.format_tables(results))
         else:

@@ -272,6 +272,71 @@ def test_cli_from_samples_rescores_a_run_exactly(tmp_path):
     assert "tracking" not in row and row["signed_ed"] == a["paths"]["rows"]["rotating"]["per_model"]["known"]["signed_ed"]
 
 
+def test_an_interrupted_table_resumes_at_its_first_unfinished_run(tmp_path, monkeypatch, capsys):
+    """A table stopped mid-way restarts where it stopped, and scores exactly as an uninterrupted run."""
+    from etweedie import diffusion_eval
+
+    config = diffusion_eval.load_config("configs/diffusion_quick_test.toml")
+    config["posterior"]["kind"] = "known"
+    whole = diffusion_eval.run_diffusion_eval(config, out_dir=tmp_path / "whole", progress=False, figures=False)
+    n_runs = {"paths": 4, "isolation": 1}  # (2 paths × 2 seeds), (1 arm × 1 seed)
+
+    real, calls = diffusion_eval.sample_langevin, []
+
+    def stop_at_third_run(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # e.g. the session's time limit
+        return real(*args, **kwargs)
+
+    out = tmp_path / "interrupted"
+    monkeypatch.setattr(diffusion_eval, "sample_langevin", stop_at_third_run)
+    with pytest.raises(KeyboardInterrupt):
+        diffusion_eval.run_diffusion_eval(config, out_dir=out, progress=False, figures=False)
+    monkeypatch.setattr(diffusion_eval, "sample_langevin", real)
+    assert len(list((out / "samples").glob("*.run.json"))) == 2
+    again = diffusion_eval.run_diffusion_eval(config, out_dir=out, progress=True, figures=False)
+    printed = capsys.readouterr().out
+    assert printed.count("finished earlier, read from") == 2 and "paths_known_gaussian_seed0.pt" in printed
+    assert again["tables"]["paths"]["resumed_runs"] == 2 and again["tables"]["isolation"]["resumed_runs"] == 0
+    assert again["tables"]["paths"]["timing"]["chains"] == 2 * 32  # only the runs sampled in this call are timed
+    for table in n_runs:
+        for name in list(whole["tables"][table]["rows"]) + ["clean"]:
+            row_a = whole["tables"][table]["clean" if name == "clean" else "rows"]
+            row_b = again["tables"][table]["clean" if name == "clean" else "rows"]
+            ma = (row_a if name == "clean" else row_a[name])["per_model"]["known"]
+            mb = (row_b if name == "clean" else row_b[name])["per_model"]["known"]
+            for key in ("signed_ed", "mode_weight_tv", "min_mode_mass", "bootstrap", "tracking", "per_seed"):
+                assert ma.get(key) == mb.get(key), (table, name, key)
+        fig_a, fig_b = whole["tables"][table]["_figure"], again["tables"][table]["_figure"]
+        for part in ("progress", "trajectories"):  # the first run's figure states come back from disk
+            for name in fig_a[part]:
+                assert torch.equal(fig_a[part][name]["states"], fig_b[part][name]["states"])
+
+    # a third call reads everything back; a changed setting or --no-resume samples again
+    third = diffusion_eval.run_diffusion_eval(config, out_dir=out, progress=False, figures=False)
+    assert {t: third["tables"][t]["resumed_runs"] for t in n_runs} == n_runs
+    assert third["tables"]["paths"]["timing"] is None
+    assert diffusion_eval.format_tables(third).count("read back from an earlier call") == 2
+    m3, m1 = (r["tables"]["paths"]["rows"]["rotating"]["per_model"]["known"] for r in (third, whole))
+    assert m3["timing"] is None and {k: v for k, v in m3.items() if k != "timing"} == {
+        k: v for k, v in m1.items() if k != "timing"}
+    changed = diffusion_eval.copy.deepcopy(config)
+    changed["sampler"]["step_scale"] = 3e-5
+    other = diffusion_eval.run_diffusion_eval(changed, out_dir=out, progress=False, figures=False)
+    assert {t: other["tables"][t]["resumed_runs"] for t in n_runs} == {"paths": 0, "isolation": 0}
+    marker = json.loads((out / "samples" / "paths_known_rotating_seed1.run.json").read_text())
+    assert marker["sampler"]["step_scale"] == 3e-5 and marker["seed"] == 1 and marker["path"] == "rotating"
+    status = cli_main(["sample", "--config", "configs/diffusion_quick_test.toml", "--posterior", "known", "--no-progress",
+                       "--no-figures", "--out", str(out), "--no-resume"])
+    assert status == 0
+    assert json.loads((out / "diffusion_results.json").read_text())["tables"]["paths"]["resumed_runs"] == 0
+    # a run whose files are damaged is sampled again, not read back
+    (out / "samples" / "isolation_known_fixed_ref_seed0.states.pt").write_bytes(b"not a tensor")
+    last = diffusion_eval.run_diffusion_eval(config, out_dir=out, progress=False, figures=False)
+    assert last["tables"]["isolation"]["resumed_runs"] == 0 and last["tables"]["paths"]["resumed_runs"] == 4
+
+
 def test_cli_from_samples_errors(tmp_path, capsys):
     args = ["sample", "--config", "configs/diffusion_quick_test.toml", "--posterior", "known", "--no-progress", "--no-figures"]
     (tmp_path / "partial" / "samples").mkdir(parents=True)
