@@ -181,7 +181,9 @@ def _validate(config: Dict, need_checkpoints: bool = True) -> None:
 
 
 def override_config(config: Dict, args) -> Dict:
-    """Apply ``etweedie sample`` flags (--checkpoint, --posterior, --device, --quick, sampler sizes) to a config."""
+    """Apply ``etweedie sample`` flags (--checkpoint, --posterior, --device, --quick, and the sampler flags
+    given: --steps-per-level, --first-level-steps, --n-posterior, --step-scale, --init, --no-final-draw,
+    --known-method, --n-proposals) to a config."""
     config = copy.deepcopy(config)
     if getattr(args, "checkpoint", None):
         config["posterior"]["kind"] = "checkpoint"
@@ -195,6 +197,15 @@ def override_config(config: Dict, args) -> Dict:
     if getattr(args, "quick", False):
         for section, values in _QUICK.items():
             config[section].update(values)
+    for flag, section, key in (
+        ("steps_per_level", "sampler", "steps_per_level"), ("first_level_steps", "sampler", "first_level_steps"),
+        ("n_posterior", "sampler", "n_posterior"), ("step_scale", "sampler", "step_scale"), ("init", "sampler", "init"),
+        ("known_method", "posterior", "method"), ("n_proposals", "posterior", "n_proposals"),
+    ):
+        if getattr(args, flag, None) is not None:
+            config[section][key] = getattr(args, flag)
+    if getattr(args, "no_final_draw", False):
+        config["sampler"]["final_draw"] = False
     _validate(config)
     return config
 
@@ -649,23 +660,16 @@ def run_paths_cli(args) -> Dict:
     t0, t1 = torch.tensor([0.0], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64)
     r_max = args.r_max if args.r_max is not None else float(first.rms(t0))
     r_min = args.r_min if args.r_min is not None else float(first.rms(t1))
-    n = args.chains
+    n = 4096 if args.chains is None else args.chains
+    n_seeds, seed = (1 if args.seeds is None else args.seeds), (0 if args.seed is None else args.seed)
     config["paths"].update(
         names=names, r_max=r_max, r_min=r_min, n_levels=levels, n_samples=n,
-        seeds=[args.seed + i for i in range(args.seeds)], ed_subset=n, n_reference=n,
+        seeds=[seed + i for i in range(n_seeds)], ed_subset=n, n_reference=n,
     )
     config["isolation"]["enabled"] = False
-    config["sampler"].update(
-        steps_per_level=args.steps_per_level, n_posterior=args.n_posterior,
-        first_level_steps=-1 if args.first_level_steps is None else args.first_level_steps,
-        final_draw=not args.no_final_draw, init=args.init,
-    )
-    if args.step_scale is not None:
-        config["sampler"]["step_scale"] = args.step_scale
-    config["posterior"].update(method=args.known_method, n_proposals=args.n_proposals)
     config["tracking"].update(n_reference=min(n, 2048), max_chains=min(n, 2048))
-    if args.seeds < 1:
-        raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+    if n_seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {n_seeds}")
     if args.posterior is None and not args.checkpoint:
         raise ValueError("give --checkpoint PATH (a trained posterior) or --posterior known")
     config = override_config(config, args)

@@ -324,24 +324,26 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the paper's diffusion tables from a config (configs/diffusion_cpu.toml, diffusion_full.toml)")
     parser.add_argument("--path", nargs="+", metavar="NAME", choices=path_names(),
                         help=f"path(s) to sample: {', '.join(path_names())}")
-    parser.add_argument("--seeds", type=int, default=1, help="number of sampling seeds (seed, seed+1, ...; default 1)")
-    parser.add_argument("--seed", type=int, default=0, help="first sampling seed (default 0)")
-    parser.add_argument("--chains", type=int, default=4096, help="chains (final samples) per seed (default 4096)")
+    parser.add_argument("--seeds", type=int, default=None, help="number of sampling seeds (seed, seed+1, ...; default 1)")
+    parser.add_argument("--seed", type=int, default=None, help="first sampling seed (default 0)")
+    parser.add_argument("--chains", type=int, default=None, help="chains (final samples) per seed (default 4096)")
     parser.add_argument("--levels", type=int, help="number of levels (default: the path's, e.g. 51)")
     parser.add_argument("--r-max", type=float, help="first-level realized RMS (default: the path's)")
     parser.add_argument("--r-min", type=float, help="terminal realized RMS (default: the path's)")
-    parser.add_argument("--steps-per-level", type=int, default=10, help="Langevin updates per level (default 10)")
+    parser.add_argument("--steps-per-level", type=int, default=None,
+                        help="Langevin updates per level (default 10; with --config, overrides the TOML's)")
     parser.add_argument("--first-level-steps", type=int, help="updates at the first level (default: steps-per-level)")
-    parser.add_argument("--n-posterior", type=int, default=64, help="posterior draws per score evaluation N (default 64)")
+    parser.add_argument("--n-posterior", type=int, default=None,
+                        help="posterior draws per score evaluation N (default 64; with --config, overrides the TOML's)")
     parser.add_argument("--antithetic", action="store_true",
                         help="learned posterior: antithetic draws for every score (unbiased, less Monte Carlo noise)")
     parser.add_argument("--step-scale", type=float, default=None, help="ε: terminal step; α_k = ε (r_k/r_L)² (default 2e-5)")
-    parser.add_argument("--init", choices=("gaussian", "marginal"), default="gaussian",
+    parser.add_argument("--init", choices=("gaussian", "marginal"), default=None,
                         help="initial states: moment-matched Gaussian (default) or the exact first noisy marginal")
     parser.add_argument("--no-final-draw", action="store_true", help="return the chain states, not a final posterior draw")
-    parser.add_argument("--known-method", choices=("auto", "exact", "importance"), default="auto",
+    parser.add_argument("--known-method", choices=("auto", "exact", "importance"), default=None,
                         help="known posterior: exact for β = 2, importance resampling otherwise (default auto)")
-    parser.add_argument("--n-proposals", type=int, default=128, help="known posterior: proposals per query (default 128)")
+    parser.add_argument("--n-proposals", type=int, default=None, help="known posterior: proposals per query (default 128)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--out", metavar="DIR", help="output directory (metrics JSON, samples .pt/.npz, figures)")
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
@@ -370,6 +372,11 @@ def cli_main(args: argparse.Namespace) -> int:
         return _error("--posterior known and --checkpoint exclude each other")
     if getattr(args, "from_samples", None) and args.config is None:
         return _error("--from-samples needs --config (the config the samples were drawn with)")
+    if args.config is not None:
+        for flag in ("seeds", "seed", "chains", "levels", "r_max", "r_min"):
+            if getattr(args, flag, None) is not None:
+                return _error(f"--{flag.replace('_', '-')} sets a --path run's table; with --config set it in the "
+                              "TOML's [paths] / [isolation] sections")
     try:
         if args.config is not None:
             config = diffusion_eval.load_config(args.config)

@@ -356,6 +356,25 @@ def test_cli_usage_errors(capsys):
     assert cli_main(["sample", "--path", "gaussian", "--chains", "8"]) == 2
     assert "--checkpoint PATH" in capsys.readouterr().err
     assert cli_main(["sample", "--config", "does/not/exist.toml"]) == 2
+    assert cli_main(["sample", "--config", "configs/diffusion_quick_test.toml", "--posterior", "known", "--chains", "8"]) == 2
+    assert "--chains sets a --path run's table; with --config set it in the TOML" in capsys.readouterr().err
+
+
+def test_cli_sampler_flags_override_a_config(tmp_path):
+    """With --config, the sampler flags given replace the TOML's values (they were ignored before)."""
+    out = tmp_path / "flags"
+    status = cli_main(["sample", "--config", "configs/diffusion_quick_test.toml", "--posterior", "known", "--no-progress",
+                       "--no-figures", "--out", str(out), "--step-scale", "3e-5", "--n-posterior", "4",
+                       "--steps-per-level", "2", "--first-level-steps", "3", "--init", "marginal", "--no-final-draw",
+                       "--known-method", "importance", "--n-proposals", "8"])
+    assert status == 0
+    config = json.loads((out / "diffusion_results.json").read_text())["config"]
+    assert config["sampler"] == dict(config["sampler"], step_scale=3e-5, n_posterior=4, steps_per_level=2,
+                                     first_level_steps=3, init="marginal", final_draw=False)
+    assert config["posterior"]["method"] == "importance" and config["posterior"]["n_proposals"] == 8
+    assert config["paths"]["n_samples"] == 32  # the TOML's table sizes stay
+    run = json.loads((out / "samples" / "paths_known_gaussian_seed0.run.json").read_text())
+    assert run["sampler"]["step_scale"] == 3e-5 and run["posterior"]["n_proposals"] == 8
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "configs").glob("diffusion_*.toml")))
