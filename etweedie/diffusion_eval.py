@@ -495,7 +495,7 @@ def _finished_run(stem: Path, fingerprint: Dict, n: int):
     try:
         if json.loads(marker.read_text()) != _jsonable(fingerprint):
             return None
-        x = torch.load(f"{stem}.pt", map_location="cpu", weights_only=True)
+        x = _read_samples(Path(f"{stem}.pt"), n)
         records = states = None
         if fingerprint["tracking"] is not None:
             records = json.loads(Path(f"{stem}.tracking.json").read_text())["records"]
@@ -503,9 +503,7 @@ def _finished_run(stem: Path, fingerprint: Dict, n: int):
             states = torch.load(f"{stem}.states.pt", map_location="cpu", weights_only=True)
     except (OSError, EOFError, ValueError, KeyError, RuntimeError, pickle.UnpicklingError):  # missing or damaged: sample again
         return None
-    if not isinstance(x, torch.Tensor) or tuple(x.shape) != (n, 2):
-        return None
-    return x.float(), records, states
+    return x, records, states
 
 
 def _load_saved(folders: Sequence[Path], stem: str, n: int) -> torch.Tensor:
@@ -513,15 +511,20 @@ def _load_saved(folders: Sequence[Path], stem: str, n: int) -> torch.Tensor:
     for folder in folders:
         path = Path(folder) / "samples" / f"{stem}.pt"
         if path.is_file():
-            x = torch.load(path, map_location="cpu", weights_only=True)
-            if not isinstance(x, torch.Tensor) or tuple(x.shape) != (n, 2):
-                raise ValueError(f"{path}: expected a ({n}, 2) tensor of final samples, got "
-                                 f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-            return x.float()
+            return _read_samples(path, n)
     raise FileNotFoundError(
         f"no saved samples {stem}.pt under {', '.join(str(Path(f) / 'samples') for f in folders)} "
         "(--from-samples needs the same config, checkpoints and seeds as the run that saved them)"
     )
+
+
+def _read_samples(path: Path, n: int) -> torch.Tensor:
+    """One run's saved ``(n, 2)`` final samples (ValueError for anything else)."""
+    x = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(x, torch.Tensor) or tuple(x.shape) != (n, 2):
+        raise ValueError(f"{path}: expected a ({n}, 2) tensor of final samples, got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    return x.float()
 
 
 def _load_saved_tracking(folders: Sequence[Path], stem: str) -> Optional[List[Dict]]:
