@@ -185,6 +185,9 @@ def main() -> int:
     parser.add_argument("--no-isolation", action="store_true")
     parser.add_argument("--tables", nargs="+", choices=("paths", "isolation"), default=["paths", "isolation"],
                         help="table jobs to run, in this order (default: paths isolation)")
+    parser.add_argument("--arms", nargs="+", metavar="NAME",
+                        help="isolation arms to run, in this order (default: all of the config's, in its order); "
+                             "put the arms still missing first, so a deadline cuts the ones already done elsewhere")
     parser.add_argument("--table-seconds", type=float, default=210.0,
                         help="time kept for the paths table: fewer training steps if 40k would not leave it")
     parser.add_argument("--score-on-gpu", action="store_true",
@@ -194,7 +197,7 @@ def main() -> int:
                         help="check the driver on a CPU: 20-step CPU-config models and the quick tables under runs/dry_issue6_gpu/")
     parser.add_argument("--worker", nargs=2, metavar=("TABLE", "NAME"), help=argparse.SUPPRESS)
     parser.add_argument("--job-dir", help=argparse.SUPPRESS)
-    parser.add_argument("--threads", type=int, default=3, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=3, help="CPU threads per table job (default 3)")
     args = parser.parse_args()
     global JOB_ROOT, MODELS, TRAIN_CONFIG
     if args.dry_run:
@@ -292,6 +295,11 @@ def main() -> int:
 
     sample_config = load_config(ROOT / SAMPLE_CONFIG)
     by_table = {table: [(table, n) for n in sample_config[table]["names"]] for table in ("paths", "isolation")}
+    if args.arms:
+        unknown = sorted(set(args.arms) - set(sample_config["isolation"]["names"]))
+        if unknown:
+            parser.error(f"--arms: unknown isolation arm(s) {unknown}; expected some of {sample_config['isolation']['names']}")
+        by_table["isolation"] = [("isolation", n) for n in args.arms]
     tables = [t for t in args.tables if not (t == "isolation" and args.no_isolation)]
     jobs = [job for table in tables for job in by_table[table]]
     if not (have_models and smoke_ok):
@@ -306,7 +314,7 @@ def main() -> int:
                 log(f"{table}/{name}: done earlier")
                 continue
             argv = [py, str(Path(__file__).resolve()), "--worker", table, name, "--job-dir", str(job_dir),
-                    "--device", args.device, "--threads", "3"] + (["--dry-run"] if args.dry_run else []) \
+                    "--device", args.device, "--threads", str(args.threads)] + (["--dry-run"] if args.dry_run else []) \
                 + (["--score-on-gpu"] if args.score_on_gpu else [])
             active[(table, name)] = (spawn(argv, job_dir.with_suffix(".log"), job_env), time.time())
             log(f"{table}/{name}: started")
