@@ -295,8 +295,9 @@ def run_table(
     With ``saved`` (folders holding the ``samples/*.pt`` of earlier runs of the same config and
     models) nothing is sampled: each run's final samples are read back and scored exactly as
     after sampling (same references, subsets and bootstrap streams), so a run whose sampling
-    finished elsewhere (a GPU) is scored here.  Tracking curves and timings exist only for
-    runs sampled in this call.
+    finished elsewhere (a GPU) is scored here.  The per-run tracking records and each model's
+    first-run figure states are read back too where they were saved beside the samples; timings
+    exist only for runs sampled in this call.
 
     With ``sample_dir``, every finished run leaves ``<stem>.pt`` (final samples), its tracking
     records, for the first run of a model its figure states, and last ``<stem>.run.json``: the
@@ -343,6 +344,9 @@ def run_table(
                     per_run.append(eight_gaussians_metrics(x, None, ring))
                     if si == 0 and mi == 0:
                         figure["final"][name] = x
+                        states = _load_saved_states(saved, stem)  # the progress and trajectory figures
+                        if states is not None:
+                            _figure_states(figure, name, states["states"], states["r"], x, config)
                     continue
                 stem = None if sample_dir is None else sample_dir / f"{table}_{_slug(model_name)}_{name}_seed{seed}"
                 fingerprint = _run_fingerprint(config, table, name, seed, model_name, digest, figures=mi == 0 and si == 0)
@@ -506,12 +510,20 @@ def _finished_run(stem: Path, fingerprint: Dict, n: int):
     return x, records, states
 
 
+def _saved_file(folders: Sequence[Path], name: str) -> Optional[Path]:
+    """``samples/<name>`` in the first of ``folders`` that has it, or None."""
+    for folder in folders:
+        path = Path(folder) / "samples" / name
+        if path.is_file():
+            return path
+    return None
+
+
 def _load_saved(folders: Sequence[Path], stem: str, n: int) -> torch.Tensor:
     """The ``samples/<stem>.pt`` of an earlier run, from the first folder that has it."""
-    for folder in folders:
-        path = Path(folder) / "samples" / f"{stem}.pt"
-        if path.is_file():
-            return _read_samples(path, n)
+    path = _saved_file(folders, f"{stem}.pt")
+    if path is not None:
+        return _read_samples(path, n)
     raise FileNotFoundError(
         f"no saved samples {stem}.pt under {', '.join(str(Path(f) / 'samples') for f in folders)} "
         "(--from-samples needs the same config, checkpoints and seeds as the run that saved them)"
@@ -529,11 +541,21 @@ def _read_samples(path: Path, n: int) -> torch.Tensor:
 
 def _load_saved_tracking(folders: Sequence[Path], stem: str) -> Optional[List[Dict]]:
     """The per-level tracking records saved beside ``samples/<stem>.pt``, or None (older runs)."""
-    for folder in folders:
-        path = Path(folder) / "samples" / f"{stem}.tracking.json"
-        if path.is_file():
-            return json.loads(path.read_text())["records"]
-    return None
+    path = _saved_file(folders, f"{stem}.tracking.json")
+    return None if path is None else json.loads(path.read_text())["records"]
+
+
+def _load_saved_states(folders: Sequence[Path], stem: str) -> Optional[Dict]:
+    """The per-level chain states a model's first run saved for the figures (``<stem>.states.pt``), or
+    None (runs sampled without figures, or before these files existed)."""
+    path = _saved_file(folders, f"{stem}.states.pt")
+    if path is None:
+        return None
+    states = torch.load(path, map_location="cpu", weights_only=True)
+    if not (isinstance(states, dict) and isinstance(states.get("states"), torch.Tensor) and states["states"].dim() == 3
+            and len(states.get("r", ())) == states["states"].shape[0]):
+        raise ValueError(f"{path}: expected dict(states=(levels, chains, 2) tensor, r=list of levels), got {type(states).__name__}")
+    return states
 
 
 def _slug(name: str) -> str:

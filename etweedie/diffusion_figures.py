@@ -8,7 +8,10 @@
 * ``<table>_trajectories.png`` — trajectory ribbons colored by the final sample's nearest mode
   (start: circle, end: dot);
 * ``<table>_marginal_tracking.png`` — signed ED between the chain and the exact noisy marginal
-  per level (x: realized RMS, log scale; y: symmetric log scale, since the signed ED can be < 0).
+  per level (x: realized RMS, log scale; y: symmetric log scale, since the signed ED can be < 0);
+  one panel per path, against the first path in grey, when there are more than four.
+
+Panels wrap into rows of at most six.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from .metrics import mode_assignment
 from .paths import GeometricRMS, get_path
 
 __all__ = ["write_figures"]
+
+MAX_COLUMNS = 6  # panels per row of the endpoint, trajectory and tracking grids
+SINGLE_PANEL_CURVES = 4  # more tracking curves than this get one panel each (against the first in grey)
+_COLORS = [f"C{i}" for i in range(10) if i != 7]  # C7 is grey, the grid's reference curve
 
 
 def write_figures(results: Dict, ring: EightGaussians, out_dir) -> List[str]:
@@ -64,6 +71,18 @@ def _lim(ring: EightGaussians) -> float:
     return ring.radius + 4 * ring.std + 0.6
 
 
+def _grid(plt, n: int, size: float, max_cols: int = MAX_COLUMNS, **kwargs):
+    """``n`` square panels in rows of at most ``max_cols`` (the isolation table has 12): the figure and
+    its first ``n`` axes, the unused ones hidden."""
+    cols = max(1, min(n, max_cols))
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False, **kwargs)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
 def _parameter_paths(plt, res, fig_data, ring):
     sched = res["schedule"]
     rms = GeometricRMS(sched["r_max"], sched["r_min"])
@@ -86,7 +105,7 @@ def _parameter_paths(plt, res, fig_data, ring):
 def _endpoint_samples(plt, res, fig_data, ring):
     finals = fig_data["final"]
     panels = list(finals.items()) + [("clean data", fig_data.get("clean"))]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2))
+    fig, axes = _grid(plt, len(panels), 3.2)
     lim = _lim(ring)
     for ax, (name, x) in zip(axes, panels):
         if x is None:
@@ -133,9 +152,9 @@ def _trajectories(plt, res, fig_data, ring):
         return None
     means = ring.means(torch.float64)
     cmap = plt.get_cmap("tab10")
-    fig, axes = plt.subplots(1, len(traj), figsize=(3.6 * len(traj), 3.6), squeeze=False)
+    fig, axes = _grid(plt, len(traj), 3.6)
     lim = _lim(ring) + 1.0
-    for ax, (name, data) in zip(axes[0], traj.items()):
+    for ax, (name, data) in zip(axes, traj.items()):
         states, final = data["states"], data["final"]  # (L, C, 2), (C, 2)
         labels = mode_assignment(final.double(), means)
         for c in range(states.shape[1]):
@@ -153,24 +172,52 @@ def _trajectories(plt, res, fig_data, ring):
 
 
 def _tracking(plt, res, fig_data, ring):
+    """Mean ± sd over the models of each path's tracking curve: one panel for up to
+    ``SINGLE_PANEL_CURVES`` paths; beyond that one panel per path, each with the first path (the
+    reference arm of the isolation table) in grey, since a dozen overlapping bands cannot be read."""
     tracking = fig_data["tracking"]
     if not tracking:
         return None
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for name, curves in tracking.items():
-        r = torch.tensor([c["r"] for c in curves[0]])
-        values = torch.tensor([[c["signed_ed"] for c in curve] for curve in curves])  # (models, L)
-        mean = values.mean(0)
-        ax.plot(r, mean, label=name, lw=1)
-        if values.shape[0] > 1:
-            sd = values.std(0)
-            ax.fill_between(r, mean - sd, mean + sd, alpha=0.2)
-    ax.set_xscale("log")
-    ax.invert_xaxis()
-    ax.set_yscale("symlog", linthresh=1e-3)
-    ax.axhline(0, color="k", lw=0.5)
-    ax.set_xlabel("realized RMS r (level)")
-    ax.set_ylabel("signed ED to the noisy marginal")
-    ax.legend(fontsize=7)
+    curves = {name: _mean_sd(c) for name, c in tracking.items()}
+    if len(curves) <= SINGLE_PANEL_CURVES:
+        fig, ax = plt.subplots(figsize=(5.5, 3.6))
+        axes = [ax] * len(curves)
+    else:
+        fig, axes = _grid(plt, len(curves), 2.8, sharex=True, sharey=True)
+    first = next(iter(curves))
+    for i, (ax, (name, (r, mean, sd))) in enumerate(zip(axes, curves.items())):
+        color = _COLORS[i % len(_COLORS)]
+        if len(curves) > SINGLE_PANEL_CURVES:
+            if name != first:
+                ax.plot(curves[first][0], curves[first][1], color="0.6", lw=0.8, label=first)
+            ax.set_title(name, fontsize=9)
+        ax.plot(r, mean, label=name, lw=1, color=color)
+        if sd is not None:
+            ax.fill_between(r, mean - sd, mean + sd, alpha=0.2, color=color)
+    for ax in set(axes):
+        ax.set_xscale("log")
+        ax.set_yscale("symlog", linthresh=1e-3)
+        ax.axhline(0, color="k", lw=0.5)
+    axes[min(1, len(axes) - 1)].legend(fontsize=7)  # the grid's second panel names its grey curve
+    axes[0].invert_xaxis()  # shared x in the grid: once
+    for ax in axes:
+        if len(curves) <= SINGLE_PANEL_CURVES or ax.get_subplotspec().is_last_row() or _below_is_empty(ax, len(axes)):
+            ax.set_xlabel("realized RMS r (level)")
+        if len(curves) <= SINGLE_PANEL_CURVES or ax.get_subplotspec().is_first_col():
+            ax.set_ylabel("signed ED to the noisy marginal")
     fig.tight_layout()
     return fig
+
+
+def _mean_sd(curves):
+    """(r, mean, sd or None) over the models' curves of one path."""
+    r = torch.tensor([c["r"] for c in curves[0]])
+    values = torch.tensor([[c["signed_ed"] for c in curve] for curve in curves])  # (models, L)
+    return r, values.mean(0), values.std(0) if values.shape[0] > 1 else None
+
+
+def _below_is_empty(ax, n: int) -> bool:
+    """Whether the grid cell under ``ax`` holds no panel (the last row is short)."""
+    spec = ax.get_subplotspec()
+    rows, cols = spec.get_gridspec().get_geometry()
+    return (spec.rowspan.start + 1) * cols + spec.colspan.start >= n

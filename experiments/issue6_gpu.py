@@ -82,6 +82,12 @@ def stop(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def job_path(table: str, name: str, suffix: str = "") -> Path:
+    """A table job's folder (or, with ``suffix``, its log).  Not ``Path.with_suffix``: arm names hold dots
+    (``fixed_beta1.3``), so that would map three arms onto one log."""
+    return JOB_ROOT / f"{table}_{name.replace(',', '_')}{suffix}"
+
+
 def tail(path: Path, n: int = 25) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
@@ -207,6 +213,14 @@ def main() -> int:
     if args.worker:
         args.table, args.name = args.worker
         return worker(args)
+    if args.arms:  # before anything starts: a typo here would otherwise surface only after the trainings
+        sys.path.insert(0, str(ROOT))
+        from etweedie.diffusion_eval import load_config
+
+        known = load_config(ROOT / SAMPLE_CONFIG)["isolation"]["names"]
+        unknown = [a for a in args.arms if a not in known]
+        if unknown or len(set(args.arms)) < len(args.arms):
+            parser.error(f"--arms: expected distinct isolation arms of {SAMPLE_CONFIG} ({', '.join(known)}), got {args.arms}")
 
     os.chdir(ROOT)
     JOB_ROOT.mkdir(parents=True, exist_ok=True)
@@ -296,9 +310,6 @@ def main() -> int:
     sample_config = load_config(ROOT / SAMPLE_CONFIG)
     by_table = {table: [(table, n) for n in sample_config[table]["names"]] for table in ("paths", "isolation")}
     if args.arms:
-        unknown = sorted(set(args.arms) - set(sample_config["isolation"]["names"]))
-        if unknown:
-            parser.error(f"--arms: unknown isolation arm(s) {unknown}; expected some of {sample_config['isolation']['names']}")
         by_table["isolation"] = [("isolation", n) for n in args.arms]
     tables = [t for t in args.tables if not (t == "isolation" and args.no_isolation)]
     jobs = [job for table in tables for job in by_table[table]]
@@ -309,20 +320,20 @@ def main() -> int:
     while pending or active:
         while pending and len(active) < args.workers and time.time() - T0 < args.deadline - 20:
             table, name = pending.pop(0)
-            job_dir = JOB_ROOT / f"{table}_{name.replace(',', '_')}"
+            job_dir = job_path(table, name)
             if (job_dir / "diffusion_results.json").exists():
                 log(f"{table}/{name}: done earlier")
                 continue
             argv = [py, str(Path(__file__).resolve()), "--worker", table, name, "--job-dir", str(job_dir),
                     "--device", args.device, "--threads", str(args.threads)] + (["--dry-run"] if args.dry_run else []) \
                 + (["--score-on-gpu"] if args.score_on_gpu else [])
-            active[(table, name)] = (spawn(argv, job_dir.with_suffix(".log"), job_env), time.time())
+            active[(table, name)] = (spawn(argv, job_path(table, name, ".log"), job_env), time.time())
             log(f"{table}/{name}: started")
         for key, (proc, started) in list(active.items()):
             rc = proc.poll()
             if rc is not None:
                 del active[key]
-                job_log = JOB_ROOT / f"{key[0]}_{key[1].replace(',', '_')}.log"
+                job_log = job_path(*key, ".log")
                 log(f"{key[0]}/{key[1]}: rc {rc} in {time.time() - started:.0f} s" + ("" if rc == 0 else "\n" + tail(job_log)))
         if time.time() - T0 > args.deadline:
             log(f"deadline: stopping {len(active)} job(s), {len(pending)} not started: {[k for k in active] + pending}")

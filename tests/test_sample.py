@@ -272,6 +272,72 @@ def test_cli_from_samples_rescores_a_run_exactly(tmp_path):
     assert "tracking" not in row and row["signed_ed"] == a["paths"]["rows"]["rotating"]["per_model"]["known"]["signed_ed"]
 
 
+def test_from_samples_brings_back_the_figure_states(tmp_path):
+    """Rescoring saved samples rebuilds the progress and trajectory figures from each model's saved
+    first-run states (a GPU job samples, this machine scores and draws)."""
+    from etweedie import diffusion_eval
+
+    config = diffusion_eval.load_config("configs/diffusion_quick_test.toml")
+    config["posterior"]["kind"] = "known"
+    sampled = diffusion_eval.run_diffusion_eval(config, out_dir=tmp_path / "sampled", progress=False, figures=False)
+    rescored = diffusion_eval.run_diffusion_eval(config, out_dir=tmp_path / "rescored", progress=False, figures=False,
+                                                 saved=[tmp_path / "sampled"])
+    for table in ("paths", "isolation"):
+        fig_a, fig_b = sampled["tables"][table]["_figure"], rescored["tables"][table]["_figure"]
+        assert set(fig_b["progress"]) == set(fig_a["progress"]) == set(config[table]["names"])
+        for name in fig_a["progress"]:
+            assert torch.equal(fig_a["progress"][name]["states"], fig_b["progress"][name]["states"])
+            assert fig_a["progress"][name]["r"] == fig_b["progress"][name]["r"]
+            for key in ("states", "final"):
+                assert torch.equal(fig_a["trajectories"][name][key], fig_b["trajectories"][name][key])
+    # runs saved without states (older runs, or sampled with figures off): scored, no progress figure
+    for path in (tmp_path / "sampled" / "samples").glob("*.states.pt"):
+        path.unlink()
+    bare = diffusion_eval.run_diffusion_eval(config, out_dir=tmp_path / "bare", progress=False, figures=False,
+                                             saved=[tmp_path / "sampled"])
+    assert bare["tables"]["paths"]["_figure"]["progress"] == {}
+    assert bare["tables"]["paths"]["rows"]["rotating"]["per_model"]["known"]["signed_ed"] == \
+        sampled["tables"]["paths"]["rows"]["rotating"]["per_model"]["known"]["signed_ed"]
+    # a damaged states file is an error naming it, not a silent blank figure
+    stem = next((tmp_path / "sampled" / "samples").glob("paths_known_gaussian_seed0.pt"))
+    torch.save(torch.zeros(3), str(stem).replace(".pt", ".states.pt"))
+    with pytest.raises(ValueError, match=r"states\.pt: expected dict"):
+        diffusion_eval.run_diffusion_eval(config, out_dir=tmp_path / "bad", progress=False, figures=False,
+                                          saved=[tmp_path / "sampled"])
+
+
+def test_tracking_figure_uses_one_panel_per_path_beyond_four(tmp_path):
+    """Eleven overlapping bands cannot be read: past four paths the tracking figure is a grid of
+    panels (rows of at most six, the spare cells hidden), each against the first path in grey."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from etweedie import diffusion_figures
+
+    def curves(shift):
+        return [[{"r": 0.8 * 0.5**k, "signed_ed": shift + 1e-4 * k * m} for k in range(6)] for m in (1, 2)]
+
+    ring = EightGaussians()
+    for n, panels, visible in ((3, 1, 1), (7, 12, 7)):
+        fig_data = {"tracking": {f"arm{i}": curves(1e-3 * i) for i in range(n)}}
+        fig = diffusion_figures._tracking(plt, {}, fig_data, ring)
+        axes = fig.get_axes()
+        assert len(axes) == panels and sum(ax.get_visible() for ax in axes) == visible
+        if n > diffusion_figures.SINGLE_PANEL_CURVES:
+            second = axes[1]
+            labels = [line.get_label() for line in second.get_lines() if not line.get_label().startswith("_")]
+            assert labels == ["arm0", "arm1"] and second.get_title() == "arm1"
+            assert second.get_lines()[0].get_color() == "0.6"  # the reference in grey
+        fig.savefig(tmp_path / f"tracking{n}.png")
+        plt.close(fig)
+    fig, axes = diffusion_figures._grid(plt, 12, 1.0)
+    assert len(axes) == 12 and len(fig.get_axes()) == 12  # two full rows of six
+    plt.close(fig)
+
+
 def test_an_interrupted_table_resumes_at_its_first_unfinished_run(tmp_path, monkeypatch, capsys):
     """A table stopped mid-way restarts where it stopped, and scores exactly as an uninterrupted run."""
     from etweedie import diffusion_eval
