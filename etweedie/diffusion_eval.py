@@ -256,11 +256,6 @@ def posterior_device(posterior) -> torch.device:
     return torch.device("cpu") if device is None else device
 
 
-def _on_cpu(info: Dict) -> Dict:
-    """A sampler callback dict with its tensors moved to the CPU (the trackers' references live there)."""
-    return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in info.items()}
-
-
 class _Recorder:
     """Callback keeping the states of the first chains at every level (progress and ribbon figures)."""
 
@@ -270,7 +265,7 @@ class _Recorder:
         self.r: List[float] = []
 
     def __call__(self, info: Dict) -> None:
-        self.states.append(info["state"][: self.n].clone())
+        self.states.append(info["state"][: self.n].cpu())  # .cpu() copies a device tensor; the sampler's is a copy already
         self.r.append(info["r"])
 
 
@@ -388,7 +383,7 @@ def run_table(
                     posterior, y0, path, times,
                     steps_per_level=int(sc["steps_per_level"]), n_posterior=int(sc["n_posterior"]),
                     step_scale=float(sc["step_scale"]), first_level_steps=first, final_draw=bool(sc["final_draw"]),
-                    generator=g, callback=(lambda info: [cb(_on_cpu(info)) for cb in callbacks]) if callbacks else None,
+                    generator=g, callback=(lambda info: [cb(info) for cb in callbacks]) if callbacks else None,
                     disable=not progress, timer=timer, antithetic=bool(sc["antithetic"]),
                 ).float().cpu()
                 groups.append(x)

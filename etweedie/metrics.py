@@ -274,7 +274,9 @@ class MarginalTracker:
     At level k with noise parameters θ_k the reference cloud is forward-noised clean data
     ``x_j + u_j``, x_j fresh clean draws and u_j ~ q_{θ_k} (paper Fig. full5_marginal_tracking).
     The chain state is compared after the level's Langevin updates.  Up to ``max_chains``
-    chains enter (the first ones; they are exchangeable).
+    chains enter (the first ones; they are exchangeable).  The reference clouds are drawn on the
+    CPU (from ``generator``, so they do not depend on the device); the energy distance runs on the
+    chain's device, so a GPU run does not wait on the CPU for it at every level.
 
     Args:
         draw_clean: ``(k, generator) -> (k, d)`` clean sampler (e.g. ``lambda k, g: ring.sample(k, g)[0]``).
@@ -315,7 +317,7 @@ class MarginalTracker:
                 level=int(info["level"]),
                 t=float(info["t"]),
                 r=float(params.realized_rms()),
-                signed_ed=signed_energy_distance(state, noisy),
+                signed_ed=signed_energy_distance(state, noisy.to(state.device)),
             )
         )
 

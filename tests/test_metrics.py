@@ -28,6 +28,8 @@ from etweedie.metrics import (
 from etweedie.metrics import _bootstrap_ed_replicates
 from etweedie.noise import NoiseParams
 
+from conftest import DEVICES
+
 RING = EightGaussians()
 
 
@@ -221,6 +223,22 @@ def test_marginal_tracker_and_forward_noise():
     assert tracker.max_after(1) == tracker.records[1]["signed_ed"]
     with pytest.raises(ValueError, match="burn_in_levels=5 leaves no recorded level"):
         tracker.max_after(5)
+
+
+@pytest.mark.parametrize("device", DEVICES, ids=[d.type for d in DEVICES])
+def test_marginal_tracker_runs_on_the_chains_device(device, seed):
+    """The reference clouds come from the CPU generator whatever the device, the energy distance runs
+    where the chains are: a GPU chain's records match the same chain's on the CPU."""
+    params = NoiseParams(1.6, 1.5, NoiseParams.sigma_for_rms(0.2, 1.5, 1.6), 0.3, -0.2)
+    draw = lambda k, g: RING.sample(k, g)[0]  # noqa: E731
+    state = forward_noised(draw(300, gen(seed)), params, gen(seed + 1)) * 1.1
+    records = []
+    for where in (torch.device("cpu"), device):
+        tracker = MarginalTracker(draw, 256, gen(seed + 2), max_chains=200)
+        tracker(dict(level=3, t=0.25, state=state.to(where), params=params))
+        records.append(tracker.records[0])
+    assert records[1]["signed_ed"] == pytest.approx(records[0]["signed_ed"], rel=1e-6, abs=1e-9)
+    assert {k: v for k, v in records[1].items() if k != "signed_ed"} == {k: v for k, v in records[0].items() if k != "signed_ed"}
 
 
 def test_mean_and_sd():
