@@ -89,16 +89,19 @@ def _parameter_paths(plt, res, fig_data, ring):
     t = torch.linspace(0, 1, 201, dtype=torch.float64)
     labels = ("β", "λ", "r (realized RMS)", "u", "v")
     fig, axes = plt.subplots(1, 5, figsize=(17, 3.0))
-    for name in res["names"]:
+    styles = ("-", "--", ":", "-.")  # paths often share a coordinate (the rotating and joint u, v): keep each visible
+    for i, name in enumerate(res["names"]):
         coords = get_path(name, rms=rms).coordinates(t)
         for ax, values in zip(axes, coords):
-            ax.plot(t.numpy(), values.numpy(), label=name)
+            ax.plot(t.numpy(), values.numpy(), label=name, color=f"C{i % 10}", ls=styles[(i // 10 + i) % len(styles)],
+                    lw=max(1.0, 2.8 - 0.4 * i))  # earlier curves wider: one drawn over another still shows
     for ax, label in zip(axes, labels):
         ax.set_title(label)
         ax.set_xlabel("path progress t")
     axes[2].set_yscale("log")
-    axes[-1].legend(fontsize=7)
     fig.tight_layout()
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
     return fig
 
 

@@ -194,6 +194,8 @@ def main() -> int:
     parser.add_argument("--arms", nargs="+", metavar="NAME",
                         help="isolation arms to run, in this order (default: all of the config's, in its order); "
                              "put the arms still missing first, so a deadline cuts the ones already done elsewhere")
+    parser.add_argument("--skip-smoke", action="store_true",
+                        help="no smoke run (≈ 25 s): for a machine already known to run the default backends")
     parser.add_argument("--table-seconds", type=float, default=210.0,
                         help="time kept for the paths table: fewer training steps if 40k would not leave it")
     parser.add_argument("--score-on-gpu", action="store_true",
@@ -261,8 +263,8 @@ def main() -> int:
                    "--device", args.device, "--out", str(smoke_dir / "model"), "--no-progress", "--no-resume"]
     smoke_sample = [py, "-m", "etweedie", "sample", "--config", SAMPLE_CONFIG, "--quick", "--checkpoint",
                     str(smoke_dir / "model"), "--device", args.device, "--out", str(smoke_dir / "sample"), "--no-progress"]
-    smoke_ok, job_env = False, None
-    for attempt_env in (None, {"ETWEEDIE_BACKEND": "reference"}):
+    smoke_ok, job_env = args.skip_smoke, None
+    for attempt_env in () if args.skip_smoke else (None, {"ETWEEDIE_BACKEND": "reference"}):
         ok = True
         for argv in (smoke_train, smoke_sample):
             t = time.time()
