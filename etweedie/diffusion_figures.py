@@ -93,7 +93,7 @@ def _parameter_paths(plt, res, fig_data, ring):
     for i, name in enumerate(res["names"]):
         coords = get_path(name, rms=rms).coordinates(t)
         for ax, values in zip(axes, coords):
-            ax.plot(t.numpy(), values.numpy(), label=name, color=f"C{i % 10}", ls=styles[(i // 10 + i) % len(styles)],
+            ax.plot(t.numpy(), values.numpy(), label=name, color=f"C{i % 10}", ls=styles[i % len(styles)],
                     lw=max(1.0, 2.8 - 0.4 * i))  # earlier curves wider: one drawn over another still shows
     for ax, label in zip(axes, labels):
         ax.set_title(label)
