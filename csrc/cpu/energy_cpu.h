@@ -340,36 +340,49 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
     const T* gp_in = g.data_ptr<T>();
     T* gap = need_a ? ga.data_ptr<T>() : nullptr;
     T* gbp = need_b ? gb.data_ptr<T>() : nullptr;
-    std::vector<T> part_prec(need_prec ? B * nu * ps : 0, T(0));
+    // The metric gradient is summed in T over one run_grad call (≤ one block of pairs) and in double
+    // across calls: the ED's cross and within sums cancel (the difference is often 50× smaller than
+    // either), so a T running sum over every pair of a row lost up to ~1e-4 relative accuracy
+    // (tests/test_energy_distance.py, block2, d = 40, seed 780792699).
+    std::vector<double> part_prec(need_prec ? B * nu * ps : 0, 0.0);
     const int64_t sab = a.stride(0), san = a.stride(1), sbb = b.stride(0), sbn = b.stride(1);
     const int64_t sbeta = beta.stride(0), sp0 = prec.stride(0);
     ET_DISPATCH_METRIC(kind, energy_block_of(prec, kind), T, [&] {
       // Block I of cloud x: gradients of its points from the cross pairs with cloud c (weight
       // w_cross; counted for β/P when cross_param) and from all within pairs (weight w_within,
       // each pair seen twice, so β/P take w_within / 2).
+      // run_grad with its metric gradient added to the double accumulator gpd (scratch: ps values of T)
+      auto grad_pairs = [&](const Prec& P, const T* x, const T* c, int64_t sc, int64_t nc, T be, T cu, T cp, T* acc,
+                            double* gbe, double* gpd, T* scratch, T* acc_c = nullptr, double* val = nullptr) {
+        if (gpd) std::fill(scratch, scratch + ps, T(0));
+        run_grad(P, x, c, sc, nc, d, be, cu, cp, acc, gbe, gpd ? scratch : nullptr, acc_c, val);
+        if (gpd)
+          for (int64_t e = 0; e < ps; ++e) gpd[e] += static_cast<double>(scratch[e]);
+      };
       auto unit = [&](int64_t r, int64_t slot, const T* x, int64_t sx, int64_t np, int64_t I, const T* c, int64_t sc,
-                      int64_t nc, double w_cross, bool cross_param, double w_within, T* gout, std::vector<T>& acc) {
+                      int64_t nc, double w_cross, bool cross_param, double w_within, T* gout, std::vector<T>& acc,
+                      std::vector<T>& scratch) {
         const Prec P{pp + r * sp0};
         const T be = betap[r * sbeta];
         const int64_t i0 = I * R, i1 = std::min(np, i0 + R);
         std::fill(acc.begin(), acc.end(), T(0));
         double* gbe = need_beta ? &part_beta[r * nu + slot] : nullptr;
-        T* gpp = need_prec ? part_prec.data() + (r * nu + slot) * ps : nullptr;
+        double* gpd = need_prec ? part_prec.data() + (r * nu + slot) * ps : nullptr;
         const T wc = static_cast<T>(w_cross), ww = static_cast<T>(w_within);
         if (w_cross != 0 && c != nullptr) {
           for (int64_t j0 = 0; j0 < nc; j0 += R) {
             const int64_t len = std::min(R, nc - j0);
             for (int64_t i = i0; i < i1; ++i)
-              run_grad(P, x + i * sx, c + j0 * sc, sc, len, d, be, wc, wc, acc.data() + (i - i0) * d,
-                       cross_param ? gbe : nullptr, cross_param ? gpp : nullptr);
+              grad_pairs(P, x + i * sx, c + j0 * sc, sc, len, be, wc, wc, acc.data() + (i - i0) * d,
+                         cross_param ? gbe : nullptr, cross_param ? gpd : nullptr, scratch.data());
           }
         }
         if (w_within != 0 && np > 1) {
           for (int64_t j0 = 0; j0 < np; j0 += R) {
             const int64_t len = std::min(R, np - j0);
             for (int64_t i = i0; i < i1; ++i)
-              run_grad(P, x + i * sx, x + j0 * sx, sx, len, d, be, ww, T(0.5) * ww, acc.data() + (i - i0) * d, gbe,
-                       gpp);
+              grad_pairs(P, x + i * sx, x + j0 * sx, sx, len, be, ww, T(0.5) * ww, acc.data() + (i - i0) * d, gbe,
+                         gpd, scratch.data());
           }
         }
         if (gout) {
@@ -381,7 +394,8 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
         // Enough rows to occupy every thread: one row per task, every pair formed once and its
         // gradient added to both points (the forward's pair count; no races across rows).
         at::parallel_for(0, B, 1, [&](int64_t r0, int64_t r1) {
-          std::vector<T> acc((n + m) * d), gp_row(need_prec ? ps : 0);
+          std::vector<T> acc((n + m) * d), scratch(ps);
+          std::vector<double> gp_row(need_prec ? ps : 0);
           for (int64_t r = r0; r < r1; ++r) {
             const Prec P{pp + r * sp0};
             const T be = betap[r * sbeta];
@@ -390,23 +404,24 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
             T* acc_a = acc.data();
             T* acc_b = acc.data() + n * d;
             std::fill(acc.begin(), acc.end(), T(0));
-            std::fill(gp_row.begin(), gp_row.end(), T(0));
+            std::fill(gp_row.begin(), gp_row.end(), 0.0);
             double gbe = 0, val = 0;
             double* gbep = need_beta ? &gbe : nullptr;
             double* valp = value ? &val : nullptr;
-            T* gpp = need_prec ? gp_row.data() : nullptr;
+            double* gpd = need_prec ? gp_row.data() : nullptr;
+            T* sp = scratch.data();
             const T wc = static_cast<T>(w.cross), wa = static_cast<T>(w.within_a), wb = static_cast<T>(w.within_b);
             if (w.cross != 0)
               for (int64_t i = 0; i < n; ++i)
-                run_grad(P, x + i * san, c, sbn, m, d, be, wc, wc, acc_a + i * d, gbep, gpp, acc_b, valp);
+                grad_pairs(P, x + i * san, c, sbn, m, be, wc, wc, acc_a + i * d, gbep, gpd, sp, acc_b, valp);
             if (w.within_a != 0)
               for (int64_t i = 0; i + 1 < n; ++i)
-                run_grad(P, x + i * san, x + (i + 1) * san, san, n - i - 1, d, be, wa, wa, acc_a + i * d, gbep, gpp,
-                         acc_a + (i + 1) * d, valp);
+                grad_pairs(P, x + i * san, x + (i + 1) * san, san, n - i - 1, be, wa, wa, acc_a + i * d, gbep, gpd, sp,
+                           acc_a + (i + 1) * d, valp);
             if (w.within_b != 0)
               for (int64_t j = 0; j + 1 < m; ++j)
-                run_grad(P, c + j * sbn, c + (j + 1) * sbn, sbn, m - j - 1, d, be, wb, wb, acc_b + j * d, gbep, gpp,
-                         acc_b + (j + 1) * d, valp);
+                grad_pairs(P, c + j * sbn, c + (j + 1) * sbn, sbn, m - j - 1, be, wb, wb, acc_b + j * d, gbep, gpd, sp,
+                           acc_b + (j + 1) * d, valp);
             const T gr = gp_in[r];
             if (gap)
               for (int64_t i = 0; i < n; ++i) P.apply(acc_a + i * d, gr, gap + (r * n + i) * d, d);
@@ -421,21 +436,21 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
       }
       if (need_a || need_param) {
         at::parallel_for(0, B * nba, 1, [&](int64_t u0, int64_t u1) {
-          std::vector<T> acc(R * d);
+          std::vector<T> acc(R * d), scratch(ps);
           for (int64_t u = u0; u < u1; ++u) {
             const int64_t r = u / nba, I = u % nba;
             unit(r, I, ap + r * sab, san, n, I, bp + r * sbb, sbn, m, w.cross, true, w.within_a,
-                 gap ? gap + r * n * d : nullptr, acc);
+                 gap ? gap + r * n * d : nullptr, acc, scratch);
           }
         });
       }
       if (need_b || (need_param && w.within_b != 0)) {
         at::parallel_for(0, B * nbb, 1, [&](int64_t u0, int64_t u1) {
-          std::vector<T> acc(R * d);
+          std::vector<T> acc(R * d), scratch(ps);
           for (int64_t u = u0; u < u1; ++u) {
             const int64_t r = u / nbb, J = u % nbb;
             unit(r, nba + J, bp + r * sbb, sbn, m, J, need_b ? ap + r * sab : nullptr, san, n, w.cross, false,
-                 w.within_b, gbp ? gbp + r * m * d : nullptr, acc);
+                 w.within_b, gbp ? gbp + r * m * d : nullptr, acc, scratch);
           }
         });
       }
