@@ -47,6 +47,7 @@ namespace etweedie {
 namespace cpu {
 
 constexpr int64_t kLargeDBlock = 8;
+constexpr int64_t kFlushPairs = 64;  // metric-gradient pairs summed in T before they join the double sum
 
 inline int64_t energy_block(int64_t d) { return d > kSmallD ? kLargeDBlock : kTile; }
 
@@ -340,9 +341,10 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
     const T* gp_in = g.data_ptr<T>();
     T* gap = need_a ? ga.data_ptr<T>() : nullptr;
     T* gbp = need_b ? gb.data_ptr<T>() : nullptr;
-    // The metric gradient is summed in T over one run_grad call (≤ one block of pairs) and in double
-    // across calls: the ED's cross and within sums cancel (the difference is often 50× smaller than
-    // either), so a T running sum over every pair of a row lost up to ~1e-4 relative accuracy
+    // The metric gradient is summed in T within a run_grad call and over calls until kFlushPairs
+    // pairs, in double beyond (a call holds ≤ 64 pairs here, one point's pairs in the row-parallel
+    // path below): the ED's cross and within sums cancel (the difference is often 50× smaller than either), so a T
+    // running sum over every pair of a row lost up to ~1e-4 relative accuracy
     // (tests/test_energy_distance.py, block2, d = 40, seed 780792699).
     std::vector<double> part_prec(need_prec ? B * nu * ps : 0, 0.0);
     const int64_t sab = a.stride(0), san = a.stride(1), sbb = b.stride(0), sbn = b.stride(1);
@@ -351,13 +353,21 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
       // Block I of cloud x: gradients of its points from the cross pairs with cloud c (weight
       // w_cross; counted for β/P when cross_param) and from all within pairs (weight w_within,
       // each pair seen twice, so β/P take w_within / 2).
-      // run_grad with its metric gradient added to the double accumulator gpd (scratch: ps values of T)
+      // scratch (ps values of T, `pending` pairs in it) added to the double accumulator gpd, then cleared
+      auto flush = [&](double* gpd, T* scratch, int64_t& pending) {
+        for (int64_t e = 0; e < ps; ++e) {
+          gpd[e] += static_cast<double>(scratch[e]);
+          scratch[e] = T(0);
+        }
+        pending = 0;
+      };
+      // run_grad with its metric gradient summed into scratch, flushed to gpd every kFlushPairs pairs
+      // (not every call: at large d a call holds 8 pairs and the flush of a diagonal metric d values)
       auto grad_pairs = [&](const Prec& P, const T* x, const T* c, int64_t sc, int64_t nc, T be, T cu, T cp, T* acc,
-                            double* gbe, double* gpd, T* scratch, T* acc_c = nullptr, double* val = nullptr) {
-        if (gpd) std::fill(scratch, scratch + ps, T(0));
+                            double* gbe, double* gpd, T* scratch, int64_t& pending, T* acc_c = nullptr,
+                            double* val = nullptr) {
         run_grad(P, x, c, sc, nc, d, be, cu, cp, acc, gbe, gpd ? scratch : nullptr, acc_c, val);
-        if (gpd)
-          for (int64_t e = 0; e < ps; ++e) gpd[e] += static_cast<double>(scratch[e]);
+        if (gpd && (pending += nc) >= kFlushPairs) flush(gpd, scratch, pending);
       };
       auto unit = [&](int64_t r, int64_t slot, const T* x, int64_t sx, int64_t np, int64_t I, const T* c, int64_t sc,
                       int64_t nc, double w_cross, bool cross_param, double w_within, T* gout, std::vector<T>& acc,
@@ -368,13 +378,15 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
         std::fill(acc.begin(), acc.end(), T(0));
         double* gbe = need_beta ? &part_beta[r * nu + slot] : nullptr;
         double* gpd = need_prec ? part_prec.data() + (r * nu + slot) * ps : nullptr;
+        std::fill(scratch.begin(), scratch.end(), T(0));
+        int64_t pending = 0;
         const T wc = static_cast<T>(w_cross), ww = static_cast<T>(w_within);
         if (w_cross != 0 && c != nullptr) {
           for (int64_t j0 = 0; j0 < nc; j0 += R) {
             const int64_t len = std::min(R, nc - j0);
             for (int64_t i = i0; i < i1; ++i)
               grad_pairs(P, x + i * sx, c + j0 * sc, sc, len, be, wc, wc, acc.data() + (i - i0) * d,
-                         cross_param ? gbe : nullptr, cross_param ? gpd : nullptr, scratch.data());
+                         cross_param ? gbe : nullptr, cross_param ? gpd : nullptr, scratch.data(), pending);
           }
         }
         if (w_within != 0 && np > 1) {
@@ -382,9 +394,10 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
             const int64_t len = std::min(R, np - j0);
             for (int64_t i = i0; i < i1; ++i)
               grad_pairs(P, x + i * sx, x + j0 * sx, sx, len, be, ww, T(0.5) * ww, acc.data() + (i - i0) * d, gbe,
-                         gpd, scratch.data());
+                         gpd, scratch.data(), pending);
           }
         }
+        if (gpd) flush(gpd, scratch.data(), pending);
         if (gout) {
           const T gr = gp_in[r];
           for (int64_t i = i0; i < i1; ++i) P.apply(acc.data() + (i - i0) * d, gr, gout + i * d, d);
@@ -410,18 +423,21 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
             double* valp = value ? &val : nullptr;
             double* gpd = need_prec ? gp_row.data() : nullptr;
             T* sp = scratch.data();
+            std::fill(scratch.begin(), scratch.end(), T(0));
+            int64_t pending = 0;
             const T wc = static_cast<T>(w.cross), wa = static_cast<T>(w.within_a), wb = static_cast<T>(w.within_b);
             if (w.cross != 0)
               for (int64_t i = 0; i < n; ++i)
-                grad_pairs(P, x + i * san, c, sbn, m, be, wc, wc, acc_a + i * d, gbep, gpd, sp, acc_b, valp);
+                grad_pairs(P, x + i * san, c, sbn, m, be, wc, wc, acc_a + i * d, gbep, gpd, sp, pending, acc_b, valp);
             if (w.within_a != 0)
               for (int64_t i = 0; i + 1 < n; ++i)
                 grad_pairs(P, x + i * san, x + (i + 1) * san, san, n - i - 1, be, wa, wa, acc_a + i * d, gbep, gpd, sp,
-                           acc_a + (i + 1) * d, valp);
+                           pending, acc_a + (i + 1) * d, valp);
             if (w.within_b != 0)
               for (int64_t j = 0; j + 1 < m; ++j)
                 grad_pairs(P, c + j * sbn, c + (j + 1) * sbn, sbn, m - j - 1, be, wb, wb, acc_b + j * d, gbep, gpd, sp,
-                           acc_b + (j + 1) * d, valp);
+                           pending, acc_b + (j + 1) * d, valp);
+            if (gpd) flush(gpd, sp, pending);
             const T gr = gp_in[r];
             if (gap)
               for (int64_t i = 0; i < n; ++i) P.apply(acc_a + i * d, gr, gap + (r * n + i) * d, d);
