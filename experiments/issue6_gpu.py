@@ -215,13 +215,14 @@ def main() -> int:
     if args.worker:
         args.table, args.name = args.worker
         return worker(args)
-    if args.arms:  # before anything starts: a typo here would otherwise surface only after the trainings
-        sys.path.insert(0, str(ROOT))
-        from etweedie.diffusion_eval import load_config
+    # the table jobs: one per path / arm of the config (its isolation arms default to etweedie.paths.ISOLATION_ARMS)
+    sys.path.insert(0, str(ROOT))
+    from etweedie.diffusion_eval import load_config
 
-        known = load_config(ROOT / SAMPLE_CONFIG)["isolation"]["names"]
-        unknown = [a for a in args.arms if a not in known]
-        if unknown or len(set(args.arms)) < len(args.arms):
+    sample_config = load_config(ROOT / SAMPLE_CONFIG)
+    if args.arms:  # checked before anything starts: a typo would otherwise surface only after the trainings
+        known = sample_config["isolation"]["names"]
+        if any(a not in known for a in args.arms) or len(set(args.arms)) < len(args.arms):
             parser.error(f"--arms: expected distinct isolation arms of {SAMPLE_CONFIG} ({', '.join(known)}), got {args.arms}")
 
     os.chdir(ROOT)
@@ -305,11 +306,6 @@ def main() -> int:
     have_models = all((ROOT / run / "posterior.pt").exists() for run, _ in MODELS)
 
     # 3. table jobs
-    # one job per path / arm of the config (its isolation arms default to etweedie.paths.ISOLATION_ARMS)
-    sys.path.insert(0, str(ROOT))
-    from etweedie.diffusion_eval import load_config
-
-    sample_config = load_config(ROOT / SAMPLE_CONFIG)
     by_table = {table: [(table, n) for n in sample_config[table]["names"]] for table in ("paths", "isolation")}
     if args.arms:
         by_table["isolation"] = [("isolation", n) for n in args.arms]

@@ -81,7 +81,7 @@ def test_matches_float64_reference(backend, device, kind, shape, unbiased, seed)
 def test_metric_gradient_when_cross_and_within_sums_cancel(backend, device):
     """A pinned draw (CI, 2026-11-26) whose metric gradient is ~50× smaller than the cross and
     within sums it is the difference of: the CPU kernel once summed it over every pair in float32
-    and missed by 8.3e-5 (bound 6.4e-5); it now sums each block of pairs into a double."""
+    and missed by 8.3e-5 (bound 6.4e-5); it now adds float32 partial sums into a double every 64 pairs."""
     _check_all(backend, device, _inputs(780792699, 2, 11, 18, 40, "block2"), 780792699, "cancelling metric gradient")
 
 
