@@ -182,7 +182,8 @@ def _tracking(plt, res, fig_data, ring):
     if not tracking:
         return None
     curves = {name: _mean_sd(c) for name, c in tracking.items()}
-    if len(curves) <= SINGLE_PANEL_CURVES:
+    single = len(curves) <= SINGLE_PANEL_CURVES
+    if single:
         fig, ax = plt.subplots(figsize=(5.5, 3.6))
         axes = [ax] * len(curves)
     else:
@@ -190,7 +191,7 @@ def _tracking(plt, res, fig_data, ring):
     first = next(iter(curves))
     for i, (ax, (name, (r, mean, sd))) in enumerate(zip(axes, curves.items())):
         color = _COLORS[i % len(_COLORS)]
-        if len(curves) > SINGLE_PANEL_CURVES:
+        if not single:
             if name != first:
                 ax.plot(curves[first][0], curves[first][1], color="0.6", lw=0.8, label=first)
             ax.set_title(name, fontsize=9)
@@ -203,10 +204,10 @@ def _tracking(plt, res, fig_data, ring):
         ax.axhline(0, color="k", lw=0.5)
     axes[min(1, len(axes) - 1)].legend(fontsize=7)  # the grid's second panel names its grey curve
     axes[0].invert_xaxis()  # shared x in the grid: once
-    for ax in axes:
-        if len(curves) <= SINGLE_PANEL_CURVES or ax.get_subplotspec().is_last_row() or _below_is_empty(ax, len(axes)):
+    for ax in set(axes):  # the grid: x labels under the lowest panel of each column, y labels on the first
+        if single or _below_is_empty(ax, len(axes)):
             ax.set_xlabel("realized RMS r (level)")
-        if len(curves) <= SINGLE_PANEL_CURVES or ax.get_subplotspec().is_first_col():
+        if single or ax.get_subplotspec().is_first_col():
             ax.set_ylabel("signed ED to the noisy marginal")
     fig.tight_layout()
     return fig
@@ -220,7 +221,7 @@ def _mean_sd(curves):
 
 
 def _below_is_empty(ax, n: int) -> bool:
-    """Whether the grid cell under ``ax`` holds no panel (the last row is short)."""
+    """Whether the grid cell under ``ax`` holds no panel (the last row, or above a gap in a short last row)."""
     spec = ax.get_subplotspec()
     rows, cols = spec.get_gridspec().get_geometry()
     return (spec.rowspan.start + 1) * cols + spec.colspan.start >= n
