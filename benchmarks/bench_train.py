@@ -147,7 +147,7 @@ def main(argv=None) -> int:
     m = config.model
     print(f"training step: d={data.shape[1]}, batch {config.batch_size} x {config.draws} draws, "
           f"{m.architecture} width {m.width} depth {m.depth}; {flops / 1e9:.2f} GFLOP (matmul, fwd+bwd) per step")
-    print(f"device: {name}; torch {torch.__version__}, etweedie {etweedie.__version__}, threads {torch.get_num_threads()}")
+    print(f"device: {name}; torch {torch.__version__}, etweedie {etweedie.__version__}, threads {config.threads or torch.get_num_threads()}")
     if not gpu:
         print("on the CPU both rows run the eager float32 step (bf16/TF32/fused/compile are GPU settings)")
     print(f"{'variant':<28} {'examples/s':>11} {'ms/step':>9} {'TFLOP/s':>9} {'of bf16 peak':>13}")
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({
             "device": name, "torch": torch.__version__, "etweedie": etweedie.__version__,
-            "threads": torch.get_num_threads(), "dim": int(data.shape[1]), "config": dataclasses.asdict(config),
+            "threads": config.threads or torch.get_num_threads(), "dim": int(data.shape[1]), "config": dataclasses.asdict(config),
             "flops_per_step": flops, "bf16_peak_tflops": peak, "results": results,
             "date": time.strftime("%Y-%m-%d"),
         }, indent=1, default=str) + "\n")
