@@ -1203,7 +1203,7 @@ def held_out_loss(
     prior = NoisePrior.from_config(config.prior)
     device = next(posterior.parameters()).device
     gens = _generators(seed, device)
-    x = source.draw(n_examples, gens["data"])
+    x = source.draw(n_examples, gens["data"]).cpu()  # drawn on the CPU (a source may hold GPU data)
     params = prior.sample(n_examples, gens["prior"])
     y = x + noise_law(params, source.dim, config.prior.geometry).sample(generator=gens["noise"])
     x, y = x.to(device), y.to(device)
