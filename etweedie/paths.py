@@ -61,7 +61,6 @@ __all__ = [
     "NoisePath",
     "get_path",
     "level_times",
-    "params_from_eta",
     "path_names",
 ]
 
@@ -190,19 +189,6 @@ class NoisePath:
     def __call__(self, t) -> NoiseParams:
         beta, lam, r, u, v = self.coordinates(t)
         return NoiseParams(beta, lam, NoiseParams.sigma_for_rms(r, lam, beta), u, v)
-
-
-def params_from_eta(eta: torch.Tensor) -> NoiseParams:
-    """Invert ``NoiseParams.eta()``: η = (β, log λ, log σ, u, v), ``(..., 5)`` → NoiseParams with ``(...)`` fields.
-
-    Example::
-
-        >>> p = NoiseParams(1.4, 1.8, 0.57, 0.0, 0.6)
-        >>> q = params_from_eta(p.eta())
-        >>> round(float(q.lam), 4), round(float(q.sigma), 4)
-        (1.8, 0.57)
-    """
-    return NoiseParams.from_eta(eta)
 
 
 # ---------------------------------------------------------------------------- built-in paths

@@ -4,7 +4,7 @@ Every stage of a run that draws random numbers takes its own generator from
 :func:`substream` ``(seed, *keys)``, so stages are independent and resizing one leaves the
 others' draws unchanged; files that must never be half-written go through
 :func:`atomic_write`; means and standard deviations over seeds, models or replicates come from
-:func:`mean_std`.
+:func:`mean_std`.  The argument checks of :mod:`etweedie._checks` are re-exported here.
 
     >>> derive_seed(0, 100)
     100
@@ -21,9 +21,19 @@ from typing import Callable, Iterable, Optional, Tuple, Union
 
 import torch
 
-from ._checks import check_int
+from ._checks import check_bool, check_float, check_generator, check_int
 
-__all__ = ["atomic_write", "derive_seed", "mean_std", "substream"]
+# The argument checks (defined in etweedie._checks) are re-exported for code built on the library.
+__all__ = [
+    "atomic_write",
+    "check_bool",
+    "check_float",
+    "check_generator",
+    "check_int",
+    "derive_seed",
+    "mean_std",
+    "substream",
+]
 
 
 # ---------------------------------------------------------------------------- seeded sub-streams

@@ -1,4 +1,4 @@
-"""Issue 7: do the learned posteriors draw the noise's tails?  Residual tails per noise level.
+"""Do the learned posteriors draw the noise's tails?  Residual tails per noise level.
 
 For the estimation truth (β, λ, u, v) = (1.4, 1.8, 0.25, 0.35) and each σ, draws clean points x,
 y = x + e, and posterior draws x' from the oracle (SIR on a clean bank) and from each learned
@@ -7,7 +7,7 @@ posterior.  It reports moments of the Mahalanobis residual t = ‖y − x'‖ in
 y − e, so the residual law tends to the noise law, whose tails exp(−λ t^β) are heavier than a
 Gaussian's for β < 2.  kurt = E t⁴ / (E t²)², q99/q50 = the 99 % over the 50 % quantile.
 
-    OMP_NUM_THREADS=2 python experiments/issue7_tails.py --posterior-checkpoint runs/eg_full/posterior.pt \
+    OMP_NUM_THREADS=2 python -m experiments.estimation_diagnostics.posterior_tails --posterior-checkpoint runs/eg_full/posterior.pt \
         --posterior-checkpoint runs/eg_nl_full/posterior.pt [--sigmas 0.1 0.25 0.45 0.75] [--json PATH]
 """
 

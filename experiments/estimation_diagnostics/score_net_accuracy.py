@@ -1,7 +1,7 @@
-"""Issue 7: accuracy of the learned (Hyvärinen) conditional score against the oracle noisy score.
+"""Accuracy of the learned (Hyvärinen) conditional score against the oracle noisy score.
 
 For one data replicate of an estimate config this draws exactly what
-``etweedie.estimate_experiment`` draws — the clean reference bank, the estimation/held-out
+``experiments.eight_gaussians.estimation`` draws — the clean reference bank, the estimation/held-out
 observations of each level and the score network's fresh noisy training observations (same
 generator streams) — trains the score network with the config's ``[score_net]`` settings
 (optionally overridden by ``--set key=value``), and reports per-level and pooled NMSE and mean
@@ -9,7 +9,7 @@ cosine against the oracle score (``is_score`` on the reference bank, as the expe
 the held-out and estimation points.  The oracle's own Monte-Carlo floor is reported too: the
 same IS score on the independent posterior bank, against the reference-bank oracle.
 
-    OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python experiments/issue7_score_net.py \
+    OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python -m experiments.estimation_diagnostics.score_net_accuracy \
         --config configs/estimate_spd.toml --rep 0 --set ema=0.999 --json out.json
 
 No oracle quantity enters training or model selection: the network sees the noisy training
@@ -24,8 +24,9 @@ import time
 
 import torch
 
-from etweedie.estimate_experiment import learned_score_for, load_config, replicate_observations, validate_config
 from etweedie.ops import is_score
+from etweedie.score import mean_cosine, score_nmse
+from experiments.eight_gaussians.estimation import learned_score_for, load_config, replicate_observations, validate_config
 
 
 def _parse_value(text: str):
@@ -33,14 +34,6 @@ def _parse_value(text: str):
         return json.loads(text)
     except json.JSONDecodeError:
         return text
-
-
-def _nmse(a, b):
-    return float((a - b).pow(2).sum() / b.pow(2).sum())
-
-
-def _cos(a, b):
-    return float(torch.nn.functional.cosine_similarity(a, b, dim=-1, eps=1e-30).mean())
 
 
 def light_replicate(config, rep):
@@ -86,14 +79,14 @@ def main(argv=None) -> int:
         s_est = learned(lv["y_est"], lv["sigma"])
         out["levels"].append({
             "sigma": lv["sigma"],
-            "nmse_heldout": _nmse(s_hold, lv["s_hold"]), "cos_heldout": _cos(s_hold, lv["s_hold"]),
-            "nmse_estimation": _nmse(s_est, lv["s_est"]),
-            "oracle_floor_nmse": _nmse(lv["s_hold_indep"], lv["s_hold"]),
+            "nmse_heldout": score_nmse(s_hold, lv["s_hold"]), "cos_heldout": mean_cosine(s_hold, lv["s_hold"]),
+            "nmse_estimation": score_nmse(s_est, lv["s_est"]),
+            "oracle_floor_nmse": score_nmse(lv["s_hold_indep"], lv["s_hold"]),
         })
         hold_l.append(s_hold), ref_l.append(lv["s_hold"]), est_l.append(s_est), eref_l.append(lv["s_est"])
-    out["nmse_heldout"] = _nmse(torch.cat(hold_l), torch.cat(ref_l))
-    out["cos_heldout"] = _cos(torch.cat(hold_l), torch.cat(ref_l))
-    out["nmse_estimation"] = _nmse(torch.cat(est_l), torch.cat(eref_l))
+    out["nmse_heldout"] = score_nmse(torch.cat(hold_l), torch.cat(ref_l))
+    out["cos_heldout"] = mean_cosine(torch.cat(hold_l), torch.cat(ref_l))
+    out["nmse_estimation"] = score_nmse(torch.cat(est_l), torch.cat(eref_l))
     out["final_loss"] = diag.get("final_loss")
     for k in ("best_step", "val_loss"):
         if k in diag:

@@ -1,13 +1,13 @@
-"""The etweedie demo (``make demo``, ``etweedie demo``) on the eight-Gaussians ring (paper §5.1).
+"""The etweedie demo (``make demo``, ``python -m experiments.eight_gaussians.demo``) on the eight-Gaussians ring (paper §5.1).
 
-**Full demo** (:func:`run_demo`, ``etweedie demo``): train a small conditional Engression
+**Full demo** (:func:`run_demo`, ``python -m experiments.eight_gaussians.demo``): train a small conditional Engression
 posterior on CPU (``configs/eight_gaussians_demo.toml`` through :func:`etweedie.train.train`; a few
 minutes, resumable: a rerun reuses the trained model), then evaluate its Energy-Tweedie score
 over the β sweep of Table score_full5_accuracy and the posterior-draw budget of Table
-score_mc_budget (:mod:`etweedie.score_eval`), print the tables, and write the JSON and the
+score_mc_budget (:mod:`experiments.eight_gaussians.score_eval`), print the tables, and write the JSON and the
 figures (β-sweep score fields, NMSE vs N with the a + b/N fit) into the run directory.
 
-**Quick oracle demo** (:func:`run_score_demo`, ``etweedie demo --quick``): no training; scores
+**Quick oracle demo** (:func:`run_score_demo`, ``... demo --quick``): no training; scores
 noisy queries y = x + u with exact or SIR posterior draws instead of a model, in two parts:
 
 (a) Gaussian noise (β = 2, λ = 1, Σ = σ² I, σ ∈ {0.1, 0.25, 0.5}).  The noisy score is
@@ -23,7 +23,7 @@ noisy queries y = x + u with exact or SIR posterior draws instead of a model, in
 
 NMSE = E‖ŝ − s‖² / E‖s‖² over queries; cosine is the mean per-query cosine of ŝ and s.
 
-    >>> from etweedie.demo import run_score_demo, format_score_table
+    >>> from experiments.eight_gaussians.demo import run_score_demo, format_score_table
     >>> results = run_score_demo(seed=0, n_queries=64, n_draws=64, bank_size=8_000, progress=False)
     >>> len(results["rows"])
     14
@@ -31,21 +31,23 @@ NMSE = E‖ŝ − s‖² / E‖s‖² over queries; cosine is the mean per-query
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, TextIO, Union
+from typing import Dict, List, Optional, Sequence, TextIO, Union
 
 import torch
 from tqdm.auto import tqdm
 
-from . import __version__, backends
-from .data import EightGaussians, posterior_sample_sir
-from .noise import NoiseParams
-from .ops import et_score, is_score
-from .score import mean_cosine, score_nmse
+from etweedie import __version__, backends
+from etweedie.data import EightGaussians, posterior_sample_sir
+from etweedie.noise import NoiseParams
+from etweedie.ops import et_score, is_score
+from etweedie.score import mean_cosine, score_nmse
+from etweedie.utils import check_int, substream
 
 __all__ = [
     "DEMO_OUT",
@@ -69,7 +71,7 @@ GAUSSIAN_SIGMAS = (0.1, 0.25, 0.5)
 GENERAL_BETAS = (1.0, 1.4)
 GENERAL_SIGMAS = (0.57, 0.25)
 GENERAL_LAM, GENERAL_U, GENERAL_V = 1.8, 0.0, 0.6
-# Small sizes for `etweedie demo --quick` and the tests (a few seconds).
+# Small sizes for `demo --quick` and the tests (a few seconds).
 QUICK_SIZES = dict(n_queries=128, n_draws=128, bank_size=20_000)
 RESULTS_FILE = "score_demo.json"
 
@@ -77,15 +79,7 @@ RESULTS_FILE = "score_demo.json"
 # ---------------------------------------------------------------------------- helpers
 def _stream(seed: int, index: int) -> torch.Generator:
     """An independent generator per demo stage, so resizing one stage leaves the others' draws unchanged."""
-    return torch.Generator().manual_seed((seed * 1_000_003 + index) % (1 << 63))
-
-
-def _check_size(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+    return substream(seed, index)
 
 
 def _params(beta: float, lam: float, sigma: float, u: float, v: float, dtype: torch.dtype) -> NoiseParams:
@@ -139,10 +133,10 @@ def run_score_demo(
         ``sigma``, ``beta``, ``lam``, ``u``, ``v``, ``realized_rms``, ``method``,
         ``reference``, ``nmse``, ``cosine``, ``n_draws`` (and ``mean_ess`` for IS rows).
     """
-    seed = _check_size(seed, "seed", 0)
-    n_queries = _check_size(n_queries, "n_queries", 1)
-    n_draws = _check_size(n_draws, "n_draws", 1)
-    bank_size = _check_size(bank_size, "bank_size", 2)
+    seed = check_int(seed, "seed", 0)
+    n_queries = check_int(n_queries, "n_queries", 1)
+    n_draws = check_int(n_draws, "n_draws", 1)
+    bank_size = check_int(bank_size, "bank_size", 2)
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
 
@@ -283,8 +277,8 @@ DEMO_OUT = Path("runs") / "demo"
 
 
 def _configs_dir() -> Path:
-    """The repository's configs/ (beside the package in a source checkout), else ./configs."""
-    beside = Path(__file__).resolve().parents[1] / "configs"
+    """The repository's configs/ (two folders above this file), else ./configs."""
+    beside = Path(__file__).resolve().parents[2] / "configs"
     return beside if beside.is_dir() else Path.cwd() / "configs"
 
 
@@ -335,7 +329,7 @@ def run_demo(
         progress: tqdm bars for training and evaluation.
         train_config: a :class:`etweedie.train.TrainConfig` (default
             ``configs/eight_gaussians_demo.toml`` with ``seed``).
-        eval_config: a :class:`etweedie.score_eval.ScoreEvalConfig` (default :func:`demo_eval_config`).
+        eval_config: a :class:`experiments.eight_gaussians.score_eval.ScoreEvalConfig` (default :func:`demo_eval_config`).
         sampling_settings: the sampling stage's settings (default ``DEMO_SAMPLING``; keys as there).
         log: where the stage messages go (default stderr, so stdout holds the tables).
 
@@ -343,10 +337,10 @@ def run_demo(
         ``{"train": <train summary>, "eval": <score_eval results>, "sampling": <run_demo_sampling
         result>, "out_dir": str, "seconds": float}``.
     """
-    from . import train as training
+    from etweedie import train as training
     from .score_eval import run_score_eval
 
-    seed = _check_size(seed, "seed", 0)
+    seed = check_int(seed, "seed", 0)
     log = sys.stderr if log is None else log
     out = Path(out_dir)
     start = time.perf_counter()
@@ -390,9 +384,9 @@ def run_demo_sampling(posterior, out_dir: Union[str, os.PathLike], *, seed: int 
     mode-weight TV, minimum mode mass, modes present, mean radial error), the same metrics for
     independent clean draws (the noise floor of this sample size), and the samples' path.
     """
-    from .metrics import eight_gaussians_metrics, forward_noised
-    from .paths import GeometricRMS, get_path, level_times
-    from .sample import sample_langevin
+    from etweedie.metrics import eight_gaussians_metrics, forward_noised
+    from etweedie.paths import GeometricRMS, get_path, level_times
+    from etweedie.sample import sample_langevin
 
     cfg = dict(DEMO_SAMPLING if settings is None else settings)
     out = Path(out_dir)
@@ -464,3 +458,42 @@ def print_demo(demo: Dict, file: Optional[TextIO] = None) -> None:
         print(f"  figure:  {path}", file=file)
     if "sampling" in demo:
         print(f"  samples: {demo['sampling']['samples_path']}", file=file)
+
+
+# ---------------------------------------------------------------------------- command line
+PROG = "python -m experiments.eight_gaussians.demo"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m experiments.eight_gaussians.demo [--seed N] [--out DIR] [--quick] [--no-progress]``."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="train a small posterior on CPU and evaluate its score (paper §5.1)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
+    parser.add_argument("--out", metavar="DIR", help="run directory (default runs/demo; with --quick: also write DIR/score_demo.json)")
+    parser.add_argument("--quick", action="store_true", help="no training: the oracle-posterior score table, small sizes (a few seconds)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help and usage errors: a status, not an exception
+        return exc.code if isinstance(exc.code, int) else 0
+    if args.seed < 0:
+        print(f"{PROG}: error: --seed must be >= 0, got {args.seed}", file=sys.stderr)
+        return 2
+    if not args.quick:  # train + evaluate
+        try:
+            demo = run_demo(args.out or DEMO_OUT, seed=args.seed, progress=not args.no_progress)
+        except ValueError as exc:  # e.g. a run directory holding another config's checkpoint
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
+        print_demo(demo)
+        return 0
+    results = run_score_demo(seed=args.seed, progress=not args.no_progress, out_dir=args.out, **QUICK_SIZES)
+    print_score_demo(results)
+    if "json_path" in results:
+        print(f"results written to {results['json_path']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

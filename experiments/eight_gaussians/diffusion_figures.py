@@ -21,9 +21,9 @@ from typing import Dict, List
 
 import torch
 
-from .data import EightGaussians
-from .metrics import mode_assignment
-from .paths import GeometricRMS, get_path
+from etweedie.data import EightGaussians
+from etweedie.metrics import mode_assignment
+from etweedie.paths import GeometricRMS, get_path
 
 __all__ = ["write_figures"]
 

@@ -1,12 +1,12 @@
-"""Issue 7: which known level carries the learned posterior's β̂ offset.
+"""Which known level carries the learned posterior's β̂ offset.
 
 Fits the generalized family (Algorithm 1, oracle IS score) on ONE known level at a time (and
 then on all levels, as the experiment does), with the oracle SIR posterior and with each
 learned posterior, on the replicates of
-configs/estimate_spd.toml (same observations, draws and seeds as `etweedie estimate`).  A level
+configs/estimate_spd.toml (same observations, draws and seeds as `python -m experiments.eight_gaussians.estimation`).  A level
 where the learned rows leave the oracle row is where the posterior model is off.
 
-    OMP_NUM_THREADS=1 python experiments/issue7_per_level.py \
+    OMP_NUM_THREADS=1 python -m experiments.estimation_diagnostics.per_level_beta \
         --posterior-checkpoint runs/eg_full/posterior.pt --posterior-checkpoint runs/eg_full_seed43/posterior.pt \
         --replicates 0 3 [--antithetic] [--oracle-draws 1024] [--split-half]
 """
@@ -17,7 +17,7 @@ import json
 
 import torch
 
-from etweedie import estimate_experiment as ee
+from experiments.eight_gaussians import estimation as ee
 from etweedie.data import posterior_sample_sir
 from etweedie.estimate import EstimatorSettings, estimate_noise
 
@@ -52,7 +52,7 @@ def main() -> None:
                                                    ee._stream(config["seed"], rep, 99 + i))
         learned = []
         for j, model in enumerate(models):
-            # the experiment's own sampler and stream, so the draws equal `etweedie estimate`'s
+            # the experiment's own sampler and stream, so the draws equal `python -m experiments.eight_gaussians.estimation`'s
             sampler = ee.learned_posterior_sampler(model, truth, config["learned_posterior"]["chunk"], args.antithetic)
             g = ee._stream(config["seed"], rep, 50 + j)
             learned.append([sampler(lv["y_est"], lv["sigma"], settings.n_posterior, g) for lv in levels])

@@ -1,4 +1,4 @@
-"""Issue 6: how far the plain seed-stratified bootstrap of the signed ED sits above the estimate,
+"""How far the plain seed-stratified bootstrap of the signed ED sits above the estimate,
 and what the tie-free replicate (etweedie.metrics.stratified_bootstrap_energy_distance) does.
 
 Clean eight-Gaussians draws against an independent clean reference (the null: the true ED is 0),
@@ -6,7 +6,7 @@ three seeds of n/3 points each, as in the diffusion tables.  For each pooled siz
 mean estimate, the mean interval centre and the mean replicate of both bootstraps, and how often
 each 95 % interval covers 0.
 
-    OMP_NUM_THREADS=1 python experiments/issue6_bootstrap_shift.py --datasets 10 --n-boot 100
+    OMP_NUM_THREADS=1 python -m experiments.bootstrap_intervals.energy_distance_shift --datasets 10 --n-boot 100
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from etweedie.data import EightGaussians
-from etweedie.metrics import _bootstrap_ed_replicates, signed_energy_distance
+from etweedie.metrics import bootstrap_ed_replicates, signed_energy_distance
 
 
 def main(argv=None) -> None:
@@ -44,7 +44,7 @@ def main(argv=None) -> None:
                 signed_energy_distance(torch.cat([x[torch.randint(n, (n,), generator=g)] for x in groups]), ref)
                 for _ in range(args.n_boot)
             ], dtype=torch.float64)
-            free = _bootstrap_ed_replicates(groups, ref.double(), args.n_boot, g, 1.0, 25)
+            free = bootstrap_ed_replicates(groups, ref.double(), args.n_boot, g, 1.0, 25)
             q = torch.tensor([0.025, 0.975], dtype=torch.float64)
             lo, hi = torch.quantile(plain, q).tolist()
             cover_plain += lo <= 0 <= hi

@@ -1,6 +1,6 @@
-"""Issue 5: compare posterior architectures (conditioning, output form) at one training budget.
+"""Compare posterior architectures (conditioning, output form) at one training budget.
 
-    nice -n 5 .venv/bin/python experiments/issue5_posterior_ablation.py --config configs/eight_gaussians_demo.toml \
+    nice -n 5 .venv/bin/python -m experiments.posterior_quality.architecture_ablation --config configs/eight_gaussians_demo.toml \
         --variant film:scaled_residual --variant concat:scaled_residual --out runs/ablation
 
 Each variant is trained with the config (model.conditioning/output/width replaced) and scored on

@@ -33,27 +33,29 @@ a run that only adds sources (the learned-posterior rows, say) skips the score t
 
 from __future__ import annotations
 
+import argparse
 import copy
 import hashlib
 import json
 import os
 import platform
-import statistics
+import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
-from . import __version__
-from .data import EightGaussians, posterior_sample_sir
-from .estimate import FAMILIES, FAMILY_LABELS, EstimatorSettings, estimate_noise, level_variance
-from .metric import Metric, scale_constant, shape_matrix
-from .noise import GeneralizedGaussian, NoiseParams
-from .ops import is_score
-from .score import antithetic_options
-from .scorematching import fit_score
+from etweedie import __version__
+from etweedie.data import EightGaussians, posterior_sample_sir
+from etweedie.estimate import FAMILIES, FAMILY_LABELS, LEVEL_SCALES, EstimatorSettings, estimate_noise, level_variance
+from etweedie.metric import Metric, scale_constant, shape_matrix
+from etweedie.noise import GeneralizedGaussian, NoiseParams
+from etweedie.ops import is_score
+from etweedie.utils import atomic_write, mean_std, substream
+from etweedie.score import antithetic_options, mean_cosine, score_nmse
+from etweedie.scorematching import fit_score
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -179,11 +181,11 @@ def validate_config(config: Dict) -> Dict:
 
 # ---------------------------------------------------------------------------- helpers
 def _stream(seed: int, *index: int) -> torch.Generator:
-    """An independent generator per (replicate, stage): changing one stage leaves the others alone."""
-    h = seed
-    for i in index:
-        h = (h * 1_000_003 + i + 1) % (1 << 61)
-    return torch.Generator().manual_seed(h)
+    """An independent generator per (replicate, stage): changing one stage leaves the others alone.
+
+    ``etweedie.utils.substream`` over the keys ``index + 1`` (so replicate 0 and stage 0 still
+    move the seed; the streams of every recorded run are unchanged)."""
+    return substream(seed, *(i + 1 for i in index))
 
 
 def truth_law(truth: Dict, sigma: float, dtype: torch.dtype) -> GeneralizedGaussian:
@@ -231,7 +233,7 @@ def _load_posteriors(paths: List[str]):
     if not paths:
         return []
     try:
-        from .train import load_posterior
+        from etweedie.train import load_posterior
     except ImportError as exc:  # the learned posterior lives in etweedie.train
         raise RuntimeError(f"learned posterior rows need etweedie.train.load_posterior: {exc}") from exc
     models = []
@@ -241,14 +243,6 @@ def _load_posteriors(paths: List[str]):
             model.eval()
         models.append(model)
     return models
-
-
-def _nmse(estimate: torch.Tensor, reference: torch.Tensor) -> float:
-    return float((estimate - reference).pow(2).sum() / reference.pow(2).sum())
-
-
-def _cosine(estimate: torch.Tensor, reference: torch.Tensor) -> float:
-    return float(torch.nn.functional.cosine_similarity(estimate, reference, dim=-1, eps=1e-30).mean())
 
 
 # ---------------------------------------------------------------------------- one replicate
@@ -328,10 +322,10 @@ def learned_score_for(config: Dict, replicate: Dict, rep: int, progress: bool = 
     ref_hold = torch.cat([lv["s_hold"] for lv in replicate["levels"]])
     diag = {
         "train_seconds": seconds,
-        "nmse_estimation": _nmse(torch.cat(scores), ref_est),
-        "cosine_estimation": _cosine(torch.cat(scores), ref_est),
-        "nmse_heldout": _nmse(torch.cat(s_hold), ref_hold),
-        "cosine_heldout": _cosine(torch.cat(s_hold), ref_hold),
+        "nmse_estimation": score_nmse(torch.cat(scores), ref_est),
+        "cosine_estimation": mean_cosine(torch.cat(scores), ref_est),
+        "nmse_heldout": score_nmse(torch.cat(s_hold), ref_hold),
+        "cosine_heldout": mean_cosine(torch.cat(s_hold), ref_hold),
         "final_loss": sum(learned.train_result.losses[-100:]) / min(100, len(learned.train_result.losses)),
         "best_step": learned.train_result.best_step,
     }
@@ -376,13 +370,6 @@ def _read_checkpoint(path: Path, key: str, loader):
     return payload if isinstance(payload, dict) and payload.get("key") == key else None
 
 
-def _write_atomic(path: Path, writer) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    writer(tmp)
-    os.replace(tmp, path)  # a checkpoint is either complete or absent
-
-
 def _cached_learned_score(config: Dict, replicate: Dict, rep: int, progress: bool, ckpt_dir: Optional[Path],
                           reuse: bool = True):
     """learned_score_for, checkpointed to ``ckpt_dir/learned_score_<rep>.pt`` and reused (with
@@ -394,7 +381,7 @@ def _cached_learned_score(config: Dict, replicate: Dict, rep: int, progress: boo
     if cached is not None:
         return cached["scores"], {**cached["diag"], "reused_from_checkpoint": True}
     scores, diag = learned_score_for(config, replicate, rep, progress)
-    _write_atomic(path, lambda p: torch.save({"key": key, "scores": scores, "diag": diag}, p))
+    atomic_write(path, lambda p: torch.save({"key": key, "scores": scores, "diag": diag}, p))
     return scores, diag
 
 
@@ -473,7 +460,7 @@ def run_experiment(
         replicate_info.append(info)
         if rep_path is not None:
             payload = {"key": rep_key, "rows": rows[n_rows:], "info": info}
-            _write_atomic(rep_path, lambda p: p.write_text(json.dumps(payload, default=float)))
+            atomic_write(rep_path, lambda p: p.write_text(json.dumps(payload, default=float)))
     results = {
         "version": __version__,
         "config": config,
@@ -487,13 +474,6 @@ def run_experiment(
     if out_dir is not None:
         write_outputs(results, out_dir)
     return results
-
-
-def _mean_std(values: List[float]):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
 def summarize(rows: List[Dict]) -> List[Dict]:
@@ -510,8 +490,8 @@ def summarize(rows: List[Dict]) -> List[Dict]:
         sel = [r for r in rows if (r["family"], r["score"], r["posterior"]) == (family, score, post)]
         entry = {"family": family, "score": score, "posterior": post, "fits": len(sel)}
         for metric in ("beta", "lam", "u", "v", "shape_error", "heldout_mse", "heldout_nmse"):
-            entry[metric], entry[metric + "_std"] = _mean_std([r[metric] for r in sel])
-        entry["fit_seconds"], _ = _mean_std([r["timings"]["fit"] for r in sel])
+            entry[metric], entry[metric + "_std"] = mean_std([r[metric] for r in sel])
+        entry["fit_seconds"], _ = mean_std([r["timings"]["fit"] for r in sel])
         out.append(entry)
     return out
 
@@ -524,7 +504,9 @@ def format_table(results: Dict) -> str:
         if fixed is not None:
             return fixed
         m, s = entry[metric], entry[metric + "_std"]
-        return "—" if m is None else f"{m:.{digits}f} ± {s:.{digits}f}"
+        if m is None:
+            return "—"
+        return f"{m:.{digits}f}" if s is None else f"{m:.{digits}f} ± {s:.{digits}f}"
 
     lines = [
         "| family | score/posterior | fits | β̂ | λ̂ | û | v̂ | ‖Ŝ−S*‖_F | held-out MSE | NMSE |",
@@ -597,3 +579,99 @@ def write_outputs(results: Dict, out_dir: str) -> None:
         json.dump(results, fh, indent=1, default=float)
     with open(out / TABLE_FILE, "w") as fh:
         fh.write(format_table(results) + "\n")
+
+
+# ---------------------------------------------------------------------------- command line
+PROG = "python -m experiments.eight_gaussians.estimation"
+CLI_HELP = "noise-parameter estimation on the eight-Gaussians ring (paper §5.2, full-SPD tables)"
+
+
+def add_cli_arguments(parser) -> None:
+    """The command-line arguments."""
+    parser.add_argument("--config", metavar="TOML", help="experiment config (configs/estimate_spd.toml, configs/estimate_cpu.toml)")
+    parser.add_argument("--out", metavar="DIR", help="write estimate_results.json, estimate_table.md and heldout_error.png here")
+    parser.add_argument(
+        "--posterior-checkpoint", metavar="PATH", action="append", default=None,
+        help="learned posterior checkpoint (etweedie.train.load_posterior); repeat for several trained posteriors",
+    )
+    parser.add_argument(
+        "--score-source", choices=("oracle", "learned"), action="append", default=None,
+        help="override sources.score (repeatable), e.g. --score-source oracle",
+    )
+    parser.add_argument(
+        "--posterior-source", choices=("oracle", "learned"), action="append", default=None,
+        help="override sources.posterior (repeatable), e.g. --posterior-source learned",
+    )
+    parser.add_argument(
+        "--family", choices=tuple(FAMILIES), action="append", default=None,
+        help="override sources.families (repeatable)",
+    )
+    parser.add_argument(
+        "--level-scale", choices=LEVEL_SCALES, default=None,
+        help="override truth.level_scale: rms (Σ = (σ/c_{β,d})² S, DESIGN §2) or plain (Σ = σ² S, paper §5.1 text)",
+    )
+    parser.add_argument("--replicates", type=int, help="override the number of data replicates")
+    parser.add_argument("--seed", type=int, help="override the seed")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--no-resume", action="store_true",
+        help="recompute every replicate and learned score even where --out holds matching checkpoints",
+    )
+    parser.add_argument(
+        "--split-half", action="store_true",
+        help="debias the objective's ‖G‖² term with two halves of the K draws (estimator.split_half = true)",
+    )
+
+
+def cli_main(args) -> int:
+    """Run the experiment of ``--config`` and write its outputs to ``--out``."""
+    try:
+        config = load_config(args.config)
+        if args.replicates is not None:
+            config["replicates"] = args.replicates
+        if args.seed is not None:
+            config["seed"] = args.seed
+        if args.posterior_checkpoint:
+            config["sources"]["posterior_checkpoints"] = list(args.posterior_checkpoint)
+        if args.score_source:
+            config["sources"]["score"] = list(dict.fromkeys(args.score_source))
+        if args.posterior_source:
+            config["sources"]["posterior"] = list(dict.fromkeys(args.posterior_source))
+        if args.family:
+            config["sources"]["families"] = list(dict.fromkeys(args.family))
+        if args.level_scale:
+            config["truth"]["level_scale"] = args.level_scale
+        if args.split_half:
+            config["estimator"]["split_half"] = True
+        config = validate_config(config)
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"{PROG}: error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
+            return 2
+        torch.set_num_threads(args.threads)
+    results = run_experiment(
+        config, progress=not args.no_progress, out_dir=args.out, resume=not args.no_resume
+    )
+    print(format_table(results))
+    if args.out:
+        print(f"results written to {args.out}")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m experiments.eight_gaussians.estimation [ARGS]``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog=PROG, description=CLI_HELP)
+    add_cli_arguments(parser)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help and usage errors: a status, not an exception
+        return exc.code if isinstance(exc.code, int) else 0
+    return cli_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

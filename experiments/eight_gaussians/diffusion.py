@@ -23,28 +23,29 @@ Posteriors: ``kind = "known"`` (:class:`~etweedie.known_posterior.KnownPosterior
 
 from __future__ import annotations
 
+import argparse
 import copy
 import hashlib
 import json
 import math
 import os
 import pickle
+import sys
 import time
 import tomllib
-import zlib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .data import EightGaussians
-from .known_posterior import KnownPosterior
-from .metrics import (
+from etweedie.data import EightGaussians
+from etweedie.utils import atomic_write, mean_std, substream
+from etweedie.known_posterior import KnownPosterior
+from etweedie.metrics import (
     MarginalTracker,
     eight_gaussians_metrics,
     forward_noised,
-    mean_and_sd,
     min_mode_mass,
     mode_weight_tv,
     mean_radial_error,
@@ -52,9 +53,9 @@ from .metrics import (
     stratified_bootstrap_energy_distance,
     stratified_subset,
 )
-from .paths import DEFAULT_LEVELS, GeometricRMS, ISOLATION_ARMS, get_path, level_times
-from .sample import ThroughputTimer, sample_langevin
-from .score import _module_dtype_device
+from etweedie.paths import DEFAULT_LEVELS, GeometricRMS, ISOLATION_ARMS, get_path, level_times
+from etweedie.sample import ThroughputTimer, sample_langevin
+from etweedie.score import posterior_dtype_device
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -68,6 +69,8 @@ __all__ = [
 ]
 
 RESULTS_FILE = "diffusion_results.json"
+PROG = "python -m experiments.eight_gaussians.diffusion"
+CLI_HELP = "annealed-Langevin sampling of eight Gaussians along noise-parameter paths (paper §5.3): tables, samples, figures"
 SCALAR_METRICS = ("signed_ed", "mode_weight_tv", "min_mode_mass", "mean_radial_error")
 # interval method per metric (etweedie.metrics.stratified_bootstrap; the signed ED's replicates
 # are tie-free, stratified_bootstrap_energy_distance); written into each table's JSON
@@ -181,7 +184,7 @@ def _validate(config: Dict, need_checkpoints: bool = True) -> None:
 
 
 def override_config(config: Dict, args) -> Dict:
-    """Apply ``etweedie sample`` flags (--checkpoint, --posterior, --device, --quick, and the sampler flags
+    """Apply the command-line flags (--checkpoint, --posterior, --device, --quick, and the sampler flags
     given: --steps-per-level, --first-level-steps, --n-posterior, --step-scale, --init, --no-final-draw,
     --known-method, --n-proposals) to a config."""
     config = copy.deepcopy(config)
@@ -213,7 +216,7 @@ def override_config(config: Dict, args) -> Dict:
 # ---------------------------------------------------------------------------- helpers
 def _stream(*keys) -> torch.Generator:
     """A generator seeded from a name (reference clouds, tracking): independent of the chains' seeds."""
-    return torch.Generator().manual_seed(zlib.crc32(repr(keys).encode()))
+    return substream(0, keys)
 
 
 def _ring(config: Dict) -> EightGaussians:
@@ -226,7 +229,7 @@ def build_posteriors(config: Dict) -> Dict[str, object]:
     p = config["posterior"]
     if p["kind"] == "known":
         return {"known": KnownPosterior(_ring(config), method=p["method"], n_proposals=int(p["n_proposals"]))}
-    from .train import load_posterior  # the learned model (needs the training module only here)
+    from etweedie.train import load_posterior  # the learned model (needs the training module only here)
 
     return {name: load_posterior(path, device=p["device"]) for name, path in zip(posterior_names(config), p["checkpoints"])}
 
@@ -252,7 +255,7 @@ def initial_state(ring: EightGaussians, params0, n: int, init: str, generator: t
 
 def posterior_device(posterior) -> torch.device:
     """Where a posterior's draws live: a model's parameter device, else the CPU (e.g. the known posterior)."""
-    _, device = _module_dtype_device(posterior)
+    _, device = posterior_dtype_device(posterior)
     return torch.device("cpu") if device is None else device
 
 
@@ -574,7 +577,8 @@ def _mean_curve(trackers: Sequence[MarginalTracker]) -> List[Dict]:
     curve = []
     for k, rec in enumerate(trackers[0].records):
         values = [t.records[k]["signed_ed"] for t in trackers]
-        mean, sd = mean_and_sd(values)
+        mean, sd = mean_std(values)
+        sd = math.nan if sd is None else sd  # one seed: no spread (null in the JSON)
         curve.append(dict(level=rec["level"], t=rec["t"], r=rec["r"], signed_ed=mean, sd_across_seeds=sd))
     return curve
 
@@ -619,7 +623,8 @@ def _summarize(per_model: Dict[str, Dict]) -> Dict:
     for key in keys:
         values = [m[key] for m in per_model.values() if m.get(key) is not None]
         if values:
-            mean, sd = mean_and_sd(values)
+            mean, sd = mean_std(values)
+            sd = math.nan if sd is None else sd  # one model: no spread (null in the JSON)
             summary[key] = dict(mean=mean, sd=sd, n_models=len(values))
     present = [m.get("modes_present_min_run", m["modes_present"]) for m in per_model.values()]
     summary["modes_present_min"] = min(present)
@@ -671,7 +676,7 @@ def run_diffusion_eval(
 
 
 def run_paths_cli(args) -> Dict:
-    """``etweedie sample --path ...``: the given paths as one table (config defaults + flags)."""
+    """``--path ...``: the given paths as one table (config defaults + flags)."""
     config = copy.deepcopy(DEFAULT_CONFIG)
     config["source"] = "command line"
     names = list(args.path)
@@ -710,10 +715,7 @@ def _jsonable(value):
 
 
 def _write_json(results: Dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(_jsonable(results), indent=1))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(_jsonable(results), indent=1))
 
 
 def _fmt(stat: Optional[Dict], digits: int) -> str:
@@ -779,3 +781,102 @@ def format_tables(results: Dict) -> str:
         )
         lines.append("")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- command line
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command-line arguments (a single-path run with ``--path``, the paper's tables with ``--config``)."""
+    from etweedie.paths import path_names
+
+    src = parser.add_argument_group("posterior (one of)")
+    src.add_argument("--checkpoint", action="append", metavar="PATH",
+                     help="learned posterior checkpoint (etweedie.train.load_posterior); repeat for several trained models")
+    src.add_argument("--posterior", choices=("known", "checkpoint"), default=None,
+                     help="'known': the exact/importance posterior of the eight-Gaussians ring (no model)")
+    parser.add_argument("--config", metavar="TOML",
+                        help="run the paper's diffusion tables from a config (configs/diffusion_cpu.toml, diffusion_full.toml)")
+    parser.add_argument("--path", nargs="+", metavar="NAME", choices=path_names(),
+                        help=f"path(s) to sample: {', '.join(path_names())}")
+    parser.add_argument("--seeds", type=int, default=None, help="number of sampling seeds (seed, seed+1, ...; default 1)")
+    parser.add_argument("--seed", type=int, default=None, help="first sampling seed (default 0)")
+    parser.add_argument("--chains", type=int, default=None, help="chains (final samples) per seed (default 4096)")
+    parser.add_argument("--levels", type=int, help="number of levels (default: the path's, e.g. 51)")
+    parser.add_argument("--r-max", type=float, help="first-level realized RMS (default: the path's)")
+    parser.add_argument("--r-min", type=float, help="terminal realized RMS (default: the path's)")
+    parser.add_argument("--steps-per-level", type=int, default=None,
+                        help="Langevin updates per level (default 10; with --config, overrides the TOML's)")
+    parser.add_argument("--first-level-steps", type=int, help="updates at the first level (default: steps-per-level)")
+    parser.add_argument("--n-posterior", type=int, default=None,
+                        help="posterior draws per score evaluation N (default 64; with --config, overrides the TOML's)")
+    parser.add_argument("--antithetic", action="store_true",
+                        help="learned posterior: antithetic draws for every score (unbiased, less Monte Carlo noise)")
+    parser.add_argument("--step-scale", type=float, default=None, help="ε: terminal step; α_k = ε (r_k/r_L)² (default 2e-5)")
+    parser.add_argument("--init", choices=("gaussian", "marginal"), default=None,
+                        help="initial states: moment-matched Gaussian (default) or the exact first noisy marginal")
+    parser.add_argument("--no-final-draw", action="store_true", help="return the chain states, not a final posterior draw")
+    parser.add_argument("--known-method", choices=("auto", "exact", "importance"), default=None,
+                        help="known posterior: exact for β = 2, importance resampling otherwise (default auto)")
+    parser.add_argument("--n-proposals", type=int, default=None, help="known posterior: proposals per query (default 128)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--out", metavar="DIR", help="output directory (metrics JSON, samples .pt/.npz, figures)")
+    parser.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
+    parser.add_argument("--quick", action="store_true", help="with --config: shrink every size for a smoke run")
+    parser.add_argument("--from-samples", action="append", metavar="DIR",
+                        help="with --config: score the final samples an earlier run of the same config and "
+                             "--checkpoint list saved under DIR/samples (repeatable) instead of sampling")
+    parser.add_argument("--no-resume", action="store_true",
+                        help="with --out: sample every run again, even those an interrupted call of the same config "
+                             "already finished there (default: read those back)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _error(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def cli_main(args: argparse.Namespace) -> int:
+    """Run the parsed command line: a single-path run (``--path``) or the paper's tables (``--config``)."""
+    if (args.config is None) == (args.path is None):
+        return _error("give exactly one of --config TOML (the paper's tables) or --path NAME [NAME ...]")
+    if args.posterior == "known" and args.checkpoint:
+        return _error("--posterior known and --checkpoint exclude each other")
+    if getattr(args, "from_samples", None) and args.config is None:
+        return _error("--from-samples needs --config (the config the samples were drawn with)")
+    if args.config is not None:
+        for flag in ("seeds", "seed", "chains", "levels", "r_max", "r_min"):
+            if getattr(args, flag, None) is not None:
+                return _error(f"--{flag.replace('_', '-')} sets a --path run's table; with --config set it in the "
+                              "TOML's [paths] / [isolation] sections")
+    try:
+        if args.config is not None:
+            config = load_config(args.config)
+            config = override_config(config, args)
+            results = run_diffusion_eval(
+                config, out_dir=args.out, progress=not args.no_progress, figures=not args.no_figures,
+                saved=getattr(args, "from_samples", None), resume=not args.no_resume,
+            )
+            print(format_tables(results))
+        else:
+            results = run_paths_cli(args)
+            print(format_tables(results))
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        return _error(str(exc))
+    if args.out:
+        print(f"results written to {Path(args.out) / RESULTS_FILE}")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m experiments.eight_gaussians.diffusion [ARGS]``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog=PROG, description=CLI_HELP)
+    add_cli_arguments(parser)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help and usage errors: a status, not an exception
+        return exc.code if isinstance(exc.code, int) else 0
+    return cli_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,6 @@
-"""Issue 5: quality numbers of trained posteriors (run directories or posterior.pt files).
+"""Quality numbers of trained posteriors (run directories or posterior.pt files).
 
-    .venv/bin/python experiments/issue5_posterior_quality.py runs/eg_demo runs/eg_cpu
+    .venv/bin/python -m experiments.posterior_quality.quality runs/eg_demo runs/eg_cpu
 
 Per model: the held-out matched energy score over the training prior (its own config's prior
 and data; 4096 examples, 16 draws, fixed seed) and the exact-posterior check at β = 2, u = v = 0,

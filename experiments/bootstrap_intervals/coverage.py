@@ -1,4 +1,4 @@
-"""Issue 6: coverage of the seed-stratified bootstrap intervals for mode-weight TV and minimum
+"""Coverage of the seed-stratified bootstrap intervals for mode-weight TV and minimum
 mode mass, percentile against basic (etweedie.metrics.stratified_bootstrap, ``method=``).
 
 Both statistics are plug-in functions of the eight mode weights and are biased at the diffusion
@@ -9,7 +9,7 @@ labels stand in for points); the script counts how often each 95 % interval cove
 and reports the mean interval width.  Weight scenarios: half the modes at 1/8 + TV/4 and half at
 1/8 − TV/4 (four tied minima), and one mode low at 0.105 with the rest equal (a single minimum).
 
-    OMP_NUM_THREADS=1 python experiments/issue6_interval_coverage.py --datasets 200 --n-boot 200
+    OMP_NUM_THREADS=1 python -m experiments.bootstrap_intervals.coverage --datasets 200 --n-boot 200
 """
 
 from __future__ import annotations

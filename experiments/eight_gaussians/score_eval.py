@@ -39,6 +39,7 @@ Everything goes to a run directory: ``score_eval.json`` and the PNGs.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -46,7 +47,6 @@ import os
 import sys
 import time
 import tomllib
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -54,10 +54,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from tqdm.auto import tqdm
 
-from . import __version__, backends
-from .data import EightGaussians
-from .noise import NoiseParams
-from .score import (
+from etweedie import __version__, backends
+from etweedie.data import EightGaussians
+from etweedie.utils import atomic_write, mean_std, substream
+from etweedie.noise import NoiseParams
+from etweedie.score import (
     EnergyTweedieScore,
     ISOracle,
     fit_mc_budget,
@@ -304,8 +305,7 @@ def sweep_params(base: Dict[str, float], name: str, value: float, dtype: torch.d
 
 def _stream(seed: int, *keys) -> torch.Generator:
     """An independent generator per (stage, index): resizing one stage leaves the others' draws unchanged."""
-    tag = zlib.crc32(repr(keys).encode())
-    return torch.Generator().manual_seed((seed * 1_000_003 + tag) % (1 << 63))
+    return substream(seed, keys)
 
 
 def _queries(ring: EightGaussians, params: NoiseParams, n: int, generator: torch.Generator, dtype) -> torch.Tensor:
@@ -315,9 +315,8 @@ def _queries(ring: EightGaussians, params: NoiseParams, n: int, generator: torch
 
 
 def _mean_std(values: Sequence[float]) -> Dict[str, Any]:
-    t = torch.tensor([float(v) for v in values], dtype=torch.float64)
-    std = float(t.std(unbiased=True)) if t.numel() > 1 else None
-    return {"mean": float(t.mean()), "std": std, "per_model": [float(v) for v in values]}
+    mean, std = mean_std(values)
+    return {"mean": mean, "std": std, "per_model": [float(v) for v in values]}
 
 
 def _environment(config: ScoreEvalConfig) -> Dict[str, Any]:
@@ -878,7 +877,8 @@ def write_figures(
     return paths
 
 
-# ---------------------------------------------------------------------------- CLI plugin
+# ---------------------------------------------------------------------------- command line
+PROG = "python -m experiments.eight_gaussians.score_eval"
 CLI_HELP = "score accuracy of trained posteriors on eight Gaussians (paper Tables score_full5_accuracy, score_mc_budget)"
 
 
@@ -898,7 +898,7 @@ def add_cli_arguments(parser) -> None:
 
 
 def cli_main(args) -> int:
-    prog = "etweedie score-eval"
+    prog = PROG
     try:
         config = load_config(args.config)
         if args.parts:
@@ -919,13 +919,13 @@ def cli_main(args) -> int:
               "to mirror); drop --antithetic or the config's antithetic = true", file=sys.stderr)
         return 2
     if args.oracle:
-        from .oracles import OraclePosterior
+        from etweedie.oracles import OraclePosterior
 
         posteriors = [OraclePosterior(bank_size=config.bank_size, generator=_stream(config.seed, "oracle-bank"),
                                       dtype=config.torch_dtype)]
         names = ["oracle"]
     else:
-        from .train import load_posterior
+        from etweedie.train import load_posterior
 
         try:
             posteriors = [load_posterior(path) for path in args.checkpoint]
@@ -941,3 +941,18 @@ def cli_main(args) -> int:
     for path in results["figures"]:
         print(f"figure: {path}")
     return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m experiments.eight_gaussians.score_eval [ARGS]``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog=PROG, description=CLI_HELP)
+    add_cli_arguments(parser)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help and usage errors: a status, not an exception
+        return exc.code if isinstance(exc.code, int) else 0
+    return cli_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

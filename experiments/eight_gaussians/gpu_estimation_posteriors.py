@@ -1,4 +1,4 @@
-"""Issue 7 on one GPU, inside one time-limited call: train the three estimation posteriors side by side.
+"""Train the three noise-estimation posteriors side by side on one GPU, inside one time-limited call.
 
 The device tool lends a GPU for minutes.  This trains ``--config`` once per seed (default
 ``configs/eight_gaussians_large.toml``, seeds 42 43 44 into ``runs/eg_large``,
@@ -6,11 +6,11 @@ The device tool lends a GPU for minutes.  This trains ``--config`` once per seed
 wall-clock deadline, and packs the runs into ``--pack-dir`` as tar.gz files (the finished
 posteriors in one archive, an unfinished run with its checkpoint in its own)::
 
-    python3 experiments/issue7_gpu.py --pack-dir "$OUT" --deadline 535 --margin 35   # 469 s on an H200, 3 × 15,000 steps
+    python3 -m experiments.eight_gaussians.gpu_estimation_posteriors --pack-dir "$OUT" --deadline 535 --margin 35   # 469 s on an H200, 3 × 15,000 steps
 
-Its files do not collide with :mod:`experiments.issue6_gpu`'s, so the two can share a call; the
-sixth session ran them in two calls on the same machine, since the table jobs' big sampling
-kernels would slow the launch-bound trainings.
+Its files do not collide with :mod:`experiments.eight_gaussians.gpu_diffusion_tables`'s, so the two can share a call; running
+them in two calls on the same machine is faster, since the table jobs' big sampling kernels
+would slow the launch-bound trainings.
 
 Once every training has logged two rows, the step rate decides the length: if the config's steps
 would not finish ``--margin`` seconds before the deadline, the trainings are restarted (they resume
@@ -19,7 +19,7 @@ from their checkpoints) with the most whole thousand steps that will, but never 
 minutes is restarted once with ``ETWEEDIE_BACKEND=reference``.  Unfinished trainings keep their
 checkpoints (every ``checkpoint_every`` steps), so a later call resumes them.
 
-The estimation itself runs on the CPU afterwards (``etweedie estimate``, experiments/RESULTS.md).
+The estimation itself runs on the CPU afterwards (``python -m experiments.eight_gaussians.estimation``, experiments/eight_gaussians/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -31,13 +31,12 @@ import tarfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[2]
 
-from issue6_gpu import poll_trainings, rate, spawn, stop, tail  # noqa: E402  (shared process helpers)
+from experiments.eight_gaussians.gpu_diffusion_tables import poll_trainings, rate, spawn, stop, tail  # shared process helpers
 
 T0 = time.time()
-LOG = ROOT / "runs" / "issue7_gpu.log"
+LOG = ROOT / "runs" / "gpu_estimation_posteriors.log"
 
 
 def log(message: str) -> None:
@@ -70,15 +69,14 @@ def main() -> int:
     parser.add_argument("--margin", type=float, default=40.0, help="seconds before the deadline the trainings should end")
     parser.add_argument("--min-steps", type=int, default=8000)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--dry-run", action="store_true", help="20 steps of each training on the CPU into runs/dry_issue7_gpu (checks the driver)")
+    parser.add_argument("--dry-run", action="store_true", help="20 steps of each training on the CPU into runs/dry_gpu_estimation_posteriors (checks the driver)")
     args = parser.parse_args()
 
-    sys.path.insert(0, str(ROOT))
     from etweedie.train import load_config
 
     config_steps = load_config(ROOT / args.config).steps
     if args.dry_run:
-        args.device, args.prefix = "cpu", "runs/dry_issue7_gpu/" + Path(args.prefix).name
+        args.device, args.prefix = "cpu", "runs/dry_gpu_estimation_posteriors/" + Path(args.prefix).name
     py = sys.executable
     runs = {run_name(args.prefix, s, args.seeds[0]): s for s in args.seeds}
     procs, restarted = {}, set()
@@ -154,7 +152,7 @@ def main() -> int:
         for run in runs:
             if run not in done:
                 add(Path(run).name + "_unfinished.tar.gz", [run, f"{run}.out"])
-        (pack / "issue7_gpu.log").write_text(LOG.read_text())
+        (pack / "gpu_estimation_posteriors.log").write_text(LOG.read_text())
     log("done")
     return 0
 

@@ -1,4 +1,4 @@
-"""Issue 6 on one GPU, inside one time-limited call: train the two full-config diffusion posteriors,
+"""The eight-Gaussians diffusion tables on one GPU, inside one time-limited call: train the two full-config diffusion posteriors,
 then run Table full5_diffusion_paths and the isolation table, and pack the results.
 
 The device tool lends a GPU for minutes, so everything runs under one wall-clock deadline and is
@@ -7,7 +7,7 @@ skipped on a rerun, an unfinished training resumes from its checkpoint.  Work ru
 processes (the two trainings side by side, then up to ``--workers`` table jobs at a time), so one
 failure does not take the others down.
 
-    python experiments/issue6_gpu.py --pack-dir "$OUT" --deadline 560
+    python -m experiments.eight_gaussians.gpu_diffusion_tables --pack-dir "$OUT" --deadline 560
 
 Stages:
 1. the two trainings of ``configs/eight_gaussians_diffusion_full.toml`` (seeds 42, 43) start at once
@@ -16,7 +16,7 @@ Stages:
    version of ``configs/diffusion_full.toml`` from it; a training that dies in its first minutes is
    restarted once with ``ETWEEDIE_BACKEND=reference``;
 3. when both posteriors exist, one job per path of the paths table (both models, three seeds each,
-   exactly the protocol of ``etweedie sample --config configs/diffusion_full.toml``), then one job
+   exactly the protocol of ``python -m experiments.eight_gaussians.diffusion --config configs/diffusion_full.toml``), then one job
    per isolation arm;
 4. at the deadline, whatever still runs is stopped, and the run directories are packed into
    ``--pack-dir`` as tar.gz files (the trainings separately, so each stays small).
@@ -27,7 +27,7 @@ machines (no compiled extension; the CPU-side metrics ran the pure-PyTorch refer
 twice spent minutes in that stage and were stopped before writing it.  ``--score-on-gpu`` keeps
 them.  The tables are scored afterwards on any machine, also from jobs stopped at the deadline::
 
-    etweedie sample --config configs/diffusion_full.toml --checkpoint runs/egd_full --checkpoint runs/egd_full_seed43 \
+    python -m experiments.eight_gaussians.diffusion --config configs/diffusion_full.toml --checkpoint runs/egd_full --checkpoint runs/egd_full_seed43 \
         --from-samples runs/diffusion_full_gpu/paths_isotropic ... --out runs/diffusion_full_gpu/table
 
 A later call that carries ``runs/egd_full`` and ``runs/egd_full_seed43`` (device ``carry``) skips the
@@ -46,7 +46,7 @@ import tarfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAIN_CONFIG = "configs/eight_gaussians_diffusion_full.toml"
 SAMPLE_CONFIG = "configs/diffusion_full.toml"
 MODELS = (("runs/egd_full", 42), ("runs/egd_full_seed43", 43))
@@ -160,8 +160,7 @@ def maybe_shorten(trainings, args, start_training) -> bool:
 def worker(args) -> int:
     import torch
 
-    sys.path.insert(0, str(ROOT))
-    from etweedie import diffusion_eval
+    from experiments.eight_gaussians import diffusion as diffusion_eval
 
     torch.set_num_threads(args.threads)
     config = diffusion_eval.load_config(ROOT / SAMPLE_CONFIG)
@@ -173,7 +172,7 @@ def worker(args) -> int:
             config[section].update(values)
     config[args.table]["names"] = [args.name]
     if not args.score_on_gpu:
-        # sampling only: the bootstrap and the figures are left to `etweedie sample --from-samples`
+        # sampling only: the bootstrap and the figures are left to `experiments.eight_gaussians.diffusion --from-samples`
         config["bootstrap"]["n_boot"] = 0
     diffusion_eval._validate(config)
     results = diffusion_eval.run_diffusion_eval(config, out_dir=args.job_dir, progress=True, figures=args.score_on_gpu)
@@ -200,24 +199,23 @@ def main() -> int:
                         help="time kept for the paths table: fewer training steps if 40k would not leave it")
     parser.add_argument("--score-on-gpu", action="store_true",
                         help="also run the bootstrap intervals and figures in each table job (by default the jobs only "
-                             "sample and save; score them afterwards with etweedie sample --from-samples)")
+                             "sample and save; score them afterwards with experiments.eight_gaussians.diffusion --from-samples)")
     parser.add_argument("--dry-run", action="store_true",
-                        help="check the driver on a CPU: 20-step CPU-config models and the quick tables under runs/dry_issue6_gpu/")
+                        help="check the driver on a CPU: 20-step CPU-config models and the quick tables under runs/dry_gpu_diffusion_tables/")
     parser.add_argument("--worker", nargs=2, metavar=("TABLE", "NAME"), help=argparse.SUPPRESS)
     parser.add_argument("--job-dir", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=3, help="CPU threads per table job (default 3)")
     args = parser.parse_args()
     global JOB_ROOT, MODELS, TRAIN_CONFIG
     if args.dry_run:
-        JOB_ROOT = Path("runs/dry_issue6_gpu")
+        JOB_ROOT = Path("runs/dry_gpu_diffusion_tables")
         MODELS = tuple((str(JOB_ROOT / Path(run).name), seed) for run, seed in MODELS)
         TRAIN_CONFIG = "configs/eight_gaussians_diffusion_cpu.toml"
     if args.worker:
         args.table, args.name = args.worker
         return worker(args)
     # the table jobs: one per path / arm of the config (its isolation arms default to etweedie.paths.ISOLATION_ARMS)
-    sys.path.insert(0, str(ROOT))
-    from etweedie.diffusion_eval import load_config
+    from experiments.eight_gaussians.diffusion import load_config
 
     sample_config = load_config(ROOT / SAMPLE_CONFIG)
     if args.arms:  # checked before anything starts: a typo would otherwise surface only after the trainings
@@ -262,7 +260,7 @@ def main() -> int:
     smoke_log = JOB_ROOT / "smoke.log"
     smoke_train = [py, "-m", "etweedie", "train", "--config", "configs/eight_gaussians_diffusion_cpu.toml", "--steps", "30",
                    "--device", args.device, "--out", str(smoke_dir / "model"), "--no-progress", "--no-resume"]
-    smoke_sample = [py, "-m", "etweedie", "sample", "--config", SAMPLE_CONFIG, "--quick", "--checkpoint",
+    smoke_sample = [py, "-m", "experiments.eight_gaussians.diffusion", "--config", SAMPLE_CONFIG, "--quick", "--checkpoint",
                     str(smoke_dir / "model"), "--device", args.device, "--out", str(smoke_dir / "sample"), "--no-progress"]
     smoke_ok, job_env = args.skip_smoke, None
     for attempt_env in () if args.skip_smoke else (None, {"ETWEEDIE_BACKEND": "reference"}):
@@ -322,7 +320,7 @@ def main() -> int:
             if (job_dir / "diffusion_results.json").exists():
                 log(f"{table}/{name}: done earlier")
                 continue
-            argv = [py, str(Path(__file__).resolve()), "--worker", table, name, "--job-dir", str(job_dir),
+            argv = [py, "-m", "experiments.eight_gaussians.gpu_diffusion_tables", "--worker", table, name, "--job-dir", str(job_dir),
                     "--device", args.device, "--threads", str(args.threads)] + (["--dry-run"] if args.dry_run else []) \
                 + (["--score-on-gpu"] if args.score_on_gpu else [])
             active[(table, name)] = (spawn(argv, job_path(table, name, ".log"), job_env), time.time())

@@ -1,10 +1,10 @@
-"""Issue 6: sampler throughput at the full config's shapes and where the time goes.
+"""Sampler throughput at the full config's shapes and where the time goes.
 
 4,096 chains, N = 64 posterior draws, d = 2, 10 Langevin steps on each of the first LEVELS
 levels of the joint path's 51-level schedule; prints the ThroughputTimer split (posterior
 forward vs fused score/step kernel vs rest) per posterior.
 
-    OMP_NUM_THREADS=1 python experiments/issue6_throughput.py [--checkpoint RUN_DIR] [--levels 2] [--no-blocking]
+    OMP_NUM_THREADS=1 python -m experiments.eight_gaussians.sampler_throughput [--checkpoint RUN_DIR] [--levels 2] [--no-blocking]
 """
 
 import argparse
