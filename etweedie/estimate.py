@@ -48,8 +48,8 @@ trace-normalized, so λ̂ ≈ 1/s² = 6.25; β → 2 from below, as β = 2 is th
     >>> est.beta > 1.85, round(est.lam), est.shape.diagonal().round(decimals=1).tolist()
     (True, 6, [1.0, 1.0])
 
-The ``etweedie estimate`` command (:func:`cli_main`) runs the paper's full-SPD experiment
-(:mod:`etweedie.estimate_experiment`).
+The paper's full-SPD experiment runs from the repository:
+``python -m experiments.eight_gaussians.estimation --config configs/estimate_spd.toml --out DIR``.
 """
 
 from __future__ import annotations

@@ -368,7 +368,7 @@ def stratified_bootstrap(
       down when modes tie for the minimum.  Over known mode weights at 3 × 4,096 points, 95 %
       percentile intervals cover the truth in 0–97 % of data sets (0 % for TV = 0 and for tied
       minima), basic intervals in 65–94 %; at 3 × 512, 0–96 % against 59–89 %
-      (experiments/issue6_interval_coverage.py).  Neither is exact at a kink; the basic interval
+      (experiments/bootstrap_intervals/coverage.py).  Neither is exact at a kink; the basic interval
       has by far the better worst case.  It need not contain the biased estimate.
 
     ``bounds`` = (low, high) clips the interval to the statistic's range (e.g. TV ≥ 0).
@@ -376,7 +376,7 @@ def stratified_bootstrap(
     For a U-statistic such as the signed ED, the duplicates a resample
     contains shrink the within-cloud term by O(1/n), so its interval is shifted upward by that
     much: ≈ E‖a−a'‖/n, +0.0046 for 513 eight-Gaussians points and +0.0006 for 4,095, against
-    signed EDs of 0.001–0.006 (experiments/issue6_bootstrap_shift.py).
+    signed EDs of 0.001–0.006 (experiments/bootstrap_intervals/energy_distance_shift.py).
     :func:`stratified_bootstrap_energy_distance` removes that shift.
 
     Example::

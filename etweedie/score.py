@@ -222,8 +222,8 @@ class EnergyTweedieScore:
         antithetic: ask the posterior for antithetic draws (``sample(..., antithetic=True)``, e.g.
             :meth:`etweedie.models.EngressionPosterior.sample`): the N draws come in mirrored
             noise pairs, so the estimate stays unbiased and its Monte Carlo error drops — on the
-            full eight-Gaussians models, score NMSE at N = 64 fell 2.7–4.6× (experiments/RESULTS.md,
-            issue 5).  A posterior whose ``sample`` takes no ``antithetic`` keyword is a TypeError.
+            full eight-Gaussians models, score NMSE at N = 64 fell 2.7–4.6×
+            (experiments/eight_gaussians/RESULTS.md).  A posterior whose ``sample`` takes no ``antithetic`` keyword is a TypeError.
 
     Calling ``score(y, noise_params)`` returns ``(..., d)``: the score at every query y under its
     own tuple ``noise_params`` (a :class:`NoiseParams` whose fields broadcast to y's batch shape),

@@ -555,7 +555,8 @@ def plot_heldout_errors(results: Dict, path: str) -> Optional[str]:
                 if match:
                     xs.append(fi + (ci - (len(combos) - 1) / 2) * width)
                     means.append(match[0][metric])
-                    stds.append(match[0][metric + "_std"])
+                    std = match[0][metric + "_std"]
+                    stds.append(0.0 if std is None else std)  # one fit: no error bar
             ax.bar(xs, means, width, yerr=stds, capsize=2, label=f"{combo[0]} score / {combo[1]} posterior")
         ax.set_yscale("log")
         ax.set_xticks(range(len(families)))

@@ -33,7 +33,7 @@ Reproduces, for one or more posterior models (two independently trained ones in 
 
 Everything goes to a run directory: ``score_eval.json`` and the PNGs.
 
-    etweedie score-eval --checkpoint runs/a/posterior.pt --checkpoint runs/b/posterior.pt \\
+    python -m experiments.eight_gaussians.score_eval --checkpoint runs/a/posterior.pt --checkpoint runs/b/posterior.pt \\
         --config configs/score_eval_cpu.toml --out runs/score_eval_cpu
 """
 
@@ -56,7 +56,6 @@ from tqdm.auto import tqdm
 
 from etweedie import __version__, backends
 from etweedie.data import EightGaussians
-from etweedie.utils import atomic_write, mean_std, substream
 from etweedie.noise import NoiseParams
 from etweedie.score import (
     EnergyTweedieScore,
@@ -69,6 +68,7 @@ from etweedie.score import (
     score_from_draws,
     score_nmse,
 )
+from etweedie.utils import atomic_write, mean_std, substream
 
 __all__ = [
     "BASE",
@@ -572,7 +572,7 @@ def run_score_eval(
             )
         results["seconds"] = time.perf_counter() - start
         json_path = out / RESULTS_FILE
-        json_path.write_text(json.dumps(results, indent=1, allow_nan=False))
+        atomic_write(json_path, json.dumps(results, indent=1, allow_nan=False))
         results["json_path"] = str(json_path)
     else:
         results["seconds"] = time.perf_counter() - start
