@@ -64,7 +64,9 @@ from tqdm.auto import trange
 
 from ._checks import check_bool, check_float, check_int
 from .metric import Metric, scale_constant
+from .noise import NoiseParams
 from .ops import et_score
+from .score import antithetic_options, posterior_dtype_device
 
 __all__ = [
     "EstimatorSettings",
@@ -72,6 +74,7 @@ __all__ = [
     "NoiseEstimate",
     "beta_from_zeta",
     "estimate_noise",
+    "level_sampler",
     "level_variance",
     "profile_lambda",
     "profiled_objective",
@@ -101,6 +104,55 @@ Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
 PosteriorSampler = Callable[[torch.Tensor, Optional[float], int, torch.Generator], torch.Tensor]
 # score(y (m, d), sigma (float or None)) -> (m, d)
 ScoreFunction = Callable[[torch.Tensor, Optional[float]], torch.Tensor]
+
+
+# ---------------------------------------------------------------------------- posterior adapter
+def level_sampler(
+    posterior,
+    params_at: Callable[[float], NoiseParams],
+    *,
+    chunk: int = 128,
+    antithetic: bool = False,
+) -> PosteriorSampler:
+    """A posterior of the library protocol as the ``posterior(y, sigma, K, generator)`` sampler here.
+
+    The score, the sampler and the oracles take posteriors with
+    ``posterior.sample(y (..., d), eta (..., 5), n, *, generator) -> (..., n, d)``; the estimator
+    draws per group at a known level σ.  This adapter conditions every query of the group on
+    ``params_at(sigma).eta()`` (the noise tuple the posterior should see at that level), runs
+    ``chunk`` queries at a time in the posterior's dtype (a torch module's parameter dtype, else
+    y's) and returns the draws in y's dtype.  ``antithetic=True`` asks for mirrored-noise draws
+    (a posterior whose ``sample`` takes no ``antithetic`` keyword is a TypeError up front).
+
+        >>> from etweedie.known_posterior import KnownPosterior
+        >>> sampler = level_sampler(KnownPosterior(), lambda s: NoiseParams(2.0, 1.0, s, 0.0, 0.0))
+        >>> sampler(torch.zeros(3, 2, dtype=torch.float64), 0.5, 4, torch.Generator().manual_seed(0)).shape
+        torch.Size([3, 4, 2])
+    """
+    if not callable(getattr(posterior, "sample", None)):
+        raise TypeError(f"posterior must have a sample(y, eta, n, *, generator) method, got {type(posterior).__name__}")
+    if not callable(params_at):
+        raise TypeError(f"params_at must be callable as params_at(sigma) -> NoiseParams, got {type(params_at).__name__}")
+    chunk = check_int(chunk, "chunk", minimum=1)
+    options = antithetic_options(posterior, antithetic)
+    model_dtype, _ = posterior_dtype_device(posterior)
+
+    def sample(y: torch.Tensor, sigma: Optional[float], K: int, generator: torch.Generator) -> torch.Tensor:
+        if sigma is None:
+            raise ValueError("this posterior needs the known level sigma of every group")
+        dtype = y.dtype if model_dtype is None else model_dtype
+        params = params_at(float(sigma))
+        if not isinstance(params, NoiseParams):
+            raise TypeError(f"params_at(sigma) must return NoiseParams, got {type(params).__name__}")
+        eta = params.eta().to(dtype)
+        out = []
+        with torch.no_grad():
+            for start in range(0, y.shape[0], chunk):
+                yb = y[start : start + chunk].to(dtype)
+                out.append(posterior.sample(yb, eta.expand(yb.shape[0], 5), K, generator=generator, **options))
+        return torch.cat(out).to(y.dtype)
+
+    return sample
 
 
 # ---------------------------------------------------------------------------- settings

@@ -49,12 +49,20 @@ from tqdm.auto import tqdm
 
 from etweedie import __version__
 from etweedie.data import EightGaussians, posterior_sample_sir
-from etweedie.estimate import FAMILIES, FAMILY_LABELS, LEVEL_SCALES, EstimatorSettings, estimate_noise, level_variance
+from etweedie.estimate import (
+    FAMILIES,
+    FAMILY_LABELS,
+    LEVEL_SCALES,
+    EstimatorSettings,
+    estimate_noise,
+    level_sampler,
+    level_variance,
+)
 from etweedie.metric import Metric, scale_constant, shape_matrix
 from etweedie.noise import GeneralizedGaussian, NoiseParams
 from etweedie.ops import is_score
 from etweedie.utils import atomic_write, mean_std, substream
-from etweedie.score import antithetic_options, mean_cosine, score_nmse
+from etweedie.score import mean_cosine, score_nmse
 from etweedie.scorematching import fit_score
 
 __all__ = [
@@ -197,36 +205,22 @@ def truth_law(truth: Dict, sigma: float, dtype: torch.dtype) -> GeneralizedGauss
 
 
 def learned_posterior_sampler(model, truth: Dict, chunk: int = 128, antithetic: bool = False):
-    """posterior(y, sigma, K, generator) for a learned conditional posterior ``model``.
+    """posterior(y, sigma, K, generator) for a learned conditional posterior ``model`` (:func:`etweedie.estimate.level_sampler`).
 
     ``model.sample(y (..., d), eta (..., 5), n, generator=...) -> (..., n, d)`` with
     η = NoiseParams(β*, λ*, σ, u*, v*).eta(); queries run ``chunk`` at a time in the model's
     dtype, and the draws come back in y's dtype.  ``antithetic=True`` asks the model for
     mirrored-noise draws (:meth:`etweedie.models.EngressionPosterior.sample`).
     """
-    options = antithetic_options(model, antithetic)
-    try:
-        model_dtype = next(model.parameters()).dtype
-    except (AttributeError, StopIteration, TypeError):
-        model_dtype = torch.float32
-
-    def sample(y: torch.Tensor, sigma: Optional[float], K: int, generator: torch.Generator) -> torch.Tensor:
-        if sigma is None:
-            raise ValueError("the learned posterior needs the known level sigma of every group")
+    def params_at(sigma: float) -> NoiseParams:
         # The posterior is conditioned on the five-parameter tuple of NoiseParams (Σ = (σ/c)² S);
         # under the "plain" convention (Σ = σ² S) the same law has σ_NoiseParams = σ·c_{β,2}.
-        level = float(sigma)
+        level = sigma
         if truth["level_scale"] == "plain":
             level *= float(scale_constant(torch.tensor(float(truth["beta"]), dtype=torch.float64), 2))
-        eta = NoiseParams(truth["beta"], truth["lam"], level, truth["u"], truth["v"]).eta().to(model_dtype)
-        out = []
-        with torch.no_grad():
-            for start in range(0, y.shape[0], chunk):
-                yb = y[start : start + chunk].to(model_dtype)
-                out.append(model.sample(yb, eta.expand(yb.shape[0], 5), K, generator=generator, **options))
-        return torch.cat(out).to(y.dtype)
+        return NoiseParams(truth["beta"], truth["lam"], level, truth["u"], truth["v"])
 
-    return sample
+    return level_sampler(model, params_at, chunk=chunk, antithetic=antithetic)
 
 
 def _load_posteriors(paths: List[str]):
