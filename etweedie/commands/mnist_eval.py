@@ -58,16 +58,13 @@ def load_samples(path) -> "torch.Tensor":
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     suffix = path.suffix.lower()
+    if suffix not in (".npy", ".pt"):
+        raise ValueError(f"{path}: SAMPLES must be a .npy or .pt file, got suffix {path.suffix!r}")
     try:
         if suffix == ".npy":
             return torch.from_numpy(np.load(path, allow_pickle=False))
-        if suffix == ".pt":
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-        else:
-            raise ValueError(f"{path}: SAMPLES must be a .npy or .pt file, got suffix {path.suffix!r}")
-    except ValueError:
-        raise
-    except Exception as exc:  # unreadable or pickled objects: one named error, not a traceback
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # unreadable, or pickled objects (never unpickled): one named error
         raise ValueError(f"{path}: cannot read the array ({type(exc).__name__}: {exc})") from exc
     if isinstance(obj, dict) and isinstance(obj.get("images"), torch.Tensor):
         obj = obj["images"]
