@@ -101,7 +101,8 @@ def nearest_train_figure(
     nearest = as_unit_images(train[index], "train")
     blocks = math.ceil(x.shape[0] / columns)
     plt = _pyplot()
-    fig, axes = plt.subplots(2 * blocks, columns, figsize=(columns * 0.75, blocks * 1.75 + 0.4), squeeze=False)
+    fig, axes = plt.subplots(2 * blocks, columns, figsize=(columns * 0.75, blocks * 1.6 + 0.4), squeeze=False)
+    fig.subplots_adjust(wspace=0.08, hspace=0.25)
     for ax in axes.flat:
         ax.set_axis_off()
     for k in range(x.shape[0]):
