@@ -216,6 +216,19 @@ def test_nearest_train_equals_brute_force(evaluator):
 
 
 # ---------------------------------------------------------------------------- metric functions (no data needed)
+def test_null_batched_and_one_draw_paths_agree(monkeypatch):
+    import etweedie.image_metrics as image_metrics
+
+    g = torch.Generator().manual_seed(3)
+    pool, bank = torch.rand(200, 16, generator=g), torch.rand(60, 16, generator=g)
+    batched = null_feature_energy_distance(pool, bank, 40, draws=7, generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(image_metrics, "_NULL_BLOCK_ELEMENTS", 40 * 40)  # forces one draw at a time
+    single = null_feature_energy_distance(pool, bank, 40, draws=7, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(batched, single, rtol=0, atol=1e-12)
+    idx = torch.randperm(200, generator=torch.Generator().manual_seed(1))[:40]  # the first draw, by the op
+    assert float(single[0]) == pytest.approx(float(etweedie.energy_distance(pool[idx].double(), bank.double())), abs=1e-12)
+
+
 def test_bootstrap_matches_the_metrics_bootstrap():
     g = torch.Generator().manual_seed(0)
     bank = torch.randn(50, 8, generator=g, dtype=torch.float64)
