@@ -23,11 +23,12 @@ The metrics stage of the data path for MNIST-scale images, beside :mod:`etweedie
 **Pixel scale.**  The classifier sees pixels in [0, 1] (``uint8 / 255``), digit bright on a
 dark background, no centring.  The paper's real-vs-real row fixes this: its mean confidence is
 0.993 and the classifier's test accuracy 0.989.  Measured here over the 10,000 t10k images
-(onnxruntime 1.32, CPU), mean max-softmax and accuracy per candidate scale are: [0, 1]: 0.9925
-and 0.9890; raw 0..255: 0.99996 and 0.9891; standardized (x/255 − 0.1307)/0.3081: 0.9976 and
-0.9893; [−1, 1]: 0.9884 and 0.9674.  Only [0, 1] gives both paper numbers (the network is
-piecewise linear with biases, so the scale moves the softmax temperature, and the features by
-about the same factor).  ``tests/test_image_metrics.py`` checks the confidence of the
+(onnxruntime 1.32, CPU; ``experiments/mnist/pixel_scale.py``), mean max-softmax and accuracy
+per candidate scale are: [0, 1]: 0.9925 and 0.9890; raw 0..255: 0.99996 and 0.9891;
+standardized (x/255 − 0.1307)/0.3081: 0.9976 and 0.9893; [−1, 1]: 0.9884 and 0.9674.  Only
+[0, 1] gives both paper numbers (the network is piecewise linear with biases, so the scale moves
+the softmax temperature, and the features by about the same factor).
+``tests/test_image_metrics.py`` checks the confidence of the
 real-vs-real row against 0.993 ± 0.002 and the t10k accuracy against 0.989 ± 0.001.
 
 **Bank and held-out pool.**  The t10k set is split once by a fixed permutation
