@@ -54,6 +54,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from pathlib import Path
@@ -212,7 +213,10 @@ class MnistClassifier:
         threads = torch.get_num_threads() if threads is None else threads
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be an int >= 1, got {threads!r}")
-        model = dynamic_batch_model(onnx.load(str(self.path)))
+        data = self.path.read_bytes()
+        if path is None and hashlib.sha256(data).hexdigest() != _MODEL_SHA256:
+            raise ValueError(f"{self.path} is not the MNIST-12 model this package ships (SHA-256 {_MODEL_SHA256[:12]}…); reinstall etweedie")
+        model = dynamic_batch_model(onnx.load_from_string(data))
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
