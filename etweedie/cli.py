@@ -26,7 +26,7 @@ __all__ = ["main", "MOVED_COMMANDS", "PLUGIN_COMMANDS"]
 
 # command name -> module defining CLI_HELP, add_cli_arguments(parser), cli_main(args)
 PLUGIN_COMMANDS = {
-    "train": "etweedie.train",
+    "train": "etweedie.commands.train",
 }
 
 # Former commands that ran the paper's tables; they are reproductions now, run from the repository root.
