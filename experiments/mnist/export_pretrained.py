@@ -29,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from posterior_ablation import evaluate  # noqa: E402  (the ablation's per-level metric)
 
+from etweedie.checkpoint import safe_torch_load
 from etweedie.mnist import load_mnist
 from etweedie.train import config_from_dict, held_out_loss, load_posterior
 
@@ -59,6 +60,9 @@ def main(argv=None) -> int:
     files = meta["weights"]["files"]
     sizes = {name: (dest / name).stat().st_size for name in files}
     last = log[-1]
+    cpu_time = None
+    if (run / "checkpoint.pt").is_file():  # the resume state records the process CPU time of the run
+        cpu_time = float(safe_torch_load(run / "checkpoint.pt")["cpu_time"])
     card = dict(
         name=dest.name,
         load='etweedie.train.load_posterior("mnist")  # or load_posterior("' + str(dest) + '")',
@@ -72,6 +76,7 @@ def main(argv=None) -> int:
         steps=last["step"],
         train_wall_time_s=last.get("wall_time"),
         train_steps_per_s=round(last["step"] / last["wall_time"], 3) if last.get("wall_time") else None,
+        train_cpu_time_s=cpu_time,
         final_loss=last["loss"],
         held_out_es=held,
         per_level=per_level,
@@ -90,7 +95,7 @@ def main(argv=None) -> int:
 The conditional Engression posterior x = g(y, η, ε) of the paper's MNIST appendix at CPU scale:
 a residual SiLU MLP (width {m['width']}, depth {m['depth']}, noise {m['noise_dim']} per layer, η by
 {m['conditioning']}) with the preconditioned output (c_in/c_skip/c_out in the realized noise RMS around
-the MNIST pixel mean {m['data_center']} and std {m['data_std']}), {card['parameters']:,} parameters,
+{"per-pixel learned centres and scales initialized at " if m.get('learn_data_scale') else ""}the MNIST pixel mean {m['data_center']} and std {m['data_std']}), {card['parameters']:,} parameters,
 conditioned on η = (β, log λ, log σ, u, v) over β ∈ [1.3, 2], λ ∈ [1, 2.5], σ ∈ [0.025, 6],
 ‖(u, v)‖ ≤ 0.7 with Σ = (σ/c_{{β,784}})² I₃₉₂ ⊗ S(u, v).  Pixels in [0, 1].
 
@@ -104,7 +109,8 @@ conditioned on η = (β, log λ, log σ, u, v) over β ∈ [1.3, 2], λ ∈ [1, 
 - command: `{args.command}`
 - config: `configs/mnist_cpu.toml` (copied in `config.json` → `train_config`)
 - steps: {card['steps']:,} (batch {train_cfg.batch_size}, {train_cfg.draws} draws per example)
-- wall time: {card['train_wall_time_s']:.0f} s ({card['train_steps_per_s']} steps/s) on a {args.machine}
+- wall time: {card['train_wall_time_s']:.0f} s ({card['train_steps_per_s']} steps/s) on a {args.machine};
+  process CPU time {cpu_time if cpu_time is None else round(cpu_time)} s (the cost on an idle machine)
 - final training loss (mean of the last log interval): {card['final_loss']:.3f}
 - held-out matched energy score (4,096 test images, tuples from the training prior, seed 12345): {held:.3f}
 - date: {card['date']}; torch {card['torch']}
