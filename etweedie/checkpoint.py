@@ -72,7 +72,7 @@ def _fsync_replace(tmp: Path, path: Path) -> None:
 def atomic_torch_save(obj: Any, path: PathLike) -> None:
     """``torch.save`` to ``path`` through a temporary file and a rename (a kill leaves the old file)."""
     path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(f"{path.name}.tmp")  # one writer per run directory (RunLock); a kill leaves at most this
     torch.save(obj, tmp)
     _fsync_replace(tmp, path)
 
@@ -80,7 +80,7 @@ def atomic_torch_save(obj: Any, path: PathLike) -> None:
 def atomic_write_text(path: PathLike, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename."""
     path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(f"{path.name}.tmp")
     tmp.write_text(text)
     _fsync_replace(tmp, path)
 
@@ -166,7 +166,7 @@ def save_weights(
             size = 0
         shards[-1][key] = t
         size += nbytes
-    tmp = directory.with_name(f"{directory.name}.tmp{os.getpid()}")
+    tmp = directory.with_name(f"{directory.name}.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
@@ -189,7 +189,9 @@ def save_weights(
     for name in os.listdir(tmp):
         with open(tmp / name, "rb") as fh:
             os.fsync(fh.fileno())
-    old = directory.with_name(f"{directory.name}.old{os.getpid()}")
+    old = directory.with_name(f"{directory.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
     if directory.exists():
         os.replace(directory, old)
     os.replace(tmp, directory)

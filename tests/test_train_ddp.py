@@ -123,7 +123,8 @@ def test_two_process_training_matches_one_process_and_resumes_after_kill(tmp_pat
     assert f"resumed from step {k}" in done.stdout and "on 2 processes" in done.stdout
     rows = _log(out)
     assert [r["step"] for r in rows] == list(range(1, finish + 1))
-    first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-10:]) / 10
+    # step 1 ≈ 1.66; the tiny model settles near 1.1–1.2 within a few dozen steps (batch noise ± 0.1)
+    first, last = rows[0]["loss"], sum(r["loss"] for r in rows[-20:]) / 20
     assert last < 0.85 * first, (first, last)
 
     # 4. any world size resumes it: one process continues the two-process checkpoint to the end
