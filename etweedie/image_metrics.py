@@ -23,11 +23,12 @@ The metrics stage of the data path for MNIST-scale images, beside :mod:`etweedie
 **Pixel scale.**  The classifier sees pixels in [0, 1] (``uint8 / 255``), digit bright on a
 dark background, no centring.  The paper's real-vs-real row fixes this: its mean confidence is
 0.993 and the classifier's test accuracy 0.989.  Measured here over the 10,000 t10k images
-(onnxruntime 1.32, CPU), mean max-softmax and accuracy per candidate scale are: [0, 1]: 0.9925
-and 0.9890; raw 0..255: 0.99996 and 0.9891; standardized (x/255 − 0.1307)/0.3081: 0.9976 and
-0.9893; [−1, 1]: 0.9884 and 0.9674.  Only [0, 1] gives both paper numbers (the network is
-piecewise linear with biases, so the scale moves the softmax temperature, and the features by
-about the same factor).  ``tests/test_image_metrics.py`` checks the confidence of the
+(onnxruntime 1.32, CPU; ``experiments/mnist/pixel_scale.py``), mean max-softmax and accuracy
+per candidate scale are: [0, 1]: 0.9925 and 0.9890; raw 0..255: 0.99996 and 0.9891;
+standardized (x/255 − 0.1307)/0.3081: 0.9976 and 0.9893; [−1, 1]: 0.9884 and 0.9674.  Only
+[0, 1] gives both paper numbers (the network is piecewise linear with biases, so the scale moves
+the softmax temperature, and the features by about the same factor).
+``tests/test_image_metrics.py`` checks the confidence of the
 real-vs-real row against 0.993 ± 0.002 and the t10k accuracy against 0.989 ± 0.001.
 
 **Bank and held-out pool.**  The t10k set is split once by a fixed permutation
@@ -53,6 +54,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from pathlib import Path
@@ -211,12 +213,16 @@ class MnistClassifier:
         threads = torch.get_num_threads() if threads is None else threads
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be an int >= 1, got {threads!r}")
-        model = dynamic_batch_model(onnx.load(str(self.path)))
+        data = self.path.read_bytes()
+        if path is None and hashlib.sha256(data).hexdigest() != _MODEL_SHA256:
+            raise ValueError(f"{self.path} is not the MNIST-12 model this package ships (SHA-256 {_MODEL_SHA256[:12]}…); reinstall etweedie")
+        model = dynamic_batch_model(onnx.load_from_string(data))
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
-        # Post-ReLU activations of faint strokes underflow to subnormals, which cost ~3x on x86.
+        # Flush subnormals to zero: subnormal arithmetic is slow on x86, and flushing moves no
+        # logit beyond float32 rounding (the test against the unmodified graph, which does not flush).
         options.add_session_config_entry("session.set_denormal_as_zero", "1")
         self._session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
@@ -276,9 +282,10 @@ def null_feature_energy_distance(
     at random and computes their signed unbiased feature ED to the same ``bank``.  The
     statistic is the op's, ``2C − A − W``, assembled from parts computed once: the mean distance
     of every pool row to the bank (C is the draw's average of it) and the bank's within-cloud
-    mean W; only A, the draw's own within-cloud mean over i ≠ j, is computed per draw.  Running
-    the op per draw would recompute the bank's 2,048² pairs every time (200 draws: ~20 s on a
-    2-core CPU, against ~1 s); ``tests/test_image_metrics.py`` checks the draws against the op.
+    mean W; only A, the draw's own within-cloud mean over i ≠ j, is computed per draw (several
+    draws per batched GEMM).  Running the op per draw would recompute the bank's 2,048² pairs
+    every time (~80 ms a draw on a 2-core CPU, 16 s for 200); ``tests/test_image_metrics.py``
+    checks the draws against the op.
 
     Returns:
         ``(draws,)`` float64 tensor.
@@ -295,12 +302,31 @@ def null_feature_energy_distance(
     return _null_from_parts(pool, _distances(pool, bank).mean(1), _within_mean(bank), n, draws, generator)
 
 
+# Distance-matrix elements the null holds at once (float64: 64 MiB).  Several draws share one
+# batched GEMM and one pass of elementwise work: one 768-point draw at a time spent most of its
+# time in per-op thread start-up, not in the GEMM.
+_NULL_BLOCK_ELEMENTS = 1 << 23
+
+
 def _null_from_parts(pool, to_bank, within_bank: float, n: int, draws: int, generator) -> torch.Tensor:
     """The null's draws from the pool (float64), its rows' mean distance to the bank and the bank's within mean."""
     out = torch.empty(draws, dtype=torch.float64)
-    for k in range(draws):
-        idx = torch.randperm(pool.shape[0], generator=generator)[:n]
-        out[k] = 2 * to_bank[idx].mean() - _within_mean(pool[idx]) - within_bank
+    batch = _NULL_BLOCK_ELEMENTS // (n * n)
+    if batch < 2:  # large n: one draw at a time, its distances in row chunks
+        for k in range(draws):
+            idx = torch.randperm(pool.shape[0], generator=generator)[:n]
+            out[k] = 2 * to_bank[idx].mean() - _within_mean(pool[idx]) - within_bank
+        return out
+    for start in range(0, draws, batch):
+        b = min(batch, draws - start)
+        idx = torch.stack([torch.randperm(pool.shape[0], generator=generator)[:n] for _ in range(b)])  # (b, n)
+        x = pool[idx]  # (b, n, d)
+        sq = (x * x).sum(-1)
+        dist = torch.baddbmm(sq[:, None, :], x, x.transpose(1, 2), beta=1.0, alpha=-2.0)
+        dist.add_(sq[:, :, None]).clamp_min_(0.0).sqrt_()
+        dist.diagonal(dim1=1, dim2=2).zero_()
+        within = dist.sum((1, 2)) / (n * (n - 1))
+        out[start:start + b] = 2 * to_bank[idx].mean(1) - within - within_bank
     return out
 
 

@@ -157,12 +157,12 @@ def test_held_out_images_are_disjoint_from_the_bank(evaluator):
 @needs_onnx
 @needs_data
 def test_null_draws_equal_the_energy_distance_op(evaluator):
-    n, draws = 300, 2
-    null = null_feature_energy_distance(evaluator.pool, evaluator.bank, n, draws=draws, generator=torch.Generator().manual_seed(7))
+    n, draws, pool = 300, 2, evaluator.pool[:1500]
+    null = null_feature_energy_distance(pool, evaluator.bank, n, draws=draws, generator=torch.Generator().manual_seed(7))
     g = torch.Generator().manual_seed(7)
     for k in range(draws):
-        idx = torch.randperm(evaluator.pool.shape[0], generator=g)[:n]
-        op = float(etweedie.energy_distance(evaluator.pool[idx].double(), evaluator.bank.double(), 1.0, unbiased=True))
+        idx = torch.randperm(pool.shape[0], generator=g)[:n]
+        op = float(etweedie.energy_distance(pool[idx].double(), evaluator.bank.double(), 1.0, unbiased=True))
         assert abs(float(null[k]) - op) <= 1e-9 * max(1.0, abs(op)), (k, float(null[k]), op)
 
 
@@ -216,6 +216,19 @@ def test_nearest_train_equals_brute_force(evaluator):
 
 
 # ---------------------------------------------------------------------------- metric functions (no data needed)
+def test_null_batched_and_one_draw_paths_agree(monkeypatch):
+    import etweedie.image_metrics as image_metrics
+
+    g = torch.Generator().manual_seed(3)
+    pool, bank = torch.rand(200, 16, generator=g), torch.rand(60, 16, generator=g)
+    batched = null_feature_energy_distance(pool, bank, 40, draws=7, generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(image_metrics, "_NULL_BLOCK_ELEMENTS", 40 * 40)  # forces one draw at a time
+    single = null_feature_energy_distance(pool, bank, 40, draws=7, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(batched, single, rtol=0, atol=1e-12)
+    idx = torch.randperm(200, generator=torch.Generator().manual_seed(1))[:40]  # the first draw, by the op
+    assert float(single[0]) == pytest.approx(float(etweedie.energy_distance(pool[idx].double(), bank.double())), abs=1e-12)
+
+
 def test_bootstrap_matches_the_metrics_bootstrap():
     g = torch.Generator().manual_seed(0)
     bank = torch.randn(50, 8, generator=g, dtype=torch.float64)

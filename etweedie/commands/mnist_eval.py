@@ -123,6 +123,10 @@ def cli_main(args) -> int:
         return fail(f"--level must lie in (0, 1), got {args.level}")
     if args.threads is not None and args.threads < 1:
         return fail(f"--threads must be >= 1, got {args.threads}")
+    from ..image_metrics import BANK_SIZE  # onnx is imported only when the classifier loads
+
+    if args.real is not None and not 2 <= args.real <= 10000 - BANK_SIZE:
+        return fail(f"--real must lie in [2, {10000 - BANK_SIZE}] (held-out t10k images outside the {BANK_SIZE}-image bank), got {args.real}")
     try:
         import torch
 
@@ -159,8 +163,11 @@ def cli_main(args) -> int:
             from ..image_figures import image_grid, nearest_train_figure
 
             out = Path(args.figures)
+            stems = set()
             for k, (source, images) in enumerate(jobs):
                 stem = "real" if (args.real is not None and k == 0) else Path(source).stem
+                stem = stem if stem not in stems else f"{stem}_{k}"  # two files with one name in different folders
+                stems.add(stem)
                 figures.append(str(image_grid(images, out / f"{stem}_grid.png", title=source)))
                 figures.append(str(nearest_train_figure(images, evaluator.train_images, out / f"{stem}_nearest_train.png", title=source)))
             print(f"figures written to {out}")
