@@ -240,3 +240,16 @@ def test_full_config_fits_the_sampling_budget():
     seconds = (draws * flops["per_draw"] + 5 * 768 * 7300 * flops["per_query"]) / 495e12
     assert flops["per_draw"] == 2 * (3 * 16 * 2560 + 2 * 2560 * 2560 + 2560 * 784)
     assert seconds <= 600, seconds
+
+
+def test_mnist_config_errors_name_the_field():
+    from etweedie.train import config_from_dict, config_to_dict, load_config
+
+    values = config_to_dict(load_config(REPO / "configs" / "mnist_cpu.toml"))
+    for key, bad, error in (("data_std", 0.0, ValueError), ("data_std", "wide", TypeError),
+                            ("learn_data_scale", "yes", TypeError), ("output", "sigmoid", ValueError)):
+        broken = {**values, "model": {**values["model"], key: bad}}
+        with pytest.raises(error, match=f"model.{key}"):
+            config_from_dict(broken)
+    with pytest.raises(ValueError, match="pixel_scale"):
+        config_from_dict({**values, "model": {**values["model"], "pixel_scale": 1.0}})
