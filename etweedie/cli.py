@@ -25,7 +25,7 @@ __all__ = ["main", "PLUGIN_COMMANDS"]
 
 # command name -> module defining CLI_HELP, add_cli_arguments(parser), cli_main(args)
 PLUGIN_COMMANDS = {
-    "train": "etweedie.train",
+    "train": "etweedie.commands.train",
     "score-eval": "etweedie.score_eval",
     "sample": "etweedie.sample",
     "estimate": "etweedie.estimate",
