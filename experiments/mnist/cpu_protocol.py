@@ -2,8 +2,8 @@
 
     python -m experiments.mnist.cpu_protocol --posterior mnist --out experiments/mnist/results/cpu
 
-Samples every (path, seed) part of :data:`experiments.mnist.sampling.CPU` (resumable: finished
-parts are skipped), pools each path's images into ``<path>.npy`` (uint8 (n, 28, 28)), scores
+Samples every (path, seed) part of :data:`experiments.mnist.sampling.CPU` into ``--out/parts``
+(resumable: finished parts are skipped), pools each path's images into ``<path>.npy`` (uint8 (n, 28, 28)), scores
 Table mnist_quantitative (:mod:`experiments.mnist.sampling_table`) into ``table.md`` /
 ``table.json``, and draws the figures (:mod:`experiments.mnist.sampling_figures`).  Everything
 lands in ``--out``; ``--protocol tiny`` is the smoke size of the test suite.
@@ -76,7 +76,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from etweedie.mnist import load_mnist
 
         train, _ = load_mnist("train", args.data_dir)
-        made = sampling_figures.all_figures(out, out, protocol.paths, protocol.seeds, train)
+        made = sampling_figures.all_figures(out, out / sampling.PARTS_DIR, protocol.paths, protocol.seeds, train)
         print("figures: " + ", ".join(str(m) for m in made))
     summary["total_s"] = time.time() - start
     (out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -51,6 +51,25 @@ D = 784
 PATHS: Tuple[str, ...] = tuple(MNIST_PATHS)
 SEEDS: Tuple[int, ...] = (2718, 3141, 5772)
 PROGRESS_CHAINS = 9  # the progress grid's 3×3 chains per cell
+PARTS_DIR = "parts"
+
+
+def is_main_process() -> bool:
+    """Rank 0 of a torchrun job, or a plain process: the one that writes files."""
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def agree(value):
+    """Rank 0's ``value`` on every rank (decisions that read the clock must be the same everywhere)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 @dataclass(frozen=True)
@@ -190,8 +209,12 @@ def run_part(
     )
     wall = time.time() - start
     images = to_uint8(x)
+    if not is_main_process():  # the other ranks sampled their share; rank 0 holds the gathered chains
+        return dict(path=path, seed=seed, images=int(images.shape[0]), wall_s=wall,
+                    images_steps_per_s=protocol.images_per_seed * protocol.updates_per_chain / wall)
     if rows:
-        final = x[:PROGRESS_CHAINS].float().cpu()
+        # the same chains as the tracked rows (rank 0's first ones, ≤ 9)
+        final = x[: next(iter(rows.values())).shape[0]].float().cpu()
         grid = torch.stack([rows[k] for k in sorted(rows)] + [final])
         _save_npy(out_dir / f"{stem}_progress.npy", grid.to(torch.float16).numpy())
     _save_npy(out_dir / f"{stem}.npy", images)
@@ -237,30 +260,32 @@ def run_protocol(
     deadline: Optional[float] = None,
     log=print,
 ) -> List[Dict]:
-    """Every (path, seed) part in order (paths outer), skipping finished parts; then the pooled
-    ``<path>.npy`` of every path whose parts are all there.
+    """Every (path, seed) part in order (paths outer) into ``out_dir/parts``, skipping finished parts;
+    then the pooled ``out_dir/<path>.npy`` of every path whose parts are all there.
 
     ``deadline``: a ``time.time()`` after which no new part starts when the last part's duration
     says it would not finish in time (the parts done stay saved; a rerun continues).
     """
     out_dir = Path(out_dir)
+    parts = out_dir / PARTS_DIR
     logs, last_wall = [], None
     for path in protocol.paths:
         for seed in protocol.seeds:
-            if part_done(out_dir, path, seed):
-                logs.append(json.loads((out_dir / f"{part_stem(path, seed)}.json").read_text()))
+            if part_done(parts, path, seed):
+                logs.append(json.loads((parts / f"{part_stem(path, seed)}.json").read_text()))
                 log(f"{path} seed {seed}: done earlier, skipped")
                 continue
-            if deadline is not None and last_wall is not None and time.time() + 1.1 * last_wall > deadline:
+            late = deadline is not None and last_wall is not None and time.time() + 1.1 * last_wall > deadline
+            if agree(late):
                 log(f"{path} seed {seed}: not started (the deadline is {deadline - time.time():.0f} s away, "
                     f"a part took {last_wall:.0f} s)")
                 continue
-            part = run_part(posterior, protocol, path, seed, out_dir, center=center, device=device, progress=progress,
+            part = run_part(posterior, protocol, path, seed, parts, center=center, device=device, progress=progress,
                             posterior_name=posterior_name)
             last_wall = part["wall_s"]
             logs.append(part)
             log(f"{path} seed {seed}: {part['images']} images in {part['wall_s']:.1f} s "
                 f"({part['images_steps_per_s']:.1f} images·steps/s)")
-        if all(part_done(out_dir, path, s) for s in protocol.seeds):
-            _save_npy(out_dir / f"{path}.npy", pool_path(out_dir, path, protocol.seeds))
+        if all(part_done(parts, path, s) for s in protocol.seeds) and is_main_process():
+            _save_npy(out_dir / f"{path}.npy", pool_path(parts, path, protocol.seeds))
     return logs
