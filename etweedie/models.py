@@ -25,9 +25,22 @@ with the conditioning map M_l either
 * ``conditioning="film"``: feature-wise affine modulation (1 + γ_l(η̃)) ⊙ z + b_l(η̃), where
   (γ_l, b_l) come from a small MLP embedding of η̃ shared by all layers.
 
-The output is ``"direct"`` (x = A_out h_L), ``"residual"`` (x = y + A_out h_L) or
+The output is ``"direct"`` (x = A_out h_L), ``"residual"`` (x = y + A_out h_L),
 ``"scaled_residual"`` (x = y + r(η) A_out h_L with the realized noise RMS r = σ λ^{−1/β},
-so the network predicts the denoising displacement in noise units).
+so the network predicts the denoising displacement in noise units) or ``"preconditioned"``.
+
+``"preconditioned"`` is the input/skip/output scaling of Karras et al. (2022, "Elucidating the
+design space of diffusion-based generative models", §5 and Table 1), written in the realized RMS r
+and the data's centre μ and per-coordinate scale s_d (``data_center``, ``data_std``)::
+
+    c_in = 1/sqrt(s_d² + r²)   c_skip = s_d²/(s_d² + r²)   c_out = r s_d/sqrt(s_d² + r²)
+    h_1 uses c_in (y − μ) in place of y;       x = μ + c_skip (y − μ) + c_out A_out h_L
+
+The network's input then has unit scale at every noise level, and its output is weighted so that
+at large r (r ≫ s_d: y is mostly noise) the draw comes from the network around μ instead of
+from y plus an r-sized correction that must cancel the noise exactly, and at small r it is the
+residual form.  For images whose noise RMS spans 0.2–6 (the MNIST training range, σ ∈ [0.025, 6])
+this is what keeps the draws on the data manifold (experiments/mnist/RESULTS.md, posterior ablation).
 
 ``latent="noise_law"`` adds one more latent: a draw ẑ of the conditioned noise law itself,
 standardized to unit RMS (ẑ = e / r(η), e ~ GG(β, λ, Σ)).  It enters the first layer (A_z ẑ)
@@ -71,7 +84,7 @@ __all__ = ["EngressionPosterior", "ETA_DIM", "default_eta_bounds"]
 
 ETA_DIM = 5  # η = (β, log λ, log σ, u, v)
 CONDITIONINGS = ("film", "concat")
-OUTPUTS = ("scaled_residual", "residual", "direct")
+OUTPUTS = ("scaled_residual", "residual", "direct", "preconditioned")
 LATENTS = ("gaussian", "noise_law")
 
 
@@ -149,6 +162,9 @@ class EngressionPosterior(nn.Module):
             conditioned noise law; needs an even ``dim``, the block metric's requirement).
         eta_low, eta_high: the box [low, high] of η over which it is normalized to [−1, 1]
             (default: the 2-D training prior, :func:`default_eta_bounds`).
+        data_center, data_std: the data's centre μ and per-coordinate scale s_d (> 0) used by
+            ``output="preconditioned"`` (ignored by the other outputs); e.g. 0.1307 and 0.3081
+            for MNIST pixels in [0, 1].
         init_seed: seed of the parameter initialization (a private ``torch.Generator``).
 
     Attributes:
@@ -169,6 +185,8 @@ class EngressionPosterior(nn.Module):
         latent: str = "gaussian",
         eta_low: Optional[Sequence[float]] = None,
         eta_high: Optional[Sequence[float]] = None,
+        data_center: float = 0.0,
+        data_std: float = 1.0,
         init_seed: int = 0,
     ):
         super().__init__()
@@ -188,6 +206,12 @@ class EngressionPosterior(nn.Module):
         if eta_low is None:
             eta_low, eta_high = default_eta_bounds()
         eta_low, eta_high = _check_bounds(eta_low, eta_high)
+        for name, value in (("data_center", data_center), ("data_std", data_std)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise TypeError(f"{name} must be a finite float, got {type(value).__name__} {value!r}")
+        if data_std <= 0:
+            raise ValueError(f"data_std must be > 0, got {data_std!r}")
+        self.data_center, self.data_std = float(data_center), float(data_std)
         self.width, self.depth, self.noise_dim = width, depth, noise_dim
         self.conditioning, self.output, self.latent = conditioning, output, latent
         self.config: Dict[str, Any] = dict(
@@ -201,6 +225,8 @@ class EngressionPosterior(nn.Module):
             latent=latent,
             eta_low=list(eta_low),
             eta_high=list(eta_high),
+            data_center=self.data_center,
+            data_std=self.data_std,
             init_seed=init_seed,
         )
         low = torch.tensor(eta_low, dtype=torch.float32)
@@ -266,7 +292,15 @@ class EngressionPosterior(nn.Module):
                 return (1 + gammas[layer]) * z + shifts[layer]
             return z + self.cond_maps[layer](eta_n).unsqueeze(-2)
 
-        first = self.input_y(y).unsqueeze(-2) + self.noise_maps[0](eps[0])
+        if self.output == "preconditioned":
+            r = self.realized_rms(eta).unsqueeze(-1)  # (B, 1)
+            s_d = self.data_std
+            norm = torch.rsqrt(s_d * s_d + r * r)
+            centered = y - self.data_center
+            y_in = centered * norm
+        else:
+            y_in = y
+        first = self.input_y(y_in).unsqueeze(-2) + self.noise_maps[0](eps[0])
         if z_hat is not None:
             first = first + self.latent_map(z_hat)
         h = F.silu(condition(first, 0))
@@ -277,8 +311,13 @@ class EngressionPosterior(nn.Module):
             out = out + self.cond_out(eta_n).unsqueeze(-2)
         if z_hat is not None:
             gate = self.latent_gate(eta_n).unsqueeze(-2)  # (B, 1, 1)
-            unit = 1.0 if self.output == "scaled_residual" else self.realized_rms(eta)[..., None, None]
+            unit = self.realized_rms(eta)[..., None, None] if self.output in ("residual", "direct") else 1.0
             out = out + gate * unit * z_hat
+        if self.output == "preconditioned":
+            # c_skip = s_d² norm², c_out = r s_d norm (norm = c_in); the noise-law latent (if any)
+            # enters in units of the output's scale.
+            skip = (s_d * s_d) * norm * norm
+            return self.data_center + (skip * centered).unsqueeze(-2) + (r * s_d * norm).unsqueeze(-2) * out
         if self.output == "direct":
             return out
         if self.output == "residual":
