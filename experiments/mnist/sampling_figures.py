@@ -127,7 +127,7 @@ def progress_figure(progress: Dict[str, np.ndarray], rms: Sequence[float], out: 
     for j, name in enumerate(names):
         for i in range(n_rows):
             states = np.clip(progress[name][i].astype(np.float32), 0, 1).reshape(-1, 28, 28)
-            _show(axes[i, j], tile(states, 3), TITLES.get(name, name) if i == 0 else None)
+            _show(axes[i, j], tile(states, 3), TITLES.get(name, name).replace(" / ", "\n") if i == 0 else None)
             if j == 0:
                 label = f"r = {rms[i]:.3g}" if i < len(rms) else "final draw"
                 axes[i, j].set_ylabel(label, fontsize=8)
