@@ -37,7 +37,6 @@ tables; :mod:`etweedie.diffusion_eval`).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import sys
@@ -53,18 +52,7 @@ from .noise import NoiseParams
 from .ops import langevin_step
 from .score import antithetic_options
 
-__all__ = [
-    "CLI_HELP",
-    "ThroughputTimer",
-    "add_cli_arguments",
-    "chain_chunks",
-    "chunk_generators",
-    "chunk_seed",
-    "cli_main",
-    "initial_states",
-    "sample_langevin",
-    "step_sizes",
-]
+__all__ = ["CLI_HELP", "ThroughputTimer", "add_cli_arguments", "cli_main", "sample_langevin", "step_sizes"]
 
 CLI_HELP = "annealed-Langevin sampling along noise-parameter paths (paper §5.3): metrics, samples, figures"
 
@@ -181,6 +169,9 @@ def step_sizes(path, schedule: torch.Tensor, step_scale: float) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------- chunks and generators
+__all__ += ["chain_chunks", "chunk_generators", "chunk_seed", "initial_states"]
+
+
 def chain_chunks(n_chains: int, chunk_chains: Optional[int]) -> List[slice]:
     """Contiguous chain slices of at most ``chunk_chains`` chains (None: one slice of all).
 
@@ -207,6 +198,8 @@ def chunk_seed(seed: int, chunk: int) -> int:
         >>> chunk_seed(2718, 0) == chunk_seed(2718, 0) != chunk_seed(2718, 1)
         True
     """
+    import hashlib
+
     seed = _check_int(seed, "seed", 0)
     chunk = _check_int(chunk, "chunk", 0)
     digest = hashlib.sha256(f"etweedie-chunk:{seed}:{chunk}".encode()).digest()
