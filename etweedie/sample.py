@@ -371,7 +371,10 @@ class _StaticUpdate:
                     self._body()
                 self.graph = graph
             else:
-                self.compiled = torch.compile(self._body, mode="reduce-overhead", dynamic=False)
+                compiled = torch.compile(self._body, mode="reduce-overhead", dynamic=False)
+                compiled()  # compiles (errors surface here) and is the chunk's first update
+                self.eager_updates += 1
+                self.compiled = compiled
         except Exception as exc:  # a capture that cannot happen must not stop a sampling run
             self.fallback = f"{type(exc).__name__}: {exc}"
             self.graph = self.compiled = None
