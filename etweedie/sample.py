@@ -384,7 +384,8 @@ class _StaticUpdate:
 
     def run(self, steps: int) -> None:
         done = 0
-        if self.mode is not None and self.graph is None and self.compiled is None and steps > 0:
+        # capture on a level with room for the warm-up updates (they are real updates of the chain)
+        if self.mode is not None and self.graph is None and self.compiled is None and steps >= 4:
             before = self.eager_updates
             self._capture()
             done = self.eager_updates - before
