@@ -67,6 +67,8 @@ def parse_args(argv=None):
         p.add_argument(f"--{name}", type=kind, default=None, help="override the protocol's value")
     p.add_argument("--precision", choices=("float32", "bfloat16"), default=None)
     p.add_argument("--capture", choices=("none", "cuda_graph", "compile"), default=None)
+    p.add_argument("--antithetic", action="store_true",
+                   help="antithetic posterior draws (the variance-reduced variant: e.g. --antithetic --n-posterior 64)")
     p.add_argument("--progress", action="store_true")
     return p.parse_args(argv)
 
@@ -96,6 +98,8 @@ def _protocol(args) -> sampling.Protocol:
         changes["capture"] = None if args.capture == "none" else args.capture
     if args.paths:
         changes["paths"] = tuple(args.paths)
+    if args.antithetic:
+        changes["antithetic"] = True
     if args.dry_run:
         changes.setdefault("precision", "float32")
     return dataclasses.replace(protocol, **changes)

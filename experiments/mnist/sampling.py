@@ -87,6 +87,7 @@ class Protocol:
     precision: str = "float32"
     capture: Optional[str] = None
     progress_rows: int = 7
+    antithetic: bool = False
     paths: Tuple[str, ...] = PATHS
     seeds: Tuple[int, ...] = SEEDS
 
@@ -107,7 +108,8 @@ class Protocol:
 
     def describe(self) -> str:
         return (f"{self.levels} levels r 2.63→0.197, {self.first_level_steps} + {self.steps_per_level} updates/level "
-                f"({self.updates_per_chain} per chain), N = {self.n_posterior}, δ = {self.step_fraction:g}, "
+                f"({self.updates_per_chain} per chain), N = {self.n_posterior}"
+                f"{' antithetic' if self.antithetic else ''}, δ = {self.step_fraction:g}, "
                 f"{len(self.seeds)} seeds × {self.images_per_seed} images")
 
 
@@ -204,6 +206,7 @@ def run_part(
         chunk_chains=protocol.chunk_chains, center=center.to(device), device=device, callback=track,
         steps_per_level=protocol.steps_per_level, first_level_steps=protocol.first_level_steps,
         n_posterior=protocol.n_posterior, step_scale=protocol.step_scale, precision=protocol.precision,
+        antithetic=protocol.antithetic,
         capture=protocol.capture if torch.device(device).type == "cuda" else None,
         disable=not progress, timer=timer if torch.device(device).type == "cpu" else None,
     )
