@@ -50,6 +50,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     try:
+        sampling.check_folder(out, protocol)
         posterior = sampling.load_posterior(args.posterior)
         center = sampling.data_mean(args.data_dir)
     except (ValueError, FileNotFoundError) as exc:

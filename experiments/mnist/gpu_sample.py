@@ -193,6 +193,7 @@ def main(argv=None) -> int:
     log = Log(work / "driver.log", main_rank)
     spec = args.posterior or ("untrained:32" if args.dry_run else "mnist")
     try:
+        sampling.check_folder(work, protocol)
         posterior = sampling.load_posterior(spec, device)
         center = sampling.data_mean()
     except (ValueError, FileNotFoundError) as exc:

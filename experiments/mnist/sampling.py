@@ -164,6 +164,30 @@ def part_done(out_dir: Path, path: str, seed: int) -> bool:
     return (out_dir / f"{stem}.json").is_file() and (out_dir / f"{stem}.npy").is_file()
 
 
+def _comparable(protocol: Dict) -> Dict:
+    return {k: v for k, v in json.loads(json.dumps(protocol)).items() if k not in ("paths", "seeds", "name")}
+
+
+def _finished_part(out_dir: Path, stem: str, protocol: Protocol) -> Dict:
+    """A finished part's log; ValueError when it was sampled under other settings (a folder holds one protocol)."""
+    log = json.loads((out_dir / f"{stem}.json").read_text())
+    if _comparable(log["protocol"]) != _comparable(asdict(protocol)):
+        diff = {k: (v, _comparable(asdict(protocol)).get(k)) for k, v in _comparable(log["protocol"]).items()
+                if _comparable(asdict(protocol)).get(k) != v}
+        raise ValueError(f"{out_dir / stem}.json was sampled with other settings (saved, requested): {diff}; "
+                         "use another output folder")
+    return log
+
+
+def check_folder(out_dir, protocol: Protocol) -> None:
+    """ValueError when a finished part in ``out_dir/parts`` was sampled under other settings."""
+    parts = Path(out_dir) / PARTS_DIR
+    for path in protocol.paths:
+        for seed in protocol.seeds:
+            if part_done(parts, path, seed):
+                _finished_part(parts, part_stem(path, seed), protocol)
+
+
 def _save_npy(target: Path, array: np.ndarray) -> None:
     tmp = target.with_name(target.name + ".tmp.npy")
     np.save(tmp, array)
@@ -190,7 +214,7 @@ def run_part(
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = part_stem(path, seed)
     if part_done(out_dir, path, seed):
-        return json.loads((out_dir / f"{stem}.json").read_text())
+        return _finished_part(out_dir, stem, protocol)
     schedule = level_times(protocol.levels)
     tracked = protocol.progress_levels()
     rows: Dict[int, torch.Tensor] = {}
@@ -275,7 +299,7 @@ def run_protocol(
     for path in protocol.paths:
         for seed in protocol.seeds:
             if part_done(parts, path, seed):
-                logs.append(json.loads((parts / f"{part_stem(path, seed)}.json").read_text()))
+                logs.append(_finished_part(parts, part_stem(path, seed), protocol))
                 log(f"{path} seed {seed}: done earlier, skipped")
                 continue
             late = deadline is not None and last_wall is not None and time.time() + 1.1 * last_wall > deadline
