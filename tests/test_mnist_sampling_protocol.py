@@ -79,6 +79,9 @@ def test_gpu_command_dry_run_packs_at_most_eight_small_files_and_resumes(tmp_pat
     capsys.readouterr()
     assert gpu_sample.main(args) == 0
     assert capsys.readouterr().out.count("done earlier, skipped") == 6
+    # a folder holds one protocol: other settings are an error (exit 2), not a silent reuse
+    assert gpu_sample.main([*args, "--n-posterior", "3"]) == 2
+    assert "sampled with other settings" in capsys.readouterr().err
     # a deadline already past: nothing new starts after the first part, and the pack says what is left
     assert gpu_sample.main(["--dry-run", "--no-bench", "--work", str(tmp_path / "w2"), "--pack-dir",
                             str(tmp_path / "p2"), "--paths", "mnist_joint", "--deadline", "0", "--pack-reserve", "0"]) == 0
