@@ -62,6 +62,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                  posterior_name=args.posterior)
     sampling_s = time.time() - start
     summary = dict(protocol=dataclasses.asdict(protocol), posterior=args.posterior, sampling_s=sampling_s,
+                   parts_wall_s=sum(p["wall_s"] for p in logs),  # the parts' own times (also of earlier calls)
                    threads=torch.get_num_threads(), parts=[{k: p[k] for k in ("path", "seed", "images", "wall_s",
                                                                                "images_steps_per_s")} for p in logs])
     if not args.no_table:
