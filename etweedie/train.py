@@ -159,6 +159,7 @@ class ModelConfig:
     latent: str = "gaussian"
     data_center: float = 0.0
     data_std: float = 1.0
+    learn_data_scale: bool = False
     architecture: str = "EngressionPosterior"
     options: Dict[str, Any] = field(default_factory=dict)
 
@@ -308,6 +309,8 @@ class TrainConfig:
         for name in ("data_center", "data_std"):
             _check_float(getattr(m, name), f"model.{name}")
         _require(m.data_std > 0, "model.data_std", "> 0", m.data_std)
+        if not isinstance(m.learn_data_scale, bool):
+            raise TypeError(f"model.learn_data_scale must be true or false, got {m.learn_data_scale!r}")
         _require(m.conditioning in CONDITIONINGS, "model.conditioning", f"one of {CONDITIONINGS}", m.conditioning)
         _require(m.output in OUTPUTS, "model.output", f"one of {OUTPUTS}", m.output)
         _require(m.latent in LATENTS, "model.latent", f"one of {LATENTS}", m.latent)
@@ -597,6 +600,7 @@ def build_posterior(config: TrainConfig, dim: int = 2) -> torch.nn.Module:
         eta_high=high,
         data_center=m.data_center,
         data_std=m.data_std,
+        learn_data_scale=m.learn_data_scale,
         init_seed=config.seed,
     )
 
@@ -638,7 +642,7 @@ _ADDED_KEYS = {
     "data.source": "eight_gaussians", "data.data_dir": "", "data.split": "train", "data.pixel_range": [-1.0, 1.0],
     "data.dequantize": True, "precision": "float32", "tf32": False, "compile": False, "fused_adam": "auto",
     "posterior_dtype": "float32", "shard_mb": 16.0, "checkpoint_every_s": 0.0, "max_wall_s": 0.0,
-    "model.data_center": 0.0, "model.data_std": 1.0,
+    "model.data_center": 0.0, "model.data_std": 1.0, "model.learn_data_scale": False,
 }
 
 

@@ -79,6 +79,8 @@ ARMS = {
     "precond_m4": (dict(output="preconditioned"), {"draws": 4}),
     "precond_dequant": (dict(output="preconditioned"), {"dequantize": True}),
     "precond_film": (dict(output="preconditioned", conditioning="film"), {}),
+    "precond_pixel_scale": (dict(output="preconditioned", learn_data_scale=True), {}),
+    "precond_pixel_scale_w512": (dict(output="preconditioned", learn_data_scale=True, width=512), {}),
 }
 BASE_MODEL = dict(width=256, depth=3, noise_dim=16, conditioning="concat", cond_width=64)
 

@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
-    print(json.dumps(dict(out=str(out), **vars(args), stats=stats), default=str))
+    print(json.dumps(dict(vars(args), stats=stats), default=str))
     return 0
 
 
