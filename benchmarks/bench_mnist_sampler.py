@@ -158,6 +158,8 @@ def load_posterior(spec: str, device, width: int, depth: int):
 
 
 def run(args) -> Dict:
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     torch.manual_seed(0)
     posterior = load_posterior(args.posterior, device, args.width, args.depth)
@@ -284,6 +286,8 @@ def parse_args(argv=None):
     p.add_argument("--step-scale", type=float, default=2e-5)
     p.add_argument("--repeats", type=int, default=5, help="repeats of the forward and the step timed alone")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of both samplers; the fastest counts")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (on a shared CPU, 1: two threads spin-wait on each other)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the report here")
     return p.parse_args(argv)
