@@ -82,8 +82,8 @@ def nearest_train_figure(pooled: Dict[str, np.ndarray], train: torch.Tensor, out
         gen = images[pick]
         rmse, index = nearest_train(torch.from_numpy(gen), train)
         pair = np.concatenate([_unit(gen), _unit(train[index].numpy())])
-        _show(ax, tile(pair, len(pick)), f"{TITLES.get(name, name)}: nearest-train RMSE "
-                                         f"{float(rmse.mean()):.3f} (generated above, nearest training image below)")
+        _show(ax, tile(pair, len(pick)), f"{TITLES.get(name, name)}: mean nearest-train RMSE {float(rmse.mean()):.3f}")
+    fig.suptitle("Generated (upper rows) and their nearest training images in pixel RMSE (lower rows)", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=150)
     plt.close(fig)
