@@ -29,6 +29,7 @@ PLUGIN_COMMANDS = {
     "score-eval": "etweedie.score_eval",
     "sample": "etweedie.sample",
     "estimate": "etweedie.estimate",
+    "mnist-eval": "etweedie.commands.mnist_eval",
 }
 
 

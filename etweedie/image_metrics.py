@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -216,7 +216,8 @@ class MnistClassifier:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
-        # Post-ReLU activations of faint strokes underflow to subnormals, which cost ~3x on x86.
+        # Flush subnormals to zero: subnormal arithmetic is slow on x86, and flushing moves no
+        # logit beyond float32 rounding (the test against the unmodified graph, which does not flush).
         options.add_session_config_entry("session.set_denormal_as_zero", "1")
         self._session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
@@ -276,9 +277,10 @@ def null_feature_energy_distance(
     at random and computes their signed unbiased feature ED to the same ``bank``.  The
     statistic is the op's, ``2C − A − W``, assembled from parts computed once: the mean distance
     of every pool row to the bank (C is the draw's average of it) and the bank's within-cloud
-    mean W; only A, the draw's own within-cloud mean over i ≠ j, is computed per draw.  Running
-    the op per draw would recompute the bank's 2,048² pairs every time (200 draws: ~20 s on a
-    2-core CPU, against ~1 s); ``tests/test_image_metrics.py`` checks the draws against the op.
+    mean W; only A, the draw's own within-cloud mean over i ≠ j, is computed per draw (several
+    draws per batched GEMM).  Running the op per draw would recompute the bank's 2,048² pairs
+    every time (~80 ms a draw on a 2-core CPU, 16 s for 200); ``tests/test_image_metrics.py``
+    checks the draws against the op.
 
     Returns:
         ``(draws,)`` float64 tensor.
@@ -292,12 +294,34 @@ def null_feature_energy_distance(
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     pool, bank = pool.double(), bank.double()
-    to_bank = _distances(pool, bank).mean(1)  # (pool,)
-    within_bank = _within_mean(bank)
+    return _null_from_parts(pool, _distances(pool, bank).mean(1), _within_mean(bank), n, draws, generator)
+
+
+# Distance-matrix elements the null holds at once (float64: 64 MiB).  Several draws share one
+# batched GEMM and one pass of elementwise work: one 768-point draw at a time spent most of its
+# time in per-op thread start-up, not in the GEMM.
+_NULL_BLOCK_ELEMENTS = 1 << 23
+
+
+def _null_from_parts(pool, to_bank, within_bank: float, n: int, draws: int, generator) -> torch.Tensor:
+    """The null's draws from the pool (float64), its rows' mean distance to the bank and the bank's within mean."""
     out = torch.empty(draws, dtype=torch.float64)
-    for k in range(draws):
-        idx = torch.randperm(pool.shape[0], generator=generator)[:n]
-        out[k] = 2 * to_bank[idx].mean() - _within_mean(pool[idx]) - within_bank
+    batch = _NULL_BLOCK_ELEMENTS // (n * n)
+    if batch < 2:  # large n: one draw at a time, its distances in row chunks
+        for k in range(draws):
+            idx = torch.randperm(pool.shape[0], generator=generator)[:n]
+            out[k] = 2 * to_bank[idx].mean() - _within_mean(pool[idx]) - within_bank
+        return out
+    for start in range(0, draws, batch):
+        b = min(batch, draws - start)
+        idx = torch.stack([torch.randperm(pool.shape[0], generator=generator)[:n] for _ in range(b)])  # (b, n)
+        x = pool[idx]  # (b, n, d)
+        sq = (x * x).sum(-1)
+        dist = torch.baddbmm(sq[:, None, :], x, x.transpose(1, 2), beta=1.0, alpha=-2.0)
+        dist.add_(sq[:, :, None]).clamp_min_(0.0).sqrt_()
+        dist.diagonal(dim1=1, dim2=2).zero_()
+        within = dist.sum((1, 2)) / (n * (n - 1))
+        out[start:start + b] = 2 * to_bank[idx].mean(1) - within - within_bank
     return out
 
 
@@ -315,6 +339,7 @@ def bootstrap_feature_energy_distance(
     generator: torch.Generator,
     level: float = 0.95,
     chunk: int = 32,
+    bank_within_mean: Optional[float] = None,
 ) -> Tuple[float, float]:
     """Seed-stratified percentile interval of the feature ED: the replicates of
     :func:`etweedie.metrics.stratified_bootstrap_energy_distance`, from precomputed distances.
@@ -323,11 +348,15 @@ def bootstrap_feature_energy_distance(
     draw of the generator, in the same order) and the same tie-free replicate
     ``ED* = 2C* − S*/(n² − Σw²) − W_bank`` (w: resample counts, C* the count-weighted mean
     distance to the bank, S* = Σ_ij w_i w_j ‖x_i − x_j‖, W_bank the bank's within-cloud mean),
-    so the interval equals that function's for the same generator.  The difference is cost:
+    so the interval equals that function's for the same generator (memory: the n × n distances,
+    4.7 MB at n = 768).  The difference is cost:
     that function runs the op on every resample, recomputing the bank's 2,048² pairs each time
     (minutes for 1,000 replicates on a 2-core CPU); here the n × m and n × n distances are
     computed once in float64 and a replicate is a weighted sum (about a second in all); the
     replicates agree with the op's to ~1e-10.
+
+    ``bank_within_mean``: the bank's mean distance over pairs i ≠ j when already known (it is the
+    only O(m²) part).
 
     Returns:
         ``(lower, upper)``.
@@ -348,7 +377,7 @@ def bootstrap_feature_energy_distance(
         raise ValueError(f"groups must hold at least 2 points in all, got {n}")
     cross = _distances(pool, bank).mean(1)  # (n,)
     within = _distances(pool)  # (n, n), zero diagonal
-    within_bank = _within_mean(bank)
+    within_bank = _within_mean(bank) if bank_within_mean is None else float(bank_within_mean)
     offsets = np.cumsum([0] + [x.shape[0] for x in groups])
     out = torch.empty(n_boot, dtype=torch.float64)
     for start in range(0, n_boot, chunk):
@@ -444,7 +473,7 @@ def classes_present(predicted: torch.Tensor, threshold: float = 0.01) -> int:
     return int((class_histogram(_check_labels(predicted)) > threshold).sum())
 
 
-def nearest_train(images, train, *, chunk: int = 4096, candidates: int = 8) -> Tuple[torch.Tensor, torch.Tensor]:
+def nearest_train(images, train, *, chunk: int = 8192, candidates: int = 8) -> Tuple[torch.Tensor, torch.Tensor]:
     """Pixel RMSE to the nearest training image (pixels in [0, 1]) and its index.
 
     Ranking uses the GEMM form ‖t‖² − 2⟨x, t⟩ (‖x‖² is constant per query) in float32, one
@@ -474,12 +503,12 @@ def nearest_train(images, train, *, chunk: int = 4096, candidates: int = 8) -> T
         raise ValueError("train must hold at least one image")
     if train.dtype != torch.uint8 and not train.is_floating_point():
         raise TypeError(f"train must be uint8 or float, got {train.dtype}")
-    scale = 1.0 / 255.0 if train.dtype == torch.uint8 else 1.0
+    divisor = 255.0 if train.dtype == torch.uint8 else 1.0  # a division, as in as_unit_images: exact 0 for a training image
     n, k = queries.shape[0], min(candidates, train.shape[0])
     best_score = torch.full((n, k), math.inf)
     best_index = torch.zeros((n, k), dtype=torch.int64)
     for start in range(0, train.shape[0], chunk):
-        block = train[start:start + chunk].float() * scale
+        block = train[start:start + chunk].to(torch.float32, copy=True).div_(divisor)  # ranking only: one pass
         score = torch.addmm((block * block).sum(1)[None, :], queries, block.T, beta=1.0, alpha=-2.0)
         take = min(k, block.shape[0])
         values, index = score.topk(take, dim=1, largest=False)
@@ -487,7 +516,7 @@ def nearest_train(images, train, *, chunk: int = 4096, candidates: int = 8) -> T
         merged_index = torch.cat([best_index, index + start], dim=1)
         best_score, pick = merged_score.topk(k, dim=1, largest=False)
         best_index = merged_index.gather(1, pick)
-    cand = train[best_index.reshape(-1)].double().reshape(n, k, N_PIXELS) * scale
+    cand = train[best_index.reshape(-1)].double().reshape(n, k, N_PIXELS) / divisor
     sq = ((cand - queries64[:, None, :]) ** 2).sum(-1)
     best_sq, which = sq.min(dim=1)
     return torch.sqrt(best_sq / N_PIXELS), best_index.gather(1, which[:, None]).squeeze(1)
@@ -523,6 +552,9 @@ class MnistEvaluator:
         self.bank = self.test_features[self.bank_index]
         self.pool = self.test_features[self.pool_index]
         self.prior = class_histogram(self.test_labels)
+        self._bank64, self._pool64 = self.bank.double(), self.pool.double()
+        self._bank_within = _within_mean(self._bank64)
+        self._pool_to_bank: Optional[torch.Tensor] = None  # (pool,) mean distance to the bank, on first use
         self._null: Dict[Tuple[int, int, int], torch.Tensor] = {}
         self._heldout_rmse: Dict[int, float] = {}
 
@@ -541,7 +573,14 @@ class MnistEvaluator:
         """``(draws,)`` real-vs-real feature EDs at sample size ``n`` (cached)."""
         key = (n, draws, seed)
         if key not in self._null:
-            self._null[key] = null_feature_energy_distance(self.pool, self.bank, n, draws=draws, generator=_generator(seed, 1))
+            if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= self.pool.shape[0]:
+                raise ValueError(f"n must be an int in [2, {self.pool.shape[0]}] (the held-out pool), got {n!r}")
+            if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+                raise ValueError(f"draws must be an int >= 1, got {draws!r}")
+            if self._pool_to_bank is None:
+                self._pool_to_bank = _distances(self._pool64, self._bank64).mean(1)
+            # the same draws as null_feature_energy_distance(pool, bank, n, draws=..., generator=...)
+            self._null[key] = _null_from_parts(self._pool64, self._pool_to_bank, self._bank_within, n, draws, _generator(seed, 1))
         return self._null[key]
 
     def heldout_nearest_train_rmse(self, n: int) -> float:
@@ -593,7 +632,9 @@ class MnistEvaluator:
         size = n // groups
         split = lambda t: [t[i * size:(i + 1) * size] for i in range(groups)]  # noqa: E731
         g = _generator(seed, 2)
-        ed_ci = bootstrap_feature_energy_distance(split(feats), self.bank, n_boot=n_boot, generator=g, level=level)
+        ed_ci = bootstrap_feature_energy_distance(
+            split(feats), self.bank, n_boot=n_boot, generator=g, level=level, bank_within_mean=self._bank_within
+        )
         _, *conf_ci = stratified_bootstrap(lambda c: float(c.mean()), split(conf[:, None]), n_boot=n_boot, generator=g, level=level)
         prior = self.prior
         _, *tv_ci = stratified_bootstrap(
@@ -619,7 +660,10 @@ class MnistEvaluator:
         )
         if null_draws > 0:
             if n > self.pool.shape[0]:
-                raise ValueError(f"the null needs n <= {self.pool.shape[0]} held-out images, got n = {n}; pass null_draws=0")
+                raise ValueError(
+                    f"the real-vs-real null needs n <= {self.pool.shape[0]} held-out images, got n = {n}; "
+                    "set null_draws=0 (--null-draws 0) to score without it"
+                )
             null = self.null(n, null_draws, seed)
             row["null_mean"] = float(null.mean())
             row["null_p95"] = float(torch.quantile(null, 0.95))
