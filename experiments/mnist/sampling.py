@@ -116,7 +116,7 @@ class Protocol:
 #: The paper's protocol (GPU): 768 images per path.
 FULL = Protocol("full", precision="bfloat16", capture="cuda_graph")
 #: CPU scale (2 cores, ≤ 15 minutes with the CPU-scale posterior): 66 images per path.
-CPU = Protocol("cpu", images_per_seed=22, levels=16, first_level_steps=40, steps_per_level=10, n_posterior=16,
+CPU = Protocol("cpu", images_per_seed=22, levels=16, first_level_steps=40, steps_per_level=10, n_posterior=32,
                step_fraction=0.1, chunk_chains=22, progress_rows=6)
 #: Smoke size (tests, ``--dry-run``).
 TINY = Protocol("tiny", images_per_seed=2, levels=3, first_level_steps=2, steps_per_level=1, n_posterior=2,
