@@ -29,7 +29,11 @@ model (EMA weights when enabled) as safetensors + JSON (:mod:`etweedie.checkpoin
 **Speed** (GPU): ``precision = "bf16"`` runs the network under bf16 autocast with the energy
 score in float32; ``tf32 = true`` allows TF32 matmuls; ``fused_adam`` picks the fused Adam kernel
 ("auto": on CUDA); ``compile = true`` compiles the forward + loss with ``torch.compile``.  The loss
-stays on the device and is read back only at log intervals.
+stays on the device and is read back only at log intervals (NaN/inf is detected there, before any
+checkpoint is written).  What still reads back from the GPU each step: the value checks of the
+noise constructors used to draw the batch (``Metric.from_params``, the noise laws: a few booleans;
+the ops themselves skip such checks on GPU tensors unless ``etweedie.set_debug(True)``), and, in
+eager mode, the same checks in the loss (compiled away with ``compile = true``).
 
 **Many processes**: under ``torchrun`` (an initialized ``torch.distributed`` process group) the
 step runs with ``DistributedDataParallel``.  Every rank keeps the same four streams (derived
@@ -1219,7 +1223,7 @@ def held_out_loss(
     prior = NoisePrior.from_config(config.prior)
     device = next(posterior.parameters()).device
     gens = _generators(seed, device)
-    x = source.draw(n_examples, gens["data"])
+    x = source.draw(n_examples, gens["data"]).cpu()  # drawn on the CPU (a source may hold GPU data)
     params = prior.sample(n_examples, gens["prior"])
     y = x + noise_law(params, source.dim, config.prior.geometry).sample(generator=gens["noise"])
     x, y = x.to(device), y.to(device)

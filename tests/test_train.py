@@ -362,3 +362,32 @@ def test_blocked_cpu_step_equals_one_block(monkeypatch, tiny, latent):
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     assert torch.equal(s1, s2)
+
+
+# ---------------------------------------------------------------------------- the fast step's settings
+def _first_losses(tmp_path, name, config, steps=3):
+    cfg = dataclasses.replace(config, steps=steps, log_every=1, checkpoint_every=steps, warmup_steps=1)
+    summary = train(cfg, tmp_path / name, progress=False)
+    return [json.loads(line)["loss"] for line in Path(summary["log"]).read_text().splitlines()], summary
+
+
+def test_bf16_autocast_and_fused_adam_follow_the_float32_step(tmp_path, tiny):
+    """bf16 autocast (network only; the energy score stays float32) and fused Adam: the first
+    step's loss agrees with float32 to bf16 accuracy, and the weights stay float32."""
+    ref, _ = _first_losses(tmp_path, "fp32", tiny)
+    fast, summary = _first_losses(tmp_path, "bf16", dataclasses.replace(tiny, precision="bf16", fused_adam=True))
+    assert all(math.isfinite(v) for v in fast)
+    assert abs(fast[0] - ref[0]) < 0.02 * abs(ref[0]), (fast, ref)
+    assert load_posterior(summary["posterior"]).out.weight.dtype == torch.float32
+
+
+@pytest.mark.slow
+def test_compiled_step_equals_the_eager_step(tmp_path, tiny):
+    """compile = true (torch.compile of forward + loss; minutes to compile on a small CPU)."""
+    ref, a = _first_losses(tmp_path, "eager", tiny)
+    comp, b = _first_losses(tmp_path, "compiled", dataclasses.replace(tiny, compile=True))
+    for x, y in zip(ref, comp):
+        assert math.isclose(x, y, rel_tol=1e-4), (ref, comp)
+    pa, pb = load_posterior(a["posterior"]).state_dict(), load_posterior(b["posterior"]).state_dict()
+    for k in pa:
+        torch.testing.assert_close(pa[k], pb[k], rtol=1e-4, atol=1e-5)

@@ -79,8 +79,12 @@ ARMS = {
     "precond_m4": (dict(output="preconditioned"), {"draws": 4}),
     "precond_dequant": (dict(output="preconditioned"), {"dequantize": True}),
     "precond_film": (dict(output="preconditioned", conditioning="film"), {}),
+    "precond_pixel_scale_gain1": (dict(output="preconditioned", learn_data_scale=True), {"pixel_gain": 1.0}),
     "precond_pixel_scale": (dict(output="preconditioned", learn_data_scale=True), {}),
-    "precond_pixel_scale_w512": (dict(output="preconditioned", learn_data_scale=True, width=512), {}),
+    "pixel_scale_film": (dict(output="preconditioned", learn_data_scale=True, conditioning="film"), {}),
+    "pixel_scale_sampler_prior": (dict(output="preconditioned", learn_data_scale=True), {"prior": "sampler"}),
+    "pixel_scale_m4": (dict(output="preconditioned", learn_data_scale=True), {"draws": 4}),
+    "pixel_scale_w512": (dict(output="preconditioned", learn_data_scale=True, width=512), {}),
 }
 BASE_MODEL = dict(width=256, depth=3, noise_dim=16, conditioning="concat", cond_width=64)
 
@@ -143,6 +147,8 @@ def run_arm(name, model_kw, opts, train_images, x_test, steps, batch, seed, out:
     low, high = NoisePrior(**prior_args).eta_bounds()
     model = EngressionPosterior(784, eta_low=low, eta_high=high, data_center=MNIST_MEAN, data_std=MNIST_STD,
                                 init_seed=seed, **kw)
+    if "pixel_gain" in opts:
+        model.PIXEL_SCALE_GAIN = opts["pixel_gain"]  # instance attribute: this arm's gain only
     ema = copy.deepcopy(model).requires_grad_(False)
     params, ema_params = list(model.parameters()), list(ema.parameters())
     opt = torch.optim.Adam(params, lr=1e-3)
