@@ -301,12 +301,17 @@ def has_forward_tangent(*tensors) -> bool:
     return False
 
 
-def kernel_or_reference(op: str, name: str, backend, *tensors) -> str:
+def kernel_or_reference(op: str, name: str, backend, *tensors, reference_forward_mode: bool = True) -> str:
     """The backend to run: ``name`` unless an input carries a forward-mode tangent, which the
-    kernels cannot propagate — then the reference (automatic choice) or NotImplementedError
-    (a kernel backend was requested explicitly)."""
+    kernels cannot propagate — then the reference (automatic choice, where the reference
+    supports forward mode) or NotImplementedError."""
     if name == "reference" or not has_forward_tangent(*tensors):
         return name
+    if not reference_forward_mode:
+        raise NotImplementedError(
+            f"{op}: forward-mode autodiff (torch.func.jvp / forward_ad) is not supported by any backend "
+            f"(the kernels and torch.cdist in the reference are reverse-mode only); use torch.autograd.grad"
+        )
     if backends.requested(backend) is not None:
         raise NotImplementedError(
             f"{op}: forward-mode autodiff (torch.func.jvp / forward_ad) is not supported by backend "

@@ -114,7 +114,7 @@ def energy_distance(
     prec, kind = metric_param(metric, batch, d, a.dtype, _OP)
 
     name = backends.resolve(_OP, a.device, backend)
-    name = kernel_or_reference(_OP, name, backend, a, b, beta, metric)
+    name = kernel_or_reference(_OP, name, backend, a, b, beta, metric, reference_forward_mode=False)
     if name == "reference":
         out = reference.energy_distance(ac, bc, betas, prec, kind, unbiased)
     elif kind == DENSE:

@@ -117,7 +117,7 @@ def energy_score(
     prec, kind = metric_param(metric, batch, d, samples.dtype, _OP)
 
     name = backends.resolve(_OP, samples.device, backend)
-    name = kernel_or_reference(_OP, name, backend, samples, target, beta, metric)
+    name = kernel_or_reference(_OP, name, backend, samples, target, beta, metric, reference_forward_mode=False)
     if name == "reference":
         out = reference.energy_score(xs, yt, betas, prec, kind, fair)
     elif kind == DENSE:

@@ -26,6 +26,7 @@ from ._prep import (
     canonicalize,
     check_finite,
     check_metric,
+    check_positive,
     check_tensor,
     flat,
     metric_param,
@@ -80,8 +81,7 @@ def kernel_score(
     if M < (2 if fair else 1):
         raise ValueError(f"{op}: {'fair=True needs M >= 2' if fair else 'need M >= 1'} samples, got M = {M}")
     c = as_param(c, "c", op, samples)
-    if c.numel() and not bool((c > 0).all()):
-        raise ValueError(f"{op}: c must be > 0, got {c.min().item():.6g}")
+    check_positive(c, "c", op)
     check_finite(op, samples=samples, target=target)
     metric = check_metric(metric, d, samples, op)
     batch = broadcast_batch(op, samples=samples.shape[:-2], target=target.shape[:-1], c=c.shape, metric=metric.batch_shape)
@@ -90,7 +90,7 @@ def kernel_score(
     B = math.prod(batch)
     xs = samples.expand(*batch, M, d).reshape(B, M, d)
     yt = target.expand(*batch, d).reshape(B, d)
-    prec, kind = metric_param(metric, batch, d)
+    prec, kind = metric_param(metric, batch, d, samples.dtype, op)
     if potential == "student_t":
         ks = reference.student_t_kernel_score(xs, yt, prec, kind, fair)
     elif callable(potential):
@@ -127,7 +127,7 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
         return student_t_score(y.unsqueeze(0), x.unsqueeze(0), cv, metric)[0]  # one unbatched query
     cn = canonicalize(op, y, x, 2.0, 1.0, metric)
     d = cn.y.shape[-1]
-    if cv.numel() and not bool((cv > d / 2).all()):
+    if cv.numel() and not bool(((cv > d / 2) & torch.isfinite(cv)).all()):
         raise ValueError(f"{op}: c must be > d/2 = {d / 2:g} (Student-t integrability), got {cv.min().item():.6g}")
     try:
         batch = torch.broadcast_shapes(cn.batch, cv.shape)
