@@ -59,7 +59,7 @@ inline void metric(const char* op, const at::Tensor& prec, int64_t kind, int64_t
   } else if (kind == kDiagonal) {
     TORCH_CHECK(prec.dim() == 2 && prec.size(0) == B && prec.size(1) == d, op,
                 ": a diagonal precision must have shape (B, d) = (", B, ", ", d, "), got ", prec.sizes());
-    TORCH_CHECK(d <= 1 || prec.stride(1) == 1, op, ": a diagonal precision must have unit stride over d, got strides ",
+    TORCH_CHECK(d <= 1 || prec.numel() == 0 || prec.stride(1) == 1, op, ": a diagonal precision must have unit stride over d, got strides ",
                 prec.strides());
   } else {
     TORCH_CHECK(prec.dim() == 3 && prec.size(0) == B && prec.size(1) == prec.size(2), op,
@@ -67,11 +67,14 @@ inline void metric(const char* op, const at::Tensor& prec, int64_t kind, int64_t
     const int64_t k = prec.size(1);
     TORCH_CHECK(k >= 1 && k <= 4 && d % k == 0, op, ": the block size k must be in [1, 4] and divide d = ", d,
                 ", got k = ", k);
-    TORCH_CHECK(prec.stride(2) == 1 && prec.stride(1) == k, op,
+    TORCH_CHECK(prec.numel() == 0 || (prec.stride(2) == 1 && prec.stride(1) == k), op,
                 ": each row's block precision must be contiguous (strides (*, k, 1)), got strides ", prec.strides());
   }
 }
 
+// (Stride rules apply to tensors the kernels read: an empty tensor is never dereferenced, and
+// torch calls every empty tensor contiguous whatever its strides.)
+//
 // Canonical arguments of the score ops (et_score, langevin_step): y (B, d) contiguous,
 // x (B, N, d) with unit stride over d (any stride over B and N: 0 = a broadcast cloud),
 // beta and lam (B,), prec as in metric().
@@ -83,7 +86,7 @@ inline void score_args(const char* op, const at::Tensor& y, const at::Tensor& x,
   const int64_t B = y.size(0), d = y.size(1);
   TORCH_CHECK(x.dim() == 3 && x.size(0) == B && x.size(2) == d, op, ": x must have shape (B, N, d) = (", B, ", N, ",
               d, "), got ", x.sizes());
-  TORCH_CHECK(d <= 1 || x.stride(2) == 1, op, ": x must have unit stride over d, got strides ", x.strides());
+  TORCH_CHECK(d <= 1 || x.numel() == 0 || x.stride(2) == 1, op, ": x must have unit stride over d, got strides ", x.strides());
   TORCH_CHECK(x.size(1) > 0 || B == 0 || d == 0, op, ": x must hold at least one posterior draw (N >= 1)");
   rows(op, "beta", beta, B);
   rows(op, "lam", lam, B);
@@ -99,7 +102,7 @@ inline void energy_args(const char* op, const at::Tensor& a, const at::Tensor& b
   const int64_t B = a.size(0), d = a.size(2);
   TORCH_CHECK(b.dim() == 3 && b.size(0) == B && b.size(2) == d, op, ": the second cloud must have shape (B, m, d) = (",
               B, ", m, ", d, "), got ", b.sizes());
-  TORCH_CHECK(d <= 1 || (a.stride(2) == 1 && b.stride(2) == 1), op, ": clouds must have unit stride over d, got strides ",
+  TORCH_CHECK(d <= 1 || ((a.numel() == 0 || a.stride(2) == 1) && (b.numel() == 0 || b.stride(2) == 1)), op, ": clouds must have unit stride over d, got strides ",
               a.strides(), " and ", b.strides());
   rows(op, "beta", beta, B);
   metric(op, prec, kind, B, d);

@@ -101,6 +101,8 @@ def as_param(value, name: str, op: str, like: torch.Tensor) -> torch.Tensor:
     rule = _SCALAR_RULES.get(name)
     if rule is not None and not rule[0](float(value)):
         raise ValueError(f"{op}: {name} must {rule[1]}, got {float(value):.6g}")
+    if rule is not None and not rule[0](float(torch.tensor(float(value), dtype=like.dtype))):
+        raise ValueError(f"{op}: {name} = {float(value):.6g} is not representable in {like.dtype} (it rounds to 0 or inf)")
     return torch.full((), float(value), dtype=like.dtype, device=like.device)
 
 
