@@ -101,7 +101,7 @@ def as_param(value, name: str, op: str, like: torch.Tensor) -> torch.Tensor:
     rule = _SCALAR_RULES.get(name)
     if rule is not None and not rule[0](float(value)):
         raise ValueError(f"{op}: {name} must {rule[1]}, got {float(value):.6g}")
-    if rule is not None and not rule[0](float(torch.tensor(float(value), dtype=like.dtype))):
+    if rule is not None and not rule[0](_rounded(float(value), like.dtype)):
         raise ValueError(f"{op}: {name} = {float(value):.6g} is not representable in {like.dtype} (it rounds to 0 or inf)")
     return torch.full((), float(value), dtype=like.dtype, device=like.device)
 
@@ -127,6 +127,18 @@ def _check_values(t: torch.Tensor, ok: torch.Tensor, msg: str) -> None:
     if not bool(ok.all()):
         bad = t.detach()[~ok].flatten()[0].item()
         raise ValueError(f"{msg}, got {bad:.6g}")
+
+
+def _rounded(v: float, dtype: torch.dtype) -> float:
+    """v as the nearest float32 would hold it, as far as 0 and inf go (pure Python: no tensor, so
+    that torch.compile sees a constant)."""
+    if dtype != torch.float32 or not math.isfinite(v):
+        return v
+    if abs(v) >= 3.4028235677973366e38:  # past float32's largest value by half an ulp
+        return math.copysign(math.inf, v)
+    if abs(v) <= 7.006492321624085e-46:  # half the smallest float32 subnormal
+        return math.copysign(0.0, v)
+    return v
 
 
 def check_beta_lam(beta: torch.Tensor, lam: torch.Tensor, op: str) -> None:
@@ -213,47 +225,42 @@ def row_whitening_factor(metric: Metric, batch: torch.Size, dtype: Optional[torc
 
 
 # float32 range in which the kernels' squared norms ‖u‖²_P neither overflow nor underflow:
-# whitened coordinates z = Lᵀu within [2^-40, 2^40] keep q = ‖z‖² within about [2^-128, 2^88·d].
+# whitened coordinates z = Lᵀu up to 2^40 keep q = ‖z‖² below 2^88·d, and data whose largest
+# whitened magnitude is at least 2^-40 keeps the differences that float32 can represent at that
+# magnitude (≥ 2^-64) above the smallest normal q once squared (2^-128, subnormal at worst).
 _F32_LO, _F32_HI = 2.0 ** -40, 2.0 ** 40
-
-
-def _abs_range(t: torch.Tensor) -> Tuple[float, float]:
-    """(smallest nonzero |t|, largest |t|) of a float32 tensor, without an abs() copy: the
-    magnitude bits of an IEEE float order like the magnitude, and (bits − 1) & 0x7fffffff
-    sends 0 to the largest code so that one amin finds the smallest nonzero value."""
-    t = t.detach()
-    lo_hi = torch.aminmax(t)
-    hi = max(-float(lo_hi.min), float(lo_hi.max))
-    bits = t.view(torch.int32) & 0x7FFFFFFF
-    code = int(bits.sub_(1).bitwise_and_(0x7FFFFFFF).amin())
-    lo = math.inf if code == 0x7FFFFFFF else float(torch.tensor([code + 1], dtype=torch.int32).view(torch.float32))
-    return lo, hi
 
 
 def float32_out_of_range(metric: Optional[Metric], *data: torch.Tensor) -> bool:
     """Whether float32 data (with the metric's scale) could overflow or underflow the kernels'
     squared norms: then the op runs in float64 and rounds its result (an honest inf where the
-    result itself does not fit float32).  Checked where value checks run (CPU tensors, or with
-    debug checks on); a GPU float32 call without debug checks trusts the range (no host sync)."""
+    result itself does not fit float32).
+
+    Judged per call from the largest magnitude (one min/max pass over the inputs, no copy), so a
+    call that mixes rows more than 2^40 apart in magnitude can still underflow in its smallest
+    rows.  Checked where value checks run (CPU tensors, or with debug checks on); a GPU float32
+    call without debug checks trusts the range (no host sync).
+    """
     if not data or not isinstance(data[0], torch.Tensor) or data[0].dtype != torch.float32 or not value_checks(data[0]):
         return False
     if any(not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device != data[0].device for t in data):
         return False  # mismatched arguments: the op's own checks name them
-    lo, hi = math.inf, 0.0
+    hi = 0.0
     for t in data:
         if t.numel():
-            a, b = _abs_range(t)
-            lo, hi = min(lo, a), max(hi, b)
+            lo_hi = torch.aminmax(t.detach())
+            hi = max(hi, -float(lo_hi.min), float(lo_hi.max))
     if hi == 0.0 or not math.isfinite(hi):
         return False  # all zero, or inf/NaN that propagate anyway
-    v_lo = v_hi = 1.0
+    v_lo = 1.0
     if isinstance(metric, Metric) and metric.param.numel():
         p = metric.param.detach()
         var = torch.diagonal(p, dim1=-2, dim2=-1) if metric.kind in ("block", "dense") else p
-        v_lo, v_hi = float(var.amin()), float(p.abs().amax())
-        if not (v_lo > 0 and math.isfinite(v_hi)):
+        v_lo = float(var.amin())
+        if not (v_lo > 0 and math.isfinite(v_lo)):
             return False
-    return hi / math.sqrt(v_lo) > _F32_HI or lo / math.sqrt(v_hi) < _F32_LO
+    z_hi = hi / math.sqrt(v_lo)  # the largest whitened magnitude
+    return z_hi > _F32_HI or z_hi < _F32_LO
 
 
 def widen(t):
