@@ -194,7 +194,17 @@ def _pair_scale(a, b, metric, beta) -> float:
         m = Metric._trusted(metric.kind, metric.param.double())
         q = m.sq_norm(u, sample_dims=2) if not m.batch_shape else (u * u).sum(-1) * float(
             1.0 / m.param.abs().amin().clamp_min(1e-300))
+    q = q[q > 0]
     return float(q.pow(beta / 2).max()) if q.numel() else 0.0
+
+
+def _prec_max(metric) -> float:
+    """Largest precision entry, roughly (1 / smallest variance)."""
+    if metric is None or metric.param.numel() == 0:
+        return 1.0
+    p = metric.param.detach().double()
+    var = torch.diagonal(p, dim1=-2, dim2=-1) if metric.kind in ("block", "dense") else p
+    return float(1.0 / var.amin())
 
 
 # ---------------------------------------------------------------------------- per op
@@ -207,11 +217,15 @@ def test_et_score_and_langevin_step(data, backend):
     y = data.draw(clouds(dtype, mag, batch, 1, d, shared_ok=False))[..., 0, :]
     x = inject(data.draw, data.draw(clouds(dtype, mag, batch, n, d)))
     lam = data.draw(st.sampled_from([0.5, 1.0, 2.0]))
-    _compare("et_score", etweedie.et_score, (y, x, beta, lam, metric), {}, backend, dtype)
+    # the score sums terms λ P ‖u‖^{β−2} u of size ~ λ √P ‖u‖_P^{β−1}, which can cancel to ~0
+    scale = lam * math.sqrt(_prec_max(metric)) * _pair_scale(y.unsqueeze(-2), x, metric, beta - 1)
+    _compare("et_score", etweedie.et_score, (y, x, beta, lam, metric), {}, backend, dtype, scale)
     noise = torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype)
     step = min(max(10.0 ** (2 * mag) * 1e-2, 1e-30), 1e30)
     if True:
-        _compare("langevin_step", etweedie.langevin_step, (y, x, noise, step, beta, lam, metric), {}, backend, dtype)
+        lscale = step * scale + (float(y.double().abs().max()) if y.numel() else 0.0)
+        _compare("langevin_step", etweedie.langevin_step, (y, x, noise, step, beta, lam, metric), {}, backend, dtype,
+                 lscale if math.isfinite(lscale) else 0.0)
 
 
 @PROFILE

@@ -263,6 +263,17 @@ def float32_out_of_range(metric: Optional[Metric], *data: torch.Tensor) -> bool:
     return z_hi > _F32_HI or z_hi < _F32_LO
 
 
+def all_finite(*data: torch.Tensor) -> bool:
+    """False when an input holds NaN or inf (one min/max pass, where value checks run; True
+    otherwise, e.g. on GPU without debug checks: no host sync)."""
+    for t in data:
+        if isinstance(t, torch.Tensor) and t.numel() and value_checks(t):
+            lo_hi = torch.aminmax(t.detach())
+            if not (math.isfinite(float(lo_hi.min)) and math.isfinite(float(lo_hi.max))):
+                return False
+    return True
+
+
 def widen(t):
     """float64 copy of a float32 tensor (differentiable: gradients flow back in float32)."""
     return t.double() if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t
@@ -273,7 +284,7 @@ def widen_metric(metric: Optional[Metric]) -> Optional[Metric]:
 
 
 def nan_rows(out: torch.Tensor, batch: torch.Size, *args: Tuple[torch.Tensor, int]) -> torch.Tensor:
-    """out (B,) with NaN in every row whose inputs hold a NaN or an infinity.
+    """out (B, ...) with NaN in every row whose inputs hold a NaN or an infinity.
 
     ``args``: (tensor, core) pairs — a cloud ``(*batch, n, d)`` has core 2, a target
     ``(*batch, d)`` core 1; each is tested before broadcasting, so a shared cloud is scanned
@@ -284,7 +295,7 @@ def nan_rows(out: torch.Tensor, batch: torch.Size, *args: Tuple[torch.Tensor, in
     bad = torch.zeros((), dtype=torch.bool, device=out.device)
     for t, core in args:
         bad = bad | ~torch.isfinite(t).flatten(t.dim() - core).all(-1)
-    bad = bad.expand(batch).reshape(-1)
+    bad = bad.expand(batch).reshape(-1, *([1] * (out.dim() - 1)))
     return torch.where(bad, torch.full((), math.nan, dtype=out.dtype, device=out.device), out)
 
 

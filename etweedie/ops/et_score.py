@@ -19,6 +19,7 @@ from ..metric import Metric
 from . import reference
 from ._prep import (
     DENSE,
+    all_finite,
     canonicalize,
     check_tensor,
     first_order_only,
@@ -26,6 +27,7 @@ from ._prep import (
     kernel_or_reference,
     unwhiten_score,
     whiten_dense,
+    nan_rows,
     widen,
     widen_metric,
 )
@@ -80,6 +82,9 @@ def et_score(
         s = unwhiten_score(_kernel(name, zy, zx, c.beta, c.lam, ones, 0), L)
     else:
         s = _kernel(name, c.y, c.x, c.beta, c.lam, c.prec, c.kind)
+    if not all_finite(y, x):
+        # an infinite draw has no finite limit in the sum (‖u‖^{β−1} grows without bound)
+        s = nan_rows(s.reshape(-1, d), c.batch, (y, 1), (x, 2))
     return s.reshape(*c.batch, d)
 
 

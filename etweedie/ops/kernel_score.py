@@ -29,7 +29,10 @@ from ._prep import (
     check_positive,
     check_tensor,
     flat,
+    float32_out_of_range,
     metric_param,
+    widen,
+    widen_metric,
 )
 
 __all__ = ["kernel_score", "student_t_score"]
@@ -68,6 +71,8 @@ def kernel_score(
     op = "kernel_score"
     samples = check_tensor(samples, "samples", op)
     target = check_tensor(target, "target", op)
+    if float32_out_of_range(metric, samples, target):
+        return kernel_score(widen(samples), widen(target), potential, widen_metric(metric), c=widen(c), fair=fair).float()
     if samples.dim() < 2 or target.dim() < 1 or target.shape[-1] != samples.shape[-1]:
         raise ValueError(
             f"{op}: samples must be (*batch, M, d) and target (*batch, d) with the same d, "
@@ -122,6 +127,8 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
         tensor([[1.]])
     """
     op = "student_t_score"
+    if isinstance(x, torch.Tensor) and float32_out_of_range(metric, check_tensor(y, "y", op), x):
+        return student_t_score(widen(y), widen(x), widen(c), widen_metric(metric)).float()
     cv = as_param(c, "c", op, check_tensor(y, "y", op))
     if isinstance(x, torch.Tensor) and y.dim() == 1 and x.dim() == 2 and cv.dim() == 0:
         return student_t_score(y.unsqueeze(0), x.unsqueeze(0), cv, metric)[0]  # one unbatched query

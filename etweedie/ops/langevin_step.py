@@ -20,6 +20,7 @@ from ._prep import (
     DENSE,
     as_param,
     broadcast_batch,
+    all_finite,
     canonicalize,
     check_finite,
     check_positive,
@@ -28,6 +29,7 @@ from ._prep import (
     flat,
     float32_out_of_range,
     kernel_or_reference,
+    nan_rows,
     unwhiten_score,
     whiten_dense,
     widen,
@@ -98,6 +100,8 @@ def langevin_step(
         out = c.y + a * s + torch.sqrt(2 * a) * xi
     else:
         out = _kernel(name, c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
+    if not all_finite(y, x):
+        out = nan_rows(out.reshape(-1, d), c.batch, (y, 1), (x, 2))
     return out.reshape(*c.batch, d)
 
 
