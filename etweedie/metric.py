@@ -88,9 +88,11 @@ class Metric:
         self.param = param
 
     @classmethod
-    def _trusted(cls, kind: str, param: torch.Tensor) -> "Metric":
-        """A metric derived from a validated one (its inverse, a cast, a rescaling): no checks,
-        so that internal transformations cost no extra pass or device sync."""
+    def trusted(cls, kind: str, param: torch.Tensor) -> "Metric":
+        """A metric built without validation, for parameters valid by construction (a validated
+        metric's inverse, cast or rescaling; a Σ assembled from a Cholesky parameter): no extra
+        pass, no device sync.  The caller guarantees finite, positive / SPD values — anything
+        else gives wrong results; use the validating constructors for input from users."""
         m = object.__new__(cls)
         m.kind = kind
         m.param = param
@@ -148,7 +150,7 @@ class Metric:
                 raise ValueError(f"(u, v) must lie in the open unit disk (u²+v²<1), got max u²+v² = {r2.max().item():.4g}")
         scale = (sigma / scale_constant(beta, d)) ** 2
         S = shape_matrix(u, v) * scale[..., None, None]
-        return cls._trusted("block", S)  # SPD by construction from the checked (σ, u, v, β)
+        return cls.trusted("block", S)  # SPD by construction from the checked (σ, u, v, β)
 
     # ------------------------------------------------------------------ structure
     @property
@@ -178,7 +180,7 @@ class Metric:
         return self.param.device
 
     def to(self, *args, **kwargs) -> "Metric":
-        return Metric._trusted(self.kind, self.param.to(*args, **kwargs))
+        return Metric.trusted(self.kind, self.param.to(*args, **kwargs))
 
     def check_dim(self, d: int, name: str = "metric") -> None:
         """Raise ValueError unless this metric can act on vectors of dimension ``d``."""
@@ -233,7 +235,7 @@ class Metric:
 
     def inverse(self) -> "Metric":
         """The metric whose covariance is P (swaps Σ and P)."""
-        return Metric._trusted(self.kind, self.precision_param())
+        return Metric.trusted(self.kind, self.precision_param())
 
     def _blocks(self, u: torch.Tensor) -> torch.Tensor:
         k = self.block_size
@@ -274,7 +276,7 @@ class Metric:
     def whiten(self, u: torch.Tensor, sample_dims: int = 0) -> torch.Tensor:
         """z = Lᵀ u, so that ‖u‖²_P = ‖z‖². u: ``(*batch, *sample, d)``."""
         self.check_dim(u.shape[-1], "metric")
-        L = Metric._trusted(self.kind, self.whitening_factor())
+        L = Metric.trusted(self.kind, self.whitening_factor())
         if self.kind == "isotropic":
             return L._param_for(u, 0, sample_dims)[..., None] * u
         if self.kind == "diagonal":
@@ -301,7 +303,7 @@ class Metric:
             return self._param_for(z, 0, sample_dims).sqrt()[..., None] * z
         if self.kind == "diagonal":
             return self._param_for(z, 1, sample_dims).sqrt() * z
-        L = Metric._trusted(self.kind, self.whitening_factor())
+        L = Metric.trusted(self.kind, self.whitening_factor())
         if self.kind == "block":
             Lk = L._param_for(z, 2, sample_dims)
             # row form of Lᵀ u = z is uᵀ L = zᵀ: solve X L = Z for the rows X.
@@ -343,12 +345,12 @@ class Metric:
     def trace_normalized(self) -> "Metric":
         """Σ rescaled so that tr Σ = d (mean per-coordinate variance 1)."""
         if self.kind == "isotropic":
-            return Metric._trusted("isotropic", torch.ones_like(self.param))
+            return Metric.trusted("isotropic", torch.ones_like(self.param))
         if self.kind == "diagonal":
-            return Metric._trusted("diagonal", self.param / self.param.mean(-1, keepdim=True))
+            return Metric.trusted("diagonal", self.param / self.param.mean(-1, keepdim=True))
         k = self.param.shape[-1]
         mean_var = torch.diagonal(self.param, dim1=-2, dim2=-1).sum(-1) / k
-        return Metric._trusted(self.kind, self.param / mean_var[..., None, None])
+        return Metric.trusted(self.kind, self.param / mean_var[..., None, None])
 
 
 def _check_positive(v: torch.Tensor, name: str, kind: str) -> None:

@@ -124,7 +124,7 @@ def _as64(v):
     if isinstance(v, torch.Tensor):
         return v.double()
     if isinstance(v, Metric):
-        return Metric._trusted(v.kind, v.param.double())
+        return Metric.trusted(v.kind, v.param.double())
     if isinstance(v, tuple):
         return tuple(_as64(a) for a in v)
     return v
@@ -191,7 +191,7 @@ def _pair_scale(a, b, metric, beta) -> float:
     if metric is None:
         q = (u * u).sum(-1)
     else:
-        m = Metric._trusted(metric.kind, metric.param.double())
+        m = Metric.trusted(metric.kind, metric.param.double())
         q = m.sq_norm(u, sample_dims=2) if not m.batch_shape else (u * u).sum(-1) * float(
             1.0 / m.param.abs().amin().clamp_min(1e-300))
     q = q[q > 0]

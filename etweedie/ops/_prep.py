@@ -154,7 +154,7 @@ def check_metric(metric: Optional[Metric], d: int, like: torch.Tensor, op: str) 
     and round only the result, so that a near-singular Σ is not inverted in float32.
     """
     if metric is None:
-        return Metric._trusted("isotropic", torch.ones((), dtype=like.dtype, device=like.device))
+        return Metric.trusted("isotropic", torch.ones((), dtype=like.dtype, device=like.device))
     if not isinstance(metric, Metric):
         raise TypeError(f"{op}: metric must be an etweedie.Metric or None, got {type(metric).__name__}")
     if metric.param.device != like.device:
@@ -280,7 +280,7 @@ def widen(t):
 
 
 def widen_metric(metric: Optional[Metric]) -> Optional[Metric]:
-    return metric if not isinstance(metric, Metric) else Metric._trusted(metric.kind, widen(metric.param))
+    return metric if not isinstance(metric, Metric) else Metric.trusted(metric.kind, widen(metric.param))
 
 
 def nan_rows(out: torch.Tensor, batch: torch.Size, *args: Tuple[torch.Tensor, int]) -> torch.Tensor:
