@@ -4,7 +4,10 @@
 // Inputs are canonical (etweedie/ops/_prep.py): y (B, d) contiguous; x (B, N, d) with any
 // strides over B and N (stride 0 = a broadcast cloud, never copied) and unit stride over d;
 // beta, lam (B,), prec (B, *param) with any stride over B (0 = shared metric).
-// Backward reads every draw once more and writes ∂L/∂x only when it is requested.
+// Backward reads every draw once more and writes ∂L/∂x only when it is requested, into a fresh
+// buffer from the output pool of fresh_output_cpu.h (reused across calls, huge pages when new:
+// the first-touch page faults of a fresh 51 MB buffer cost several times the backward's arithmetic
+// at 64 × 256 × 784).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "et_score_cpu.h"
+#include "fresh_output_cpu.h"
 
 namespace etweedie {
 namespace cpu {
@@ -93,7 +97,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> et_score_
               "et_score_bwd: grad, grad_m and m must be (B, d)");
   // grad_y is always accumulated (it is the sum of the per-draw gradients); drop it if unused.
   auto gy = at::zeros({B, d}, y.options());
-  auto gx = need_x ? at::empty({B, N, d}, y.options()) : at::empty({0}, y.options());
+  auto gx = need_x ? reusable_empty({B, N, d}, y.options()) : at::empty({0}, y.options());  // no fresh pages
   auto gb = need_beta ? at::zeros({B}, y.options()) : at::empty({0}, y.options());
   auto gl = need_lam ? at::zeros({B}, y.options()) : at::empty({0}, y.options());
   std::vector<int64_t> psize(prec.sizes().begin(), prec.sizes().end());
@@ -119,7 +123,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> et_score_
       const T inv_n = T(1) / static_cast<T>(N);
       ET_DISPATCH_METRIC(kind, block_of(prec, kind), T, [&] {
         at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
-          std::vector<T> h(d), pm(d), pattern;
+          std::vector<T> h(d), pm(d), pattern, gxrow(gxp ? d : 0);
           for (int64_t b = b0; b < b1; ++b) {
             Prec P{pp + b * sp0};
             prepare_row(P, pattern, d);
@@ -143,11 +147,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> et_score_
                 if (gxp) std::fill(gxp + (b * N + i) * d, gxp + (b * N + i + 1) * d, T(0));
                 continue;
               }
-              P.grad_u(yb, xi, h.data(), w * inv_n, c * inv_n, gyb, gxp ? gxp + (b * N + i) * d : nullptr, d);
+              // ∂L/∂x_i goes through an L1 row and out with streaming stores (written once, never re-read here)
+              P.grad_u(yb, xi, h.data(), w * inv_n, c * inv_n, gyb, gxp ? gxrow.data() : nullptr, d);
+              if (gxp) stream_row(gxp + (b * N + i) * d, gxrow.data(), d);
               if (gbp) gbeta += hu * w * half_log(q);
               if (gpb) P.accum_outer(yb, xi, T(0.5) * c * inv_n, gpb, d);
             }
             if (gbp) gbp[b] = gbeta * inv_n;
+            if (gxp) stream_fence();
             if (glp || gpb) {
               P.apply(mb, T(1), pm.data(), d);  // P m
               if (glp) {
