@@ -1,4 +1,4 @@
-// Gram-form row kernel of the CPU energy score for large d (float32, d ≥ 64, M + 1 ≤ 256 points
+// Gram-form row kernel of the CPU energy score for large d (float32, d ≥ 64, 16 ≤ M ≤ 255 draws
 // per row, enough rows to occupy every thread) — the training loss of an image posterior, e.g.
 // B = 64 examples × M = 32 draws in d = 784, with a per-row β and a per-row metric.
 //
@@ -45,13 +45,16 @@ namespace etweedie {
 namespace cpu {
 
 constexpr int64_t kScoreGramMaxPoints = 256;  // n = M + 1; scratch per thread ≈ 4·n·d + n² floats
+// Fewer draws leave most of a 16-point panel empty and the per-row packing dominates: the
+// direct engine is as fast there (e.g. the B = 256, M = 2 training shape).
+constexpr int64_t kScoreGramMinDraws = 16;
 
 inline bool energy_score_gram_applicable(const at::Tensor& samples, const at::Tensor& target, bool need_beta,
                                          bool need_prec) {
   if (samples.dim() != 3) return false;
   const int64_t B = samples.size(0), M = samples.size(1), d = samples.size(2);
   return gram_env_enabled() && samples.scalar_type() == at::kFloat && target.scalar_type() == at::kFloat &&
-         !need_beta && !need_prec && d >= kGramMinD && M >= 1 && M + 1 <= kScoreGramMaxPoints &&
+         !need_beta && !need_prec && d >= kGramMinD && M >= kScoreGramMinDraws && M + 1 <= kScoreGramMaxPoints &&
          B >= static_cast<int64_t>(at::get_num_threads()) && target.dim() == 2 && target.stride(1) == 1;
 }
 
