@@ -21,7 +21,14 @@ from typing import Dict, List, Optional, Sequence
 
 from tqdm import tqdm
 
-from . import bench_energy_distance, bench_energy_score, bench_et_score, bench_is_score, bench_langevin_step
+from . import (
+    bench_energy_distance,
+    bench_energy_score,
+    bench_et_score,
+    bench_is_score,
+    bench_langevin_step,
+    bench_student_t_score,
+)
 from .common import (
     THREADS,
     Result,
@@ -40,6 +47,7 @@ CASES = (
     *bench_is_score.CASES,
     *bench_energy_score.CASES,
     *bench_energy_distance.CASES,
+    *bench_student_t_score.CASES,
 )
 COPY_MIB = 256
 
@@ -133,6 +141,11 @@ def targets(res: Dict[str, Result], copy_gbps: float) -> List[Target]:
                        f"{format_bytes(peak)} (eager reference, chunk {bench_is_score.CHUNK}: {format_bytes(eager_peak)})",
                        peak <= 8 * Q * d * 4)
             )
+    if "student_t_score_bwd_784" in res:
+        r = res["student_t_score_bwd_784"]
+        fb, f = r.timings["cpu"].median_ms, r.extras["fwd"].median_ms
+        out.append(Target(r.case.workload, "reported (no target): backward vs forward",
+                          f"fwd {f:.2f} ms, fwd+bwd {fb:.2f} ms → bwd {fb - f:.2f} ms = {(fb - f) / f:.2f}× fwd", None))
     out += bench_energy_score.targets(res) + bench_energy_distance.targets(res)
     return out
 

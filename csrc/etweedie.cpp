@@ -25,6 +25,12 @@ TORCH_LIBRARY(etweedie, m) {
       "int kind) -> (Tensor, Tensor)");
   // -> (score, posterior_mean, ess) of the importance-sampling oracle over a clean bank.
   m.def("is_score_fwd(Tensor y, Tensor bank, float beta, float lam, Tensor prec, int kind) -> (Tensor, Tensor, Tensor)");
+  // -> (s, m): the Student-t score s = −2c P m, m = (1/N) Σ_i (y − x_i)/(1 + ‖y − x_i‖²_P) (saved for backward).
+  m.def("student_t_score_fwd(Tensor y, Tensor x, Tensor c, Tensor prec, int kind) -> (Tensor, Tensor)");
+  // Upstream gradients of both outputs -> (grad_y, grad_x, grad_c, grad_prec); empty if not requested.
+  m.def(
+      "student_t_score_bwd(Tensor grad, Tensor grad_m, Tensor y, Tensor x, Tensor c, Tensor prec, int kind, Tensor m, "
+      "bool need_y, bool need_x, bool need_c, bool need_prec) -> (Tensor, Tensor, Tensor, Tensor)");
   // -> (B,) energy score of samples (B, M, d) against target (B, d); fair = unbiased pair term.
   m.def("energy_score_fwd(Tensor samples, Tensor target, Tensor beta, Tensor prec, int kind, bool fair) -> Tensor");
   // Upstream gradient (B,) -> (grad_samples, grad_target, grad_beta, grad_prec); empty if not requested.

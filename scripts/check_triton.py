@@ -33,6 +33,7 @@ def main(argv=None) -> int:
     from etweedie.kernels import _energy as P
     from etweedie.kernels import et_score as E
     from etweedie.kernels import is_score as I
+    from etweedie.kernels import student_t_score as S
 
     target = GPUTarget("cuda", args.arch, 32)
 
@@ -61,7 +62,12 @@ def main(argv=None) -> int:
                            NEED_X=True, NEED_BETA=True, NEED_LAM=True, NEED_PREC=True))
                 build(I._is_score_forward_kernel, ptr, ["Q", "M", "d"],
                       dict(KIND=kind, K=K, BLOCK_Q=16, BLOCK_M=16, BLOCK_D=BD // 4, ONE_CHUNK=one))
-                count += 2
+                build(S._student_t_forward_kernel, ptr, ["N", "d", "sxb", "sxn", "sc", "sp"],
+                      dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one))
+                build(S._student_t_backward_kernel, ptr, ["N", "d", "sxb", "sxn", "sc", "sp", "nchunks"],
+                      dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
+                           NEED_X=True, NEED_C=True, NEED_PREC=True))
+                count += 4
         # pair engine of energy_score / energy_distance: small-d (registers) and chunked paths,
         # value-only (circulant) and gradient (ordered) variants
         for small, D, BD, BI, BJ in [(True, 2, 2, 64, 64), (False, 1, 4, 32, 32), (False, 1, 128, 1, 32)]:

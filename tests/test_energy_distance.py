@@ -151,6 +151,56 @@ def test_cpu_gram_backward_shapes(shape, unbiased, seed):
     _check_cloud_grads_only(a, b, bt, metric, seed, f"gram bwd {shape}", unbiased)
 
 
+@pytest.mark.parametrize("kind", ["diagonal", "block3", "block4"])
+@pytest.mark.parametrize("beta", [1.0, 2.0], ids=["b1", "b2"])
+@pytest.mark.parametrize("offset", [1e3, 1e4], ids=["1e3", "1e4"])
+def test_cpu_gram_metric_in_kernel(kind, beta, offset, seed):
+    """Diagonal and block metrics applied inside the Gram form (csrc/cpu/energy_gram_cpu.h:
+    z = (x − c)·L while packing, ∂/∂x = (∂/∂z)·Lᵀ while writing): value and cloud gradients
+    against the float64 reference, clouds 1e3–1e4 from the origin, coincident points."""
+    a, b, bt, metric = _inputs(seed, 2, 40, 35, 72, kind, beta=beta, offset=offset)
+    a[:, 5] = a[:, 3]
+    b[:, 7] = a[:, 1]
+    _check_all("cpu", "cpu", (a, b, bt, metric), seed, f"gram metric {kind} beta={beta} offset={offset:g}", grads=False)
+    _check_cloud_grads_only(a, b, bt, metric, seed, f"gram metric {kind} beta={beta} offset={offset:g}")
+
+
+@pytest.mark.parametrize("scale", [1e-20, 1e20])
+@pytest.mark.parametrize("kind", ["isotropic", "block2"])
+def test_cpu_gram_far_scales(scale, kind, seed):
+    """Clouds of magnitude 1e±20 in float32 (squared norms of whole points would leave float32's
+    range): the Gram form rescales by a power of two; value and cloud gradients match the float64
+    reference at unit scale, scaled analytically (ED ∝ s^β, ∂ED/∂x ∝ s^{β−1})."""
+    beta = 1.4
+    a, b, bt, metric = _inputs(seed, 2, 40, 33, 64, kind, beta=beta)
+    m32, _ = metric_to(metric, torch.float32, "cpu")
+    m64, _ = metric_to(metric, torch.float64, "cpu")
+
+    def run(x, y, dtype, m, backend):
+        x, y = x.to(dtype).requires_grad_(), y.to(dtype).requires_grad_()
+        out = etweedie.energy_distance(x, y, bt.to(dtype), metric=m, backend=backend)
+        return [out, *torch.autograd.grad(out.sum(), (x, y))]
+
+    ref = run(a, b, torch.float64, m64, "reference")
+    got = run(a * scale, b * scale, torch.float32, m32, "cpu")
+    for name, x, y, power in zip(["ED", "grad a", "grad b"], got, ref, [beta, beta - 1, beta - 1]):
+        want = y.detach() * scale**power
+        err = float(((x.detach().double() - want).abs() / want.abs().max()).max())
+        assert err < 2e-5, f"{name} at scale {scale:g}: relative error {err:.2e} (seed {seed})"
+
+
+def test_cpu_gram_nan_propagates():
+    """A NaN point gives a NaN distance and NaN gradients for its row (never 0); other rows finite."""
+    a, b, bt, metric = _inputs(0, 3, 40, 33, 64, "block2", beta=1.0)
+    a[1, 3, 5] = float("nan")
+    m32, _ = metric_to(metric, torch.float32, "cpu")
+    x, y = a.float().requires_grad_(), b.float().requires_grad_()
+    out = etweedie.energy_distance(x, y, 1.0, metric=m32, backend="cpu")
+    ga, gb = torch.autograd.grad(out.sum(), (x, y))
+    assert torch.isnan(out[1]) and torch.isnan(ga[1]).all() and torch.isnan(gb[1]).all()
+    assert torch.isfinite(out[[0, 2]]).all() and torch.isfinite(ga[[0, 2]]).all()
+
+
 def test_cpu_gram_path_non_contiguous_and_broadcast(seed):
     a, b, bt, metric = _inputs(seed, 3, 40, 33, 64, "isotropic")
     # a cloud stored transposed (stride over d ≠ 1) and one broadcast over the batch

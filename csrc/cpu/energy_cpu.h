@@ -217,7 +217,10 @@ inline at::Tensor energy_pairs_forward(const char* op, const at::Tensor& a, cons
   const int64_t B = a.size(0), n = a.size(1), m = b.size(1), d = a.size(2);
   auto out = at::zeros({B}, a.options());
   if (B == 0 || d == 0) return out;
-  if (gram_applicable(a, kind, n, m, d)) return energy_gram_forward(a, b, beta, prec, w);
+  if (gram_applicable(a, kind, n, m, d)) {
+    at::Tensor gram_out;
+    if (energy_gram_forward(a, b, beta, prec, w, &gram_out)) return gram_out;  // else out of its range
+  }
   const int64_t R = energy_block(d);
   const int64_t nba = (n + R - 1) / R, nbb = (m + R - 1) / R;
   std::vector<double> part(B * (nba + nbb), 0.0);
@@ -299,8 +302,9 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
   std::vector<int64_t> psize(prec.sizes().begin(), prec.sizes().end());
   auto gprec = need_prec ? at::zeros(psize, a.options()) : empty();
   if (value == nullptr && !need_beta && !need_prec && d > 0 && gram_applicable(a, kind, n, m, d)) {
-    auto [gga, ggb] = energy_gram_backward(g, a, b, beta, prec, w, need_a, need_b);
-    return {gga, ggb, gbeta, gprec};
+    std::pair<at::Tensor, at::Tensor> gram_grads;
+    if (energy_gram_backward(g, a, b, beta, prec, w, need_a, need_b, &gram_grads))
+      return {gram_grads.first, gram_grads.second, gbeta, gprec};
   }
   // Many rows: parallel over rows with the symmetric pair loop (half the pairs of the
   // per-point split below, which is used when a few large rows must share the threads).
@@ -482,8 +486,10 @@ namespace etweedie {
 namespace cpu {
 
 // Diagonal and block metrics with large d: the weighted quadratic forms cost 2–3× the
-// isotropic one in the pair loops (more loads per coordinate, interleaved blocks), so the
-// clouds are whitened once per call instead — z = (x − c)·L per row, with L = diag(√p) or the
+// isotropic one in the pair loops (more loads per coordinate, interleaved blocks).  In the Gram
+// form (float32, d ≥ 64) the metric is applied while the clouds are packed (energy_gram_cpu.h:
+// z = (x − c)·L in the pass that centres them, ∂/∂x = (∂/∂z)·Lᵀ as the gradients are written),
+// so no whitened copy exists; otherwise the clouds are whitened once per call — z = (x − c)·L per row, with L = diag(√p) or the
 // Cholesky factor of P_k = L Lᵀ (O((n + m)·d·k) work, one pass) — and the pair loops run
 // isotropically on z.  The common centre c = a_0 keeps the whitened coordinates O(spread), so
 // clouds far from the origin lose no precision; the losses are translation invariant, so c
@@ -568,8 +574,13 @@ inline at::Tensor energy_forward(const char* op, const at::Tensor& a, const at::
     return energy_pairs_forward(op, a, b, beta, prec, kind, w);
   }
   const auto [L, K] = whitening_factor(prec, kind);
-  const auto centre = a.select(1, 0);
   const auto ones = at::ones({a.size(0)}, a.options());
+  if (gram_applicable(a, kIsotropic, a.size(1), b.size(1), a.size(2))) {
+    // the metric applied while the Gram form packs the clouds (no whitened copies)
+    at::Tensor gram_out;
+    if (energy_gram_forward(a, b, beta, ones, w, &gram_out, GramWhiten{L.data_ptr<float>(), K})) return gram_out;
+  }
+  const auto centre = a.select(1, 0);
   return energy_pairs_forward(op, metric_transform(a, centre, L, K, false), metric_transform(b, centre, L, K, false),
                               beta, ones, kIsotropic, w);
 }
@@ -584,6 +595,16 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_backwar
     return energy_pairs_backward(op, grad, a, b, beta, prec, kind, w, need_a, need_b, need_beta, need_prec, value);
   }
   const auto [L, K] = whitening_factor(prec, kind);
+  if (!need_prec && !need_beta && value == nullptr && gram_applicable(a, kIsotropic, n, b.size(1), d)) {
+    TORCH_CHECK(grad.dim() == 1 && grad.size(0) == B && grad.scalar_type() == a.scalar_type(), op,
+                ": grad must be (B,) = (", B, ") of the clouds' dtype, got ", grad.sizes());
+    // the metric applied while the Gram form packs the clouds, and Lᵀ as it writes the gradients
+    std::pair<at::Tensor, at::Tensor> gram_grads;
+    if (energy_gram_backward(grad, a, b, beta, at::ones({B}, a.options()), w, need_a, need_b, &gram_grads,
+                             GramWhiten{L.data_ptr<float>(), K})) {
+      return {gram_grads.first, gram_grads.second, at::empty({0}, a.options()), at::empty({0}, a.options())};
+    }
+  }
   const auto centre = a.select(1, 0);
   const auto za = metric_transform(a, centre, L, K, false), zb = metric_transform(b, centre, L, K, false);
   at::Tensor gza, gzb, gbeta, gz;

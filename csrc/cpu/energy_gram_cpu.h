@@ -1,5 +1,5 @@
-// Gram-form forward of the CPU pair engine for large d (float32, isotropic metric — diagonal
-// and block metrics reach it after whitening, energy_cpu.h).
+// Gram-form forward and backward of the CPU pair engine for large d (float32; isotropic p
+// applied to q, diagonal and block metrics applied while the clouds are packed: GramWhiten).
 //
 // Math.  For one pair, q = p‖x − y‖² = p (‖x‖² + ‖y‖² − 2 x·y): the O(d) part of every pair
 // becomes one dot product, and a block of dot products is a small matrix product, which a
@@ -16,6 +16,9 @@
 //      therefore give exactly q = 0 and E = 0 as in the direct form).
 //   With the guard, the float32 rounding of q is at most ~64·√d ulp-relative for the pairs kept
 //   in Gram form, well inside the ops' float32 tolerance against the float64 reference.
+// Range: rows whose packed coordinates leave [2⁻⁵⁰, 2⁵⁰] are rescaled by a power of two and the
+// results scaled back in float64 (GramRange), so clouds at 1e±20 neither overflow nor underflow
+// in the squared norms; a row with a NaN or inf gives NaN (never a silent 0).
 //
 // Work decomposition: the first cloud in blocks of 16 points, the second packed once per call
 // into panels of 16 points stored coordinate-major ((d, 16) each, so the micro-kernel loads 16
@@ -33,7 +36,10 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <limits>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -112,6 +118,16 @@ inline bool gram_applicable(const at::Tensor& a, int64_t kind, int64_t n, int64_
          std::max(n, m) >= kGramMinPoints;
 }
 
+// The metric applied while packing (diagonal and block metrics, in-kernel instead of whitened
+// copies of the clouds): z = (x − c)·L per row, with L the lower Cholesky factor of the row's
+// k×k block precision P_k = L Lᵀ (K = k; L (B, K, K) contiguous), or for a diagonal metric the
+// scale √p (K = 0; L (B, d) contiguous); then ‖z_i − z_j‖² = (x_i − x_j)ᵀP(x_i − x_j).
+// L == nullptr: no transform (isotropic; p is applied to q).
+struct GramWhiten {
+  const float* L = nullptr;
+  int64_t K = 0;
+};
+
 // One centred, packed cloud of a row batch: rows (B, n, d) contiguous, norms (B, n_pad) with
 // zero padding, panels (B, n_pad / 16, d, 16) with zero padding.  Inputs have unit stride over
 // d (check_energy_canonical) and any stride over rows and points.
@@ -120,10 +136,30 @@ struct GramCloud {
   int64_t n = 0, nblocks = 0;
 };
 
+// z = u·L in place for one point (block K ≤ 4, or K = 0: diagonal scale).
+inline void gram_whiten_point(float* u, const float* L, int64_t K, int64_t d) {
+  if (K == 0) {
+#pragma omp simd
+    for (int64_t k = 0; k < d; ++k) u[k] *= L[k];
+    return;
+  }
+  for (int64_t b = 0; b < d; b += K) {
+    float t[4];
+    for (int64_t j = 0; j < K; ++j) {
+      float acc = 0.0f;
+      for (int64_t a = 0; a < K; ++a) acc += u[b + a] * L[a * K + j];
+      t[j] = acc;
+    }
+    for (int64_t j = 0; j < K; ++j) u[b + j] = t[j];
+  }
+}
+
 // Centre (x − c, c the pooled mean rounded to float: any common centre preserves the
 // distances, and the float subtraction is exact or off by half an ulp of the centred value),
-// norms summed in float64, and the coordinate-major panels, in one pass over the cloud.
-inline GramCloud gram_pack(const at::Tensor& x, const at::Tensor& centre, bool need_panels) {
+// the metric (wh), norms summed in float64, and the coordinate-major panels, in one pass over
+// the cloud.
+inline GramCloud gram_pack(const at::Tensor& x, const at::Tensor& centre, bool need_panels,
+                           const GramWhiten& wh = GramWhiten{}) {
   GramCloud c;
   const int64_t B = x.size(0), d = x.size(2);
   c.n = x.size(1);
@@ -138,18 +174,18 @@ inline GramCloud gram_pack(const at::Tensor& x, const at::Tensor& centre, bool n
   float* np_ = c.norms.data_ptr<float>();
   float* pp = need_panels ? c.panels.data_ptr<float>() : nullptr;
   const int64_t sx0 = x.stride(0), sx1 = x.stride(1), n = c.n;
+  const int64_t lstride = wh.L == nullptr ? 0 : (wh.K == 0 ? d : wh.K * wh.K);
   at::parallel_for(0, B * n, 64, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t b = p / n, i = p % n;
       const float* xi = xp + b * sx0 + i * sx1;
       const float* cb = cp + b * d;
       float* ri = rp + p * d;
+#pragma omp simd
+      for (int64_t k = 0; k < d; ++k) ri[k] = xi[k] - cb[k];
+      if (wh.L != nullptr) gram_whiten_point(ri, wh.L + b * lstride, wh.K, d);
       double nrm = 0;
-      for (int64_t k = 0; k < d; ++k) {
-        const float v = xi[k] - cb[k];
-        ri[k] = v;
-        nrm += static_cast<double>(v) * v;
-      }
+      for (int64_t k = 0; k < d; ++k) nrm += static_cast<double>(ri[k]) * ri[k];
       np_[b * npad + i] = static_cast<float>(nrm);
       if (pp) {
         float* panel = pp + ((b * c.nblocks + i / kGramNR) * d) * kGramNR + i % kGramNR;
@@ -158,6 +194,82 @@ inline GramCloud gram_pack(const at::Tensor& x, const at::Tensor& centre, bool n
     }
   });
   return c;
+}
+
+// Per-row range control of the Gram form.  Squared norms of whole points leave float32's range
+// long before the points do (‖z‖² of d = 256 coordinates at 1e20 is 2.6e42), so a row whose
+// largest packed coordinate lies outside [2⁻⁵⁰, 2⁵⁰] is rescaled in place by 2^{−e} (exact: a
+// power of two) with max |z'| ∈ [½, 1), and an isotropic p outside [2⁻⁴⁰, 2⁴⁰] by 2^{−ep}; the
+// tiles then work on q' = q·2^{−(2e+ep)} and the caller scales back in float64:
+//   E = 2^{Kβ/2} E',   ∂E/∂x = 2^{K(β/2−1)+ep+e} (∂E/∂x)',   K = 2e + ep.
+// A row with a NaN or inf coordinate, β or p is flagged bad: its value (and gradients) are NaN.
+struct GramRange {
+  std::vector<int> e, ep;
+  std::vector<char> bad;
+  double value_scale(int64_t r, double beta) const { return std::exp2((2.0 * e[r] + ep[r]) * 0.5 * beta); }
+  double grad_scale(int64_t r, double beta) const {
+    return std::exp2((2.0 * e[r] + ep[r]) * (0.5 * beta - 1.0) + ep[r] + e[r]);
+  }
+  float prec_scale(int64_t r) const { return std::ldexp(1.0f, -ep[r]); }
+};
+
+inline void gram_rescale_cloud(GramCloud& X, int64_t r, int e, int64_t d) {
+  const float s = std::ldexp(1.0f, -e);
+  const int64_t npad = X.norms.size(1);
+  float* rows = X.rows.data_ptr<float>() + r * X.n * d;
+  float* norms = X.norms.data_ptr<float>() + r * npad;
+  float* panels = X.panels.defined() ? X.panels.data_ptr<float>() + r * X.nblocks * d * kGramNR : nullptr;
+  for (int64_t k = 0; k < X.n * d; ++k) rows[k] *= s;
+  if (panels)
+    for (int64_t k = 0; k < X.nblocks * d * kGramNR; ++k) panels[k] *= s;
+  for (int64_t i = 0; i < X.n; ++i) {
+    double acc = 0;
+    for (int64_t k = 0; k < d; ++k) acc += static_cast<double>(rows[i * d + k]) * rows[i * d + k];
+    norms[i] = static_cast<float>(acc);
+  }
+}
+
+inline GramRange gram_range(GramCloud& X, GramCloud& Y, const at::Tensor& beta, const at::Tensor& prec) {
+  const int64_t B = X.rows.size(0), d = X.rows.size(2);
+  GramRange g;
+  g.e.assign(B, 0);
+  g.ep.assign(B, 0);
+  g.bad.assign(B, 0);
+  const float lo = std::ldexp(1.0f, -50), hi = std::ldexp(1.0f, 50);
+  const float plo = std::ldexp(1.0f, -40), phi = std::ldexp(1.0f, 40);
+  const float* bp = beta.data_ptr<float>();
+  const float* pp = prec.data_ptr<float>();
+  const int64_t sb = beta.stride(0), sp = prec.stride(0);
+  at::parallel_for(0, B, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float m = 0.0f;
+      bool finite = std::isfinite(bp[r * sb]) && std::isfinite(pp[r * sp]) && pp[r * sp] > 0.0f;
+      for (const GramCloud* C : {&X, &Y}) {
+        const float* base = C->rows.data_ptr<float>() + r * C->n * d;
+        const int64_t count = C->n * d;
+        float mm = 0.0f, nan_probe = 0.0f;
+#pragma omp simd reduction(max : mm) reduction(+ : nan_probe)
+        for (int64_t k = 0; k < count; ++k) {
+          mm = std::max(mm, std::fabs(base[k]));
+          nan_probe += base[k] * 0.0f;  // NaN or inf anywhere makes this NaN (max() may drop a NaN)
+        }
+        finite = finite && nan_probe == 0.0f && mm <= std::numeric_limits<float>::max();
+        m = std::max(m, mm);
+      }
+      if (!finite) {
+        g.bad[r] = 1;
+        continue;
+      }
+      if (m != 0.0f && (m < lo || m > hi)) {
+        std::frexp(m, &g.e[r]);
+        gram_rescale_cloud(X, r, g.e[r], d);
+        if (&Y != &X) gram_rescale_cloud(Y, r, g.e[r], d);
+      }
+      const float p = pp[r * sp];
+      if (p < plo || p > phi) std::frexp(p, &g.ep[r]);
+    }
+  });
+  return g;
 }
 
 // (B, d) float: the pooled mean of both clouds (accumulated in float64), rounded to float.
@@ -268,18 +380,24 @@ inline double gram_tile(const GramCloud& X, const GramCloud& Y, int64_t r, int64
   return total;
 }
 
-// (B,) weighted pair sums (energy_pairs_forward's contract) in Gram form; float32, isotropic
-// prec (B,).
-inline at::Tensor energy_gram_forward(const at::Tensor& a, const at::Tensor& b, const at::Tensor& beta,
-                                      const at::Tensor& prec, PairWeights w) {
+// (B,) weighted pair sums (energy_pairs_forward's contract) in Gram form into *result; float32,
+// isotropic prec (B,) applied to q, or the metric applied while packing (wh, prec = 1).  Returns
+// true (the Gram form handles every input: see GramRange for the range control and NaN).
+inline bool energy_gram_forward(const at::Tensor& a, const at::Tensor& b, const at::Tensor& beta,
+                                const at::Tensor& prec, PairWeights w, at::Tensor* result,
+                                const GramWhiten& wh = GramWhiten{}) {
   const int64_t B = a.size(0), d = a.size(2);
   auto out = at::zeros({B}, a.options());
-  if (B == 0) return out;
+  if (B == 0) {
+    *result = out;
+    return true;
+  }
   const bool within_a = w.within_a != 0 && a.size(1) > 1, within_b = w.within_b != 0 && b.size(1) > 1;
   const bool cross = w.cross != 0;
   const auto centre = gram_centre(a, b);
-  const GramCloud A = gram_pack(a, centre, within_a);
-  const GramCloud Bc = gram_pack(b, centre, cross || within_b);
+  GramCloud A = gram_pack(a, centre, within_a, wh);
+  GramCloud Bc = gram_pack(b, centre, cross || within_b, wh);
+  const GramRange range = gram_range(A, Bc, beta, prec);
   const int64_t na = A.nblocks, nb = Bc.nblocks;
   // per-row task grid: cross (na × nb), within a (na × (na/2 + 1)), within b (nb × (nb/2 + 1));
   // within slots beyond a block's circulant half are empty tasks
@@ -297,8 +415,12 @@ inline at::Tensor energy_gram_forward(const at::Tensor& a, const at::Tensor& b, 
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r = t / per_row;
       int64_t k = t % per_row;
-      const float be = betap[r * sbeta], p = pp[r * sp];
+      const float be = betap[r * sbeta], p = pp[r * sp] * range.prec_scale(r);
       double v = 0;
+      if (range.bad[r]) {
+        part[t] = 0;
+        continue;
+      }
       if (k < t_cross) {
         v = w.cross * gram_tile(A, Bc, r, k / nb, k % nb, false, p, be, d);
       } else if ((k -= t_cross) < t_wa) {
@@ -322,9 +444,11 @@ inline at::Tensor energy_gram_forward(const at::Tensor& a, const at::Tensor& b, 
   for (int64_t r = 0; r < B; ++r) {
     double s = 0;
     for (int64_t k = 0; k < per_row; ++k) s += part[r * per_row + k];
-    o[r] = static_cast<float>(s);
+    o[r] = range.bad[r] ? std::numeric_limits<float>::quiet_NaN()
+                        : static_cast<float>(s * range.value_scale(r, betap[r * sbeta]));
   }
-  return out;
+  *result = out;
+  return true;
 }
 
 // ------------------------------------------------------------------------- backward
@@ -428,21 +552,28 @@ inline void gram_grad_tile(const GramCloud& X, const GramCloud& Y, int64_t r, in
       });
 }
 
-// (grad_a, grad_b) of grad[r] · (weighted pair sums of row r) in Gram form; float32, isotropic
-// prec (B,); an unrequested gradient is an empty tensor.
-inline std::pair<at::Tensor, at::Tensor> energy_gram_backward(const at::Tensor& grad, const at::Tensor& a,
-                                                              const at::Tensor& b, const at::Tensor& beta,
-                                                              const at::Tensor& prec, PairWeights w, bool need_a,
-                                                              bool need_b) {
+// (grad_a, grad_b) of grad[r] · (weighted pair sums of row r) in Gram form into *result; float32,
+// isotropic prec (B,), or the metric applied while packing (wh, prec = 1: the gradients are then
+// mapped back, ∂/∂x = (∂/∂z)·Lᵀ, as they are written); an unrequested gradient is an empty
+// tensor.  Returns true (range control and NaN: GramRange).
+inline bool energy_gram_backward(const at::Tensor& grad, const at::Tensor& a, const at::Tensor& b,
+                                 const at::Tensor& beta, const at::Tensor& prec, PairWeights w, bool need_a,
+                                 bool need_b, std::pair<at::Tensor, at::Tensor>* result,
+                                 const GramWhiten& wh = GramWhiten{}) {
   const int64_t B = a.size(0), n = a.size(1), m = b.size(1), d = a.size(2);
   auto ga = need_a ? at::zeros({B, n, d}, a.options()) : at::empty({0}, a.options());
   auto gb = need_b ? at::zeros({B, m, d}, a.options()) : at::empty({0}, a.options());
-  if (B == 0 || !(need_a || need_b)) return {ga, gb};
+  if (B == 0 || !(need_a || need_b)) {
+    *result = {ga, gb};
+    return true;
+  }
   const auto g = grad.contiguous();
   const auto centre = gram_centre(a, b);
   const bool within_a = w.within_a != 0 && n > 1, within_b = w.within_b != 0 && m > 1, cross = w.cross != 0;
-  const GramCloud A = gram_pack(a, centre, (need_b && cross) || (need_a && within_a));
-  const GramCloud Bc = gram_pack(b, centre, (need_a && cross) || (need_b && within_b));
+  GramCloud A = gram_pack(a, centre, (need_b && cross) || (need_a && within_a), wh);
+  GramCloud Bc = gram_pack(b, centre, (need_a && cross) || (need_b && within_b), wh);
+  const GramRange range = gram_range(A, Bc, beta, prec);
+  const int64_t lstride = wh.L == nullptr ? 0 : (wh.K == 0 ? d : wh.K * wh.K);
   const int64_t na = A.nblocks, nb = Bc.nblocks;
   const int64_t ta = need_a ? na : 0, tb = need_b ? nb : 0, per_row = ta + tb;
   const float* betap = beta.data_ptr<float>();
@@ -452,16 +583,22 @@ inline std::pair<at::Tensor, at::Tensor> energy_gram_backward(const at::Tensor& 
   float* gbp = need_b ? gb.data_ptr<float>() : nullptr;
   const int64_t sbeta = beta.stride(0), sp = prec.stride(0);
   at::parallel_for(0, B * per_row, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> cs(kGramNR), cy(kGramNR * d);
+    std::vector<float> cs(kGramNR), cy(kGramNR * d), LT(16);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r = t / per_row, k = t % per_row;
       const bool on_a = k < ta;
       const GramCloud& X = on_a ? A : Bc;
       const GramCloud& Other = on_a ? Bc : A;
       const int64_t I = on_a ? k : k - ta;
-      const float be = betap[r * sbeta], p = pp[r * sp];
+      const float be = betap[r * sbeta], p = pp[r * sp] * range.prec_scale(r);
       const float w_self = static_cast<float>(on_a ? w.within_a : w.within_b);
       const bool self_pairs = on_a ? within_a : within_b;
+      const int64_t i0 = I * kGramNR, i1 = std::min(X.n, i0 + kGramNR);
+      if (range.bad[r]) {  // NaN/inf in the row: NaN gradients, never a silent 0
+        float* out = (on_a ? gap : gbp) + r * X.n * d;
+        std::fill(out + i0 * d, out + i1 * d, std::numeric_limits<float>::quiet_NaN());
+        continue;
+      }
       std::fill(cs.begin(), cs.end(), 0.0f);
       std::fill(cy.begin(), cy.end(), 0.0f);
       if (cross)
@@ -470,10 +607,14 @@ inline std::pair<at::Tensor, at::Tensor> energy_gram_backward(const at::Tensor& 
       if (self_pairs)
         for (int64_t J = 0; J < X.nblocks; ++J)
           gram_grad_tile(X, X, r, I, J, J == I, p, be, w_self, d, cs.data(), cy.data());
-      const int64_t i0 = I * kGramNR, i1 = std::min(X.n, i0 + kGramNR);
-      const float gr = gp[r];
+      const float gr = static_cast<float>(gp[r] * range.grad_scale(r, be));
       const float* xr = X.rows.data_ptr<float>() + r * X.n * d;
       float* out = (on_a ? gap : gbp) + r * X.n * d;
+      const float* Lr = wh.L != nullptr ? wh.L + r * lstride : nullptr;
+      if (Lr != nullptr && wh.K > 0) {  // Lᵀ for the row-vector map ∂/∂x = (∂/∂z)·Lᵀ
+        for (int64_t ra = 0; ra < wh.K; ++ra)
+          for (int64_t cb = 0; cb < wh.K; ++cb) LT[ra * wh.K + cb] = Lr[cb * wh.K + ra];
+      }
       for (int64_t i = i0; i < i1; ++i) {
         const float c = cs[i - i0];
         const float* xi = xr + i * d;
@@ -481,10 +622,12 @@ inline std::pair<at::Tensor, at::Tensor> energy_gram_backward(const at::Tensor& 
         float* o = out + i * d;
 #pragma omp simd
         for (int64_t kk = 0; kk < d; ++kk) o[kk] = gr * (c * xi[kk] - cyi[kk]);
+        if (Lr != nullptr) gram_whiten_point(o, wh.K == 0 ? Lr : LT.data(), wh.K, d);
       }
     }
   });
-  return {ga, gb};
+  *result = {ga, gb};
+  return true;
 }
 
 }  // namespace cpu

@@ -4,14 +4,17 @@
 //   c_M = 1/(M(M−1)) (fair, the unbiased pairwise term) or 1/M² (biased, i = j terms are 0).
 //
 // The pair engine (csrc/cpu/energy_cpu.h) runs with cloud a = the M samples and cloud b = the
-// target as a one-point cloud; parallel over (row, block of samples).  Small d with many rows
-// (and no β / metric gradient asked) takes the row kernel of energy_score_rows_cpu.h instead.  Inputs are canonical
+// target as a one-point cloud; parallel over (row, block of samples).  With no β / metric
+// gradient asked and many rows, small d takes the row kernel of energy_score_rows_cpu.h and
+// large d (float32) the Gram-form row kernel of energy_score_gram_cpu.h instead.  Inputs are canonical
 // (etweedie/ops/_prep.py): samples (B, M, d), target (B, d), beta (B,), prec (B, *param).
 #include <torch/library.h>
 
 #include "../common/checks.h"
 #include "energy_cpu.h"
+#include "energy_score_gram_cpu.h"
 #include "energy_score_rows_cpu.h"
+#include "fresh_output_cpu.h"
 
 namespace etweedie {
 namespace cpu {
@@ -38,6 +41,14 @@ void check_args(const char* op, const at::Tensor& samples, const at::Tensor& tar
   checks::energy_args(op, samples, target.unsqueeze(1), beta, prec, kind);
 }
 
+// The Gram-form row kernel (energy_score_gram_cpu.h), after the canonical checks of the engine.
+bool use_score_gram(const at::Tensor& samples, const at::Tensor& target, const at::Tensor& beta,
+                    const at::Tensor& prec, int64_t kind, bool need_beta, bool need_prec) {
+  if (!energy_score_gram_applicable(samples, target, need_beta, need_prec)) return false;
+  check_energy_canonical("energy_score", samples, target.unsqueeze(1), beta, prec, kind);
+  return true;
+}
+
 at::Tensor energy_score_fwd_cpu(const at::Tensor& samples, const at::Tensor& target, const at::Tensor& beta,
                                 const at::Tensor& prec, int64_t kind, bool fair) {
   check_args("energy_score", samples, target, beta, prec, kind);
@@ -47,6 +58,12 @@ at::Tensor energy_score_fwd_cpu(const at::Tensor& samples, const at::Tensor& tar
     auto value = at::empty({samples.size(0)}, samples.options());
     energy_score_rows(samples, target, beta, prec, kind, energy_score_weights(samples.size(1), fair), nullptr, &value,
                       nullptr, nullptr);
+    return value;
+  }
+  if (use_score_gram(samples, target, beta, prec, kind, false, false)) {
+    auto value = at::empty({samples.size(0)}, samples.options());
+    energy_score_gram(samples, target, beta, prec, kind, energy_score_weights(samples.size(1), fair), nullptr,
+                      value.data_ptr<float>(), nullptr, nullptr);
     return value;
   }
   return energy_forward("energy_score", samples, target.unsqueeze(1), beta, prec, kind,
@@ -69,6 +86,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_score_bwd_cpu(
     auto gt = need_target ? at::empty(target.sizes(), samples.options()) : empty();
     energy_score_rows(samples, target, beta, prec, kind, energy_score_weights(samples.size(1), fair), &g, nullptr,
                       need_samples ? &gs : nullptr, need_target ? &gt : nullptr);
+    return {gs, gt, empty(), empty()};
+  }
+  if (use_score_gram(samples, target, beta, prec, kind, need_beta, need_prec)) {
+    auto g = grad.contiguous();
+    TORCH_CHECK(g.dim() == 1 && g.size(0) == samples.size(0) && g.scalar_type() == samples.scalar_type(),
+                "energy_score: grad must be (B,) = (", samples.size(0), ") of the samples' dtype, got ", grad.sizes());
+    auto empty = [&] { return at::empty({0}, samples.options()); };
+    auto gs = need_samples ? reusable_empty(samples.sizes(), samples.options()) : empty();
+    auto gt = need_target ? at::empty(target.sizes(), samples.options()) : empty();
+    energy_score_gram(samples, target, beta, prec, kind, energy_score_weights(samples.size(1), fair),
+                      g.data_ptr<float>(), nullptr, need_samples ? gs.data_ptr<float>() : nullptr,
+                      need_target ? gt.data_ptr<float>() : nullptr);
     return {gs, gt, empty(), empty()};
   }
   auto out = energy_backward("energy_score", grad, samples, target.unsqueeze(1), beta, prec, kind,
@@ -95,6 +124,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_sc
     auto gt = need_target ? at::empty(target.sizes(), samples.options()) : empty();
     energy_score_rows(samples, target, beta, prec, kind, energy_score_weights(samples.size(1), fair), nullptr, &value,
                       need_samples ? &gs : nullptr, need_target ? &gt : nullptr);
+    return {value, gs, gt, empty(), empty()};
+  }
+  if (use_score_gram(samples, target, beta, prec, kind, need_beta, need_prec)) {
+    auto empty = [&] { return at::empty({0}, samples.options()); };
+    auto value = at::empty({samples.size(0)}, samples.options());
+    auto gs = need_samples ? reusable_empty(samples.sizes(), samples.options()) : empty();
+    auto gt = need_target ? at::empty(target.sizes(), samples.options()) : empty();
+    energy_score_gram(samples, target, beta, prec, kind, energy_score_weights(samples.size(1), fair), nullptr,
+                      value.data_ptr<float>(), need_samples ? gs.data_ptr<float>() : nullptr,
+                      need_target ? gt.data_ptr<float>() : nullptr);
     return {value, gs, gt, empty(), empty()};
   }
   at::Tensor value;

@@ -1,14 +1,15 @@
-"""kernel_score and student_t_score: the Student-t matched kernel score and its score field.
+"""kernel_score: the Student-t matched kernel score (the score field is student_t_score.py).
 
 For Student-t noise q(u) ∝ (1 + ‖u‖_P²)^{−c} (paper Cor. student_t; c ∈ (d/2, ∞), ν = 2c − d)
 the matched potential is E(u) = log(1 + ‖u‖_P²) and
 
     KS(x_{1..M}, y) = c · [ (1/M) Σ_i E(x_i − y) − 1/(2M(M−1)) Σ_{i≠j} E(x_i − x_j) ]
-    s(y)            = −2c P (1/N) Σ_i (y − x_i) / (1 + ‖y − x_i‖_P²)      x_i ~ P(X | Y = y)
 
-Both are pure PyTorch (the pair work is O(M²·d) per row, small next to the model that draws
-the samples); ``kernel_score`` also takes any potential callable, differentiated by autograd
-— a generic, slow path (it materializes all M² pair differences).
+Pure PyTorch (the pair work is O(M²·d) per row, small next to the model that draws the
+samples); it also takes any potential callable, differentiated by autograd — a generic, slow
+path (it materializes all M² pair differences).  The matched score field
+s(y) = −2c P (1/N) Σ_i (y − x_i)/(1 + ‖y − x_i‖_P²) is the fused op
+:func:`etweedie.student_t_score` (etweedie/ops/student_t_score.py), re-exported here.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from . import reference
 from ._prep import (
     as_param,
     broadcast_batch,
-    canonicalize,
     check_finite,
     check_metric,
     check_positive,
@@ -34,6 +34,8 @@ from ._prep import (
     widen,
     widen_metric,
 )
+
+from .student_t_score import student_t_score  # noqa: F401  (its former home; kept importable)
 
 __all__ = ["kernel_score", "student_t_score"]
 
@@ -108,39 +110,3 @@ def kernel_score(
     else:
         raise ValueError(f"{op}: potential must be 'student_t' or a callable, got {potential!r}")
     return (flat(c, batch, ()) * ks).reshape(out_shape)
-
-
-def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric] = None) -> torch.Tensor:
-    """Student-t score field −2c P (1/N) Σ_i (y − x_i)/(1 + ‖y − x_i‖_P²) from posterior draws.
-
-    Args:
-        y: queries ``(*batch, d)``; x: posterior draws ``(*batch, N, d)``.
-        c: exponent of q(u) ∝ (1 + ‖u‖_P²)^{−c}, c > d/2; float or tensor per row.
-        metric: :class:`~etweedie.Metric` (None: P = I).
-
-    Returns:
-        ``(*batch, d)``.
-
-    Example::
-
-        >>> etweedie.student_t_score(torch.zeros(1, 1), torch.ones(1, 1, 1), c=1.0)
-        tensor([[1.]])
-    """
-    op = "student_t_score"
-    if isinstance(x, torch.Tensor) and float32_out_of_range(metric, check_tensor(y, "y", op), x):
-        return student_t_score(widen(y), widen(x), widen(c), widen_metric(metric)).float()
-    cv = as_param(c, "c", op, check_tensor(y, "y", op))
-    if isinstance(x, torch.Tensor) and y.dim() == 1 and x.dim() == 2 and cv.dim() == 0:
-        return student_t_score(y.unsqueeze(0), x.unsqueeze(0), cv, metric)[0]  # one unbatched query
-    cn = canonicalize(op, y, x, 2.0, 1.0, metric)
-    d = cn.y.shape[-1]
-    if cv.numel() and not bool(((cv > d / 2) & torch.isfinite(cv)).all()):
-        raise ValueError(f"{op}: c must be > d/2 = {d / 2:g} (Student-t integrability), got {cv.min().item():.6g}")
-    try:
-        batch = torch.broadcast_shapes(cn.batch, cv.shape)
-    except RuntimeError:
-        raise ValueError(f"{op}: c of shape {tuple(cv.shape)} does not broadcast to batch {tuple(cn.batch)}") from None
-    if batch != cn.batch:
-        raise ValueError(f"{op}: c of shape {tuple(cv.shape)} would enlarge the batch {tuple(cn.batch)}")
-    s = reference.student_t_score(cn.y, cn.x, flat(cv, cn.batch, ()), cn.prec, cn.kind)
-    return s.reshape(*cn.batch, d)

@@ -1,0 +1,138 @@
+// CUDA implementation of etweedie::student_t_score_fwd / _bwd: TORCH_LIBRARY_IMPL(etweedie, CUDA).
+//
+// Checks every argument the kernels read (defined, CUDA device, dtype, sizes, strides), allocates
+// the outputs and calls the launchers of student_t_score_launch.cuh on torch's current stream.
+// Built only with a CUDA torch (setup.py); the .cu itself compiles with plain nvcc.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <vector>
+
+#include "student_t_score_launch.cuh"
+
+namespace etweedie {
+namespace cuda {
+namespace {
+
+constexpr const char* kOp = "student_t_score";
+
+void check_same(const at::Tensor& t, const char* name, const at::Tensor& y) {
+  TORCH_CHECK(t.defined(), kOp, ": ", name, " is an undefined tensor");
+  TORCH_CHECK(t.is_cuda() && t.device() == y.device(), kOp, ": ", name, " must be on y's CUDA device ", y.device(),
+              ", got ", t.device());
+  TORCH_CHECK(t.scalar_type() == y.scalar_type(), kOp, ": ", name, " must have y's dtype ", y.scalar_type(), ", got ",
+              t.scalar_type());
+}
+
+void check_canonical(const at::Tensor& y, const at::Tensor& x, const at::Tensor& c, const at::Tensor& prec,
+                     int64_t kind) {
+  TORCH_CHECK(y.defined() && y.is_cuda(), kOp, ": y must be a defined CUDA tensor");
+  TORCH_CHECK(y.scalar_type() == at::kFloat || y.scalar_type() == at::kDouble, kOp,
+              ": y must be float32 or float64, got ", y.scalar_type());
+  check_same(x, "x", y);
+  check_same(c, "c", y);
+  check_same(prec, "prec", y);
+  TORCH_CHECK(y.dim() == 2 && y.is_contiguous(), kOp, ": y must be contiguous (B, d), got ", y.sizes());
+  const int64_t B = y.size(0), d = y.size(1);
+  TORCH_CHECK(x.dim() == 3 && x.size(0) == B && x.size(2) == d && (d <= 1 || x.stride(2) == 1) && x.stride(0) >= 0 &&
+                  x.stride(1) >= 0,
+              kOp, ": x must be (B, N, d) = (", B, ", N, ", d, ") with unit stride over d, got ", x.sizes(),
+              " strides ", x.strides());
+  TORCH_CHECK(c.dim() == 1 && c.size(0) == B && c.stride(0) >= 0, kOp, ": c must be (B,) = (", B, "), got ", c.sizes());
+  TORCH_CHECK(kind >= 0 && kind <= 2, kOp, ": unknown metric kind ", kind);
+  const int64_t core = kind == 0 ? 1 : (kind == 1 ? 2 : 3);
+  TORCH_CHECK(prec.dim() == core && prec.size(0) == B && prec.stride(0) >= 0, kOp, ": prec has shape ", prec.sizes(),
+              ", which does not match metric kind ", kind);
+  if (kind == 1) TORCH_CHECK(prec.size(1) == d && (d <= 1 || prec.stride(1) == 1), kOp, ": diagonal precision must be (B, d)");
+  if (kind == 2) {
+    const int64_t k = prec.size(1);
+    TORCH_CHECK(prec.size(2) == k && k >= 1 && k <= 4 && d % k == 0, kOp,
+                ": block precision must be (B, k, k) with k <= 4 dividing d, got ", prec.sizes());
+    TORCH_CHECK(prec.stride(2) == 1 && prec.stride(1) == k, kOp, ": block precision rows must be contiguous");
+  }
+}
+
+template <typename T>
+StudentTArgs<T> args_of(const at::Tensor& y, const at::Tensor& x, const at::Tensor& c, const at::Tensor& prec,
+                        int64_t kind) {
+  StudentTArgs<T> a{};
+  a.y = y.data_ptr<T>();
+  a.x = x.data_ptr<T>();
+  a.c = c.data_ptr<T>();
+  a.prec = prec.data_ptr<T>();
+  a.B = y.size(0);
+  a.N = x.size(1);
+  a.d = y.size(1);
+  a.sxb = x.stride(0);
+  a.sxn = x.stride(1);
+  a.sc = c.stride(0);
+  a.sp = prec.stride(0);
+  a.kind = static_cast<int>(kind);
+  a.kblock = kind == 2 ? static_cast<int>(prec.size(1)) : 1;
+  return a;
+}
+
+void check_launch(cudaError_t err) {
+  TORCH_CHECK(err == cudaSuccess, kOp, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
+}
+
+std::tuple<at::Tensor, at::Tensor> student_t_score_fwd_cuda(const at::Tensor& y, const at::Tensor& x,
+                                                            const at::Tensor& c, const at::Tensor& prec, int64_t kind) {
+  check_canonical(y, x, c, prec, kind);
+  TORCH_CHECK(x.size(1) > 0 || y.size(0) == 0, kOp, ": need at least one posterior draw (N >= 1)");
+  const c10::cuda::CUDAGuard guard(y.device());
+  auto s = at::empty_like(y);
+  auto m = at::empty_like(y);
+  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "student_t_score_fwd_cuda", [&] {
+    check_launch(student_t_score_fwd_launch<scalar_t>(args_of<scalar_t>(y, x, c, prec, kind), s.data_ptr<scalar_t>(),
+                                                      m.data_ptr<scalar_t>(), c10::cuda::getCurrentCUDAStream()));
+  });
+  return {s, m};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> student_t_score_bwd_cuda(
+    const at::Tensor& grad, const at::Tensor& grad_m, const at::Tensor& y, const at::Tensor& x, const at::Tensor& c,
+    const at::Tensor& prec, int64_t kind, const at::Tensor& m, bool need_y, bool need_x, bool need_c, bool need_prec) {
+  check_canonical(y, x, c, prec, kind);
+  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&grad, "grad"}, {&grad_m, "grad_m"}, {&m, "m"}}) {
+    check_same(*t, name, y);
+    TORCH_CHECK(t->sizes() == y.sizes(), kOp, ": ", name, " must be (B, d) = ", y.sizes(), ", got ", t->sizes());
+  }
+  const c10::cuda::CUDAGuard guard(y.device());
+  auto g = grad.contiguous();
+  auto gm = grad_m.contiguous();
+  auto mc = m.contiguous();
+  const int64_t B = y.size(0), N = x.size(1), d = y.size(1);
+  TORCH_CHECK(N > 0 || B == 0, kOp, ": need at least one posterior draw (N >= 1)");
+  auto empty = [&] { return at::empty({0}, y.options()); };
+  const bool trivial = B == 0 || d == 0;
+  auto alloc = [&](at::IntArrayRef size) { return trivial ? at::zeros(size, y.options()) : at::empty(size, y.options()); };
+  auto gy = need_y ? alloc({B, d}) : empty();
+  auto gx = need_x ? alloc({B, N, d}) : empty();
+  auto gc = need_c ? alloc({B}) : empty();
+  std::vector<int64_t> psize(prec.sizes().begin(), prec.sizes().end());
+  auto gp = need_prec ? alloc(psize) : empty();
+  if (!trivial) {
+    AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "student_t_score_bwd_cuda", [&] {
+      using T = scalar_t;
+      check_launch(student_t_score_bwd_launch<T>(
+          args_of<T>(y, x, c, prec, kind), g.data_ptr<T>(), gm.data_ptr<T>(), mc.data_ptr<T>(),
+          need_y ? gy.data_ptr<T>() : nullptr, need_x ? gx.data_ptr<T>() : nullptr, need_c ? gc.data_ptr<T>() : nullptr,
+          need_prec ? gp.data_ptr<T>() : nullptr, c10::cuda::getCurrentCUDAStream()));
+    });
+  }
+  return {gy, gx, gc, gp};
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace etweedie
+
+TORCH_LIBRARY_IMPL(etweedie, CUDA, m) {
+  m.impl("student_t_score_fwd", &etweedie::cuda::student_t_score_fwd_cuda);
+  m.impl("student_t_score_bwd", &etweedie::cuda::student_t_score_bwd_cuda);
+}

@@ -1,0 +1,243 @@
+// CUDA kernels of etweedie::student_t_score_fwd / student_t_score_bwd (schemas in
+// csrc/etweedie.cpp; math in csrc/common/student_t_score.h).
+//
+//   s(y) = −2c P (1/N) Σ_i (y − x_i) / (1 + ‖y − x_i‖_P²)
+//
+// Same work split as the Energy-Tweedie score's kernels (et_score_cuda.cuh): one block of
+// kThreads threads per query row; the row's draws in tiles of kTile: (1) one warp per draw
+// computes q_i (and, in the backward, h·u_i) with lanes striding over coordinates (coalesced
+// reads) and a shuffle reduction, and stages the draw's coefficients in shared memory; (2) the
+// threads stride over coordinates and accumulate (forward: Σ w_t u_t; backward: ∂L/∂u_t, summed
+// into ∂L/∂y and written negated to ∂L/∂x).  Nothing of size N·d is written except ∂L/∂x.
+// Shared memory: forward d + kTile values; backward 2d (+ d for a diagonal metric's gradient)
+// + 2·kTile.  Every output element is written exactly once: no atomics, no memset.
+// Indexing is int64.
+#include <cuda_runtime.h>
+
+#include "../common/student_t_score.h"
+#include "metric_cuda.cuh"
+#include "student_t_score_launch.cuh"
+
+namespace etweedie {
+namespace cuda {
+
+constexpr int kStTile = 64;
+constexpr int kStMinBlocks = 4;
+
+template <typename T, int KIND, int K>
+__global__ void __launch_bounds__(kThreads, kStMinBlocks)
+    student_t_fwd_kernel(StudentTArgs<T> a, T* __restrict__ s_out, T* __restrict__ m_out) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int64_t row = blockIdx.x, d = a.d, N = a.N;
+  T* acc = reinterpret_cast<T*>(smem_raw);  // d: Σ w u, then m
+  T* wt = acc + d;                          // kStTile weights
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const T* __restrict__ y = a.y + row * d;
+  const T* __restrict__ x = a.x + row * a.sxb;
+  const RowPrec<T, KIND, K> P{a.prec + row * a.sp};
+  const T two_c = T(2) * a.c[row * a.sc];
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) acc[j] = T(0);
+  for (int64_t i0 = 0; i0 < N; i0 += kStTile) {
+    const int n = static_cast<int>(N - i0 < kStTile ? N - i0 : kStTile);
+    __syncthreads();
+    for (int t = warp; t < n; t += kWarps) {
+      const T* __restrict__ xi = x + (i0 + t) * a.sxn;
+      T q = 0;
+      for (int64_t j = lane; j < d; j += kWarp)
+        q += (y[j] - xi[j]) * P.apply_at(j, [y, xi](int64_t c) { return y[c] - xi[c]; });
+      q = warp_sum(q);
+      if (lane == 0) wt[t] = student_t_weight(q);
+    }
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < d; j += kThreads) {
+      const T yj = y[j];
+      T s = 0;
+#pragma unroll 4
+      for (int t = 0; t < n; ++t) s += wt[t] * (yj - x[(i0 + t) * a.sxn + j]);
+      acc[j] += s;
+    }
+  }
+  const T inv_n = T(1) / static_cast<T>(N);
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) {
+    acc[j] *= inv_n;
+    m_out[row * d + j] = acc[j];
+  }
+  __syncthreads();  // s needs m at the other coordinates of j's block
+  for (int64_t j = threadIdx.x; j < d; j += kThreads)
+    s_out[row * d + j] = -two_c * P.apply_at(j, [acc](int64_t c) { return acc[c]; });
+}
+
+template <typename T, int KIND, int K>
+__global__ void __launch_bounds__(kThreads, kStMinBlocks)
+    student_t_bwd_kernel(StudentTArgs<T> a, const T* __restrict__ grad, const T* __restrict__ grad_m,
+                         const T* __restrict__ m, T* __restrict__ gy, T* __restrict__ gx, T* __restrict__ gc,
+                         T* __restrict__ gp) {
+  constexpr int PS = KIND == kBlock ? K * K : 1;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int64_t row = blockIdx.x, d = a.d, N = a.N;
+  T* h = reinterpret_cast<T*>(smem_raw);  // d
+  T* gacc = h + d;                         // d: ∂L/∂y
+  T* gdiag = gacc + d;                     // d (diagonal metric gradient) or 0
+  T* wt = gdiag + (KIND == kDiagonal && gp ? d : 0);
+  T* ct = wt + kStTile;
+  __shared__ T scratch[kWarps];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const T* __restrict__ y = a.y + row * d;
+  const T* __restrict__ x = a.x + row * a.sxb;
+  const T* __restrict__ g = grad + row * d;
+  const T* __restrict__ mr = m + row * d;
+  const RowPrec<T, KIND, K> P{a.prec + row * a.sp};
+  const T two_c = T(2) * a.c[row * a.sc];
+  const T inv_n = T(1) / static_cast<T>(N);
+  const bool need_prec = gp != nullptr;
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) {
+    h[j] = -two_c * P.apply_at(j, [g](int64_t c) { return g[c]; }) + grad_m[row * d + j];
+    gacc[j] = T(0);
+    if (KIND == kDiagonal && need_prec) gdiag[j] = T(0);
+  }
+  T gpw[PS] = {};  // lane 0 of each warp: Σ ½ c_i/N · (u uᵀ reduced to the parameter)
+  for (int64_t i0 = 0; i0 < N; i0 += kStTile) {
+    const int n = static_cast<int>(N - i0 < kStTile ? N - i0 : kStTile);
+    __syncthreads();
+    for (int t = warp; t < n; t += kWarps) {
+      const T* __restrict__ xi = x + (i0 + t) * a.sxn;
+      T q = 0, hu = 0;
+      T uu[PS] = {};
+      for (int64_t j = lane; j < d; j += kWarp) {
+        const T u = y[j] - xi[j];
+        q += u * P.apply_at(j, [y, xi](int64_t c) { return y[c] - xi[c]; });
+        hu += h[j] * u;
+        if (need_prec && KIND == kIsotropic) uu[0] += u * u;
+        if (need_prec && KIND == kBlock) {
+          const int ai = static_cast<int>(j % K);
+          const int64_t base = j - ai;
+#pragma unroll
+          for (int aa = 0; aa < K; ++aa)
+            if (aa == ai) {
+#pragma unroll
+              for (int b = 0; b < K; ++b) uu[aa * K + b] += u * (y[base + b] - xi[base + b]);
+            }
+        }
+      }
+      q = warp_sum(q);
+      hu = warp_sum(hu);
+      const T w = student_t_weight(q);
+      const T c = student_t_weight_slope(w) * hu;
+      if (need_prec && KIND != kDiagonal) {
+#pragma unroll
+        for (int e = 0; e < PS; ++e) uu[e] = warp_sum(uu[e]);
+      }
+      if (lane == 0) {
+        wt[t] = w;
+        ct[t] = c;
+        if (need_prec && KIND != kDiagonal) {
+#pragma unroll
+          for (int e = 0; e < PS; ++e) gpw[e] += T(0.5) * c * inv_n * uu[e];
+        }
+      }
+    }
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < d; j += kThreads) {
+      const T hj = h[j];
+      T sum = 0, sdiag = 0;
+#pragma unroll 2
+      for (int t = 0; t < n; ++t) {
+        const T* __restrict__ xt = x + (i0 + t) * a.sxn;
+        const T pu = P.apply_at(j, [y, xt](int64_t c) { return y[c] - xt[c]; });
+        const T gu = (wt[t] * hj + ct[t] * pu) * inv_n;
+        sum += gu;
+        if (gx) gx[(row * N + i0 + t) * d + j] = -gu;
+        if (KIND == kDiagonal && need_prec) {
+          const T u = y[j] - xt[j];
+          sdiag += T(0.5) * ct[t] * inv_n * u * u;
+        }
+      }
+      gacc[j] += sum;
+      if (KIND == kDiagonal && need_prec) gdiag[j] += sdiag;
+    }
+  }
+  __syncthreads();
+  if (gy)
+    for (int64_t j = threadIdx.x; j < d; j += kThreads) gy[row * d + j] = gacc[j];
+  if (gc) {
+    T part = 0;  // ∂L/∂c = g·s/c = −2 g·Pm
+    for (int64_t j = threadIdx.x; j < d; j += kThreads) part += g[j] * P.apply_at(j, [mr](int64_t c) { return mr[c]; });
+    const T total = block_sum(part, scratch);
+    if (threadIdx.x == 0) gc[row] = T(-2) * total;
+  }
+  if (need_prec) {
+    if (KIND == kDiagonal) {
+      for (int64_t j = threadIdx.x; j < d; j += kThreads) gp[row * d + j] = gdiag[j] - two_c * g[j] * mr[j];
+    } else {
+      T part[PS] = {};
+      for (int64_t j = threadIdx.x; j < d; j += kThreads) {
+        if (KIND == kIsotropic) {
+          part[0] += g[j] * mr[j];
+        } else {
+          const int ai = static_cast<int>(j % K);
+          const int64_t base = j - ai;
+#pragma unroll
+          for (int aa = 0; aa < K; ++aa)
+            if (aa == ai) {
+#pragma unroll
+              for (int b = 0; b < K; ++b) part[aa * K + b] += g[j] * mr[base + b];
+            }
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < PS; ++e) {
+        const T total = block_sum((lane == 0 ? gpw[e] : T(0)) - two_c * part[e], scratch);
+        if (threadIdx.x == 0) gp[row * PS + e] = total;
+      }
+    }
+  }
+}
+
+template <typename Kernel>
+cudaError_t student_t_allow_smem(Kernel kernel, size_t smem) {
+  if (smem <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+}
+
+template <typename T>
+cudaError_t student_t_score_fwd_launch(const StudentTArgs<T>& a, T* s, T* m, cudaStream_t stream) {
+  if (a.B == 0 || a.d == 0) return cudaSuccess;
+  if (a.N <= 0 || a.B > 2147483647) return cudaErrorInvalidValue;
+  const size_t smem = static_cast<size_t>(a.d + kStTile) * sizeof(T);
+  return dispatch_metric(a.kind, a.kblock, [&](auto kind_c, auto k_c) {
+    constexpr int KIND = decltype(kind_c)::value, K = decltype(k_c)::value;
+    auto kernel = student_t_fwd_kernel<T, KIND, K>;
+    const cudaError_t e = student_t_allow_smem(kernel, smem);
+    if (e != cudaSuccess) return e;
+    kernel<<<static_cast<unsigned>(a.B), kThreads, smem, stream>>>(a, s, m);
+    return cudaGetLastError();
+  });
+}
+
+template <typename T>
+cudaError_t student_t_score_bwd_launch(const StudentTArgs<T>& a, const T* grad, const T* grad_m, const T* m, T* gy,
+                                       T* gx, T* gc, T* gp, cudaStream_t stream) {
+  if (a.B == 0 || a.d == 0) return cudaSuccess;
+  if (a.N <= 0 || a.B > 2147483647) return cudaErrorInvalidValue;
+  const int64_t diag = (a.kind == kDiagonal && gp) ? a.d : 0;
+  const size_t smem = static_cast<size_t>(2 * a.d + diag + 2 * kStTile) * sizeof(T);
+  return dispatch_metric(a.kind, a.kblock, [&](auto kind_c, auto k_c) {
+    constexpr int KIND = decltype(kind_c)::value, K = decltype(k_c)::value;
+    auto kernel = student_t_bwd_kernel<T, KIND, K>;
+    const cudaError_t e = student_t_allow_smem(kernel, smem);
+    if (e != cudaSuccess) return e;
+    kernel<<<static_cast<unsigned>(a.B), kThreads, smem, stream>>>(a, grad, grad_m, m, gy, gx, gc, gp);
+    return cudaGetLastError();
+  });
+}
+
+#define ET_INSTANTIATE(T)                                                                                          \
+  template cudaError_t student_t_score_fwd_launch<T>(const StudentTArgs<T>&, T*, T*, cudaStream_t);              \
+  template cudaError_t student_t_score_bwd_launch<T>(const StudentTArgs<T>&, const T*, const T*, const T*, T*, T*, \
+                                                     T*, T*, cudaStream_t);
+ET_INSTANTIATE(float)
+ET_INSTANTIATE(double)
+#undef ET_INSTANTIATE
+
+}  // namespace cuda
+}  // namespace etweedie

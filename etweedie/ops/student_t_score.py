@@ -1,0 +1,157 @@
+"""student_t_score: the Student-t score field from posterior draws (paper Cor. student_t).
+
+For Student-t noise q(u) ∝ (1 + ‖u‖_P²)^{−c} (c > d/2, ν = 2c − d) the score of the noisy
+marginal is
+
+    s(y) = −2c P (1/N) Σ_i (y − x_i) / (1 + ‖y − x_i‖_P²),      x_i ~ P(X | Y = y)
+
+— the Energy-Tweedie score's structure with λ → 2c and the weight ‖u‖^{β−2} → 1/(1 + ‖u‖²).
+This module validates arguments, picks the backend and registers the fake (meta) and
+autograd implementations of the compiled op ``etweedie::student_t_score_fwd`` (CPU C++ and
+CUDA; the Triton op ``etweedie_triton::student_t_score_fwd`` shares the rules), so that it runs
+under ``torch.compile(fullgraph=True)`` and differentiates with respect to y, x, c and the
+metric (through its precision parameter) with a fused backward kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import backends
+from ..metric import Metric
+from . import reference
+from ._prep import (
+    DENSE,
+    as_param,
+    canonicalize,
+    check_tensor,
+    flat,
+    float32_out_of_range,
+    unwhiten_score,
+    value_checks,
+    whiten_dense,
+    widen,
+    widen_metric,
+)
+
+__all__ = ["student_t_score"]
+
+_OP = "student_t_score"
+
+
+def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric] = None, *,
+                    backend: Optional[str] = None) -> torch.Tensor:
+    """Student-t score field −2c P (1/N) Σ_i (y − x_i)/(1 + ‖y − x_i‖_P²) from posterior draws.
+
+    Args:
+        y: queries ``(*batch, d)``, float32 or float64.
+        x: posterior draws ``(*batch, N, d)`` (N ≥ 1); batch dims broadcast with y's.
+        c: exponent of q(u) ∝ (1 + ‖u‖_P²)^{−c}, c > d/2; float or tensor broadcasting to
+            ``batch`` (one per row).
+        metric: :class:`~etweedie.Metric` (None: P = I); may carry a batch.
+        backend: ``None`` (automatic), ``"reference"``, ``"cpu"``, ``"cuda"`` or ``"triton"``.
+
+    Returns:
+        the score, ``(*batch, d)``.  A draw equal to y contributes 0.
+
+    Example::
+
+        >>> etweedie.student_t_score(torch.zeros(1, 1), torch.ones(1, 1, 1), c=1.0)
+        tensor([[1.]])
+    """
+    y = check_tensor(y, "y", _OP)
+    if isinstance(x, torch.Tensor) and float32_out_of_range(metric, y, x):
+        # float32 norms of these magnitudes over/underflow: compute in float64, round the result
+        return student_t_score(widen(y), widen(x), widen(c), widen_metric(metric), backend=backend).float()
+    cv = as_param(c, "c", _OP, y)
+    if isinstance(x, torch.Tensor) and y.dim() == 1 and x.dim() == 2 and cv.dim() == 0:
+        return student_t_score(y.unsqueeze(0), x.unsqueeze(0), cv, metric, backend=backend)[0]  # one unbatched query
+    cn = canonicalize(_OP, y, x, 2.0, 1.0, metric)
+    d = cn.y.shape[-1]
+    if cv.numel() and value_checks(cv) and not bool(((cv > d / 2) & torch.isfinite(cv)).all()):
+        raise ValueError(f"{_OP}: c must be finite and > d/2 = {d / 2:g} (Student-t integrability), got {cv.min().item():.6g}")
+    try:
+        batch = torch.broadcast_shapes(cn.batch, cv.shape)
+    except RuntimeError:
+        raise ValueError(f"{_OP}: c of shape {tuple(cv.shape)} does not broadcast to batch {tuple(cn.batch)}") from None
+    if batch != cn.batch:
+        raise ValueError(f"{_OP}: c of shape {tuple(cv.shape)} would enlarge the batch {tuple(cn.batch)}")
+    cf = flat(cv, cn.batch, ())
+    name = backends.resolve(_OP, cn.y.device, backend, supported=_SUPPORTED)
+    if name == "reference":
+        s = reference.student_t_score(cn.y, cn.x, cf, cn.prec, cn.kind)
+    elif cn.kind == DENSE:
+        zy, zx, ones, L = whiten_dense(cn)  # P = L Lᵀ: the isotropic kernel on z = Lᵀu, then s = L s_z
+        s = unwhiten_score(_kernel(name, zy, zx, cf, ones, 0), L)
+    else:
+        s = _kernel(name, cn.y, cn.x, cf, cn.prec, cn.kind)
+    return s.reshape(*cn.batch, d)
+
+
+def _kernel(name, y, x, c, prec, kind) -> torch.Tensor:
+    if name == "triton":
+        from ..kernels.student_t_score import student_t_score_op  # imports triton: only when asked for
+
+        return student_t_score_op(y, x, c, prec, kind)[0]
+    # "cpu" and "cuda" are the same compiled op; the dispatcher picks the device's kernel.
+    return torch.ops.etweedie.student_t_score_fwd(y, x, c, prec, kind)[0]
+
+
+# ---------------------------------------------------------------------------- registration
+
+def fake_fwd(y, x, c, prec, kind):
+    """Fake (meta) implementation shared by every backend's student_t_score_fwd op."""
+    return y.new_empty(y.shape), y.new_empty(y.shape)
+
+
+def fake_bwd(grad, grad_m, y, x, c, prec, kind, m, need_y, need_x, need_c, need_prec):
+    """Fake (meta) implementation shared by every backend's student_t_score_bwd op."""
+    empty = y.new_empty(0)
+    return (
+        y.new_empty(y.shape) if need_y else empty,
+        x.new_empty(x.shape) if need_x else empty,
+        c.new_empty(c.shape) if need_c else empty,
+        prec.new_empty(prec.shape) if need_prec else empty,
+    )
+
+
+def autograd_rules(bwd_op):
+    """(setup_context, backward) for a student_t_score_fwd op whose fused backward is ``bwd_op``
+    (shared by the C++ op and the Triton op).  Second-order gradients are not implemented: the
+    backward op is not differentiable, and autograd raises if asked to go through it."""
+
+    def setup_context(ctx, inputs, output):
+        y, x, c, prec, kind = inputs
+        ctx.kind = kind
+        ctx.save_for_backward(y, x, c, prec, output[1])
+
+    def backward(ctx, grad_s, grad_m):
+        y, x, c, prec, m = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        grad_s = torch.zeros_like(y) if grad_s is None else grad_s
+        grad_m = torch.zeros_like(y) if grad_m is None else grad_m
+        grads = bwd_op(grad_s, grad_m, y, x, c, prec, ctx.kind, m, *need[:4])
+        return (*(g if n else None for g, n in zip(grads, need[:4])), None)
+
+    return setup_context, backward
+
+
+def _register() -> None:
+    lib = "etweedie::"
+    torch.library.register_fake(lib + "student_t_score_fwd")(fake_fwd)
+    torch.library.register_fake(lib + "student_t_score_bwd")(fake_bwd)
+    setup_context, backward = autograd_rules(torch.ops.etweedie.student_t_score_bwd)
+    torch.library.register_autograd(lib + "student_t_score_fwd", backward, setup_context=setup_context)
+
+
+_HAS_CPU = backends._has_op("student_t_score_fwd", "CPU")
+# The backends that implement this op here (an extension built before the op existed lacks it).
+_SUPPORTED = tuple(
+    b for b in backends.BACKENDS
+    if b not in ("cpu", "cuda") or backends._has_op("student_t_score_fwd", "CPU" if b == "cpu" else "CUDA")
+)
+
+if _HAS_CPU:
+    _register()
