@@ -201,6 +201,20 @@ def test_no_compiler_wheel_in_a_fresh_torch_only_venv(no_compiler_wheel):
     assert example.returncode == 0 and "mean cosine" in example.stdout, example.stderr
 
 
+def test_isolated_build_without_torch_stops_with_the_advice(tmp_path):
+    """What pip's isolated build sees: only the [build-system] requires (setuptools, wheel), no torch."""
+    src = _copy_sources(tmp_path)
+    python = _fresh_venv(tmp_path, ("setuptools", "wheel"))
+    probe = "import setuptools.build_meta as b; print(b.get_requires_for_build_wheel())"
+    result = _run(python, src, "-c", probe)
+    assert result.returncode != 0
+    assert "cannot import torch in the build environment" in result.stderr, result.stderr
+    assert "pip install --no-build-isolation ." in result.stderr and "ETWEEDIE_NO_EXT=1" in result.stderr
+    pure = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd=str(src),
+                          env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "ETWEEDIE_NO_EXT": "1"})
+    assert pure.returncode == 0, pure.stderr  # a pure-Python build needs no torch
+
+
 @pytest.mark.slow
 def test_full_wheel_in_a_fresh_torch_only_venv(tmp_path):
     src = _copy_sources(tmp_path)
