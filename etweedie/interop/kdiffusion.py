@@ -163,7 +163,7 @@ def load_k_diffusion_sampling() -> types.ModuleType:
     """
     try:
         return importlib.import_module("k_diffusion.sampling")
-    except ImportError as exc:
+    except Exception as exc:  # ImportError of a heavy dependency, or any failure inside the package's __init__
         first_error = exc
     if _SHIM + ".sampling" in sys.modules:
         return sys.modules[_SHIM + ".sampling"]
