@@ -1,5 +1,6 @@
 # etweedie — two commands do all set-up on a fresh machine:
 #   make demo    create .venv, install torch + etweedie (with its compiled extension), run the demo
+#                (python -m experiments.eight_gaussians.demo: a reproduction, outside the installed package)
 #   make test    same set-up, then the CUDA compile check (when nvcc is on PATH), then the test suite
 #   make check-cuda   compile every csrc/cuda/*.cu with plain nvcc (sm_80, sm_90); ptxas report
 #   make check-triton compile the Triton kernels for sm_80 with Triton's compiler (no GPU needed)
@@ -42,7 +43,7 @@ $(STAMP): $(PY) $(SOURCES)
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m etweedie demo
+	$(PY) -m experiments.eight_gaussians.demo
 
 test: $(STAMP) check-cuda-if-available
 	$(PY) -m pytest -q $(PYTEST_ARGS)

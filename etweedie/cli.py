@@ -1,12 +1,13 @@
 """The ``etweedie`` command line (also ``python -m etweedie``).
 
-    etweedie demo [--seed N] [--out DIR] [--quick] [--no-progress]   train + score demo (--quick: oracle table)
     etweedie bench [ARGS...]                                          benchmarks.table (from the repo root)
     etweedie info                                                     backends, torch, threads
-    etweedie train | score-eval | sample | estimate ...               experiment commands (see --help)
+    etweedie train ...                                                library commands (see --help)
 
-Experiment commands live beside the code they drive: a module listed in ``PLUGIN_COMMANDS``
-defines ``CLI_HELP`` (one line), ``add_cli_arguments(parser)`` and ``cli_main(args) -> int``.
+A library command is a module listed in ``PLUGIN_COMMANDS`` (``etweedie/commands/<name>.py``)
+defining ``CLI_HELP`` (one line), ``add_cli_arguments(parser)`` and ``cli_main(args) -> int``.
+The paper's reproductions are not commands of the installed package: they run from the
+repository (``python -m experiments.eight_gaussians.demo`` etc.; ``MOVED_COMMANDS``).
 
 Every command returns an exit status (0 on success, 2 on a usage error).
 """
@@ -21,14 +22,20 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-__all__ = ["main", "PLUGIN_COMMANDS"]
+__all__ = ["main", "MOVED_COMMANDS", "PLUGIN_COMMANDS"]
 
 # command name -> module defining CLI_HELP, add_cli_arguments(parser), cli_main(args)
 PLUGIN_COMMANDS = {
-    "train": "etweedie.train",
-    "score-eval": "etweedie.score_eval",
-    "sample": "etweedie.sample",
-    "estimate": "etweedie.estimate",
+    "train": "etweedie.commands.train",
+    "mnist-eval": "etweedie.commands.mnist_eval",
+}
+
+# Former commands that ran the paper's tables; they are reproductions now, run from the repository root.
+MOVED_COMMANDS = {
+    "demo": "python -m experiments.eight_gaussians.demo",
+    "score-eval": "python -m experiments.eight_gaussians.score_eval",
+    "sample": "python -m experiments.eight_gaussians.diffusion",
+    "estimate": "python -m experiments.eight_gaussians.estimation",
 }
 
 
@@ -43,12 +50,6 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
-
-    demo = commands.add_parser("demo", help="train a small posterior on CPU and evaluate its score (paper §5.1)")
-    demo.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
-    demo.add_argument("--out", metavar="DIR", help="run directory (default runs/demo; with --quick: also write DIR/score_demo.json)")
-    demo.add_argument("--quick", action="store_true", help="no training: the oracle-posterior score table, small sizes (a few seconds)")
-    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     commands.add_parser(
         "bench",
@@ -73,41 +74,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # `bench` forwards everything after it untouched (its flags belong to benchmarks.table).
         if argv and argv[0] == "bench":
             return _bench(argv[1:])
+        if argv and argv[0] in MOVED_COMMANDS:
+            print(f"etweedie {argv[0]}: error: this paper reproduction runs from the repository root as "
+                  f"`{MOVED_COMMANDS[argv[0]]}` (same arguments)", file=sys.stderr)
+            return 2
         args = _build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse's --help and usage errors: a status, not an exception
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    if args.command == "demo":
-        return _demo(args)
     if args.command in PLUGIN_COMMANDS:
         return int(_plugin(args.command).cli_main(args) or 0)
     return _info()
 
 
 # ---------------------------------------------------------------------------- commands
-def _demo(args: argparse.Namespace) -> int:
-    from .demo import QUICK_SIZES, print_score_demo, run_score_demo
-
-    if args.seed < 0:
-        print(f"etweedie demo: error: --seed must be >= 0, got {args.seed}", file=sys.stderr)
-        return 2
-    if not args.quick:  # train + evaluate (etweedie.demo.run_demo)
-        from .demo import DEMO_OUT, print_demo, run_demo
-
-        try:
-            demo = run_demo(args.out or DEMO_OUT, seed=args.seed, progress=not args.no_progress)
-        except ValueError as exc:  # e.g. a run directory holding another config's checkpoint
-            print(f"etweedie demo: error: {exc}", file=sys.stderr)
-            return 2
-        print_demo(demo)
-        return 0
-    sizes = QUICK_SIZES
-    results = run_score_demo(seed=args.seed, progress=not args.no_progress, out_dir=args.out, **sizes)
-    print_score_demo(results)
-    if "json_path" in results:
-        print(f"results written to {results['json_path']}")
-    return 0
-
-
 def _bench(forwarded: List[str]) -> int:
     root = Path.cwd()
     if not (root / "benchmarks" / "table.py").is_file():

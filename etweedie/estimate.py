@@ -48,8 +48,8 @@ trace-normalized, so λ̂ ≈ 1/s² = 6.25; β → 2 from below, as β = 2 is th
     >>> est.beta > 1.85, round(est.lam), est.shape.diagonal().round(decimals=1).tolist()
     (True, 6, [1.0, 1.0])
 
-The ``etweedie estimate`` command (:func:`cli_main`) runs the paper's full-SPD experiment
-(:mod:`etweedie.estimate_experiment`).
+The paper's full-SPD experiment runs from the repository:
+``python -m experiments.eight_gaussians.estimation --config configs/estimate_spd.toml --out DIR``.
 """
 
 from __future__ import annotations
@@ -62,18 +62,19 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from tqdm.auto import trange
 
+from ._checks import check_bool, check_float, check_int
 from .metric import Metric, scale_constant
+from .noise import NoiseParams
 from .ops import et_score
+from .score import antithetic_options, posterior_dtype_device
 
 __all__ = [
-    "CLI_HELP",
     "EstimatorSettings",
     "FAMILIES",
     "NoiseEstimate",
-    "add_cli_arguments",
     "beta_from_zeta",
-    "cli_main",
     "estimate_noise",
+    "level_sampler",
     "level_variance",
     "profile_lambda",
     "profiled_objective",
@@ -103,6 +104,55 @@ Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
 PosteriorSampler = Callable[[torch.Tensor, Optional[float], int, torch.Generator], torch.Tensor]
 # score(y (m, d), sigma (float or None)) -> (m, d)
 ScoreFunction = Callable[[torch.Tensor, Optional[float]], torch.Tensor]
+
+
+# ---------------------------------------------------------------------------- posterior adapter
+def level_sampler(
+    posterior,
+    params_at: Callable[[float], NoiseParams],
+    *,
+    chunk: int = 128,
+    antithetic: bool = False,
+) -> PosteriorSampler:
+    """A posterior of the library protocol as the ``posterior(y, sigma, K, generator)`` sampler here.
+
+    The score, the sampler and the oracles take posteriors with
+    ``posterior.sample(y (..., d), eta (..., 5), n, *, generator) -> (..., n, d)``; the estimator
+    draws per group at a known level σ.  This adapter conditions every query of the group on
+    ``params_at(sigma).eta()`` (the noise tuple the posterior should see at that level), runs
+    ``chunk`` queries at a time in the posterior's dtype (a torch module's parameter dtype, else
+    y's) and returns the draws in y's dtype.  ``antithetic=True`` asks for mirrored-noise draws
+    (a posterior whose ``sample`` takes no ``antithetic`` keyword is a TypeError up front).
+
+        >>> from etweedie.known_posterior import KnownPosterior
+        >>> sampler = level_sampler(KnownPosterior(), lambda s: NoiseParams(2.0, 1.0, s, 0.0, 0.0))
+        >>> sampler(torch.zeros(3, 2, dtype=torch.float64), 0.5, 4, torch.Generator().manual_seed(0)).shape
+        torch.Size([3, 4, 2])
+    """
+    if not callable(getattr(posterior, "sample", None)):
+        raise TypeError(f"posterior must have a sample(y, eta, n, *, generator) method, got {type(posterior).__name__}")
+    if not callable(params_at):
+        raise TypeError(f"params_at must be callable as params_at(sigma) -> NoiseParams, got {type(params_at).__name__}")
+    chunk = check_int(chunk, "chunk", minimum=1)
+    options = antithetic_options(posterior, antithetic)
+    model_dtype, _ = posterior_dtype_device(posterior)
+
+    def sample(y: torch.Tensor, sigma: Optional[float], K: int, generator: torch.Generator) -> torch.Tensor:
+        if sigma is None:
+            raise ValueError("this posterior needs the known level sigma of every group")
+        dtype = y.dtype if model_dtype is None else model_dtype
+        params = params_at(float(sigma))
+        if not isinstance(params, NoiseParams):
+            raise TypeError(f"params_at(sigma) must return NoiseParams, got {type(params).__name__}")
+        eta = params.eta().to(dtype)
+        out = []
+        with torch.no_grad():
+            for start in range(0, y.shape[0], chunk):
+                yb = y[start : start + chunk].to(dtype)
+                out.append(posterior.sample(yb, eta.expand(yb.shape[0], 5), K, generator=generator, **options))
+        return torch.cat(out).to(y.dtype)
+
+    return sample
 
 
 # ---------------------------------------------------------------------------- settings
@@ -147,12 +197,9 @@ class EstimatorSettings:
     split_half: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.split_half, bool):
-            raise TypeError(f"split_half must be a bool, got {type(self.split_half).__name__}")
+        check_bool(self.split_half, "split_half")
         for name in ("beta_min", "lam_min", "lam_max", "lr", "lr_final_fraction", "beta_init"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise TypeError(f"{name} must be a finite float, got {value!r}")
+            check_float(getattr(self, name), name)
         if not 0 < self.beta_min < 2:
             raise ValueError(f"beta_min must lie in the open interval (0, 2), got {self.beta_min}")
         if not 0 < self.lam_min < self.lam_max:
@@ -162,17 +209,13 @@ class EstimatorSettings:
         if not self.lr > 0 or not 0 < self.lr_final_fraction <= 1:
             raise ValueError(f"lr must be > 0 and lr_final_fraction in (0, 1], got {self.lr}, {self.lr_final_fraction}")
         for name, minimum in (("n_posterior", 1), ("steps", 0), ("batch_size", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+            check_int(getattr(self, name), name, minimum=minimum)
         if self.level_scale not in LEVEL_SCALES:
             raise ValueError(f"level_scale must be one of {LEVEL_SCALES}, got {self.level_scale!r}")
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
-        if self.block_size is not None and (
-            isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1
-        ):
-            raise ValueError(f"block_size must be None or an int >= 1, got {self.block_size!r}")
+        if self.block_size is not None:
+            check_int(self.block_size, "block_size (or None)", minimum=1)
 
 
 # ---------------------------------------------------------------------------- building blocks
@@ -698,87 +741,3 @@ def estimate_noise(
         result.heldout_nmse_per_level = per_level
     timings["total"] = time.perf_counter() - t_start
     return result
-
-
-# ---------------------------------------------------------------------------- CLI plugin
-CLI_HELP = "noise-parameter estimation on the eight-Gaussians ring (paper §5.2, full-SPD tables)"
-
-
-def add_cli_arguments(parser) -> None:
-    """Arguments of ``etweedie estimate``."""
-    parser.add_argument("--config", metavar="TOML", help="experiment config (configs/estimate_spd.toml, configs/estimate_cpu.toml)")
-    parser.add_argument("--out", metavar="DIR", help="write estimate_results.json, estimate_table.md and heldout_error.png here")
-    parser.add_argument(
-        "--posterior-checkpoint", metavar="PATH", action="append", default=None,
-        help="learned posterior checkpoint (etweedie.train.load_posterior); repeat for several trained posteriors",
-    )
-    parser.add_argument(
-        "--score-source", choices=("oracle", "learned"), action="append", default=None,
-        help="override sources.score (repeatable), e.g. --score-source oracle",
-    )
-    parser.add_argument(
-        "--posterior-source", choices=("oracle", "learned"), action="append", default=None,
-        help="override sources.posterior (repeatable), e.g. --posterior-source learned",
-    )
-    parser.add_argument(
-        "--family", choices=tuple(FAMILIES), action="append", default=None,
-        help="override sources.families (repeatable)",
-    )
-    parser.add_argument(
-        "--level-scale", choices=LEVEL_SCALES, default=None,
-        help="override truth.level_scale: rms (Σ = (σ/c_{β,d})² S, DESIGN §2) or plain (Σ = σ² S, paper §5.1 text)",
-    )
-    parser.add_argument("--replicates", type=int, help="override the number of data replicates")
-    parser.add_argument("--seed", type=int, help="override the seed")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.add_argument(
-        "--no-resume", action="store_true",
-        help="recompute every replicate and learned score even where --out holds matching checkpoints",
-    )
-    parser.add_argument(
-        "--split-half", action="store_true",
-        help="debias the objective's ‖G‖² term with two halves of the K draws (estimator.split_half = true)",
-    )
-
-
-def cli_main(args) -> int:
-    """Run the experiment of ``--config`` and write its outputs to ``--out``."""
-    import sys
-
-    from . import estimate_experiment
-
-    try:
-        config = estimate_experiment.load_config(args.config)
-        if args.replicates is not None:
-            config["replicates"] = args.replicates
-        if args.seed is not None:
-            config["seed"] = args.seed
-        if args.posterior_checkpoint:
-            config["sources"]["posterior_checkpoints"] = list(args.posterior_checkpoint)
-        if args.score_source:
-            config["sources"]["score"] = list(dict.fromkeys(args.score_source))
-        if args.posterior_source:
-            config["sources"]["posterior"] = list(dict.fromkeys(args.posterior_source))
-        if args.family:
-            config["sources"]["families"] = list(dict.fromkeys(args.family))
-        if args.level_scale:
-            config["truth"]["level_scale"] = args.level_scale
-        if args.split_half:
-            config["estimator"]["split_half"] = True
-        config = estimate_experiment.validate_config(config)
-    except (OSError, ValueError, TypeError) as exc:
-        print(f"etweedie estimate: error: {exc}", file=sys.stderr)
-        return 2
-    if args.threads is not None:
-        if args.threads < 1:
-            print(f"etweedie estimate: error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
-            return 2
-        torch.set_num_threads(args.threads)
-    results = estimate_experiment.run_experiment(
-        config, progress=not args.no_progress, out_dir=args.out, resume=not args.no_resume
-    )
-    print(estimate_experiment.format_table(results))
-    if args.out:
-        print(f"results written to {args.out}")
-    return 0

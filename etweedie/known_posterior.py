@@ -37,7 +37,8 @@ from typing import Optional
 import torch
 
 from .data import EightGaussians, posterior_sample_sir
-from .paths import params_from_eta
+from ._checks import check_generator, check_int
+from .noise import NoiseParams
 
 __all__ = ["KnownPosterior"]
 
@@ -67,10 +68,7 @@ class KnownPosterior:
             raise TypeError(f"data must be an etweedie.data.EightGaussians, got {type(data).__name__}")
         if method not in _METHODS:
             raise ValueError(f"method must be one of {', '.join(_METHODS)}; got {method!r}")
-        if isinstance(n_proposals, bool) or not isinstance(n_proposals, int):
-            raise TypeError(f"n_proposals must be an int, got {type(n_proposals).__name__}")
-        if n_proposals < 2:
-            raise ValueError(f"n_proposals must be >= 2, got {n_proposals}")
+        n_proposals = check_int(n_proposals, "n_proposals", minimum=2)
         if method == "sir":
             if not isinstance(bank, torch.Tensor) or bank.dim() != 2 or bank.shape[1] != data.dim:
                 got = tuple(bank.shape) if isinstance(bank, torch.Tensor) else type(bank).__name__
@@ -112,12 +110,8 @@ class KnownPosterior:
             eta = eta.to(torch.float64).expand(*y.shape[:-1], 5)
         except RuntimeError:
             raise ValueError(f"eta of shape {tuple(eta.shape)} does not broadcast to y's batch {tuple(y.shape[:-1])}") from None
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError(f"n must be an int, got {type(n).__name__}")
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        n = check_int(n, "n", minimum=1)
+        generator = check_generator(generator)
 
         batch = y.shape[:-1]
         rows = y.reshape(-1, d).to(torch.float64)
@@ -153,7 +147,7 @@ class KnownPosterior:
 
     def _exact_one_law(self, y: torch.Tensor, eta: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
         rows, d = y.shape
-        cov = params_from_eta(eta).noise(d).covariance(d).to(y)  # (d, d)
+        cov = NoiseParams.from_eta(eta).noise(d).covariance(d).to(y)  # (d, d)
         tau2 = self.data.std**2
         eye = torch.eye(d, dtype=y.dtype, device=y.device)
         A_inv = torch.linalg.inv(tau2 * eye + cov)
@@ -192,7 +186,7 @@ class KnownPosterior:
         k_prior = k // 2
         k_noise = k - k_prior
         pool = max(4 * k, min(rows * k_noise, 16_384))
-        noise = params_from_eta(eta).noise(d)
+        noise = NoiseParams.from_eta(eta).noise(d)
         metric = noise.metric
         beta, lam = float(noise.beta), float(noise.lam)
         log_norm = float(noise.log_normalizer(d))
@@ -226,6 +220,6 @@ class KnownPosterior:
         unique, inverse = torch.unique(eta, dim=0, return_inverse=True)
         for i in range(unique.shape[0]):
             mask = inverse == i
-            law = params_from_eta(unique[i]).noise(y.shape[1])
+            law = NoiseParams.from_eta(unique[i]).noise(y.shape[1])
             out[mask] = posterior_sample_sir(y[mask], bank, law, n, generator)
         return out

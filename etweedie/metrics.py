@@ -44,6 +44,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ._checks import check_generator, check_int
 from .data import EightGaussians
 from .noise import NoiseParams
 from .ops import energy_distance
@@ -51,9 +52,9 @@ from .ops import energy_distance
 __all__ = [
     "METRIC_SUITES",
     "MarginalTracker",
+    "bootstrap_ed_replicates",
     "eight_gaussians_metrics",
     "forward_noised",
-    "mean_and_sd",
     "mean_radial_error",
     "min_mode_mass",
     "mode_assignment",
@@ -90,20 +91,6 @@ def _check_means(means, d: int) -> torch.Tensor:
     if means.dim() != 2 or means.shape[1] != d or means.shape[0] < 1:
         raise ValueError(f"means must have shape (K >= 1, {d}), got {tuple(means.shape)}")
     return means
-
-
-def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _check_generator(generator) -> torch.Generator:
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator (randomness is always explicit), got {type(generator).__name__}")
-    return generator
 
 
 # ---------------------------------------------------------------------------- distances
@@ -144,9 +131,9 @@ def null_energy_distance(
     Returns:
         ``(repeats,)`` float64 tensor of signed EDs.
     """
-    n, m = _check_int(n, "n", 2), _check_int(m, "m", 2)
-    repeats = _check_int(repeats, "repeats", 1)
-    generator = _check_generator(generator)
+    n, m = check_int(n, "n", 2), check_int(m, "m", 2)
+    repeats = check_int(repeats, "repeats", 1)
+    generator = check_generator(generator)
     out = torch.empty(repeats, dtype=torch.float64)
     for i in range(repeats):
         out[i] = signed_energy_distance(draw(n, generator), draw(m, generator))
@@ -262,7 +249,7 @@ def forward_noised(clean: torch.Tensor, params: NoiseParams, generator: torch.Ge
         raise TypeError(f"params must be an etweedie.NoiseParams, got {type(params).__name__}")
     if len(params.batch_shape):
         raise ValueError(f"params must hold one tuple (empty batch shape), got batch shape {tuple(params.batch_shape)}")
-    generator = _check_generator(generator)
+    generator = check_generator(generator)
     noise = params.noise(clean.shape[1])
     u = noise.sample((clean.shape[0],), generator=generator)
     return clean + u.to(clean.dtype)
@@ -300,9 +287,9 @@ class MarginalTracker:
         if not callable(draw_clean):
             raise TypeError(f"draw_clean must be a callable (k, generator) -> (k, d), got {type(draw_clean).__name__}")
         self.draw_clean = draw_clean
-        self.n_reference = _check_int(n_reference, "n_reference", 2)
-        self.generator = _check_generator(generator)
-        self.max_chains = None if max_chains is None else _check_int(max_chains, "max_chains", 2)
+        self.n_reference = check_int(n_reference, "n_reference", 2)
+        self.generator = check_generator(generator)
+        self.max_chains = None if max_chains is None else check_int(max_chains, "max_chains", 2)
         self.records: List[Dict] = []
 
     def __call__(self, info: Dict) -> None:
@@ -323,7 +310,7 @@ class MarginalTracker:
 
     def max_after(self, burn_in_levels: int) -> float:
         """Largest signed ED over levels ≥ ``burn_in_levels`` (the isolation table's tracking maximum)."""
-        burn_in_levels = _check_int(burn_in_levels, "burn_in_levels", 0)
+        burn_in_levels = check_int(burn_in_levels, "burn_in_levels", 0)
         values = [rec["signed_ed"] for rec in self.records if rec["level"] >= burn_in_levels]
         if not values:
             raise ValueError(f"burn_in_levels={burn_in_levels} leaves no recorded level (recorded {len(self.records)})")
@@ -344,7 +331,7 @@ def stratified_subset(groups: Sequence[torch.Tensor], size: int) -> torch.Tensor
     """
     if not isinstance(groups, (list, tuple)) or not groups:
         raise TypeError(f"groups must be a non-empty list of (n_i, d) tensors, got {type(groups).__name__}")
-    size = _check_int(size, "size", 1)
+    size = check_int(size, "size", 1)
     g = len(groups)
     parts = []
     for i, group in enumerate(groups):
@@ -381,7 +368,7 @@ def stratified_bootstrap(
       down when modes tie for the minimum.  Over known mode weights at 3 × 4,096 points, 95 %
       percentile intervals cover the truth in 0–97 % of data sets (0 % for TV = 0 and for tied
       minima), basic intervals in 65–94 %; at 3 × 512, 0–96 % against 59–89 %
-      (experiments/issue6_interval_coverage.py).  Neither is exact at a kink; the basic interval
+      (experiments/bootstrap_intervals/coverage.py).  Neither is exact at a kink; the basic interval
       has by far the better worst case.  It need not contain the biased estimate.
 
     ``bounds`` = (low, high) clips the interval to the statistic's range (e.g. TV ≥ 0).
@@ -389,7 +376,7 @@ def stratified_bootstrap(
     For a U-statistic such as the signed ED, the duplicates a resample
     contains shrink the within-cloud term by O(1/n), so its interval is shifted upward by that
     much: ≈ E‖a−a'‖/n, +0.0046 for 513 eight-Gaussians points and +0.0006 for 4,095, against
-    signed EDs of 0.001–0.006 (experiments/issue6_bootstrap_shift.py).
+    signed EDs of 0.001–0.006 (experiments/bootstrap_intervals/energy_distance_shift.py).
     :func:`stratified_bootstrap_energy_distance` removes that shift.
 
     Example::
@@ -469,19 +456,19 @@ def stratified_bootstrap_energy_distance(
         if x.shape[1] != d:
             raise ValueError(f"groups[{i}] must have d = {d} columns like groups[0], got shape {tuple(x.shape)}")
     reference = _check_cloud(reference, "reference", d, min_points=2)
-    chunk = _check_int(chunk, "chunk", 1)
+    chunk = check_int(chunk, "chunk", 1)
     pool = torch.cat(groups).double()
     if pool.shape[0] < 2:
         raise ValueError(f"groups must hold at least 2 points in all, got {pool.shape[0]}")
     ref = reference.double().to(pool.device)
     estimate = float(energy_distance(pool, ref, beta, unbiased=True))
-    replicates = _bootstrap_ed_replicates(groups, ref, n_boot, generator, beta, chunk)
+    replicates = bootstrap_ed_replicates(groups, ref, n_boot, generator, beta, chunk)
     alpha = (1 - level) / 2
     lower, upper = torch.nanquantile(replicates, torch.tensor([alpha, 1 - alpha], dtype=torch.float64)).tolist()
     return estimate, lower, upper
 
 
-def _bootstrap_ed_replicates(
+def bootstrap_ed_replicates(
     groups: Sequence[torch.Tensor], ref: torch.Tensor, n_boot: int, generator: torch.Generator, beta: float, chunk: int
 ) -> torch.Tensor:
     """``(n_boot,)`` float64 tie-free signed-ED replicates (see :func:`stratified_bootstrap_energy_distance`)."""
@@ -511,19 +498,8 @@ def _check_bootstrap(groups, n_boot, generator, level) -> Tuple[List[torch.Tenso
     if not isinstance(groups, (list, tuple)) or not groups:
         raise TypeError(f"groups must be a non-empty list of (n_i, d) tensors, got {type(groups).__name__}")
     groups = [_check_cloud(x, f"groups[{i}]") for i, x in enumerate(groups)]
-    n_boot = _check_int(n_boot, "n_boot", 2)
-    generator = _check_generator(generator)
+    n_boot = check_int(n_boot, "n_boot", 2)
+    generator = check_generator(generator)
     if isinstance(level, bool) or not isinstance(level, float) or not 0 < level < 1:
         raise ValueError(f"level must be a float in (0, 1), got {level!r}")
     return groups, n_boot, generator
-
-
-def mean_and_sd(values: Sequence[float]) -> Tuple[float, float]:
-    """Mean and sample standard deviation (nan for one value) of a list of floats."""
-    values = [float(v) for v in values]
-    if not values:
-        raise ValueError("values must be non-empty")
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, math.nan
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))

@@ -40,6 +40,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from ._checks import check_generator
 from .metric import Metric, _as_float_tensor
 
 __all__ = ["GeneralizedGaussian", "Laplace", "StudentT", "NoiseParams"]
@@ -66,14 +67,6 @@ def _check_dim_arg(dim, name: str = "dim") -> Optional[int]:
     if dim < 1:
         raise ValueError(f"{name} must be a positive int, got {dim}")
     return dim
-
-
-def _check_generator(generator) -> torch.Generator:
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(
-            f"generator must be a torch.Generator (randomness is always explicit), got {type(generator).__name__}"
-        )
-    return generator
 
 
 def _sample_shape(sample_shape) -> torch.Size:
@@ -262,7 +255,7 @@ class GeneralizedGaussian(_MetricNoise):
             >>> GeneralizedGaussian(1.0, dim=3).sample((2,), generator=torch.Generator().manual_seed(0)).shape
             torch.Size([2, 3])
         """
-        generator = _check_generator(generator)
+        generator = check_generator(generator)
         d = self._resolve_dim(dim)
         shape = _sample_shape(sample_shape) + self.batch_shape
         z = torch.randn(shape + (d,), generator=generator, dtype=self.dtype, device=self.device)
@@ -440,7 +433,7 @@ class StudentT(_MetricNoise):
             >>> StudentT(3.0, dim=2).sample((4,), generator=torch.Generator().manual_seed(0)).shape
             torch.Size([4, 2])
         """
-        generator = _check_generator(generator)
+        generator = check_generator(generator)
         d = self._resolve_dim(dim)
         self._check_c(d)
         shape = _sample_shape(sample_shape) + self.batch_shape

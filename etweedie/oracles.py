@@ -35,26 +35,11 @@ from typing import Optional, Tuple
 
 import torch
 
+from ._checks import check_generator, check_int
 from .data import EightGaussians, posterior_sample_sir
 from .noise import NoiseParams
 
-__all__ = ["OraclePosterior", "eta_to_params", "group_rows"]
-
-
-def _check_generator(generator, name: str = "generator") -> torch.Generator:
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(
-            f"{name} must be a torch.Generator (randomness is always explicit), got {type(generator).__name__}"
-        )
-    return generator
-
-
-def eta_to_params(eta: torch.Tensor) -> NoiseParams:
-    """The tuple (β, λ, σ, u, v) behind a conditioning vector η = (β, log λ, log σ, u, v).
-
-    ``eta``: ``(..., 5)`` → :class:`NoiseParams` with fields of shape ``(...)``.
-    """
-    return NoiseParams.from_eta(eta)
+__all__ = ["OraclePosterior", "group_rows"]
 
 
 def group_rows(keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -95,9 +80,8 @@ class OraclePosterior:
         if not isinstance(self.ring, EightGaussians):
             raise TypeError(f"ring must be an EightGaussians, got {type(self.ring).__name__}")
         if bank is None:
-            if isinstance(bank_size, bool) or not isinstance(bank_size, int) or bank_size < 1:
-                raise ValueError(f"bank_size must be a positive int, got {bank_size!r}")
-            generator = _check_generator(generator, "generator (needed to draw the bank)")
+            bank_size = check_int(bank_size, "bank_size", minimum=1)
+            generator = check_generator(generator, "generator (needed to draw the bank)")
             bank, _ = self.ring.sample(bank_size, generator, dtype=dtype)
         if not isinstance(bank, torch.Tensor) or not bank.is_floating_point():
             raise TypeError(f"bank must be a floating-point tensor (M, 2), got {type(bank).__name__}")
@@ -121,14 +105,13 @@ class OraclePosterior:
         Returns:
             ``(..., n, 2)`` in y's dtype.
         """
-        generator = _check_generator(generator)
+        generator = check_generator(generator)
         if not isinstance(y, torch.Tensor) or not y.is_floating_point():
             raise TypeError(f"y must be a floating-point tensor (..., 2), got {type(y).__name__}")
         if y.dim() < 1 or y.shape[-1] != 2:
             raise ValueError(f"y must have shape (..., 2), got {tuple(y.shape)}")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive int, got {n!r}")
-        eta_to_params(eta)  # validates the shape and the parameter ranges
+        n = check_int(n, "n", minimum=1)
+        NoiseParams.from_eta(eta)  # validates the shape and the parameter ranges
         try:
             batch = torch.broadcast_shapes(y.shape[:-1], eta.shape[:-1])
         except RuntimeError:

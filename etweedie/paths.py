@@ -46,6 +46,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 
+from ._checks import check_float, check_int
 from .noise import NoiseParams
 
 __all__ = [
@@ -61,7 +62,6 @@ __all__ = [
     "NoisePath",
     "get_path",
     "level_times",
-    "params_from_eta",
     "path_names",
 ]
 
@@ -87,12 +87,7 @@ class GeometricRMS:
 
     def __post_init__(self):
         for name in ("r_max", "r_min"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"GeometricRMS: {name} must be a float, got {type(value).__name__}")
-            if not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"GeometricRMS: {name} must be > 0 and finite, got {value}")
-            object.__setattr__(self, name, float(value))
+            object.__setattr__(self, name, check_float(getattr(self, name), f"GeometricRMS: {name}", 0, strict=True))
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         t = _check_times(t)
@@ -107,10 +102,7 @@ def level_times(n_levels: int, *, dtype: torch.dtype = torch.float64, device=Non
         >>> level_times(3)
         tensor([0.0000, 0.5000, 1.0000], dtype=torch.float64)
     """
-    if isinstance(n_levels, bool) or not isinstance(n_levels, int):
-        raise TypeError(f"n_levels must be an int, got {type(n_levels).__name__}")
-    if n_levels < 1:
-        raise ValueError(f"n_levels must be >= 1, got {n_levels}")
+    n_levels = check_int(n_levels, "n_levels", minimum=1)
     if n_levels == 1:
         return torch.ones(1, dtype=dtype, device=device)
     return torch.linspace(0.0, 1.0, n_levels, dtype=dtype, device=device)
@@ -190,19 +182,6 @@ class NoisePath:
     def __call__(self, t) -> NoiseParams:
         beta, lam, r, u, v = self.coordinates(t)
         return NoiseParams(beta, lam, NoiseParams.sigma_for_rms(r, lam, beta), u, v)
-
-
-def params_from_eta(eta: torch.Tensor) -> NoiseParams:
-    """Invert ``NoiseParams.eta()``: η = (β, log λ, log σ, u, v), ``(..., 5)`` → NoiseParams with ``(...)`` fields.
-
-    Example::
-
-        >>> p = NoiseParams(1.4, 1.8, 0.57, 0.0, 0.6)
-        >>> q = params_from_eta(p.eta())
-        >>> round(float(q.lam), 4), round(float(q.sigma), 4)
-        (1.8, 0.57)
-    """
-    return NoiseParams.from_eta(eta)
 
 
 # ---------------------------------------------------------------------------- built-in paths

@@ -29,19 +29,14 @@ Example (model-free, with the known posterior of the eight-Gaussians ring)::
     >>> x.shape
     torch.Size([256, 2])
 
-Command line: ``etweedie sample --posterior known --path rotating --seeds 3 --out DIR`` (one or
-more paths) or ``etweedie sample --config configs/diffusion_cpu.toml --out DIR`` (the paper's
-tables; :mod:`etweedie.diffusion_eval`).
+The paper's eight-Gaussians diffusion tables run this sampler from the repository:
+``python -m experiments.eight_gaussians.diffusion --config configs/diffusion_cpu.toml --out DIR``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 import time
-from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -51,9 +46,7 @@ from .noise import NoiseParams
 from .ops import langevin_step
 from .score import antithetic_options
 
-__all__ = ["CLI_HELP", "ThroughputTimer", "add_cli_arguments", "cli_main", "sample_langevin", "step_sizes"]
-
-CLI_HELP = "annealed-Langevin sampling along noise-parameter paths (paper §5.3): metrics, samples, figures"
+__all__ = ["ThroughputTimer", "sample_langevin", "step_sizes"]
 
 
 # ---------------------------------------------------------------------------- instrumentation
@@ -308,89 +301,3 @@ def sample_langevin(
         timer.chains += chains
         timer.levels += schedule.numel()
     return y.reshape(shape)
-
-
-# ---------------------------------------------------------------------------- command line
-def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``etweedie sample``."""
-    from .paths import path_names
-
-    src = parser.add_argument_group("posterior (one of)")
-    src.add_argument("--checkpoint", action="append", metavar="PATH",
-                     help="learned posterior checkpoint (etweedie.train.load_posterior); repeat for several trained models")
-    src.add_argument("--posterior", choices=("known", "checkpoint"), default=None,
-                     help="'known': the exact/importance posterior of the eight-Gaussians ring (no model)")
-    parser.add_argument("--config", metavar="TOML",
-                        help="run the paper's diffusion tables from a config (configs/diffusion_cpu.toml, diffusion_full.toml)")
-    parser.add_argument("--path", nargs="+", metavar="NAME", choices=path_names(),
-                        help=f"path(s) to sample: {', '.join(path_names())}")
-    parser.add_argument("--seeds", type=int, default=None, help="number of sampling seeds (seed, seed+1, ...; default 1)")
-    parser.add_argument("--seed", type=int, default=None, help="first sampling seed (default 0)")
-    parser.add_argument("--chains", type=int, default=None, help="chains (final samples) per seed (default 4096)")
-    parser.add_argument("--levels", type=int, help="number of levels (default: the path's, e.g. 51)")
-    parser.add_argument("--r-max", type=float, help="first-level realized RMS (default: the path's)")
-    parser.add_argument("--r-min", type=float, help="terminal realized RMS (default: the path's)")
-    parser.add_argument("--steps-per-level", type=int, default=None,
-                        help="Langevin updates per level (default 10; with --config, overrides the TOML's)")
-    parser.add_argument("--first-level-steps", type=int, help="updates at the first level (default: steps-per-level)")
-    parser.add_argument("--n-posterior", type=int, default=None,
-                        help="posterior draws per score evaluation N (default 64; with --config, overrides the TOML's)")
-    parser.add_argument("--antithetic", action="store_true",
-                        help="learned posterior: antithetic draws for every score (unbiased, less Monte Carlo noise)")
-    parser.add_argument("--step-scale", type=float, default=None, help="ε: terminal step; α_k = ε (r_k/r_L)² (default 2e-5)")
-    parser.add_argument("--init", choices=("gaussian", "marginal"), default=None,
-                        help="initial states: moment-matched Gaussian (default) or the exact first noisy marginal")
-    parser.add_argument("--no-final-draw", action="store_true", help="return the chain states, not a final posterior draw")
-    parser.add_argument("--known-method", choices=("auto", "exact", "importance"), default=None,
-                        help="known posterior: exact for β = 2, importance resampling otherwise (default auto)")
-    parser.add_argument("--n-proposals", type=int, default=None, help="known posterior: proposals per query (default 128)")
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    parser.add_argument("--out", metavar="DIR", help="output directory (metrics JSON, samples .pt/.npz, figures)")
-    parser.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
-    parser.add_argument("--quick", action="store_true", help="with --config: shrink every size for a smoke run")
-    parser.add_argument("--from-samples", action="append", metavar="DIR",
-                        help="with --config: score the final samples an earlier run of the same config and "
-                             "--checkpoint list saved under DIR/samples (repeatable) instead of sampling")
-    parser.add_argument("--no-resume", action="store_true",
-                        help="with --out: sample every run again, even those an interrupted call of the same config "
-                             "already finished there (default: read those back)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-def _error(message: str) -> int:
-    print(f"etweedie sample: error: {message}", file=sys.stderr)
-    return 2
-
-
-def cli_main(args: argparse.Namespace) -> int:
-    """``etweedie sample``: a single-path run (``--path``) or the paper's tables (``--config``)."""
-    from . import diffusion_eval
-
-    if (args.config is None) == (args.path is None):
-        return _error("give exactly one of --config TOML (the paper's tables) or --path NAME [NAME ...]")
-    if args.posterior == "known" and args.checkpoint:
-        return _error("--posterior known and --checkpoint exclude each other")
-    if getattr(args, "from_samples", None) and args.config is None:
-        return _error("--from-samples needs --config (the config the samples were drawn with)")
-    if args.config is not None:
-        for flag in ("seeds", "seed", "chains", "levels", "r_max", "r_min"):
-            if getattr(args, flag, None) is not None:
-                return _error(f"--{flag.replace('_', '-')} sets a --path run's table; with --config set it in the "
-                              "TOML's [paths] / [isolation] sections")
-    try:
-        if args.config is not None:
-            config = diffusion_eval.load_config(args.config)
-            config = diffusion_eval.override_config(config, args)
-            results = diffusion_eval.run_diffusion_eval(
-                config, out_dir=args.out, progress=not args.no_progress, figures=not args.no_figures,
-                saved=getattr(args, "from_samples", None), resume=not args.no_resume,
-            )
-            print(diffusion_eval.format_tables(results))
-        else:
-            results = diffusion_eval.run_paths_cli(args)
-            print(diffusion_eval.format_tables(results))
-    except (ValueError, TypeError, FileNotFoundError) as exc:
-        return _error(str(exc))
-    if args.out:
-        print(f"results written to {Path(args.out) / diffusion_eval.RESULTS_FILE}")
-    return 0

@@ -43,6 +43,7 @@ from typing import Callable, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ._checks import check_generator, check_int
 from .noise import NoiseParams
 from .ops import et_score, is_score
 
@@ -52,6 +53,7 @@ __all__ = [
     "ISResult",
     "fit_mc_budget",
     "mean_cosine",
+    "posterior_dtype_device",
     "posterior_mean_mse",
     "richardson",
     "richardson_score",
@@ -171,7 +173,7 @@ def _params_of(fields: torch.Tensor) -> NoiseParams:
     return NoiseParams(beta, lam, sigma, u, v)
 
 
-def _module_dtype_device(posterior) -> Tuple[Optional[torch.dtype], Optional[torch.device]]:
+def posterior_dtype_device(posterior) -> Tuple[Optional[torch.dtype], Optional[torch.device]]:
     """The float dtype and device of a torch module's parameters (None for other posteriors)."""
     parameters = getattr(posterior, "parameters", None)
     if not callable(parameters):
@@ -220,8 +222,8 @@ class EnergyTweedieScore:
         antithetic: ask the posterior for antithetic draws (``sample(..., antithetic=True)``, e.g.
             :meth:`etweedie.models.EngressionPosterior.sample`): the N draws come in mirrored
             noise pairs, so the estimate stays unbiased and its Monte Carlo error drops — on the
-            full eight-Gaussians models, score NMSE at N = 64 fell 2.7–4.6× (experiments/RESULTS.md,
-            issue 5).  A posterior whose ``sample`` takes no ``antithetic`` keyword is a TypeError.
+            full eight-Gaussians models, score NMSE at N = 64 fell 2.7–4.6×
+            (experiments/eight_gaussians/RESULTS.md).  A posterior whose ``sample`` takes no ``antithetic`` keyword is a TypeError.
 
     Calling ``score(y, noise_params)`` returns ``(..., d)``: the score at every query y under its
     own tuple ``noise_params`` (a :class:`NoiseParams` whose fields broadcast to y's batch shape),
@@ -241,14 +243,11 @@ class EnergyTweedieScore:
     ):
         if not callable(getattr(posterior, "sample", None)):
             raise TypeError(f"posterior must have a sample(y, eta, n, *, generator) method, got {type(posterior).__name__}")
-        if isinstance(n_draws, bool) or not isinstance(n_draws, int):
-            raise TypeError(f"n_draws must be an int, got {type(n_draws).__name__}")
-        if n_draws < 1:
-            raise ValueError(f"n_draws must be >= 1, got {n_draws}")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
-            raise ValueError(f"chunk must be a positive int or None, got {chunk!r}")
+        n_draws = check_int(n_draws, "n_draws", minimum=1)
+        if generator is not None:
+            check_generator(generator, "generator (or None)")
+        if chunk is not None:
+            chunk = check_int(chunk, "chunk (or None)", minimum=1)
         self._options = antithetic_options(posterior, antithetic)
         self.posterior = posterior
         self.antithetic = antithetic
@@ -275,7 +274,7 @@ class EnergyTweedieScore:
         dim = getattr(self.posterior, "dim", None)
         if dim is not None and dim != rows_y.shape[-1]:
             raise ValueError(f"y must have last dimension d = {dim} (the posterior's), got {rows_y.shape[-1]}")
-        dtype, device = _module_dtype_device(self.posterior)
+        dtype, device = posterior_dtype_device(self.posterior)
         dtype = rows_y.dtype if dtype is None else dtype
         device = rows_y.device if device is None else device
         out = rows_y.new_empty(rows_y.shape[0], self.n_draws, rows_y.shape[-1])

@@ -43,6 +43,8 @@ import torch
 from torch import nn
 from tqdm.auto import trange
 
+from ._checks import check_generator, check_int
+
 __all__ = [
     "ConditionalScoreNet",
     "LearnedScore",
@@ -66,20 +68,6 @@ PARAMETRIZATIONS = ("direct", "residual", "energy")
 
 
 # ---------------------------------------------------------------------------- validation
-def _check_generator(generator) -> torch.Generator:
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator (randomness is always explicit), got {type(generator).__name__}")
-    return generator
-
-
-def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
 def _check_points(y, name: str = "y") -> torch.Tensor:
     if not isinstance(y, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape (n, d), got {type(y).__name__}")
@@ -159,15 +147,15 @@ class ScoreNet(nn.Module):
         n_in: Optional[int] = None, n_out: Optional[int] = None,
     ):
         super().__init__()
-        self.dim = _check_int(dim, "dim", 1)
-        self.n_cond = _check_int(n_cond, "n_cond", 0)
-        hidden = _check_int(hidden, "hidden", 1)
-        depth = _check_int(depth, "depth", 1)
+        self.dim = check_int(dim, "dim", 1)
+        self.n_cond = check_int(n_cond, "n_cond", 0)
+        hidden = check_int(hidden, "hidden", 1)
+        depth = check_int(depth, "depth", 1)
         if arch not in ARCHS:
             raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
         self.arch = arch
-        n_in = dim + n_cond if n_in is None else _check_int(n_in, "n_in", 1)
-        n_out = dim if n_out is None else _check_int(n_out, "n_out", 1)
+        n_in = dim + n_cond if n_in is None else check_int(n_in, "n_in", 1)
+        n_out = dim if n_out is None else check_int(n_out, "n_out", 1)
         if arch == "resmlp":
             self.net: nn.Module = ResidualMLP(n_in, hidden, depth, n_out)
         else:
@@ -227,11 +215,11 @@ class ConditionalScoreNet(ScoreNet):
         n_fourier: int = 0,
         fourier_period: float = 8.0,
     ):
-        n_fourier = _check_int(n_fourier, "n_fourier", 0)
+        n_fourier = check_int(n_fourier, "n_fourier", 0)
         if parametrization not in PARAMETRIZATIONS:
             raise ValueError(f"parametrization must be one of {PARAMETRIZATIONS}, got {parametrization!r}")
         super().__init__(
-            dim, hidden, depth, n_cond=1, arch=arch, n_in=_check_int(dim, "dim", 1) * (1 + 2 * n_fourier) + 1,
+            dim, hidden, depth, n_cond=1, arch=arch, n_in=check_int(dim, "dim", 1) * (1 + 2 * n_fourier) + 1,
             n_out=1 if parametrization == "energy" else dim,
         )
         if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not floor > 0:
@@ -358,8 +346,8 @@ def sliced_score_matching_vr_loss(
         scalar loss.
     """
     y = _check_points(y)
-    m = _check_int(n_projections, "n_projections", 1)
-    generator = _check_generator(generator)
+    m = check_int(n_projections, "n_projections", 1)
+    generator = check_generator(generator)
     if distribution not in ("gaussian", "rademacher"):
         raise ValueError(f"distribution must be 'gaussian' or 'rademacher', got {distribution!r}")
     n, d = y.shape
@@ -486,17 +474,17 @@ def train_score_net(
     import time
 
     y = _check_points(y)
-    generator = _check_generator(generator)
-    steps = _check_int(steps, "steps", 1)
-    batch_size = _check_int(batch_size, "batch_size", 1)
+    generator = check_generator(generator)
+    steps = check_int(steps, "steps", 1)
+    batch_size = check_int(batch_size, "batch_size", 1)
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
         raise ValueError(f"lr must be a float > 0, got {lr!r}")
     ema = _check_fraction(ema, "ema", 0.0, 1.0)
     lr_final_fraction = _check_fraction(lr_final_fraction, "lr_final_fraction", 0.0, 1.0 + 1e-12, closed_low=False)
-    warmup = _check_int(warmup, "warmup", 0)
+    warmup = check_int(warmup, "warmup", 0)
     val_fraction = _check_fraction(val_fraction, "val_fraction", 0.0, 0.5)
-    eval_every = _check_int(eval_every, "eval_every", 1)
-    val_batch = _check_int(val_batch, "val_batch", 1)
+    eval_every = check_int(eval_every, "eval_every", 1)
+    val_batch = check_int(val_batch, "val_batch", 1)
     if cond is not None:
         cond = torch.as_tensor(cond, dtype=y.dtype, device=y.device)
         if cond.dim() == 0 or cond.shape[0] != y.shape[0]:
@@ -687,7 +675,7 @@ def fit_score(
         >>> s(torch.zeros(1, 2)).shape
         torch.Size([1, 2])
     """
-    generator = _check_generator(generator)
+    generator = check_generator(generator)
     if isinstance(observations, torch.Tensor):
         if sigmas is not None:
             raise ValueError("sigmas is only used with a sequence of per-level observation groups")

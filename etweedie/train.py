@@ -1,9 +1,12 @@
-"""Energy-score training of the conditional Engression posterior (paper §5.1; DESIGN §6).
+"""Energy-score training of a conditional Engression posterior on any clean data (paper §5.1; DESIGN §6).
 
-Every step draws clean points x from the eight-Gaussians ring, a fresh noise tuple
-η_b = (β_b, λ_b, σ_b, u_b, v_b) per example from :class:`NoisePrior`, noisy inputs
-y_b = x_b + u_b with u_b from that example's own generalized-Gaussian law, m ≥ 2 posterior
-draws x̂_{b,1..m} = g(y_b, η_b, ε) and minimizes the matched energy score (paper Eq. es_tweedie)
+Every step draws clean examples x ``(B, d)`` from a data source (:mod:`etweedie.sources`: a tensor
+of examples, a callable ``draw(batch_size, generator)``, eight Gaussians, MNIST), a fresh noise tuple
+η_b = (β_b, λ_b, σ_b, u_b, v_b) per example from :class:`NoisePrior`, noisy inputs y_b = x_b + u_b
+with u_b from that example's own generalized-Gaussian law in the prior's geometry (``"block"``:
+Σ = (σ/c_{β,d})² I_{d/2} ⊗ S(u, v), which is S(u, v) itself for d = 2; ``"isotropic"``: u = v = 0,
+any d), m ≥ 2 posterior draws x̂_{b,1..m} = g(y_b, η_b, ε) and minimizes the matched energy score
+(paper Eq. es_tweedie)
 
     L = (1/B) Σ_b ES_{Σ_b⁻¹, β_b}(x̂_{b,1..m}, x_b)
       = (1/B) Σ_b [ (1/m) Σ_i ‖x̂_{b,i} − x_b‖^{β_b}_{Σ_b⁻¹} − 1/(2m(m−1)) Σ_{i≠j} ‖x̂_{b,i} − x̂_{b,j}‖^{β_b}_{Σ_b⁻¹} ]
@@ -13,15 +16,34 @@ is the true posterior), Adam, a warm-up + cosine learning-rate schedule, optiona
 clipping and an exponential moving average (EMA) of the weights.
 
 Runs are reproducible and resumable: every random draw comes from four ``torch.Generator``
-streams seeded from ``config.seed`` (data, prior, noise, model ε); every ``checkpoint_every``
-steps the model, EMA, optimizer, step, all generator states and the config are written
-atomically to ``out_dir/checkpoint.pt``; restarting the same command resumes from it, losing at
-most ``checkpoint_every`` steps, and ends bit-identical to an uninterrupted run (same machine
-and thread count).  ``out_dir/train_log.jsonl`` holds one JSON line per ``log_every`` steps
-(step, mean loss over the interval, lr, cumulative training wall time); ``out_dir/posterior.pt``
-is the final model (EMA weights when enabled), loaded with :func:`load_posterior`.
+streams seeded from ``config.seed`` (data, prior, noise, model ε; on the CPU for CPU runs, on the
+GPU for GPU runs, so the data never cross the bus); every ``checkpoint_every`` steps the model,
+EMA, optimizer, step, all generator states and the config are written atomically to
+``out_dir/checkpoint.pt`` (read back with ``weights_only=True``); restarting the same command
+resumes from it and ends bit-identical to an uninterrupted run (same machine and thread count).
+``out_dir/train_log.jsonl`` holds one JSON line per ``log_every`` steps (step, mean loss over the
+interval and over ranks, lr, cumulative training wall time); ``out_dir/posterior/`` is the final
+model (EMA weights when enabled) as safetensors + JSON (:mod:`etweedie.checkpoint`), loaded with
+:func:`load_posterior`.  A lock on the run directory refuses a second run on it.
+
+**Speed** (GPU): ``precision = "bf16"`` runs the network under bf16 autocast with the energy
+score in float32; ``tf32 = true`` allows TF32 matmuls; ``fused_adam`` picks the fused Adam kernel
+("auto": on CUDA); ``compile = true`` compiles the forward + loss with ``torch.compile``.  The loss
+stays on the device and is read back only at log intervals (NaN/inf is detected there, before any
+checkpoint is written).  What still reads back from the GPU each step: the value checks of the
+noise constructors used to draw the batch (``Metric.from_params``, the noise laws: a few booleans;
+the ops themselves skip such checks on GPU tensors unless ``etweedie.set_debug(True)``), and, in
+eager mode, the same checks in the loss (compiled away with ``compile = true``).
+
+**Many processes**: under ``torchrun`` (an initialized ``torch.distributed`` process group) the
+step runs with ``DistributedDataParallel``.  Every rank keeps the same four streams (derived
+from the one seed), draws the global batch's random numbers and computes its own shard of
+B / world_size examples; the gradients are averaged by DDP.  So a step is the same step at every
+world size (up to float rounding of the gradient average), the checkpoint (written by rank 0)
+resumes at any world size, and the logged loss is the mean over all ranks' examples.
 
     etweedie train --config configs/eight_gaussians_cpu.toml --out runs/eg_cpu
+    torchrun --nproc_per_node=2 -m etweedie train --config configs/eight_gaussians_cpu.toml --out runs/eg_ddp
 
 Example::
 
@@ -29,58 +51,80 @@ Example::
     >>> cfg = load_config("configs/eight_gaussians_tiny.toml")
     >>> summary = train(cfg, "runs/tiny", progress=False)          # doctest: +SKIP
     >>> posterior = load_posterior(summary["posterior"])           # doctest: +SKIP
+    >>> images = torch.rand(1000, 784) * 2 - 1                     # any (n, d) tensor is a data source
+    >>> summary = train(cfg, "runs/mine", data=images)             # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
 from tqdm.auto import tqdm
 
+from . import models as _models
+from .checkpoint import (
+    CheckpointError,
+    RunLock,
+    RunLockedError,
+    atomic_torch_save,
+    load_weights,
+    safe_torch_load,
+    save_weights,
+)
 from .data import EightGaussians
+from .metric import Metric, scale_constant
 from .models import CONDITIONINGS, LATENTS, OUTPUTS, EngressionPosterior, default_eta_bounds
-from .noise import NoiseParams
+from .noise import GeneralizedGaussian, NoiseParams
 from .ops import energy_score
+from .sources import DataSource, EightGaussiansSource, MnistSource, as_data_source
 
 __all__ = [
-    "CLI_HELP",
+    "CheckpointError",
     "DataConfig",
     "ModelConfig",
     "NoisePrior",
     "PriorConfig",
+    "RunLockedError",
     "TrainConfig",
-    "add_cli_arguments",
+    "build_data_source",
     "build_posterior",
-    "cli_main",
     "config_from_dict",
     "config_to_dict",
+    "dry_run_config",
     "gaussian_posterior_check",
     "held_out_loss",
     "learning_rate",
     "load_config",
     "load_posterior",
+    "noise_law",
+    "noise_metric",
+    "save_posterior",
     "train",
 ]
 
 CHECKPOINT_FILE = "checkpoint.pt"
-POSTERIOR_FILE = "posterior.pt"
+POSTERIOR_DIR = "posterior"
+#: the single-file posterior of earlier versions (still loaded, never written)
+LEGACY_POSTERIOR_FILE = "posterior.pt"
 LOG_FILE = "train_log.jsonl"
-POSTERIOR_FORMAT = "etweedie.posterior/1"
+POSTERIOR_FORMAT = "etweedie.posterior/2"
+LEGACY_POSTERIOR_FORMAT = "etweedie.posterior/1"
 CHECKPOINT_FORMAT = "etweedie.checkpoint/1"
 STREAMS = ("data", "prior", "noise", "model")
 # Settings that may change between a run and its resumption (they do not alter the trajectory
 # up to the checkpoint); everything else must match the checkpoint's config.
-RESUMABLE_CHANGES = ("steps", "checkpoint_every", "log_every", "threads")
+RESUMABLE_CHANGES = ("steps", "checkpoint_every", "log_every", "threads", "checkpoint_every_s", "max_wall_s",
+                     "posterior_dtype", "shard_mb", "compile")
 #: Examples × draws per backward block of a CPU training step.  A step's loss is a mean over
 #: examples, so it is accumulated exactly over blocks of examples; the ε of the whole batch is
 #: drawn first (one ``draw_noise`` call, as ``sample`` does), so the random streams do not depend
@@ -90,11 +134,25 @@ RESUMABLE_CHANGES = ("steps", "checkpoint_every", "log_every", "threads")
 #: GPU steps and batches of at most 2× this many rows run whole; None disables blocking.
 CPU_TRAIN_ROWS: Optional[int] = 2048
 
+DATA_SOURCES = ("eight_gaussians", "mnist")
+SIGMA_LAWS = ("log_uniform", "uniform")
+GEOMETRIES = ("block", "isotropic")
+PRECISIONS = ("float32", "bf16")
+POSTERIOR_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
 
 # ---------------------------------------------------------------------------- configuration
 @dataclass
 class ModelConfig:
-    """Architecture of :class:`~etweedie.models.EngressionPosterior` (the η box comes from the prior)."""
+    """Architecture of the posterior network (the η box comes from the prior).
+
+    ``architecture`` names a class of :mod:`etweedie.models` (default
+    :class:`~etweedie.models.EngressionPosterior`, built from the fields below).  Another class is
+    built as ``cls(dim, eta_low=..., eta_high=..., init_seed=seed, **options)``; it must have a
+    ``config`` dict (``cls(**config)`` rebuilds it), ``draw_noise(rows, n, generator, eta=)`` and
+    ``generate(y, eta, noise)`` as :class:`~etweedie.models.EngressionPosterior` does.
+    ``options`` are extra constructor arguments (a TOML table ``[model.options]``).
+    """
 
     width: int = 128
     depth: int = 3
@@ -103,25 +161,45 @@ class ModelConfig:
     output: str = "scaled_residual"
     cond_width: int = 64
     latent: str = "gaussian"
+    architecture: str = "EngressionPosterior"
+    options: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class PriorConfig:
-    """Noise-parameter prior ranges: β, λ uniform; σ log-uniform; (u, v) uniform on a disk."""
+    """Noise-parameter prior: β, λ uniform on their ranges; σ log-uniform (``sigma_law =
+    "log_uniform"``) or uniform (``"uniform"``); (u, v) uniform on the disk of radius
+    ``disk_radius``.  ``geometry``: ``"block"`` (Σ = (σ/c_{β,d})² I_{d/2} ⊗ S(u, v), d even; for
+    d = 2 this is S(u, v)) or ``"isotropic"`` (u = v = 0, Σ = (σ/c_{β,d})² I, any d)."""
 
     beta: Tuple[float, float] = (1.3, 2.0)
     lam: Tuple[float, float] = (1.0, 2.5)
     sigma: Tuple[float, float] = (0.1, 0.75)
     disk_radius: float = 0.7
+    sigma_law: str = "log_uniform"
+    geometry: str = "block"
 
 
 @dataclass
 class DataConfig:
-    """Eight-Gaussians ring (DESIGN §6 defaults)."""
+    """The clean-data source (:func:`build_data_source`).
 
+    ``source = "eight_gaussians"`` (d = 2): ``radius``, ``std``, ``n_modes`` (DESIGN §6 defaults).
+    ``source = "mnist"`` (d = 784): read with :func:`etweedie.mnist.load_mnist` (``split``,
+    ``data_dir``; an empty ``data_dir`` is the reader's default), pixels p ∈ {0..255} scaled to
+    ``pixel_range`` = [low, high] (default [−1, 1]) as low + (high − low)·q with q = p/255, or with
+    ``dequantize = true`` q = (p + U)/256, U ~ U[0, 1) drawn afresh each step.
+    Keys of the other source are ignored.
+    """
+
+    source: str = "eight_gaussians"
     radius: float = 2.0
     std: float = 0.2
     n_modes: int = 8
+    data_dir: str = ""
+    split: str = "train"
+    pixel_range: Tuple[float, float] = (-1.0, 1.0)
+    dequantize: bool = True
 
 
 @dataclass
@@ -131,16 +209,26 @@ class TrainConfig:
 
     Fields:
         seed: seeds every generator (data, prior, noise, model ε, initialization).
-        steps: optimizer steps.  batch_size: examples per step.  draws: m ≥ 2 posterior draws per example.
+        steps: optimizer steps.  batch_size: examples per step (the global batch: under torchrun
+            each of the K ranks computes batch_size / K of them).  draws: m ≥ 2 posterior draws per example.
         lr, lr_min, warmup_steps: linear warm-up to ``lr``, then cosine decay to ``lr_min``.
         grad_clip: max gradient 2-norm (0 disables).  ema_decay: EMA decay in [0, 1) (0 disables).
         checkpoint_every: steps between checkpoints.  log_every: steps between log lines.
+        checkpoint_every_s: also checkpoint (at a log step) once this many seconds passed since
+            the last checkpoint (0: off).  max_wall_s: stop at the first log step after this much
+            cumulative training time, writing the checkpoint and the posterior (0: no deadline).
         threads: ``torch.set_num_threads`` for the run (0 leaves torch's setting).
-        device: where the model trains (``"cpu"``, ``"cuda"``, ``"cuda:1"``; data are drawn on the CPU).
+        device: where the model trains (``"cpu"``, ``"cuda"``, ``"cuda:1"``); data and random
+            streams live there too.
         loss_beta: exponent of the training energy score in the noise metric: ``"matched"`` (each
             example's own noise β, paper Eq. es_tweedie) or a number in (0, 2) for all examples.
             Every β < 2 gives a strictly proper score with the same minimizer, the true posterior;
             the matched score degenerates as β → 2 (only the mean is identified there).
+        precision: ``"float32"`` or ``"bf16"`` (network under bf16 autocast; loss in float32).
+        tf32: allow TF32 matmuls on CUDA.  compile: ``torch.compile`` the forward + loss.
+        fused_adam: ``"auto"`` (fused Adam on CUDA), ``true`` or ``false``.
+        posterior_dtype: dtype of the saved posterior weights (``"float32"``, ``"float16"``,
+            ``"bfloat16"``).  shard_mb: largest safetensors shard of the saved posterior (MiB).
     """
 
     seed: int = 0
@@ -154,9 +242,17 @@ class TrainConfig:
     ema_decay: float = 0.999
     checkpoint_every: int = 500
     log_every: int = 50
+    checkpoint_every_s: float = 0.0
+    max_wall_s: float = 0.0
     threads: int = 0
     device: str = "cpu"
     loss_beta: Union[str, float] = "matched"
+    precision: str = "float32"
+    tf32: bool = False
+    compile: bool = False
+    fused_adam: Union[str, bool] = "auto"
+    posterior_dtype: str = "float32"
+    shard_mb: float = 16.0
     model: ModelConfig = field(default_factory=ModelConfig)
     prior: PriorConfig = field(default_factory=PriorConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -187,12 +283,23 @@ class TrainConfig:
         else:
             _check_float(self.loss_beta, "loss_beta")
             _require(0 < self.loss_beta < 2, "loss_beta", "'matched' or a number in (0, 2)", self.loss_beta)
-        for name in ("lr", "lr_min", "grad_clip", "ema_decay"):
+        for name in ("lr", "lr_min", "grad_clip", "ema_decay", "checkpoint_every_s", "max_wall_s", "shard_mb"):
             _check_float(getattr(self, name), name)
         _require(self.lr > 0, "lr", "> 0", self.lr)
         _require(0 <= self.lr_min <= self.lr, "lr_min", "in [0, lr]", self.lr_min)
         _require(self.grad_clip >= 0, "grad_clip", ">= 0", self.grad_clip)
         _require(0 <= self.ema_decay < 1, "ema_decay", "in [0, 1)", self.ema_decay)
+        _require(self.checkpoint_every_s >= 0, "checkpoint_every_s", ">= 0 (0: off)", self.checkpoint_every_s)
+        _require(self.max_wall_s >= 0, "max_wall_s", ">= 0 (0: no deadline)", self.max_wall_s)
+        _require(self.shard_mb >= 0.01, "shard_mb", ">= 0.01 (MiB)", self.shard_mb)
+        _require(self.precision in PRECISIONS, "precision", f"one of {PRECISIONS}", self.precision)
+        _require(self.posterior_dtype in POSTERIOR_DTYPES, "posterior_dtype", f"one of {tuple(POSTERIOR_DTYPES)}",
+                 self.posterior_dtype)
+        for name in ("tf32", "compile"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        _require(self.fused_adam == "auto" or isinstance(self.fused_adam, bool), "fused_adam", "'auto', true or false",
+                 self.fused_adam)
         for section, cls in (("model", ModelConfig), ("prior", PriorConfig), ("data", DataConfig)):
             if not isinstance(getattr(self, section), cls):
                 raise TypeError(f"{section} must be a {cls.__name__}, got {type(getattr(self, section)).__name__}")
@@ -200,15 +307,61 @@ class TrainConfig:
         for name in ("width", "depth", "noise_dim", "cond_width"):
             _check_int(getattr(m, name), f"model.{name}")
             _require(getattr(m, name) >= 1, f"model.{name}", ">= 1", getattr(m, name))
-        NoisePrior.from_config(self.prior)  # validates the ranges
-        _check_float(self.data.radius, "data.radius")
-        _check_float(self.data.std, "data.std")
-        _check_int(self.data.n_modes, "data.n_modes")
-        EightGaussians(self.data.radius, self.data.std, self.data.n_modes)
         _require(m.conditioning in CONDITIONINGS, "model.conditioning", f"one of {CONDITIONINGS}", m.conditioning)
         _require(m.output in OUTPUTS, "model.output", f"one of {OUTPUTS}", m.output)
         _require(m.latent in LATENTS, "model.latent", f"one of {LATENTS}", m.latent)
+        _posterior_class(m.architecture, "model.architecture")
+        if not isinstance(m.options, dict):
+            raise TypeError(f"model.options must be a table, got {type(m.options).__name__}")
+        if m.options and m.architecture == "EngressionPosterior":
+            raise ValueError(f"model.options are for other architectures; EngressionPosterior takes the [model] "
+                             f"keys, got options {sorted(m.options)}")
+        NoisePrior.from_config(self.prior)  # validates the ranges, law and geometry
+        _validate_data(self.data)
+        dim = _SOURCE_DIMS.get(self.data.source)
+        if dim is not None:
+            _check_geometry(self.prior.geometry, dim)
         return self
+
+
+_SOURCE_DIMS = {"eight_gaussians": 2, "mnist": 784}
+
+
+def _validate_data(data: "DataConfig") -> None:
+    _require(data.source in DATA_SOURCES, "data.source", f"one of {DATA_SOURCES}", data.source)
+    _check_float(data.radius, "data.radius")
+    _check_float(data.std, "data.std")
+    _check_int(data.n_modes, "data.n_modes")
+    if data.source == "eight_gaussians":
+        EightGaussians(data.radius, data.std, data.n_modes)
+    for name in ("data_dir", "split"):
+        if not isinstance(getattr(data, name), str):
+            raise TypeError(f"data.{name} must be a string, got {type(getattr(data, name)).__name__}")
+    _require(data.split in ("train", "test"), "data.split", "'train' or 'test'", data.split)
+    low, high = _pair(data.pixel_range, "data.pixel_range")
+    _require(low < high, "data.pixel_range", "[low, high] with low < high", list(data.pixel_range))
+    if not isinstance(data.dequantize, bool):
+        raise TypeError(f"data.dequantize must be true or false, got {data.dequantize!r}")
+
+
+def _check_geometry(geometry: str, dim: int) -> None:
+    if geometry == "block" and dim % 2:
+        raise ValueError(
+            f"prior.geometry = 'block' (I_(d/2) ⊗ S(u, v) on pairs of coordinates) needs an even data "
+            f"dimension d, got d = {dim}; use geometry = 'isotropic' for odd d"
+        )
+
+
+def _posterior_class(name, what: str = "architecture"):
+    """The posterior class ``name`` of :mod:`etweedie.models` (only its public nn.Module classes:
+    a saved config can never name arbitrary code)."""
+    cls = getattr(_models, name, None) if isinstance(name, str) else None
+    public = getattr(_models, "__all__", ())
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module) and name in public):
+        choices = [n for n in public if isinstance(getattr(_models, n, None), type)
+                   and issubclass(getattr(_models, n), torch.nn.Module)]
+        raise ValueError(f"{what} must name a posterior class of etweedie.models (one of {choices}), got {name!r}")
+    return cls
 
 
 def _check_int(value, name: str) -> None:
@@ -229,8 +382,12 @@ def _require(ok: bool, name: str, expected: str, got) -> None:
 def config_to_dict(config: TrainConfig) -> Dict[str, Any]:
     """The config as plain nested dicts/lists (what checkpoints store and TOML files hold)."""
     out = dataclasses.asdict(config)
-    out["prior"] = {k: list(v) if isinstance(v, tuple) else v for k, v in out["prior"].items()}
+    for section in ("prior", "data"):
+        out[section] = {k: list(v) if isinstance(v, tuple) else v for k, v in out[section].items()}
     return out
+
+
+_PAIRS = {"prior": ("beta", "lam", "sigma"), "data": ("pixel_range",)}
 
 
 def config_from_dict(values: Dict[str, Any], *, source: str = "config") -> TrainConfig:
@@ -255,10 +412,11 @@ def config_from_dict(values: Dict[str, Any], *, source: str = "config") -> Train
                     f"{source}: unknown key(s) in [{key}]: {', '.join(bad)}; known: {', '.join(sorted(known))}"
                 )
             sub = dict(value)
-            if cls is PriorConfig:
-                for name in ("beta", "lam", "sigma"):
-                    if name in sub:
-                        sub[name] = _pair(sub[name], f"prior.{name}")
+            for name in _PAIRS.get(key, ()):
+                if name in sub:
+                    sub[name] = _pair(sub[name], f"{key}.{name}")
+            if "options" in sub:
+                sub["options"] = dict(sub["options"]) if isinstance(sub["options"], dict) else sub["options"]
             kwargs[key] = cls(**sub)
         else:
             kwargs[key] = value
@@ -291,10 +449,22 @@ def load_config(path: Union[str, os.PathLike]) -> TrainConfig:
     return config_from_dict(values, source=f"config {str(path)!r}")
 
 
-# ---------------------------------------------------------------------------- the prior
+def dry_run_config(config: TrainConfig, steps: int = 2) -> TrainConfig:
+    """The same run on the CPU for ``steps`` steps, logging and checkpointing every step, with
+    the same model, batch, precision, compile and optimizer settings: a GPU command's code path
+    exercised without a GPU."""
+    _check_int(steps, "steps")
+    _require(steps >= 1, "steps", ">= 1", steps)
+    return dataclasses.replace(config, device="cpu", steps=steps, warmup_steps=min(config.warmup_steps, steps),
+                               log_every=1, checkpoint_every=1, checkpoint_every_s=0.0, max_wall_s=0.0)
+
+
+# ---------------------------------------------------------------------------- the prior and the geometry
 class NoisePrior:
-    """Per-example noise tuples: β ~ U[β₀, β₁], λ ~ U[λ₀, λ₁], log σ ~ U[log σ₀, log σ₁],
-    (u, v) uniform on the disk of radius ρ (ρ < 1 keeps S(u, v) positive definite).
+    """Per-example noise tuples: β ~ U[β₀, β₁], λ ~ U[λ₀, λ₁], σ log-uniform (log σ ~ U[log σ₀, log σ₁])
+    or uniform on [σ₀, σ₁] (``sigma_law``), (u, v) uniform on the disk of radius ρ (ρ < 1 keeps
+    S(u, v) positive definite); ``geometry = "isotropic"`` fixes u = v = 0 (the uniforms are still
+    drawn, so the other fields do not depend on the geometry).
 
     Example::
 
@@ -304,7 +474,8 @@ class NoisePrior:
         torch.Size([4, 5])
     """
 
-    def __init__(self, beta=(1.3, 2.0), lam=(1.0, 2.5), sigma=(0.1, 0.75), disk_radius: float = 0.7):
+    def __init__(self, beta=(1.3, 2.0), lam=(1.0, 2.5), sigma=(0.1, 0.75), disk_radius: float = 0.7,
+                 sigma_law: str = "log_uniform", geometry: str = "block"):
         self.beta = _range(beta, "beta", 0.0, 2.0, closed_high=True)
         self.lam = _range(lam, "lam", 0.0, math.inf)
         self.sigma = _range(sigma, "sigma", 0.0, math.inf)
@@ -312,40 +483,53 @@ class NoisePrior:
         if not 0 <= disk_radius < 1:
             raise ValueError(f"disk_radius must be in [0, 1) (u² + v² < 1), got {disk_radius!r}")
         self.disk_radius = float(disk_radius)
+        _require(sigma_law in SIGMA_LAWS, "sigma_law", f"one of {SIGMA_LAWS}", sigma_law)
+        _require(geometry in GEOMETRIES, "geometry", f"one of {GEOMETRIES}", geometry)
+        self.sigma_law, self.geometry = sigma_law, geometry
 
     @classmethod
     def from_config(cls, config: PriorConfig) -> "NoisePrior":
-        return cls(config.beta, config.lam, config.sigma, config.disk_radius)
+        return cls(config.beta, config.lam, config.sigma, config.disk_radius, config.sigma_law, config.geometry)
 
     def __repr__(self) -> str:
-        return f"NoisePrior(beta={self.beta}, lam={self.lam}, sigma={self.sigma}, disk_radius={self.disk_radius})"
+        return (f"NoisePrior(beta={self.beta}, lam={self.lam}, sigma={self.sigma}, disk_radius={self.disk_radius}, "
+                f"sigma_law={self.sigma_law!r}, geometry={self.geometry!r})")
 
     def eta_bounds(self) -> tuple:
         """(eta_low, eta_high): the box of η = (β, log λ, log σ, u, v) this prior covers.
 
-        A degenerate coordinate (a fixed β, λ or σ, or ``disk_radius = 0``) gets a unit half-width
-        around its value, so the model's normalization stays finite."""
-        low, high = default_eta_bounds(self.beta, self.lam, self.sigma, self.disk_radius)
+        A degenerate coordinate (a fixed β, λ or σ, ``disk_radius = 0`` or the isotropic
+        geometry's u = v = 0) gets a unit half-width around its value, so the model's
+        normalization stays finite."""
+        radius = self.disk_radius if self.geometry == "block" else 0.0
+        low, high = default_eta_bounds(self.beta, self.lam, self.sigma, radius)
         fixed = [a == b for a, b in zip(low, high)]
         low = tuple(a - 1.0 if f else a for a, f in zip(low, fixed))
         high = tuple(b + 1.0 if f else b for b, f in zip(high, fixed))
         return low, high
 
     def sample(self, n: int, generator: torch.Generator, *, dtype=torch.float32, device=None) -> NoiseParams:
-        """n independent tuples: a :class:`NoiseParams` whose fields are ``(n,)`` tensors."""
+        """n independent tuples: a :class:`NoiseParams` whose fields are ``(n,)`` tensors
+        (on ``device``, default the generator's)."""
         _check_int(n, "n")
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        device = generator.device if device is None else device
         unif = torch.rand(5, n, generator=generator, dtype=torch.float64, device=device)
         beta = self.beta[0] + (self.beta[1] - self.beta[0]) * unif[0]
         lam = self.lam[0] + (self.lam[1] - self.lam[0]) * unif[1]
-        log_lo, log_hi = math.log(self.sigma[0]), math.log(self.sigma[1])
-        sigma = torch.exp(log_lo + (log_hi - log_lo) * unif[2])
+        if self.sigma_law == "log_uniform":
+            log_lo, log_hi = math.log(self.sigma[0]), math.log(self.sigma[1])
+            sigma = torch.exp(log_lo + (log_hi - log_lo) * unif[2])
+        else:
+            sigma = self.sigma[0] + (self.sigma[1] - self.sigma[0]) * unif[2]
         radius = self.disk_radius * unif[3].sqrt()  # uniform on the disk: P(ρ ≤ r) = r²/R²
         angle = 2 * math.pi * unif[4]
         u, v = radius * torch.cos(angle), radius * torch.sin(angle)
+        if self.geometry == "isotropic":
+            u, v = torch.zeros_like(u), torch.zeros_like(v)
         return NoiseParams(*(t.to(dtype) for t in (beta, lam, sigma, u, v)))
 
 
@@ -358,7 +542,31 @@ def _range(value, name: str, lo: float, hi: float, closed_high: bool = False) ->
     return a, b
 
 
-# ---------------------------------------------------------------------------- schedule and state
+def noise_metric(params: NoiseParams, d: int, geometry: str = "block") -> Metric:
+    """The noise metric Σ of per-example tuples in dimension d.
+
+    ``"block"``: ``params.metric(d)`` = (σ/c_{β,d})² I_{d/2} ⊗ S(u, v) (d even; S(u, v) for d = 2).
+    ``"isotropic"``: (σ/c_{β,d})² I (the tuples' u = v = 0); for even d the same matrix as the block
+    rule at u = v = 0, built the same way, so both rules give identical numbers there.
+    """
+    _require(geometry in GEOMETRIES, "geometry", f"one of {GEOMETRIES}", geometry)
+    if geometry == "block" or d % 2 == 0:
+        _check_geometry("block", d)
+        return params.metric(d)
+    beta, _, sigma, _, _ = params._tensors()
+    return Metric.isotropic((sigma / scale_constant(beta, d)) ** 2)
+
+
+def noise_law(params: NoiseParams, d: int, geometry: str = "block") -> GeneralizedGaussian:
+    """The generalized-Gaussian noise of each tuple in dimension d and ``geometry`` (:func:`noise_metric`)."""
+    if geometry == "block" or d % 2 == 0:
+        _check_geometry("block", d)
+        return params.noise(d)
+    beta, lam, _, _, _ = params._tensors()
+    return GeneralizedGaussian(beta, lam, noise_metric(params, d, geometry), dim=d)
+
+
+# ---------------------------------------------------------------------------- schedule, model, data, state
 def learning_rate(config: TrainConfig, step: int) -> float:
     """lr at optimizer step ``step`` (0-based): linear warm-up, then cosine decay to ``lr_min``."""
     if config.warmup_steps and step < config.warmup_steps:
@@ -368,10 +576,13 @@ def learning_rate(config: TrainConfig, step: int) -> float:
     return config.lr_min + 0.5 * (config.lr - config.lr_min) * (1 + math.cos(math.pi * progress))
 
 
-def build_posterior(config: TrainConfig, dim: int = 2) -> EngressionPosterior:
-    """The untrained model for ``config`` (initialized from ``config.seed``)."""
+def build_posterior(config: TrainConfig, dim: int = 2) -> torch.nn.Module:
+    """The untrained model for ``config`` and data dimension ``dim`` (initialized from ``config.seed``)."""
     low, high = NoisePrior.from_config(config.prior).eta_bounds()
     m = config.model
+    cls = _posterior_class(m.architecture, "model.architecture")
+    if cls is not EngressionPosterior:
+        return cls(dim, eta_low=low, eta_high=high, init_seed=config.seed, **m.options)
     return EngressionPosterior(
         dim,
         width=m.width,
@@ -387,32 +598,51 @@ def build_posterior(config: TrainConfig, dim: int = 2) -> EngressionPosterior:
     )
 
 
-def _generators(seed: int, device=None) -> Dict[str, torch.Generator]:
+def build_data_source(data: DataConfig, *, held_out: bool = False) -> DataSource:
+    """The clean-data source a :class:`DataConfig` names (on the CPU; ``.to(device)`` moves it).
+
+    ``held_out=True`` gives the evaluation data: MNIST's other split (``"test"`` for a
+    ``"train"`` run); the eight-Gaussians law itself (held-out draws come from another seed).
+    """
+    _validate_data(data)
+    if data.source == "eight_gaussians":
+        return EightGaussiansSource(EightGaussians(data.radius, data.std, data.n_modes))
+    from .mnist import load_mnist  # the MNIST reader (needs the data files only for this source)
+
+    split = ("test" if data.split == "train" else "train") if held_out else data.split
+    loaded = load_mnist(split, data.data_dir or None)
+    images = loaded[0] if isinstance(loaded, (tuple, list)) else loaded
+    if isinstance(images, torch.Tensor) and images.is_floating_point():  # a reader returning [0, 1] floats
+        images = torch.round(images * 255).clamp(0, 255).to(torch.uint8)
+    return MnistSource(images, data.pixel_range, data.dequantize)
+
+
+def _generators(seed: int, device=None, data_device=None) -> Dict[str, torch.Generator]:
     """Independent streams per purpose: resizing one (e.g. more draws) leaves the others unchanged.
-    Data, prior and noise streams live on the CPU; the model's ε stream on the model's device."""
+    The model's ε stream lives on the model's device, the data, prior and noise streams on
+    ``data_device`` (default the CPU)."""
     return {
-        name: torch.Generator(device=device if name == "model" else "cpu").manual_seed(seed * 1_000_003 + 7919 * (i + 1))
+        name: torch.Generator(device=device if name == "model" else (data_device or "cpu")).manual_seed(
+            seed * 1_000_003 + 7919 * (i + 1))
         for i, name in enumerate(STREAMS)
     }
 
 
-def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 #: keys added after runs were saved without them, with the value those runs used
-_ADDED_KEYS = {"loss_beta": "matched", "model.latent": "gaussian"}
+_ADDED_KEYS = {
+    "loss_beta": "matched", "model.latent": "gaussian", "model.architecture": "EngressionPosterior",
+    "model.options": {}, "prior.sigma_law": "log_uniform", "prior.geometry": "block",
+    "data.source": "eight_gaussians", "data.data_dir": "", "data.split": "train", "data.pixel_range": [-1.0, 1.0],
+    "data.dequantize": True, "precision": "float32", "tf32": False, "compile": False, "fused_adam": "auto",
+    "posterior_dtype": "float32", "shard_mb": 16.0, "checkpoint_every_s": 0.0, "max_wall_s": 0.0,
+}
 
 
 def _config_differences(saved: Dict[str, Any], current: Dict[str, Any], prefix: str = "") -> list:
     diffs = []
     for key in sorted(set(saved) | set(current)):
         a, b = saved.get(key, _ADDED_KEYS.get(prefix + key)), current.get(key, _ADDED_KEYS.get(prefix + key))
-        if isinstance(a, dict) and isinstance(b, dict):
+        if isinstance(a, dict) and isinstance(b, dict) and not (prefix + key).endswith("options"):
             diffs += _config_differences(a, b, f"{prefix}{key}.")
         elif a != b:
             diffs.append(f"{prefix}{key} ({a!r} -> {b!r})")
@@ -428,14 +658,14 @@ def _rewrite_log(path: Path, upto_step: int) -> None:
         try:
             if json.loads(line)["step"] <= upto_step:
                 kept.append(line)
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, TypeError):
             break  # a line cut short by the kill: drop it and everything after
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(k + "\n" for k in kept))
     os.replace(tmp, path)
 
 
-# ---------------------------------------------------------------------------- training
+# ---------------------------------------------------------------------------- the training step
 def _train_block(batch: int, draws: int, device: torch.device) -> int:
     """Examples per backward block of one training step (the whole batch on GPUs and for small steps)."""
     if CPU_TRAIN_ROWS is None or device.type != "cpu" or batch * draws <= 2 * CPU_TRAIN_ROWS:
@@ -448,59 +678,158 @@ def _score_beta(config_loss_beta, params: NoiseParams):
     return params.beta if config_loss_beta == "matched" else float(config_loss_beta)
 
 
-def _loss_and_backward(model, x, y, noise_params: NoiseParams, draws: int, generator, device, loss_beta="matched") -> float:
-    """Energy-score loss of one step (mean over examples); accumulates its gradient into ``.grad``.
+class _Generate(torch.nn.Module):
+    """``generate(y, η, noise)`` of a posterior as a module's forward, so DistributedDataParallel
+    and ``torch.compile`` see one call (the ε is drawn outside, for the global batch)."""
 
-    On CPU, large steps run in blocks of examples (:data:`CPU_TRAIN_ROWS`) with the ε of the
-    whole batch drawn once; the loss and gradient equal the one-block step's up to rounding.
+    def __init__(self, posterior: torch.nn.Module):
+        super().__init__()
+        self.posterior = posterior
+
+    def forward(self, y: torch.Tensor, eta: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        return self.posterior.generate(y, eta, noise)
+
+
+def _block_loss(net, x, y, eta, noise, fields, loss_beta, geometry: str, bf16: bool, mean: bool, batch: int):
+    """Energy-score loss of a block of examples: the mean (one block) or the sum / batch (a block
+    of a larger step).  The network runs under bf16 autocast when asked; the score in float32."""
+    dtype = noise.dtype
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+        samples = net(y.to(dtype), eta.to(dtype), noise)
+    samples = samples.to(y.dtype)
+    params = NoiseParams(*fields)
+    score = energy_score(samples, x, beta=_score_beta(loss_beta, params), metric=noise_metric(params, x.shape[-1], geometry))
+    return score.mean() if mean else score.sum() / batch
+
+
+def _loss_and_backward(model, x, y, noise_params: NoiseParams, draws: int, generator, device, loss_beta="matched",
+                       *, geometry: str = "block", net=None, shard: Optional[slice] = None, bf16: bool = False,
+                       loss_fn: Optional[Callable] = None) -> torch.Tensor:
+    """Energy-score loss of one step (mean over the step's examples); accumulates its gradient
+    into ``.grad`` and returns the loss as a float64 tensor on the device (no host sync).
+
+    ``x, y, noise_params`` hold the global batch; the ε of the whole global batch is drawn from
+    ``generator`` (one ``draw_noise`` call, as ``sample`` does) and ``shard`` picks this rank's
+    examples (all by default).  ``net`` is the forward module (``_Generate(model)``, possibly
+    DDP-wrapped); ``loss_fn`` a compiled :func:`_block_loss`.  On CPU, large steps run in blocks
+    of examples (:data:`CPU_TRAIN_ROWS`); the loss and gradient equal the one-block step's up to
+    rounding.
     """
+    net = _Generate(model) if net is None else net
+    loss_fn = _block_loss if loss_fn is None else loss_fn
+    dtype = next(model.parameters()).dtype
+    batch_global = y.shape[0]
+    noise = model.draw_noise(batch_global, draws, generator, eta=noise_params.eta().expand(batch_global, 5).to(dtype))
+    fields = noise_params._tensors()
+    if shard is not None:
+        x, y, noise = x[shard], y[shard], noise[shard]
+        fields = tuple(t[shard] if t.dim() else t for t in fields)
     batch = y.shape[0]
     block = _train_block(batch, draws, device)
-    if block >= batch:
-        samples = model.sample(y, noise_params.eta(), draws, generator=generator)
-        loss = energy_score(samples, x, beta=_score_beta(loss_beta, noise_params), metric=noise_params.metric(x.shape[-1])).mean()
-        loss.backward()
-        return float(loss.detach())
-    dtype = model.out.weight.dtype
-    noise = model.draw_noise(batch, draws, generator, eta=noise_params.eta().expand(batch, 5).to(dtype))
-    fields = noise_params._tensors()
-    total = 0.0
-    for i in range(0, batch, block):
+    starts = list(range(0, batch, block))
+    total = torch.zeros((), dtype=torch.float64, device=y.device)
+    for k, i in enumerate(starts):
         part = slice(i, i + block)
-        params = NoiseParams(*(t[part] if t.dim() else t for t in fields))
-        samples = model.generate(y[part].to(dtype), params.eta().to(dtype), noise[part]).to(y.dtype)
-        loss = energy_score(samples, x[part], beta=_score_beta(loss_beta, params), metric=params.metric(x.shape[-1])).sum() / batch
-        loss.backward()
-        total += float(loss.detach())
+        sub = tuple(t[part] if t.dim() else t for t in fields)
+        eta = NoiseParams(*sub).eta()
+        last = k == len(starts) - 1
+        sync = contextlib.nullcontext() if last or not hasattr(net, "no_sync") else net.no_sync()
+        with sync:
+            loss = loss_fn(net, x[part], y[part], eta, noise[part], sub, loss_beta, geometry, bf16, len(starts) == 1, batch)
+            loss.backward()
+        total = total + loss.detach().to(torch.float64)
     return total
 
 
+# ---------------------------------------------------------------------------- distributed helpers
+class _Ranks:
+    """This process's place in a torch.distributed group (world size 1 without one)."""
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        self.dist = dist if dist.is_available() and dist.is_initialized() else None
+        self.rank = self.dist.get_rank() if self.dist else 0
+        self.world = self.dist.get_world_size() if self.dist else 1
+        self.main = self.rank == 0
+
+    def sum_(self, t: torch.Tensor) -> torch.Tensor:
+        if self.dist is not None:
+            self.dist.all_reduce(t)
+        return t
+
+    def agree(self, flag: bool, device) -> bool:
+        """True when any rank says True (a collective; every rank must call it)."""
+        if self.dist is None:
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], device=device)
+        self.dist.all_reduce(t)
+        return bool(t.item() > 0)
+
+    def barrier(self) -> None:
+        if self.dist is not None:
+            self.dist.barrier()
+
+
+def _resolve_device(config: TrainConfig, ranks: _Ranks) -> torch.device:
+    device = torch.device(config.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {config.device!r} was requested but CUDA is not available "
+                             f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use --device cpu")
+        if ranks.world > 1 and device.index is None:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", ranks.rank)) % torch.cuda.device_count())
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {str(device)!r} does not exist: {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type != "cpu":
+        raise ValueError(f"device must be 'cpu' or a CUDA device, got {config.device!r}")
+    return device
+
+
+# ---------------------------------------------------------------------------- training
 def train(
     config: TrainConfig,
     out_dir: Union[str, os.PathLike],
     *,
+    data: Union[DataSource, torch.Tensor, Callable, None] = None,
+    data_dim: Optional[int] = None,
     resume: bool = True,
     progress: bool = True,
     stop_after: Optional[int] = None,
 ) -> Dict[str, Any]:
-    """Train the Engression posterior on eight Gaussians with the matched energy score.
+    """Train a conditional Engression posterior with the matched energy score.
 
     Args:
         config: the run's :class:`TrainConfig`.
-        out_dir: run directory (created); holds ``checkpoint.pt``, ``train_log.jsonl``, ``posterior.pt``.
+        out_dir: run directory (created); holds ``checkpoint.pt``, ``train_log.jsonl``, ``posterior/``.
+        data: the clean data: a :class:`~etweedie.sources.DataSource`, a tensor of examples
+            ``(n, d)`` or a callable ``draw(batch_size, generator) -> (batch_size, d)`` (then
+            ``data_dim`` = d); default: the source ``config.data`` names (:func:`build_data_source`).
+            A run resumed with other data is not detected: pass the same data.
         resume: continue from ``out_dir/checkpoint.pt`` when present (its config must match
-            except for ``steps``, ``checkpoint_every``, ``log_every``, ``threads``); False
-            starts afresh and overwrites the run directory's files.
-        progress: show a tqdm progress bar.
+            except for :data:`RESUMABLE_CHANGES`); False starts afresh and overwrites the run
+            directory's files.
+        progress: show a tqdm progress bar (rank 0 only).
         stop_after: stop (without a final checkpoint or posterior) once this step count is
             reached, as if the process were killed there; for testing resumption.
+
+    Under an initialized ``torch.distributed`` group (``torchrun``) the step runs with
+    DistributedDataParallel across the ranks (see the module doc); only rank 0 writes files.
 
     Returns:
         a dict: ``out_dir``, ``step`` (steps done), ``steps``, ``final_loss`` (mean loss over
         the last log interval), ``wall_time_s`` (cumulative training time over all resumptions),
         ``cpu_time_s`` (process CPU seconds, likewise; on a shared machine the better measure of
-        cost), ``resumed_from`` (step or None), ``stopped`` (True when ``stop_after`` cut the run),
-        ``checkpoint``, ``log``, ``posterior`` (paths; ``posterior`` is None when stopped).
+        cost), ``resumed_from`` (step or None), ``stopped`` (True when ``stop_after`` or the
+        deadline cut the run), ``stopped_by`` (None, ``"stop_after"`` or ``"deadline"``),
+        ``world_size``, ``examples_per_s``, ``checkpoint``, ``log``, ``posterior`` (paths;
+        ``posterior`` is None when ``stop_after`` cut the run).
+
+    Raises:
+        ValueError: a bad config, an unusable ``out_dir`` or device, a checkpoint of another config.
+        CheckpointError: a corrupted, truncated or unsafe ``checkpoint.pt``.
+        RunLockedError: another run holds ``out_dir``.
+        FloatingPointError: the loss became NaN or infinite.
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -508,15 +837,44 @@ def train(
     if stop_after is not None:
         _check_int(stop_after, "stop_after")
         _require(stop_after >= 0, "stop_after", ">= 0", stop_after)
+    ranks = _Ranks()
+    device = _resolve_device(config, ranks)
+    source = build_data_source(config.data) if data is None else as_data_source(data, data_dim)
+    _check_geometry(config.prior.geometry, source.dim)
+    _require(config.batch_size % ranks.world == 0, "batch_size", f"a multiple of the world size {ranks.world}",
+             config.batch_size)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if ranks.main:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            if not os.access(out, os.W_OK):
+                raise PermissionError("not writable")
+        except OSError as exc:
+            raise ValueError(f"out_dir {str(out)!r} is not a writable directory ({exc.strerror or exc})") from None
     previous_threads = torch.get_num_threads()
     if config.threads:
         torch.set_num_threads(config.threads)
+    previous_tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = config.tf32
     try:
-        return _train(config, out, resume, progress, stop_after)
+        lock = RunLock(out) if ranks.main else contextlib.nullcontext()
+        locked_error = None
+        try:
+            lock.__enter__()
+        except RunLockedError as exc:
+            locked_error = exc
+        except OSError as exc:
+            raise ValueError(f"out_dir {str(out)!r} is not a writable directory ({exc.strerror or exc})") from None
+        if ranks.agree(locked_error is not None, device):
+            raise locked_error or RunLockedError(f"another training run is using {str(out)!r}")
+        try:
+            return _train(config, out, source.to(device), device, ranks, resume, progress, stop_after)
+        finally:
+            lock.__exit__(None, None, None)
     finally:
         torch.set_num_threads(previous_threads)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous_tf32
 
 
 class _Clock:
@@ -534,66 +892,112 @@ class _Clock:
         return self
 
 
-def _train(config: TrainConfig, out: Path, resume: bool, progress: bool, stop_after: Optional[int]) -> Dict[str, Any]:
-    ckpt_path, log_path, post_path = out / CHECKPOINT_FILE, out / LOG_FILE, out / POSTERIOR_FILE
-    device = torch.device(config.device)
-    data = EightGaussians(config.data.radius, config.data.std, config.data.n_modes)
+def _use_fused_adam(config: TrainConfig, device: torch.device) -> bool:
+    return device.type == "cuda" if config.fused_adam == "auto" else bool(config.fused_adam)
+
+
+def _load_resume_state(ckpt_path: Path, config_dict: Dict[str, Any]) -> Dict[str, Any]:
+    ckpt = safe_torch_load(ckpt_path, what="training checkpoint")
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        got = ckpt.get("format") if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise CheckpointError(f"{str(ckpt_path)!r} is not an etweedie training checkpoint (format {got!r})")
+    needed = ("config", "model", "optimizer", "generators", "step", "wall_time", "cpu_time", "interval_sum",
+              "interval_count", "last_logged_loss")
+    missing = [k for k in needed if k not in ckpt]
+    if missing:
+        raise CheckpointError(f"training checkpoint {str(ckpt_path)!r} is incomplete: missing {missing}")
+    diffs = [diff for diff in _config_differences(ckpt["config"], config_dict)
+             if diff.split(" ")[0] not in RESUMABLE_CHANGES]
+    if diffs:
+        raise ValueError(
+            f"config differs from the checkpoint in {ckpt_path}: {'; '.join(diffs)}. "
+            "Use the same config to resume, or resume=False (--no-resume) / another --out to start afresh"
+        )
+    return ckpt
+
+
+def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.device, ranks: _Ranks, resume: bool,
+           progress: bool, stop_after: Optional[int]) -> Dict[str, Any]:
+    ckpt_path, log_path, post_path = out / CHECKPOINT_FILE, out / LOG_FILE, out / POSTERIOR_DIR
     prior = NoisePrior.from_config(config.prior)
-    d = data.dim
+    geometry = config.prior.geometry
+    d = source.dim
     model = build_posterior(config, d).to(device)
     ema = copy.deepcopy(model).requires_grad_(False) if config.ema_decay > 0 else None
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    gens = _generators(config.seed, device)
+    adam_kwargs = {"fused": True} if _use_fused_adam(config, device) else {}
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, **adam_kwargs)
+    gens = _generators(config.seed, device, data_device=device)
     step, resumed_from, wall0, cpu0 = 0, None, 0.0, 0.0
     interval_sum, interval_count, last_logged_loss = 0.0, 0, float("nan")
     config_dict = config_to_dict(config)
 
-    if resume and ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        if ckpt.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"{ckpt_path} is not an etweedie training checkpoint (format {ckpt.get('format')!r})")
-        diffs = [
-            diff
-            for diff in _config_differences(ckpt["config"], config_dict)
-            if diff.split(" ")[0] not in RESUMABLE_CHANGES
-        ]
-        if diffs:
-            raise ValueError(
-                f"config differs from the checkpoint in {ckpt_path}: {'; '.join(diffs)}. "
-                "Use the same config to resume, or resume=False (--no-resume) / another --out to start afresh"
-            )
-        model.load_state_dict(ckpt["model"])
-        if ema is not None:
-            ema.load_state_dict(ckpt["ema"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        for name in STREAMS:
-            gens[name].set_state(ckpt["generators"][name])
-        step, wall0, cpu0 = ckpt["step"], ckpt["wall_time"], ckpt["cpu_time"]
-        interval_sum, interval_count = ckpt["interval_sum"], ckpt["interval_count"]
-        last_logged_loss = ckpt["last_logged_loss"]
+    resuming = resume and ranks.agree(ranks.main and ckpt_path.exists(), device)
+    if resuming:
+        ckpt = _load_resume_state(ckpt_path, config_dict)
+        try:
+            model.load_state_dict(ckpt["model"])
+            if ema is not None:
+                ema.load_state_dict(ckpt["ema"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            for name in STREAMS:
+                gens[name].set_state(ckpt["generators"][name])
+        except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"training checkpoint {str(ckpt_path)!r} does not fit this run "
+                                  f"(written on another device type or model?): {str(exc).splitlines()[0]}") from None
+        step, wall0, cpu0 = int(ckpt["step"]), float(ckpt["wall_time"]), float(ckpt["cpu_time"])
+        interval_sum, interval_count = float(ckpt["interval_sum"]), int(ckpt["interval_count"])
+        last_logged_loss = float(ckpt["last_logged_loss"])
         resumed_from = step
-        _rewrite_log(log_path, step)
-    else:
-        for path in (ckpt_path, log_path, post_path):
+        if ranks.main:
+            _rewrite_log(log_path, step)
+    elif ranks.main:
+        for path in (ckpt_path, log_path, out / LEGACY_POSTERIOR_FILE):
             if path.exists():
                 path.unlink()
+        if post_path.exists():
+            import shutil
 
-    def save_checkpoint() -> None:
-        _atomic_save(
+            shutil.rmtree(post_path)
+    ranks.barrier()
+
+    net = _Generate(model)
+    if ranks.dist is not None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
+    loss_fn = torch.compile(_block_loss) if config.compile else _block_loss
+    local = config.batch_size // ranks.world
+    shard = slice(ranks.rank * local, (ranks.rank + 1) * local) if ranks.world > 1 else None
+    bf16 = config.precision == "bf16"
+    # the interval's loss sum stays on the device; it is read back only at log/checkpoint steps
+    acc = torch.tensor(interval_sum, dtype=torch.float64, device=device)
+
+    def reduced_interval() -> Tuple[float, bool]:
+        """(mean over ranks of the interval sums, finite?): a collective at deterministic steps."""
+        total = ranks.sum_(acc.clone()) / ranks.world
+        value = float(total)
+        return value, math.isfinite(value)
+
+    def save_checkpoint(interval_value: float) -> None:
+        if not ranks.main:
+            return
+        atomic_torch_save(
             {
                 "format": CHECKPOINT_FORMAT,
                 "step": step,
                 "wall_time": clock.wall,
                 "cpu_time": clock.cpu,
                 "model": model.state_dict(),
+                "model_class": type(model).__name__,
                 "model_config": model.config,
                 "ema": None if ema is None else ema.state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "generators": {name: gens[name].get_state() for name in STREAMS},
-                "interval_sum": interval_sum,
+                "interval_sum": interval_value,
                 "interval_count": interval_count,
                 "last_logged_loss": last_logged_loss,
                 "config": config_dict,
+                "world_size": ranks.world,
             },
             ckpt_path,
         )
@@ -601,23 +1005,25 @@ def _train(config: TrainConfig, out: Path, resume: bool, progress: bool, stop_af
     target = config.steps if stop_after is None else min(config.steps, stop_after)
     params = list(model.parameters())
     ema_params = None if ema is None else list(ema.parameters())
-    bar = tqdm(total=config.steps, initial=step, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=config.steps, initial=step, desc="train", unit="step", disable=not (progress and ranks.main),
+               dynamic_ncols=True)
     model.train()
     clock = _Clock(wall0, cpu0)
-    with open(log_path, "a") as log:
+    last_ckpt_wall, start_step, start_wall = clock.wall, step, clock.wall
+    stopped_by = "stop_after" if step < config.steps and step >= target else None
+    log = open(log_path, "a") if ranks.main else None
+    try:
         while step < target:
             lr = learning_rate(config, step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            # data, tuples and noise are drawn on the CPU (cheap, and the same on every device)
-            x, _ = data.sample(config.batch_size, gens["data"])
+            # the global batch's random numbers, on the data device (every rank draws them all)
+            x = source.draw(config.batch_size, gens["data"])
             noise_params = prior.sample(config.batch_size, gens["prior"])
-            y = x + noise_params.noise(d).sample(generator=gens["noise"])
-            if device.type != "cpu":
-                x, y = x.to(device), y.to(device)
-                noise_params = NoiseParams(*(torch.as_tensor(t).to(device) for t in noise_params._tensors()))
+            y = x + noise_law(noise_params, d, geometry).sample(generator=gens["noise"])
             optimizer.zero_grad(set_to_none=True)
-            loss_value = _loss_and_backward(model, x, y, noise_params, config.draws, gens["model"], device, config.loss_beta)
+            loss = _loss_and_backward(model, x, y, noise_params, config.draws, gens["model"], device, config.loss_beta,
+                                      geometry=geometry, net=net, shard=shard, bf16=bf16, loss_fn=loss_fn)
             if config.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
             optimizer.step()
@@ -625,28 +1031,52 @@ def _train(config: TrainConfig, out: Path, resume: bool, progress: bool, stop_af
                 with torch.no_grad():
                     torch._foreach_lerp_(ema_params, params, 1 - config.ema_decay)
             step += 1
-            if not math.isfinite(loss_value):
-                raise FloatingPointError(f"training loss became {loss_value} at step {step}; lower lr or raise grad_clip")
-            interval_sum += loss_value
+            acc += loss
             interval_count += 1
             bar.update(1)
-            if step % config.log_every == 0 or step == config.steps:
-                clock.tick()
-                last_logged_loss = interval_sum / interval_count
-                row = {"step": step, "loss": last_logged_loss, "lr": lr, "wall_time": round(clock.wall, 3)}
-                log.write(json.dumps(row) + "\n")
-                log.flush()
-                interval_sum, interval_count = 0.0, 0
+            log_now = step % config.log_every == 0 or step == config.steps
+            ckpt_now = step % config.checkpoint_every == 0 or step == config.steps
+            if not (log_now or ckpt_now):
+                continue
+            clock.tick()
+            value, finite = reduced_interval()
+            if not finite:
+                raise FloatingPointError(f"training loss became {value} in the {interval_count} steps up to step "
+                                         f"{step}; lower lr or raise grad_clip")
+            if log_now:
+                # time-based checkpoints and the deadline are decided by rank 0's clock, at log steps
+                want_ckpt = config.checkpoint_every_s > 0 and clock.wall - last_ckpt_wall >= config.checkpoint_every_s
+                want_stop = config.max_wall_s > 0 and clock.wall >= config.max_wall_s and step < config.steps
+                ckpt_now = ranks.agree(ranks.main and want_ckpt, device) or ckpt_now
+                if ranks.agree(ranks.main and want_stop, device):
+                    stopped_by, ckpt_now = "deadline", True
+                last_logged_loss = value / interval_count
+                if log is not None:
+                    row = {"step": step, "loss": last_logged_loss, "lr": lr, "wall_time": round(clock.wall, 3)}
+                    log.write(json.dumps(row) + "\n")
+                    log.flush()
+                acc.zero_()
+                value, interval_count = 0.0, 0
                 bar.set_postfix(loss=f"{last_logged_loss:.4f}", lr=f"{lr:.2e}")
-            if step % config.checkpoint_every == 0 or step == config.steps:
-                clock.tick()
-                save_checkpoint()
-    bar.close()
+            if ckpt_now:
+                save_checkpoint(value)
+                last_ckpt_wall = clock.wall
+            if stopped_by == "deadline":
+                break
+        if step >= target and step < config.steps:
+            stopped_by = "stop_after"
+    finally:
+        bar.close()
+        if log is not None:
+            log.close()
     clock.tick()
     stopped = step < config.steps
-    if not stopped:
-        if resumed_from is None or resumed_from < config.steps or not post_path.exists():
-            _save_posterior(ema if ema is not None else model, post_path, config_dict, step)
+    if stopped_by != "stop_after" and ranks.main:
+        if resumed_from is None or resumed_from < config.steps or not (post_path / "config.json").exists():
+            save_posterior(ema if ema is not None else model, post_path, train_config=config_dict, step=step,
+                           dtype=config.posterior_dtype, shard_mb=config.shard_mb)
+    ranks.barrier()
+    trained = clock.wall - start_wall
     return {
         "out_dir": str(out),
         "step": step,
@@ -656,72 +1086,131 @@ def _train(config: TrainConfig, out: Path, resume: bool, progress: bool, stop_af
         "cpu_time_s": clock.cpu,
         "resumed_from": resumed_from,
         "stopped": stopped,
+        "stopped_by": stopped_by,
+        "world_size": ranks.world,
+        "examples_per_s": (step - start_step) * config.batch_size / trained if trained > 0 else float("nan"),
         "checkpoint": str(ckpt_path),
         "log": str(log_path),
-        "posterior": None if stopped else str(post_path),
+        "posterior": None if stopped_by == "stop_after" else str(post_path),
     }
 
 
-def _save_posterior(model: EngressionPosterior, path: Path, config_dict: Dict[str, Any], step: int) -> None:
-    _atomic_save(
-        {
-            "format": POSTERIOR_FORMAT,
-            "model_config": model.config,
-            "state_dict": model.state_dict(),
-            "step": step,
-            "train_config": config_dict,
-        },
-        path,
-    )
+# ---------------------------------------------------------------------------- posterior files
+def save_posterior(
+    model: torch.nn.Module,
+    path: Union[str, os.PathLike],
+    *,
+    train_config: Optional[Dict[str, Any]] = None,
+    step: Optional[int] = None,
+    dtype: str = "float32",
+    shard_mb: Optional[float] = 16.0,
+    extra: Optional[Dict[str, Any]] = None,
+) -> Path:
+    """Write a posterior as safetensors + ``config.json`` in the directory ``path`` (replaced atomically).
+
+    ``dtype`` (``"float32"``, ``"float16"``, ``"bfloat16"``) is the stored precision (loading
+    casts back to the model's float32); ``shard_mb`` bounds every file (None: one file);
+    ``extra`` (JSON-able) is stored in ``config.json`` (e.g. a model card).  The model's class must
+    be a public class of :mod:`etweedie.models` with a ``config`` dict.
+    """
+    _posterior_class(type(model).__name__, "the model's class")
+    _require(dtype in POSTERIOR_DTYPES, "dtype", f"one of {tuple(POSTERIOR_DTYPES)}", dtype)
+    meta = {
+        "format": POSTERIOR_FORMAT,
+        "class": type(model).__name__,
+        "model_config": model.config,
+        "step": step,
+        "train_config": train_config,
+        **(extra or {}),
+    }
+    limit = None if shard_mb is None else max(1024, int(shard_mb * 1024 * 1024))
+    return save_weights(model.state_dict(), path, meta, dtype=POSTERIOR_DTYPES[dtype], max_shard_bytes=limit)
 
 
-def load_posterior(path: Union[str, os.PathLike], device="cpu") -> EngressionPosterior:
-    """Load a trained posterior from ``posterior.pt`` or a training ``checkpoint.pt``
-    (a checkpoint's EMA weights when it has them), in eval mode on ``device``.
-    A run directory is accepted too (its ``posterior.pt``, else its ``checkpoint.pt``)."""
+def _build_from(class_name: str, model_config: Dict[str, Any], state: Dict[str, torch.Tensor], where: str):
+    cls = _posterior_class(class_name, f"the model class in {where}")
+    if not isinstance(model_config, dict):
+        raise CheckpointError(f"{where}: model_config must be a dict, got {type(model_config).__name__}")
+    try:
+        model = cls(**model_config)
+        model.load_state_dict(state)
+    except (TypeError, ValueError, RuntimeError, KeyError) as exc:
+        raise CheckpointError(f"{where}: the weights do not fit the saved model config: {str(exc).splitlines()[0]}") from None
+    return model
+
+
+def load_posterior(path: Union[str, os.PathLike], device="cpu") -> torch.nn.Module:
+    """Load a trained posterior, in eval mode on ``device``, without unpickling any code.
+
+    ``path`` may be a posterior directory (``config.json`` + safetensors, sharded or not), a run
+    directory (its ``posterior/``, else its legacy ``posterior.pt``, else its ``checkpoint.pt``),
+    a legacy single-file ``posterior.pt`` or a training ``checkpoint.pt`` (the EMA weights when it
+    has them); the torch files are read with ``weights_only=True``.  Convert a legacy file with
+    ``save_posterior(load_posterior("posterior.pt"), "posterior")``.
+
+    Raises:
+        ValueError: nothing loadable at ``path``.
+        CheckpointError: a corrupted, truncated or unsafe file (a subclass of ValueError).
+    """
     path = Path(path)
+    if path.is_dir() and not (path / "config.json").exists():
+        for candidate in (path / POSTERIOR_DIR, path / LEGACY_POSTERIOR_FILE, path / CHECKPOINT_FILE):
+            if candidate.exists():
+                path = candidate
+                break
     if path.is_dir():
-        path = path / POSTERIOR_FILE if (path / POSTERIOR_FILE).exists() else path / CHECKPOINT_FILE
+        state, meta = load_weights(path)
+        if meta.get("format") != POSTERIOR_FORMAT:
+            raise CheckpointError(f"{str(path)!r} is not an etweedie posterior (format {meta.get('format')!r})")
+        model = _build_from(meta.get("class"), meta.get("model_config"), state, str(path))
+        return model.to(device).eval().requires_grad_(False)
     if not path.is_file():
-        raise ValueError(f"path: no posterior or checkpoint file at {str(path)!r}")
-    blob = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(blob, dict) or blob.get("format") not in (POSTERIOR_FORMAT, CHECKPOINT_FORMAT):
-        raise ValueError(f"{str(path)!r} is neither an etweedie posterior nor a training checkpoint")
-    model = EngressionPosterior(**blob["model_config"])
-    if blob["format"] == POSTERIOR_FORMAT:
-        state = blob["state_dict"]
+        raise ValueError(f"path: no posterior or checkpoint at {str(path)!r}")
+    blob = safe_torch_load(path, what="posterior")
+    if not isinstance(blob, dict) or blob.get("format") not in (LEGACY_POSTERIOR_FORMAT, CHECKPOINT_FORMAT):
+        got = blob.get("format") if isinstance(blob, dict) else type(blob).__name__
+        raise CheckpointError(f"{str(path)!r} is neither an etweedie posterior nor a training checkpoint (format {got!r})")
+    if blob["format"] == LEGACY_POSTERIOR_FORMAT:
+        state = blob.get("state_dict")
     else:
-        state = blob["ema"] if blob.get("ema") is not None else blob["model"]
-    model.load_state_dict(state)
+        state = blob.get("ema") if blob.get("ema") is not None else blob.get("model")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{str(path)!r} holds no weights")
+    model = _build_from(blob.get("model_class", "EngressionPosterior"), blob.get("model_config"), state, str(path))
     return model.to(device).eval().requires_grad_(False)
 
 
 # ---------------------------------------------------------------------------- evaluation
 @torch.no_grad()
 def held_out_loss(
-    posterior: EngressionPosterior,
+    posterior: torch.nn.Module,
     config: TrainConfig,
     *,
+    data: Union[DataSource, torch.Tensor, Callable, None] = None,
+    data_dim: Optional[int] = None,
     n_examples: int = 4096,
     draws: int = 16,
     seed: int = 12345,
 ) -> float:
     """Mean matched energy score (the training loss) on a fixed held-out set drawn from the
-    config's data and prior with ``seed`` (independent of the training streams).
+    held-out data (default: :func:`build_data_source` of ``config.data`` with ``held_out=True``,
+    i.e. MNIST's test split; eight Gaussians from this ``seed``) and the config's prior, with
+    ``seed`` (independent of the training streams).
 
     Lower is better; comparable across models trained with the same prior and data config.
     """
-    data = EightGaussians(config.data.radius, config.data.std, config.data.n_modes)
+    source = build_data_source(config.data, held_out=True) if data is None else as_data_source(data, data_dim)
     prior = NoisePrior.from_config(config.prior)
     device = next(posterior.parameters()).device
     gens = _generators(seed, device)
-    x, _ = data.sample(n_examples, gens["data"])
+    x = source.draw(n_examples, gens["data"]).cpu()  # drawn on the CPU (a source may hold GPU data)
     params = prior.sample(n_examples, gens["prior"])
-    y = x + params.noise(data.dim).sample(generator=gens["noise"])
+    y = x + noise_law(params, source.dim, config.prior.geometry).sample(generator=gens["noise"])
     x, y = x.to(device), y.to(device)
     params = NoiseParams(*(torch.as_tensor(t).to(device) for t in params._tensors()))
     samples = posterior.sample(y, params.eta(), draws, generator=gens["model"])
-    return float(energy_score(samples, x, beta=_score_beta(config.loss_beta, params), metric=params.metric(data.dim)).mean())
+    metric = noise_metric(params, source.dim, config.prior.geometry)
+    return float(energy_score(samples, x, beta=_score_beta(config.loss_beta, params), metric=metric).mean())
 
 
 @torch.no_grad()
@@ -787,44 +1276,3 @@ def gaussian_posterior_check(
     keys = ("pm_mse", "pm_rel", "score_nmse", "exact_score_nmse")
     avg = {k: sum(r[k] for r in rows.values()) / len(rows) for k in keys}
     return {"per_sigma": rows, **avg}
-
-
-# ---------------------------------------------------------------------------- CLI plugin
-CLI_HELP = "train the Engression posterior on eight Gaussians (energy-score loss; resumable)"
-
-
-def add_cli_arguments(parser) -> None:
-    parser.add_argument("--config", required=True, metavar="PATH", help="TOML config, e.g. configs/eight_gaussians_cpu.toml")
-    parser.add_argument("--out", metavar="DIR", help="run directory (default runs/<config name>)")
-    parser.add_argument("--steps", type=int, help="override the config's steps")
-    parser.add_argument("--seed", type=int, help="override the config's seed")
-    parser.add_argument("--device", help="override the config's device (cpu, cuda, cuda:1)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--no-resume", action="store_true", help="start afresh even if DIR/checkpoint.pt exists")
-
-
-def cli_main(args) -> int:
-    try:
-        config = load_config(args.config)
-        overrides = {k: getattr(args, k) for k in ("steps", "seed", "device") if getattr(args, k) is not None}
-        if overrides:
-            config = dataclasses.replace(config, **overrides)
-    except (ValueError, TypeError) as exc:
-        print(f"etweedie train: error: {exc}", file=sys.stderr)
-        return 2
-    out_dir = args.out or str(Path("runs") / Path(args.config).stem)
-    try:
-        summary = train(config, out_dir, resume=not args.no_resume, progress=not args.no_progress)
-    except ValueError as exc:
-        print(f"etweedie train: error: {exc}", file=sys.stderr)
-        return 2
-    if summary["resumed_from"] is not None:
-        print(f"resumed from step {summary['resumed_from']}")
-    print(
-        f"trained {summary['step']} steps in {summary['wall_time_s']:.1f} s "
-        f"({summary['cpu_time_s']:.1f} s CPU); "
-        f"final loss {summary['final_loss']:.4f}"
-    )
-    print(f"posterior written to {summary['posterior']}")
-    print(f"log: {summary['log']}  checkpoint: {summary['checkpoint']}")
-    return 0

@@ -1,4 +1,4 @@
-"""The score demo and the command line (`etweedie demo | bench | info`, `python -m etweedie`)."""
+"""The demo (`python -m experiments.eight_gaussians.demo`) and the command line (`etweedie bench | info`, `python -m etweedie`)."""
 
 import json
 import math
@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from etweedie.cli import main
-from etweedie.demo import QUICK_SIZES, format_score_table, run_score_demo
+from experiments.eight_gaussians.demo import QUICK_SIZES, format_score_table, run_score_demo
+from experiments.eight_gaussians.demo import main as demo_main
 
 TINY = dict(n_queries=32, n_draws=16, bank_size=2_000)
 
 
 def test_quick_demo_through_the_cli(tmp_path, capsys):
-    assert main(["demo", "--quick", "--out", str(tmp_path), "--no-progress"]) == 0
+    assert demo_main(["--quick", "--out", str(tmp_path), "--no-progress"]) == 0
     printed = capsys.readouterr().out
     for column in ("noise", "σ", "β", "λ", "method", "NMSE", "cosine", "#draws"):
         assert column in printed
@@ -82,9 +83,17 @@ def test_cli_info(capsys):
 
 def test_cli_usage_errors_return_status(capsys):
     assert main([]) == 2
-    assert main(["demo", "--bogus"]) == 2
-    assert main(["demo", "--seed", "-1"]) == 2
+    assert demo_main(["--bogus"]) == 2
+    assert demo_main(["--seed", "-1"]) == 2
     assert main(["--help"]) == 0
+
+
+@pytest.mark.parametrize("command", ["demo", "score-eval", "sample", "estimate"])
+def test_cli_moved_reproductions_name_their_successor(command, capsys):
+    """The paper-table commands left the installed package: one line naming the module to run, status 2."""
+    assert main([command, "--help"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "python -m experiments.eight_gaussians." in err
 
 
 def test_cli_bench_outside_the_repository(tmp_path, monkeypatch, capsys):
@@ -106,7 +115,7 @@ def test_full_demo_trains_evaluates_and_reports_where_files_are(tmp_path, capsys
     from io import StringIO
     from pathlib import Path
 
-    from etweedie.demo import DEMO_SAMPLING, demo_eval_config, print_demo, run_demo
+    from experiments.eight_gaussians.demo import DEMO_SAMPLING, demo_eval_config, print_demo, run_demo
     from etweedie.train import load_config
 
     root = Path(__file__).resolve().parents[1]

@@ -27,7 +27,7 @@ from etweedie.estimate import (
     shape_from_cholesky,
     zeta_from_beta,
 )
-from etweedie.estimate_experiment import truth_law
+from experiments.eight_gaussians.estimation import truth_law
 from etweedie.metric import Metric, shape_matrix
 
 TRUTH = {"beta": 1.4, "lam": 1.8, "u": 0.25, "v": 0.35, "level_scale": "rms"}
@@ -331,10 +331,10 @@ def test_bad_inputs_raise_named_errors():
 
 
 def test_cli_writes_results(tmp_path):
-    """`etweedie estimate` on a tiny config writes the JSON, the table and (with matplotlib) the figure."""
+    """`python -m experiments.eight_gaussians.estimation` on a tiny config writes the JSON, the table and (with matplotlib) the figure."""
     import json
 
-    from etweedie.cli import main
+    from experiments.eight_gaussians.estimation import main
 
     config = tmp_path / "tiny.toml"
     config.write_text(
@@ -343,7 +343,7 @@ def test_cli_writes_results(tmp_path):
         "[estimator]\nn_posterior = 16\nsteps = 5\n"
     )
     out = tmp_path / "out"
-    assert main(["estimate", "--config", str(config), "--out", str(out), "--no-progress"]) == 0
+    assert main(["--config", str(config), "--out", str(out), "--no-progress"]) == 0
     results = json.loads((out / "estimate_results.json").read_text())
     assert [e["family"] for e in results["summary"]] == list(FAMILIES)
     assert all(math.isfinite(r["heldout_nmse"]) for r in results["rows"])
@@ -351,20 +351,20 @@ def test_cli_writes_results(tmp_path):
     if results["figure"] is not None:
         assert (out / "heldout_error.png").stat().st_size > 0
     # --posterior-source overrides sources.posterior: learned rows without checkpoints are skipped, with a note
-    assert main(["estimate", "--config", str(config), "--out", str(tmp_path / "learned"), "--no-progress",
+    assert main(["--config", str(config), "--out", str(tmp_path / "learned"), "--no-progress",
                  "--posterior-source", "learned"]) == 0
     learned = json.loads((tmp_path / "learned" / "estimate_results.json").read_text())
     assert learned["config"]["sources"]["posterior"] == ["learned"] and learned["rows"] == []
     assert "no posterior checkpoints" in learned["notes"][0]
     bad = tmp_path / "bad.toml"
     bad.write_text("[estimator]\nbeta_min = 2.5\n")
-    assert main(["estimate", "--config", str(bad), "--no-progress"]) == 2
+    assert main(["--config", str(bad), "--no-progress"]) == 2
 
 
 def test_learned_posterior_adapter_passes_true_eta():
     """The learned-posterior sampler conditions on η of the true tuple at each known level, in
     chunks, in the model's dtype; under the "plain" convention σ is mapped to σ·c_{β,2}."""
-    from etweedie.estimate_experiment import learned_posterior_sampler
+    from experiments.eight_gaussians.estimation import learned_posterior_sampler
     from etweedie.metric import scale_constant
     from etweedie.noise import NoiseParams
 
@@ -406,7 +406,7 @@ def test_experiment_checkpoints_and_resumes(tmp_path):
     """With an out_dir each replicate and each learned score is checkpointed: a rerun reuses them
     (same rows to the last digit), a lost replicate is recomputed identically, a changed
     estimator setting reuses the trained scores but refits, and resume=False recomputes all."""
-    from etweedie.estimate_experiment import DEFAULT_CONFIG, run_experiment
+    from experiments.eight_gaussians.estimation import DEFAULT_CONFIG, run_experiment
 
     config = copy.deepcopy(DEFAULT_CONFIG)
     config.update(replicates=2, seed=int.from_bytes(os.urandom(2), "little"))

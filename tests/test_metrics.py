@@ -12,7 +12,6 @@ from etweedie.metrics import (
     MarginalTracker,
     eight_gaussians_metrics,
     forward_noised,
-    mean_and_sd,
     mean_radial_error,
     min_mode_mass,
     mode_assignment,
@@ -25,7 +24,7 @@ from etweedie.metrics import (
     stratified_bootstrap_energy_distance,
     stratified_subset,
 )
-from etweedie.metrics import _bootstrap_ed_replicates
+from etweedie.metrics import bootstrap_ed_replicates
 from etweedie.noise import NoiseParams
 
 from conftest import DEVICES
@@ -138,7 +137,7 @@ def test_basic_bootstrap_covers_biased_mode_statistics():
     """Uniform mode labels (true TV 0, true minimum mass 1/8): the plug-in TV is biased up and the
     minimum down, and the percentile interval, built from replicates biased the same way again,
     misses the truth almost always; the basic interval reflects the bias back (59–80 % coverage
-    at this size, experiments/issue6_interval_coverage.py)."""
+    at this size, experiments/bootstrap_intervals/coverage.py)."""
     k, n_data = 8, 30
     weights = lambda x: torch.bincount(x.flatten().long(), minlength=k).double() / x.shape[0]  # noqa: E731
     stats = {
@@ -159,13 +158,13 @@ def test_basic_bootstrap_covers_biased_mode_statistics():
 
 
 @pytest.mark.parametrize("beta", [1.0, 1.5, 2.0])
-def test_bootstrap_ed_replicates_drop_tied_pairs(beta):
+def testbootstrap_ed_replicates_drop_tied_pairs(beta):
     """Each replicate equals the brute-force signed ED of the resample with the pairs of a point
     and its own copy left out of the within-cloud mean (same index draws as the function's)."""
     g = gen(20)
     groups = [torch.randn(7, 3, generator=g), torch.randn(9, 3, generator=g) + 0.5]
     ref = torch.randn(11, 3, generator=g).double()
-    got = _bootstrap_ed_replicates(groups, ref, 5, gen(21), beta, 2)
+    got = bootstrap_ed_replicates(groups, ref, 5, gen(21), beta, 2)
     draw, want = gen(21), []
     for b in (2, 2, 1):
         idx = [torch.randint(x.shape[0], (b, x.shape[0]), generator=draw) for x in groups]
@@ -191,7 +190,7 @@ def test_bootstrap_ed_is_centred_where_the_plain_one_is_shifted():
     for _ in range(6):
         groups = [RING.sample(64, g)[0] for _ in range(3)]
         est = signed_energy_distance(torch.cat(groups), ref)
-        reps = _bootstrap_ed_replicates(groups, ref.double(), 200, gen(23), 1.0, 50)
+        reps = bootstrap_ed_replicates(groups, ref.double(), 200, gen(23), 1.0, 50)
         tie_free_shift.append(float(reps.mean()) - est)
         draw = gen(23)
         plain = [signed_energy_distance(torch.cat([x[torch.randint(64, (64,), generator=draw)] for x in groups]), ref)
@@ -239,12 +238,6 @@ def test_marginal_tracker_runs_on_the_chains_device(device, seed):
         records.append(tracker.records[0])
     assert records[1]["signed_ed"] == pytest.approx(records[0]["signed_ed"], rel=1e-6, abs=1e-9)
     assert {k: v for k, v in records[1].items() if k != "signed_ed"} == {k: v for k, v in records[0].items() if k != "signed_ed"}
-
-
-def test_mean_and_sd():
-    assert mean_and_sd([1.0, 3.0]) == (2.0, pytest.approx(math.sqrt(2)))
-    mean, sd = mean_and_sd([4.0])
-    assert mean == 4.0 and math.isnan(sd)
 
 
 def test_bad_inputs_raise_named_errors():

@@ -15,7 +15,6 @@ from etweedie.paths import (
     NoisePath,
     get_path,
     level_times,
-    params_from_eta,
     path_names,
 )
 
@@ -107,7 +106,7 @@ def test_paths_are_vectorized_over_t():
 
 def test_eta_round_trip():
     p = get_path("joint")(level_times(7))
-    q = params_from_eta(p.eta())
+    q = NoiseParams.from_eta(p.eta())
     assert torch.allclose(q.eta(), p.eta(), atol=1e-12)
     assert torch.allclose(q.realized_rms(), p.realized_rms(), rtol=1e-12)
 
@@ -151,7 +150,7 @@ def test_bad_inputs_raise_named_errors():
     with pytest.raises(ValueError, match="unit disk"):
         NoisePath("p", beta=1.4, lam=1.0, u=0.8, v=0.8, rms=GeometricRMS(1.0, 0.1))(T([0.5]))
     with pytest.raises(ValueError, match=r"eta must have shape \(\.\.\., 5\)"):
-        params_from_eta(torch.zeros(3, 4))
+        NoiseParams.from_eta(torch.zeros(3, 4))
 
 
 @pytest.mark.parametrize("config", ["eight_gaussians_diffusion_cpu.toml", "eight_gaussians_diffusion_full.toml"])

@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from etweedie.cli import main as cli_main
 from etweedie.data import EightGaussians
 from etweedie.known_posterior import KnownPosterior
 from etweedie.metrics import mode_weight_tv, null_energy_distance, signed_energy_distance
 from etweedie.noise import NoiseParams
 from etweedie.paths import GeometricRMS, NoisePath, get_path, level_times
 from etweedie.sample import ThroughputTimer, sample_langevin, step_sizes
+from experiments.eight_gaussians import diffusion as diffusion_eval
+from experiments.eight_gaussians.diffusion import main as cli_main
 
 RING = EightGaussians()
 
@@ -211,7 +212,7 @@ def test_bad_inputs_raise_named_errors():
 def test_cli_single_path_run(tmp_path):
     out = tmp_path / "run"
     status = cli_main([
-        "sample", "--posterior", "known", "--path", "gaussian", "rotating", "--seeds", "2", "--chains", "48",
+        "--posterior", "known", "--path", "gaussian", "rotating", "--seeds", "2", "--chains", "48",
         "--levels", "4", "--steps-per-level", "2", "--n-posterior", "8", "--n-proposals", "16",
         "--out", str(out), "--no-progress", "--no-figures",
     ])
@@ -229,7 +230,7 @@ def test_cli_single_path_run(tmp_path):
 def test_cli_config_run_with_figures(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "cfg"
-    status = cli_main(["sample", "--config", "configs/diffusion_quick_test.toml", "--posterior", "known",
+    status = cli_main(["--config", "configs/diffusion_quick_test.toml", "--posterior", "known",
                        "--out", str(out), "--no-progress"])
     assert status == 0
     results = json.loads((out / "diffusion_results.json").read_text())
@@ -245,7 +246,7 @@ def test_cli_config_run_with_figures(tmp_path):
 def test_cli_from_samples_rescores_a_run_exactly(tmp_path):
     """--from-samples reads the saved final samples back and scores them as the sampling run did."""
     first, again = tmp_path / "sampled", tmp_path / "rescored"
-    args = ["sample", "--config", "configs/diffusion_quick_test.toml", "--posterior", "known", "--no-progress", "--no-figures"]
+    args = ["--config", "configs/diffusion_quick_test.toml", "--posterior", "known", "--no-progress", "--no-figures"]
     assert cli_main(args + ["--out", str(first)]) == 0
     assert cli_main(args + ["--out", str(again), "--from-samples", str(first)]) == 0
     a = json.loads((first / "diffusion_results.json").read_text())["tables"]
@@ -275,8 +276,6 @@ def test_cli_from_samples_rescores_a_run_exactly(tmp_path):
 def test_from_samples_brings_back_the_figure_states(tmp_path):
     """Rescoring saved samples rebuilds the progress and trajectory figures from each model's saved
     first-run states (a GPU job samples, this machine scores and draws)."""
-    from etweedie import diffusion_eval
-
     config = diffusion_eval.load_config("configs/diffusion_quick_test.toml")
     config["posterior"]["kind"] = "known"
     sampled = diffusion_eval.run_diffusion_eval(config, out_dir=tmp_path / "sampled", progress=False, figures=False)
@@ -315,7 +314,7 @@ def test_tracking_figure_uses_one_panel_per_path_beyond_four(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from etweedie import diffusion_figures
+    from experiments.eight_gaussians import diffusion_figures
 
     def curves(shift):
         return [[{"r": 0.8 * 0.5**k, "signed_ed": shift + 1e-4 * k * m} for k in range(6)] for m in (1, 2)]
@@ -340,8 +339,6 @@ def test_tracking_figure_uses_one_panel_per_path_beyond_four(tmp_path):
 
 def test_an_interrupted_table_resumes_at_its_first_unfinished_run(tmp_path, monkeypatch, capsys):
     """A table stopped mid-way restarts where it stopped, and scores exactly as an uninterrupted run."""
-    from etweedie import diffusion_eval
-
     config = diffusion_eval.load_config("configs/diffusion_quick_test.toml")
     config["posterior"]["kind"] = "known"
     whole = diffusion_eval.run_diffusion_eval(config, out_dir=tmp_path / "whole", progress=False, figures=False)
@@ -393,7 +390,7 @@ def test_an_interrupted_table_resumes_at_its_first_unfinished_run(tmp_path, monk
     assert {t: other["tables"][t]["resumed_runs"] for t in n_runs} == {"paths": 0, "isolation": 0}
     marker = json.loads((out / "samples" / "paths_known_rotating_seed1.run.json").read_text())
     assert marker["sampler"]["step_scale"] == 3e-5 and marker["seed"] == 1 and marker["path"] == "rotating"
-    status = cli_main(["sample", "--config", "configs/diffusion_quick_test.toml", "--posterior", "known", "--no-progress",
+    status = cli_main(["--config", "configs/diffusion_quick_test.toml", "--posterior", "known", "--no-progress",
                        "--no-figures", "--out", str(out), "--no-resume"])
     assert status == 0
     assert json.loads((out / "diffusion_results.json").read_text())["tables"]["paths"]["resumed_runs"] == 0
@@ -404,7 +401,7 @@ def test_an_interrupted_table_resumes_at_its_first_unfinished_run(tmp_path, monk
 
 
 def test_cli_from_samples_errors(tmp_path, capsys):
-    args = ["sample", "--config", "configs/diffusion_quick_test.toml", "--posterior", "known", "--no-progress", "--no-figures"]
+    args = ["--config", "configs/diffusion_quick_test.toml", "--posterior", "known", "--no-progress", "--no-figures"]
     (tmp_path / "partial" / "samples").mkdir(parents=True)
     torch.save(torch.zeros(32, 2), tmp_path / "partial" / "samples" / "paths_known_gaussian_seed0.pt")
     assert cli_main(args + ["--from-samples", str(tmp_path / "partial")]) == 2
@@ -412,24 +409,24 @@ def test_cli_from_samples_errors(tmp_path, capsys):
     torch.save(torch.zeros(31, 2), tmp_path / "partial" / "samples" / "paths_known_gaussian_seed1.pt")
     assert cli_main(args + ["--from-samples", str(tmp_path / "partial")]) == 2
     assert "expected a (32, 2) tensor" in capsys.readouterr().err
-    assert cli_main(["sample", "--path", "gaussian", "--posterior", "known", "--from-samples", str(tmp_path)]) == 2
+    assert cli_main(["--path", "gaussian", "--posterior", "known", "--from-samples", str(tmp_path)]) == 2
     assert "--from-samples needs --config" in capsys.readouterr().err
 
 
 def test_cli_usage_errors(capsys):
-    assert cli_main(["sample", "--posterior", "known"]) == 2
+    assert cli_main(["--posterior", "known"]) == 2
     assert "exactly one of --config" in capsys.readouterr().err
-    assert cli_main(["sample", "--path", "gaussian", "--chains", "8"]) == 2
+    assert cli_main(["--path", "gaussian", "--chains", "8"]) == 2
     assert "--checkpoint PATH" in capsys.readouterr().err
-    assert cli_main(["sample", "--config", "does/not/exist.toml"]) == 2
-    assert cli_main(["sample", "--config", "configs/diffusion_quick_test.toml", "--posterior", "known", "--chains", "8"]) == 2
+    assert cli_main(["--config", "does/not/exist.toml"]) == 2
+    assert cli_main(["--config", "configs/diffusion_quick_test.toml", "--posterior", "known", "--chains", "8"]) == 2
     assert "--chains sets a --path run's table; with --config set it in the TOML" in capsys.readouterr().err
 
 
 def test_cli_sampler_flags_override_a_config(tmp_path):
     """With --config, the sampler flags given replace the TOML's values (they were ignored before)."""
     out = tmp_path / "flags"
-    status = cli_main(["sample", "--config", "configs/diffusion_quick_test.toml", "--posterior", "known", "--no-progress",
+    status = cli_main(["--config", "configs/diffusion_quick_test.toml", "--posterior", "known", "--no-progress",
                        "--no-figures", "--out", str(out), "--step-scale", "3e-5", "--n-posterior", "4",
                        "--steps-per-level", "2", "--first-level-steps", "3", "--init", "marginal", "--no-final-draw",
                        "--known-method", "importance", "--n-proposals", "8"])
@@ -446,11 +443,11 @@ def test_cli_sampler_flags_override_a_config(tmp_path):
 @pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "configs").glob("diffusion_*.toml")))
 def test_diffusion_configs_load_and_validate(name):
     """Every shipped diffusion config parses and passes validation (unknown keys, bad values)."""
-    from etweedie.diffusion_eval import load_config
+    from experiments.eight_gaussians.diffusion import load_config
 
     import argparse
 
-    from etweedie.diffusion_eval import override_config
+    from experiments.eight_gaussians.diffusion import override_config
 
     path = Path(__file__).resolve().parents[1] / "configs" / name
     if '"checkpoint"' in path.read_text() and "checkpoints = []" in path.read_text():
@@ -473,7 +470,7 @@ def test_antithetic_draws_reach_every_score_evaluation_and_need_support():
     single draw), a learned model takes them (a finite run, different from the independent
     draws'), and a posterior without the keyword — or the config's known posterior — is refused
     up front."""
-    from etweedie.diffusion_eval import DEFAULT_CONFIG, _validate
+    from experiments.eight_gaussians.diffusion import DEFAULT_CONFIG, _validate
     from etweedie.models import EngressionPosterior
 
     class Flagged(_Recording):

@@ -9,7 +9,7 @@ import torch
 import etweedie
 from etweedie.data import EightGaussians
 from etweedie.noise import NoiseParams
-from etweedie.oracles import OraclePosterior, eta_to_params
+from etweedie.oracles import OraclePosterior
 from etweedie.score import (
     EnergyTweedieScore,
     ISOracle,
@@ -131,7 +131,7 @@ class _DeterministicPosterior:
     dim = 2
 
     def sample(self, y, eta, n, *, generator):
-        params = eta_to_params(eta)
+        params = NoiseParams.from_eta(eta)
         offsets = torch.linspace(0.3, 1.7, n, dtype=y.dtype)
         direction = torch.stack([params.sigma, params.sigma * (1 + params.v)], dim=-1).to(y.dtype)
         angle = torch.linspace(0, 3.0, n, dtype=y.dtype)

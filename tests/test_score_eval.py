@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from etweedie.cli import main
 from etweedie.oracles import OraclePosterior
-from etweedie.score_eval import (
+from experiments.eight_gaussians.score_eval import main
+from experiments.eight_gaussians.score_eval import (
     PARAMETERS,
     ScoreEvalConfig,
     config_from_dict,
@@ -172,7 +172,7 @@ def _assert_png(path):
 
 def test_cli_end_to_end_with_the_oracle_writes_json_and_figures(tmp_path, capsys):
     out = tmp_path / "run"
-    status = main(["score-eval", "--oracle", "--config", str(CONFIGS / "score_eval_tiny.toml"),
+    status = main(["--oracle", "--config", str(CONFIGS / "score_eval_tiny.toml"),
                    "--out", str(out), "--no-progress"])
     assert status == 0
     printed = capsys.readouterr().out
@@ -192,7 +192,7 @@ def test_cli_with_a_tiny_trained_checkpoint(tmp_path, capsys):
     run = train(load_train_config(CONFIGS / "eight_gaussians_tiny.toml"), tmp_path / "model", progress=False)
     checkpoint = run["posterior"]
     out = tmp_path / "eval"
-    status = main(["score-eval", "--checkpoint", checkpoint, "--checkpoint", str(tmp_path / "model"),
+    status = main(["--checkpoint", checkpoint, "--checkpoint", str(tmp_path / "model"),
                    "--config", str(CONFIGS / "score_eval_tiny.toml"), "--parts", "sweeps",
                    "--no-figures", "--out", str(out), "--no-progress"])
     assert status == 0, capsys.readouterr().err
@@ -205,7 +205,7 @@ def test_cli_with_a_tiny_trained_checkpoint(tmp_path, capsys):
     # the same evaluation with antithetic draws: the flag lands in the config and the tables, and
     # the a + b/N fit skips the odd budgets (N = 1 is one plain draw)
     capsys.readouterr()
-    status = main(["score-eval", "--checkpoint", checkpoint, "--config", str(CONFIGS / "score_eval_tiny.toml"),
+    status = main(["--checkpoint", checkpoint, "--config", str(CONFIGS / "score_eval_tiny.toml"),
                    "--parts", "sweeps,mc_budget", "--no-figures", "--out", str(tmp_path / "anti"), "--no-progress",
                    "--antithetic"])
     assert status == 0, capsys.readouterr().err
@@ -220,11 +220,11 @@ def test_cli_with_a_tiny_trained_checkpoint(tmp_path, capsys):
 
 def test_cli_usage_errors(tmp_path, capsys):
     cfg = str(CONFIGS / "score_eval_tiny.toml")
-    assert main(["score-eval", "--config", cfg, "--out", str(tmp_path)]) == 2  # neither --checkpoint nor --oracle
-    assert main(["score-eval", "--oracle", "--checkpoint", "x.pt", "--config", cfg]) == 2
-    assert main(["score-eval", "--checkpoint", str(tmp_path / "missing.pt"), "--config", cfg, "--out", str(tmp_path)]) == 2
-    assert main(["score-eval", "--oracle", "--config", str(tmp_path / "none.toml")]) == 2
-    assert main(["score-eval", "--oracle", "--config", cfg, "--parts", "sweeps,plots"]) == 2
-    assert main(["score-eval", "--oracle", "--antithetic", "--config", cfg, "--out", str(tmp_path)]) == 2
+    assert main(["--config", cfg, "--out", str(tmp_path)]) == 2  # neither --checkpoint nor --oracle
+    assert main(["--oracle", "--checkpoint", "x.pt", "--config", cfg]) == 2
+    assert main(["--checkpoint", str(tmp_path / "missing.pt"), "--config", cfg, "--out", str(tmp_path)]) == 2
+    assert main(["--oracle", "--config", str(tmp_path / "none.toml")]) == 2
+    assert main(["--oracle", "--config", cfg, "--parts", "sweeps,plots"]) == 2
+    assert main(["--oracle", "--antithetic", "--config", cfg, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "--checkpoint" in err and "parts" in err and "antithetic" in err

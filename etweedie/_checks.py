@@ -1,0 +1,77 @@
+"""Argument checks, written once for every module.
+
+They raise ``TypeError`` for the wrong kind of value and ``ValueError`` for a value
+out of range, naming the argument, what was expected and what was received; each returns the
+checked value (an ``int`` or ``float``), so a check reads ``n = check_int(n, "n", minimum=1)``.
+``bool`` is never accepted as a number.
+
+    >>> check_int(3, "n", minimum=1)
+    3
+    >>> check_float(0, "lam", minimum=0, strict=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: lam must be > 0, got 0.0
+
+Seeded sub-streams, atomic writes and summary statistics are in :mod:`etweedie.utils`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+__all__ = ["check_bool", "check_float", "check_generator", "check_int"]
+
+
+# ---------------------------------------------------------------------------- argument checks
+def check_int(value, name: str, minimum: Optional[int] = None, maximum: Optional[int] = None) -> int:
+    """``value`` as an ``int`` within ``[minimum, maximum]`` (either bound optional)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return int(value)
+
+
+def check_float(
+    value,
+    name: str,
+    minimum: Optional[float] = None,
+    maximum: Optional[float] = None,
+    *,
+    strict: bool = False,
+) -> float:
+    """``value`` (an int or float) as a finite ``float`` within the bounds.
+
+    ``strict=True`` excludes the bounds themselves (``minimum < value < maximum``).
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if minimum is not None and (value <= minimum if strict else value < minimum):
+        raise ValueError(f"{name} must be {'>' if strict else '>='} {minimum:g}, got {value!r}")
+    if maximum is not None and (value >= maximum if strict else value > maximum):
+        raise ValueError(f"{name} must be {'<' if strict else '<='} {maximum:g}, got {value!r}")
+    return value
+
+
+def check_bool(value, name: str) -> bool:
+    """``value`` if it is a ``bool`` (not merely truthy)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_generator(generator, name: str = "generator") -> torch.Generator:
+    """``generator`` if it is a ``torch.Generator``: every random draw takes one explicitly."""
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"{name} must be a torch.Generator (randomness is always explicit), got {type(generator).__name__}"
+        )
+    return generator

@@ -1,0 +1,287 @@
+"""Files a training run writes and reads, safely: weights as safetensors (optionally sharded),
+resume state as torch files read without unpickling code, atomic writes, and a run lock.
+
+**Weights users exchange** are a directory (no pickle anywhere)::
+
+    posterior/
+        config.json                          format, model class + constructor config, dtype, step,
+                                             training config, sha256 of every weight file
+        model.safetensors                    one file when the weights fit in one shard, else
+        model-00001-of-0000N.safetensors     N shards of at most ``max_shard_bytes`` each and
+        model.safetensors.index.json         {"weight_map": {stored key: file}, "parts": {name: [keys]}}
+
+A tensor larger than a shard is split along its first dimension into parts (``name::part0``, …)
+that :func:`load_weights` joins, so the shard bound holds for any model.  The layout follows the
+sharded-safetensors convention (file names, an index with a weight map) so other tools can read
+the unsplit tensors directly.
+
+**Resume state** (optimizer moments, generator states) stays a torch file, always loaded with
+``torch.load(..., weights_only=True)``: tensors, numbers, strings, lists and dicts only, so a
+crafted pickle is refused (:class:`CheckpointError`) before any of its code runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import torch
+
+__all__ = [
+    "CheckpointError",
+    "RunLock",
+    "RunLockedError",
+    "atomic_torch_save",
+    "atomic_write_text",
+    "load_weights",
+    "safe_torch_load",
+    "save_weights",
+    "WEIGHTS_CONFIG",
+    "MAX_SHARD_BYTES",
+]
+
+WEIGHTS_CONFIG = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+#: Largest shard written by default (16 MiB): small enough for any git host's file limits.
+MAX_SHARD_BYTES = 16 * 1024 * 1024
+_PART = "::part"
+PathLike = Union[str, os.PathLike]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or weights file that cannot be read safely: corrupted, truncated, empty, of
+    another format, or holding pickled objects other than tensors and plain data."""
+
+
+class RunLockedError(RuntimeError):
+    """Another process holds the run directory's lock (two trainings on one ``--out``)."""
+
+
+# ---------------------------------------------------------------------------- atomic writes
+def _fsync_replace(tmp: Path, path: Path) -> None:
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_torch_save(obj: Any, path: PathLike) -> None:
+    """``torch.save`` to ``path`` through a temporary file and a rename (a kill leaves the old file)."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp")  # one writer per run directory (RunLock); a kill leaves at most this
+    torch.save(obj, tmp)
+    _fsync_replace(tmp, path)
+
+
+def atomic_write_text(path: PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.write_text(text)
+    _fsync_replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------- torch files
+def safe_torch_load(path: PathLike, *, what: str = "checkpoint") -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU; any failure is a :class:`CheckpointError`
+    naming the file (a pickle asking for a class or function other than tensors is refused
+    without running it)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{what}: no such file {str(path)!r}")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{what} {str(path)!r} is empty")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # UnpicklingError, RuntimeError (zip), EOFError, ...: all mean "unreadable"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"{what} {str(path)!r} cannot be loaded safely (corrupted, truncated, or holds objects other "
+            f"than tensors and plain data): {first}"
+        ) from None
+
+
+# ---------------------------------------------------------------------------- safetensors weights
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _split(name: str, t: torch.Tensor, limit: int) -> List[Tuple[str, torch.Tensor]]:
+    nbytes = t.numel() * t.element_size()
+    if nbytes <= limit or t.dim() == 0 or t.shape[0] < 2:
+        return [(name, t)]
+    row = nbytes // t.shape[0]
+    rows = max(1, limit // max(row, 1))
+    if row > limit:
+        raise ValueError(f"max_shard_bytes={limit} is smaller than one row of {name!r} ({row} bytes)")
+    return [(f"{name}{_PART}{k}", piece) for k, piece in enumerate(t.split(rows, dim=0))]
+
+
+def save_weights(
+    state: Dict[str, torch.Tensor],
+    directory: PathLike,
+    config: Dict[str, Any],
+    *,
+    dtype: Optional[torch.dtype] = None,
+    max_shard_bytes: Optional[int] = MAX_SHARD_BYTES,
+) -> Path:
+    """Write ``state`` (name → tensor) and the JSON-able ``config`` as a weights directory.
+
+    Floating-point tensors are cast to ``dtype`` when given (e.g. ``torch.float16`` halves the
+    files); with ``max_shard_bytes`` (default 16 MiB, None: one file) every file stays within the
+    bound.  The directory is replaced atomically (written beside it, then renamed).  Returns it.
+    """
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    if max_shard_bytes is not None and (isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int)
+                                        or max_shard_bytes < 1024):
+        raise ValueError(f"max_shard_bytes must be an int >= 1024 or None, got {max_shard_bytes!r}")
+    tensors: List[Tuple[str, torch.Tensor]] = []
+    parts: Dict[str, List[str]] = {}
+    for name, t in state.items():
+        if _PART in name:
+            raise ValueError(f"tensor name {name!r} must not contain {_PART!r}")
+        t = t.detach().to("cpu")
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        pieces = _split(name, t, max_shard_bytes) if max_shard_bytes else [(name, t)]
+        if len(pieces) > 1:
+            parts[name] = [key for key, _ in pieces]
+        tensors += [(key, piece.contiguous().clone()) for key, piece in pieces]
+    shards: List[Dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for key, t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if max_shard_bytes and shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = t
+        size += nbytes
+    tmp = directory.with_name(f"{directory.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    names = [WEIGHTS_FILE] if len(shards) == 1 else [
+        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))
+    ]
+    for name, shard in zip(names, shards):
+        save_file(shard, str(tmp / name), metadata={"format": "pt"})
+    if len(shards) > 1:
+        index = {
+            "metadata": {"total_size": sum(t.numel() * t.element_size() for _, t in tensors)},
+            "weight_map": {key: name for name, shard in zip(names, shards) for key in shard},
+            "parts": parts,
+        }
+        (tmp / WEIGHTS_INDEX).write_text(json.dumps(index, indent=1) + "\n")
+    meta = dict(config)
+    meta["weights"] = {"files": {name: _sha256(tmp / name) for name in names},
+                       "dtype": str(dtype).replace("torch.", "") if dtype is not None else "as saved"}
+    (tmp / WEIGHTS_CONFIG).write_text(json.dumps(meta, indent=1) + "\n")
+    for name in os.listdir(tmp):
+        with open(tmp / name, "rb") as fh:
+            os.fsync(fh.fileno())
+    old = directory.with_name(f"{directory.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if directory.exists():
+        os.replace(directory, old)
+    os.replace(tmp, directory)
+    if old.exists():
+        shutil.rmtree(old)
+    return directory
+
+
+def load_weights(directory: PathLike, *, verify: bool = True) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+    """Read a weights directory written by :func:`save_weights`: ``(state, config)``.
+
+    Shards are joined and split tensors re-assembled; with ``verify`` every file's sha256 is
+    checked against ``config.json``.  Any problem is a :class:`CheckpointError` naming the file.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    cfg_path = directory / WEIGHTS_CONFIG
+    try:
+        config = json.loads(cfg_path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"weights directory {str(directory)!r} has no {WEIGHTS_CONFIG}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{str(cfg_path)!r} is not valid JSON: {exc}") from None
+    files = config.get("weights", {}).get("files") if isinstance(config, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise CheckpointError(f"{str(cfg_path)!r} lists no weight files (not an etweedie weights directory)")
+    state: Dict[str, torch.Tensor] = {}
+    for name, digest in files.items():
+        path = directory / name
+        if Path(name).name != name or not path.is_file():
+            raise CheckpointError(f"weights file {str(path)!r} listed in {WEIGHTS_CONFIG} is missing")
+        if verify and _sha256(path) != digest:
+            raise CheckpointError(f"weights file {str(path)!r} is corrupted or truncated (sha256 differs from {WEIGHTS_CONFIG})")
+        try:
+            state.update(load_file(str(path)))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise CheckpointError(f"weights file {str(path)!r} is not a readable safetensors file: {exc}") from None
+    parts: Dict[str, List[str]] = {}
+    if len(files) > 1 or (directory / WEIGHTS_INDEX).exists():
+        try:
+            parts = json.loads((directory / WEIGHTS_INDEX).read_text()).get("parts", {})
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{str(directory / WEIGHTS_INDEX)!r} is missing or not valid JSON: {exc}") from None
+    for name, keys in parts.items():
+        missing = [k for k in keys if k not in state]
+        if missing:
+            raise CheckpointError(f"weights of {name!r} are incomplete: missing {missing}")
+        state[name] = torch.cat([state.pop(k) for k in keys], dim=0)
+    return state, config
+
+
+# ---------------------------------------------------------------------------- run lock
+class RunLock:
+    """An exclusive, non-blocking lock on ``directory/train.lock`` held for a training run.
+
+    A second run on the same directory raises :class:`RunLockedError` instead of sharing (and
+    corrupting) its checkpoint and log.  The OS releases the lock when the process dies, so a
+    killed run never leaves a stale lock.  (POSIX ``flock``; elsewhere the lock is a no-op.)
+    """
+
+    FILE = "train.lock"
+
+    def __init__(self, directory: PathLike):
+        self.path = Path(directory) / self.FILE
+        self._fh = None
+
+    def __enter__(self) -> "RunLock":
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - non-POSIX
+            return self
+        self._fh = open(self.path, "a+")
+        try:
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._fh.close()
+            self._fh = None
+            raise RunLockedError(
+                f"another training run is using {str(self.path.parent)!r} (it holds {self.FILE}); "
+                "wait for it to finish or choose another --out"
+            ) from None
+        self._fh.seek(0)
+        self._fh.truncate()
+        self._fh.write(f"{os.getpid()}\n")
+        self._fh.flush()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fh is not None:
+            self._fh.close()  # closing the descriptor releases the flock
+            self._fh = None

@@ -1,0 +1,1 @@
+"""Command-line front ends; library modules do not own argparse CLIs."""

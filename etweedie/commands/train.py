@@ -1,0 +1,108 @@
+"""``etweedie train``: the command-line front end of :func:`etweedie.train.train`.
+
+    etweedie train --config configs/eight_gaussians_cpu.toml --out runs/eg_cpu
+    torchrun --nproc_per_node=2 -m etweedie train --config configs/eight_gaussians_cpu.toml --out runs/eg_ddp
+    etweedie train --config configs/X.toml --out runs/x --dry-run      # the same code path, 2 steps on the CPU
+
+Under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) the command joins the process group
+(NCCL for a CUDA device, gloo for the CPU) and trains with DistributedDataParallel; only rank 0
+prints and writes files.  Every failure a user can cause (a bad config, an ``--out`` that is a
+file or not writable, ``--device cuda`` without CUDA, a corrupted checkpoint, a second run on
+the same ``--out``) is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["CLI_HELP", "add_cli_arguments", "cli_main"]
+
+CLI_HELP = "train the Engression posterior with the energy-score loss (any data source in the config; resumable; torchrun)"
+
+
+def add_cli_arguments(parser) -> None:
+    parser.add_argument("--config", required=True, metavar="PATH", help="TOML config, e.g. configs/eight_gaussians_cpu.toml")
+    parser.add_argument("--out", metavar="DIR", help="run directory (default runs/<config name>)")
+    parser.add_argument("--steps", type=int, help="override the config's steps")
+    parser.add_argument("--seed", type=int, help="override the config's seed")
+    parser.add_argument("--device", help="override the config's device (cpu, cuda, cuda:1)")
+    parser.add_argument("--deadline", type=float, metavar="SECONDS",
+                        help="stop after this much training time, writing the checkpoint and the posterior "
+                             "(the config's max_wall_s); rerun the command to continue")
+    parser.add_argument("--dry-run", nargs="?", type=int, const=2, metavar="STEPS",
+                        help="run the config's code path on the CPU for STEPS (default 2) steps, logging and "
+                             "checkpointing every step (a GPU command checked without a GPU)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-resume", action="store_true", help="start afresh even if DIR/checkpoint.pt exists")
+
+
+def _error(message) -> int:
+    text = " ".join(str(message).split())
+    print(f"etweedie train: error: {text}", file=sys.stderr)
+    return 2
+
+
+def _init_distributed(device: str):
+    """Join the torchrun process group when launched by torchrun; returns the dist module or None."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return None
+    cuda = device.startswith("cuda")
+    if cuda:
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} was requested but CUDA is not available; use --device cpu")
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return dist
+
+
+def cli_main(args) -> int:
+    from ..checkpoint import RunLockedError
+    from ..train import dry_run_config, load_config, train
+
+    try:
+        config = load_config(args.config)
+        overrides = {k: getattr(args, k) for k in ("steps", "seed", "device") if getattr(args, k) is not None}
+        if args.deadline is not None:
+            overrides["max_wall_s"] = args.deadline
+        if overrides:
+            config = dataclasses.replace(config, **overrides)
+        if args.dry_run is not None:
+            config = dry_run_config(config, args.dry_run)
+    except (ValueError, TypeError) as exc:
+        return _error(exc)
+    out_dir = args.out or str(Path("runs") / Path(args.config).stem)
+    dist = None
+    try:
+        dist = _init_distributed(config.device)
+        summary = train(config, out_dir, resume=not args.no_resume, progress=not args.no_progress)
+    except (ValueError, TypeError, RunLockedError, FloatingPointError) as exc:
+        return _error(exc)
+    except OSError as exc:  # e.g. the disk filled up while writing a checkpoint
+        return _error(f"cannot write the run directory {out_dir!r}: {exc}")
+    finally:
+        if dist is not None and dist.is_initialized():
+            dist.destroy_process_group()
+    if summary["world_size"] > 1 and int(os.environ.get("RANK", "0")) != 0:
+        return 0
+    if summary["resumed_from"] is not None:
+        print(f"resumed from step {summary['resumed_from']}")
+    ranks = f" on {summary['world_size']} processes" if summary["world_size"] > 1 else ""
+    print(
+        f"trained {summary['step']} steps{ranks} in {summary['wall_time_s']:.1f} s "
+        f"({summary['cpu_time_s']:.1f} s CPU); "
+        f"final loss {summary['final_loss']:.4f}"
+    )
+    if summary["stopped_by"] == "deadline":
+        print(f"stopped at the deadline ({config.max_wall_s:g} s) at step {summary['step']} of {summary['steps']}; "
+              "rerun the command to continue")
+    print(f"posterior written to {summary['posterior']}")
+    print(f"log: {summary['log']}  checkpoint: {summary['checkpoint']}")
+    return 0

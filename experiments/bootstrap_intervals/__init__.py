@@ -1,0 +1,1 @@
+"""Studies of the seed-stratified bootstrap intervals of the diffusion metrics."""

@@ -1,0 +1,1 @@
+"""Studies of the trained posterior: architecture ablation and quality numbers."""

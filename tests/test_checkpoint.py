@@ -1,0 +1,166 @@
+"""Safe, portable checkpoints: safetensors weights (sharded), weights_only resume state, no code
+execution from a crafted file, named errors for corrupted files, legacy posterior.pt, the run lock."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from etweedie.checkpoint import (
+    CheckpointError,
+    RunLock,
+    RunLockedError,
+    load_weights,
+    safe_torch_load,
+    save_weights,
+)
+from etweedie.models import EngressionPosterior
+from etweedie.train import load_config, load_posterior, save_posterior, train
+
+from conftest import gen
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "eight_gaussians_tiny.toml"
+
+
+class _Payload:
+    """Unpickling this object runs ``open(marker, 'w')``: what a hostile checkpoint would do."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _states_equal(a, b) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ckpt") / "run"
+    config = load_config(TINY)
+    import dataclasses
+
+    config = dataclasses.replace(config, steps=20, checkpoint_every=20, log_every=10)
+    return config, train(config, out, progress=False)
+
+
+def test_posterior_directory_is_safetensors_and_json(tiny_run):
+    _, summary = tiny_run
+    post = Path(summary["posterior"])
+    assert sorted(p.name for p in post.iterdir()) == ["config.json", "model.safetensors"]
+    meta = json.loads((post / "config.json").read_text())
+    assert meta["format"] == "etweedie.posterior/2" and meta["class"] == "EngressionPosterior"
+    assert meta["step"] == 20 and meta["train_config"]["batch_size"] == 64
+    from safetensors.torch import load_file
+
+    ckpt = safe_torch_load(summary["checkpoint"])
+    assert _states_equal(load_file(str(post / "model.safetensors")), ckpt["ema"])
+    model = load_posterior(post)
+    assert not model.training and _states_equal(model.state_dict(), ckpt["ema"])
+
+
+def test_sharded_weights_round_trip_and_split_tensors(tmp_path):
+    """Shards of at most max_shard_bytes; a tensor larger than a shard is split and re-joined."""
+    model = EngressionPosterior(784, width=256, depth=2, noise_dim=8, init_seed=3)
+    limit = 200_000  # the 256×784 float32 matrices (802,816 bytes) must be split
+    save_posterior(model, tmp_path / "post", dtype="float32", shard_mb=limit / 2**20)
+    files = sorted(p.name for p in (tmp_path / "post").iterdir())
+    shards = [f for f in files if f.endswith(".safetensors")]
+    assert len(shards) > 4 and "model.safetensors.index.json" in files
+    assert shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    assert all((tmp_path / "post" / f).stat().st_size <= limit + 4096 for f in shards)  # + the JSON header
+    index = json.loads((tmp_path / "post" / "model.safetensors.index.json").read_text())
+    assert "input_y.weight" in index["parts"] or "out.weight" in index["parts"]
+    loaded = load_posterior(tmp_path / "post")
+    assert _states_equal(loaded.state_dict(), model.state_dict())
+    y, eta = torch.zeros(2, 784), torch.tensor([1.5, 0.3, -1.0, 0.1, 0.2])
+    torch.testing.assert_close(loaded.sample(y, eta, 3, generator=gen(0)), model.eval().sample(y, eta, 3, generator=gen(0)))
+    # half precision halves the files and loads back into a float32 model
+    save_posterior(model, tmp_path / "half", dtype="float16", shard_mb=None)
+    half = load_posterior(tmp_path / "half")
+    assert half.out.weight.dtype == torch.float32
+    torch.testing.assert_close(half.out.weight, model.out.weight, rtol=1e-3, atol=1e-4)
+    # a missing shard or a truncated one is a named error
+    (tmp_path / "post" / shards[1]).write_bytes((tmp_path / "post" / shards[1]).read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="corrupted or truncated"):
+        load_posterior(tmp_path / "post")
+    os.remove(tmp_path / "post" / shards[1])
+    with pytest.raises(CheckpointError, match="is missing"):
+        load_posterior(tmp_path / "post")
+
+
+def test_legacy_posterior_pt_loads_without_unpickling_code(tmp_path):
+    model = EngressionPosterior(2, width=16, depth=1, init_seed=1)
+    legacy = {"format": "etweedie.posterior/1", "model_config": model.config, "state_dict": model.state_dict(),
+              "step": 5, "train_config": {"seed": 0}}
+    torch.save(legacy, tmp_path / "posterior.pt")
+    loaded = load_posterior(tmp_path / "posterior.pt")
+    assert _states_equal(loaded.state_dict(), model.state_dict())
+    assert _states_equal(load_posterior(tmp_path).state_dict(), model.state_dict())  # run dir with only posterior.pt
+    save_posterior(loaded, tmp_path / "converted")  # conversion to the portable format
+    assert _states_equal(load_posterior(tmp_path / "converted").state_dict(), model.state_dict())
+
+
+@pytest.mark.parametrize("where", ["posterior", "checkpoint"])
+def test_crafted_pickle_is_not_executed(tmp_path, where):
+    """A checkpoint whose unpickling would write a marker file: refused with CheckpointError, the
+    marker never appears (load_posterior on a .pt, and train resuming from OUT/checkpoint.pt)."""
+    marker = tmp_path / "pwned"
+    blob = {"format": "etweedie.checkpoint/1", "model_config": {}, "payload": _Payload(str(marker))}
+    if where == "posterior":
+        torch.save(blob, tmp_path / "evil.pt")
+        with pytest.raises(CheckpointError, match="cannot be loaded safely"):
+            load_posterior(tmp_path / "evil.pt")
+    else:
+        out = tmp_path / "run"
+        out.mkdir()
+        torch.save(blob, out / "checkpoint.pt")
+        with pytest.raises(CheckpointError, match="cannot be loaded safely"):
+            train(load_config(TINY), out, progress=False)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage"])
+def test_damaged_checkpoints_are_named_errors(tmp_path, tiny_run, damage):
+    config, summary = tiny_run
+    data = Path(summary["checkpoint"]).read_bytes()
+    out = tmp_path / "run"
+    out.mkdir()
+    ckpt = out / "checkpoint.pt"
+    ckpt.write_bytes({"empty": b"", "truncated": data[: len(data) // 2], "garbage": os.urandom(4096)}[damage])
+    with pytest.raises(CheckpointError, match=r"checkpoint\.pt"):
+        train(config, out, progress=False)
+    with pytest.raises(CheckpointError, match=r"checkpoint\.pt"):
+        load_posterior(ckpt)
+
+
+def test_weights_config_damage_is_named(tmp_path):
+    save_weights({"w": torch.ones(3)}, tmp_path / "w", {"format": "x"})
+    state, meta = load_weights(tmp_path / "w")
+    assert torch.equal(state["w"], torch.ones(3)) and meta["format"] == "x"
+    (tmp_path / "w" / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        load_weights(tmp_path / "w")
+    with pytest.raises(ValueError, match="no posterior or checkpoint"):
+        load_posterior(tmp_path / "nothing-here")
+
+
+def test_run_lock_refuses_a_second_run(tmp_path):
+    config = load_config(TINY)
+    out = tmp_path / "run"
+    out.mkdir()
+    with RunLock(out):
+        with pytest.raises(RunLockedError, match="another training run is using"):
+            train(config, out, progress=False)
+        assert not (out / "checkpoint.pt").exists()
+    # released: the run goes ahead
+    import dataclasses
+
+    assert train(dataclasses.replace(config, steps=2), out, progress=False)["step"] == 2

@@ -1,0 +1,139 @@
+"""MNIST IDX reader: canonical checksums, shapes and labels, gz/raw and torchvision layouts, named errors.
+
+Real-data tests read the repository's ``data/mnist`` (or ``../shared/data/mnist`` beside the
+checkout) and skip with the reason when neither holds the four files.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+import torch
+
+from etweedie.mnist import ENV_VAR, MNIST_FILES, MnistChecksumError, default_data_dir, find_mnist_files, load_mnist
+
+ROOT = Path(__file__).resolve().parent.parent
+_NAMES = [name for pair in MNIST_FILES.values() for name in pair]
+
+
+def _mnist_dir():
+    for folder in (ROOT / "data" / "mnist", ROOT.parent / "shared" / "data" / "mnist"):
+        if all((folder / f"{n}.gz").is_file() or (folder / n).is_file() for n in _NAMES):
+            return folder
+    return None
+
+
+DATA = _mnist_dir()
+needs_data = pytest.mark.skipif(
+    DATA is None, reason="MNIST IDX files absent (looked in <repo>/data/mnist and ../shared/data/mnist)"
+)
+
+# Class counts of the 10,000 t10k labels (a published property of the test set).
+T10K_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+
+
+@needs_data
+def test_train_and_test_splits_load_with_canonical_content():
+    images, labels = load_mnist("train", DATA)
+    assert images.shape == (60000, 28, 28) and images.dtype == torch.uint8
+    assert labels.shape == (60000,) and labels.dtype == torch.int64
+    assert labels[:8].tolist() == [5, 0, 4, 1, 9, 2, 1, 3]
+    test_images, test_labels = load_mnist("test", DATA)
+    assert test_images.shape == (10000, 28, 28) and test_labels[:5].tolist() == [7, 2, 1, 0, 4]
+    assert torch.bincount(test_labels, minlength=10).tolist() == T10K_COUNTS
+    # digits are bright on a dark background: corners are empty, the centre holds ink
+    assert int(test_images[:, 0, 0].max()) == 0 and float(test_images[:, 10:18, 10:18].float().mean()) > 60
+
+
+@needs_data
+def test_returned_tensors_are_fresh_copies():
+    a, _ = load_mnist("test", DATA)
+    a[0].fill_(255)
+    b, _ = load_mnist("test", DATA)
+    assert int(b[0, 0, 0]) == 0
+
+
+@needs_data
+def test_torchvision_raw_layout_with_mixed_raw_and_gz(tmp_path):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in MNIST_FILES["test"]:  # uncompressed
+        src = DATA / name
+        data = src.read_bytes() if src.is_file() else gzip.open(DATA / f"{name}.gz").read()
+        (raw / name).write_bytes(data)
+    for name in MNIST_FILES["train"]:  # gzipped, as distributed
+        (raw / f"{name}.gz").symlink_to(DATA / f"{name}.gz")
+    assert default_data_dir(tmp_path) == raw
+    assert find_mnist_files("test", tmp_path)[0].name == "t10k-images-idx3-ubyte"
+    images, labels = load_mnist("test", tmp_path)
+    ref_images, ref_labels = load_mnist("test", DATA)
+    assert torch.equal(images, ref_images) and torch.equal(labels, ref_labels)
+
+
+@needs_data
+def test_environment_variable_is_used(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_VAR, str(DATA))
+    assert default_data_dir() == DATA
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=ENV_VAR):
+        default_data_dir()
+
+
+@needs_data
+def test_altered_file_fails_the_checksum(tmp_path):
+    for name in _NAMES:
+        (tmp_path / f"{name}.gz").symlink_to(DATA / f"{name}.gz")
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").unlink()
+    data = bytearray(gzip.open(DATA / "t10k-labels-idx1-ubyte.gz").read())
+    data[100] = (data[100] + 1) % 10  # a plausible but wrong label
+    (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(bytes(data))
+    with pytest.raises(MnistChecksumError, match="t10k-labels-idx1-ubyte"):
+        load_mnist("test", tmp_path)
+    _, labels = load_mnist("test", tmp_path, verify=False)  # opting out reads the altered bytes
+    assert int(labels[100 - 8]) == data[100]  # 8-byte IDX label header
+    (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(bytes(data[:5000]))  # truncated
+    with pytest.raises(MnistChecksumError):
+        load_mnist("test", tmp_path)
+    with pytest.raises(ValueError, match="dimensions|data bytes"):
+        load_mnist("test", tmp_path, verify=False)
+
+
+def test_missing_directory_names_folders_and_files(tmp_path):
+    with pytest.raises(FileNotFoundError) as info:
+        load_mnist("train", tmp_path / "nowhere")
+    message = str(info.value)
+    assert str(tmp_path / "nowhere") in message and "MNIST/raw" in message
+    for name in _NAMES:
+        assert name in message
+    (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(b"")  # one of four is not enough
+    with pytest.raises(FileNotFoundError, match="t10k-labels-idx1-ubyte"):
+        default_data_dir(tmp_path)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="split must be 'train' or 'test'"):
+        load_mnist("validation")
+    with pytest.raises(TypeError, match="data_dir"):
+        load_mnist("test", data_dir=3)
+
+
+def test_corrupt_gzip_is_a_named_error(tmp_path):
+    for name in _NAMES:
+        (tmp_path / f"{name}.gz").write_bytes(b"not gzip")
+    with pytest.raises(MnistChecksumError, match="gzip"):
+        load_mnist("test", tmp_path)
+
+
+def test_repository_carries_the_data_and_its_licence(monkeypatch):
+    folder = ROOT / "data" / "mnist"
+    if not folder.is_dir():
+        pytest.skip("not a source checkout (no data/mnist folder)")
+    readme = (folder / "README.md").read_text()
+    assert "CC BY-SA 3.0" in readme
+    for name in _NAMES:
+        assert (folder / f"{name}.gz").is_file(), name
+        assert name in readme
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert default_data_dir() == folder  # the default for a source checkout

@@ -1,0 +1,101 @@
+"""``etweedie train`` failures a user can cause: one line on stderr and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from etweedie.checkpoint import RunLock
+from etweedie.cli import main as cli
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "eight_gaussians_tiny.toml"
+
+
+def _one_line_error(capsys, *words):
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("etweedie train: error: "), err
+    assert "Traceback" not in err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+def _train(*args):
+    return cli(["train", "--config", str(TINY), "--no-progress", *map(str, args)])
+
+
+def test_out_is_a_file(tmp_path, capsys):
+    target = tmp_path / "file.txt"
+    target.write_text("x")
+    assert _train("--out", target, "--steps", "2") == 2
+    _one_line_error(capsys, "is not a writable directory")
+    assert target.read_text() == "x"
+
+
+def test_out_under_a_file_is_unwritable(tmp_path, capsys):
+    (tmp_path / "file.txt").write_text("x")
+    assert _train("--out", tmp_path / "file.txt" / "run", "--steps", "2") == 2
+    _one_line_error(capsys, "is not a writable directory")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+def test_device_cuda_without_cuda(tmp_path, capsys):
+    assert _train("--out", tmp_path / "run", "--device", "cuda", "--steps", "2") == 2
+    _one_line_error(capsys, "CUDA is not available")
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage"])
+def test_damaged_checkpoint(tmp_path, capsys, damage):
+    out = tmp_path / "run"
+    assert _train("--out", out, "--steps", "20") == 0
+    ckpt = out / "checkpoint.pt"
+    data = ckpt.read_bytes()
+    ckpt.write_bytes({"empty": b"", "truncated": data[: len(data) // 3], "garbage": b"\x80\x02garbage" * 100}[damage])
+    capsys.readouterr()
+    assert _train("--out", out, "--steps", "25") == 2
+    _one_line_error(capsys, "checkpoint.pt")
+    # starting afresh is the way out
+    assert _train("--out", out, "--steps", "3", "--no-resume") == 0
+
+
+def test_second_run_on_the_same_out_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    with RunLock(out):  # a first run holding the directory
+        assert _train("--out", out, "--steps", "2") == 2
+        _one_line_error(capsys, "another training run is using")
+    assert not (out / "checkpoint.pt").exists()
+
+
+def test_dry_run_runs_the_config_on_the_cpu(tmp_path, capsys):
+    """--dry-run: the config's path (here the bf16 + fused-Adam settings) on the CPU, every step
+    logged and checkpointed, the posterior written."""
+    config = TINY.read_text().replace('threads = 1', 'threads = 1\nprecision = "bf16"\nfused_adam = true\ndevice = "cuda"')
+    path = tmp_path / "gpu.toml"
+    path.write_text(config)
+    out = tmp_path / "dry"
+    assert cli(["train", "--config", str(path), "--out", str(out), "--dry-run", "3", "--no-progress"]) == 0
+    assert "trained 3 steps" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)["config"]
+    assert saved["device"] == "cpu" and saved["precision"] == "bf16"
+    assert (out / "posterior" / "config.json").is_file()
+
+
+def test_deadline_stops_with_checkpoint_and_posterior(tmp_path, capsys):
+    out = tmp_path / "late"
+    assert _train("--out", out, "--deadline", "1e-9") == 0
+    text = capsys.readouterr().out
+    assert "stopped at the deadline" in text
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert ckpt["step"] == 10  # the first log step (log_every = 10)
+    assert (out / "posterior" / "config.json").is_file()
+    assert _train("--out", out) == 0  # no deadline: resumes and finishes
+    assert "resumed from step 10" in capsys.readouterr().out
