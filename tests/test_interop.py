@@ -105,8 +105,8 @@ def test_noise_params_in_odd_dimension_isotropic_only(seed):
     y = torch.randn(3, 3, generator=gen(seed), dtype=F64)
     x = torch.randn(3, 6, 3, generator=gen(seed + 1), dtype=F64)
     s = score_with_law(y, x, NoiseParams(1.5, 1.2, 0.8, 0.0, 0.0))
-    var = float((0.8 / etweedie.metric.scale_constant(torch.tensor(1.5, dtype=F64), 3)) ** 2)
-    assert torch.allclose(s, etweedie.et_score(y, x, 1.5, 1.2, Metric.isotropic(var)), rtol=1e-12)
+    var = (0.8 / etweedie.metric.scale_constant(torch.tensor(1.5, dtype=F64), 3)) ** 2  # float64 (a float would be stored as float32)
+    assert torch.allclose(s, etweedie.et_score(y, x, 1.5, 1.2, Metric.isotropic(var.expand(3))), rtol=1e-12)
     with pytest.raises(ValueError, match="even dimension"):
         score_with_law(y, x, NoiseParams(1.5, 1.2, 0.8, 0.0, 0.3))
 
@@ -306,3 +306,24 @@ def test_kdiffusion_samplers_reach_the_clean_draw_floor(seed, sampler_name):
     samples = getattr(sampling, sampler_name)(denoiser, x, sigmas, disable=True)
     ed = float(etweedie.energy_distance(samples, clean))
     assert ed <= tolerance, f"seed={seed}: {sampler_name} ED(samples, clean) = {ed:.5f} above the floor {tolerance:.5f}"
+
+
+def test_gaussian_and_odd_dimension_laws_with_multi_dim_batches(seed):
+    y = torch.randn(3, 4, 3, generator=gen(seed), dtype=F64)
+    x = torch.randn(3, 4, 5, 3, generator=gen(seed + 1), dtype=F64)
+    sigma = torch.linspace(0.3, 1.4, 12, dtype=F64).reshape(3, 4)
+    s = score_with_law(y, x, sigma)
+    assert torch.allclose(s, -(y - x.mean(-2)) / sigma[..., None] ** 2, rtol=1e-12)
+    s_scalar = score_with_law(y, x, 0.5)
+    assert torch.allclose(s_scalar, -(y - x.mean(-2)) / 0.25, rtol=1e-12)
+    # NoiseParams with per-row σ in odd d: each row its own isotropic law
+    params = NoiseParams(torch.tensor(1.5, dtype=F64), torch.tensor(1.2, dtype=F64), sigma, 0.0, 0.0)
+    s_np = score_with_law(y, x, params)
+    var = (sigma / etweedie.metric.scale_constant(torch.tensor(1.5, dtype=F64), 3)) ** 2
+    for i in range(3):
+        expected = etweedie.et_score(y[i], x[i], 1.5, 1.2, Metric.isotropic(var[i]))  # var: float64 (4,)
+        assert torch.allclose(s_np[i], expected, rtol=1e-12)
+    # unbatched query
+    assert torch.allclose(score_with_law(y[0, 0], x[0, 0], 0.5), s_scalar[0, 0], rtol=1e-12)
+    with pytest.raises(ValueError, match="draws must have shape"):
+        score_with_law(y, x[:, :2], 0.5)

@@ -123,18 +123,31 @@ def score_with_law(y: torch.Tensor, draws: torch.Tensor, noise: NoiseLaw) -> tor
             return score_from_draws(y, noise, draws)
         # Odd d: the (u, v) block geometry needs pairs of coordinates, the isotropic case does not.
         fields = [torch.as_tensor(getattr(noise, n), dtype=y.dtype, device=y.device) for n in ("beta", "lam", "sigma", "u", "v")]
-        beta, lam, sigma, u, v = torch.broadcast_tensors(*fields)
+        try:
+            beta, lam, sigma, u, v = (f.expand(y.shape[:-1]) for f in torch.broadcast_tensors(*fields))
+        except RuntimeError:
+            raise ValueError(f"noise parameters do not broadcast to y's batch {tuple(y.shape[:-1])}") from None
         if bool((u != 0).any()) or bool((v != 0).any()):
             raise ValueError(f"NoiseParams with (u, v) != 0 needs an even dimension d (pairs of coordinates), got d = {d}")
-        var = (sigma / scale_constant(beta, d)) ** 2
-        return et_score(y, draws, beta, lam, Metric.isotropic(var) if var.dim() else Metric.isotropic(float(var)))
+        return _per_row_isotropic(y, draws, beta, lam, (sigma / scale_constant(beta, d)) ** 2)
     if isinstance(noise, GeneralizedGaussian):
         return et_score(y, draws, noise.beta.to(y.dtype), noise.lam.to(y.dtype), _metric_like(noise.metric, y))
     if isinstance(noise, StudentT):
         return student_t_score(y, draws, noise.c.to(y.dtype), _metric_like(noise.metric, y))
     sigma = _gaussian_sigma(noise, y)
-    return et_score(y, draws, 2.0, 1.0, Metric.isotropic(sigma.reshape(-1) ** 2)) if sigma.dim() else \
-        et_score(y, draws, 2.0, 1.0, Metric.isotropic(float(sigma) ** 2))
+    return _per_row_isotropic(y, draws, torch.full_like(sigma, 2.0), torch.ones_like(sigma), sigma**2)
+
+
+def _per_row_isotropic(y, draws, beta, lam, var) -> torch.Tensor:
+    """et_score with Σ = var·I per row; β, λ, var of y's batch shape (rows flattened for the metric's 1-D batch)."""
+    d = y.shape[-1]
+    if not isinstance(draws, torch.Tensor) or draws.dim() != y.dim() + 1 or draws.shape[:-2] != y.shape[:-1] or draws.shape[-1] != d:
+        got = tuple(draws.shape) if isinstance(draws, torch.Tensor) else type(draws).__name__
+        raise ValueError(f"draws must have shape (*batch, N, d) = {(*y.shape[:-1], 'N', d)}, got {got}")
+    rows = y.reshape(-1, d)  # an unbatched y (d,) is one row
+    s = et_score(rows, draws.reshape(rows.shape[0], draws.shape[-2], d), beta.reshape(-1), lam.reshape(-1),
+                 Metric.isotropic(var.reshape(-1)))
+    return s.reshape(y.shape)
 
 
 def _metric_like(metric: Optional[Metric], y: torch.Tensor) -> Optional[Metric]:
