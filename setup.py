@@ -65,7 +65,7 @@ def extensions():
     define_macros = []
     if with_cuda:
         sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*.cu")))
-        sources += sorted(glob.glob(os.path.join("csrc", "cuda", "bindings.cpp")))
+        sources += sorted(glob.glob(os.path.join("csrc", "cuda", "*_bindings.cpp")))
         define_macros.append(("WITH_CUDA", None))
         nvcc = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo"]
         return [

@@ -1,6 +1,6 @@
 // Operator schemas of the etweedie library (registered once, here).  Backends register
 // kernels with TORCH_LIBRARY_IMPL(etweedie, CPU|CUDA, m) in csrc/cpu/<op>_cpu.cpp and
-// csrc/cuda/bindings.cpp; autograd and fake (meta) implementations are registered from
+// csrc/cuda/<op>_bindings.cpp (each entry checks its arguments with csrc/common/checks.h); autograd and fake (meta) implementations are registered from
 // Python (etweedie/ops/<op>.py) so that torch.compile traces the ops without graph breaks.
 //
 // Canonical arguments (built by etweedie/ops/_prep.py):

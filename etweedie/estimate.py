@@ -329,7 +329,7 @@ def level_variance(sigma, beta, d: int, level_scale: str = "rms"):
 def _geometry(S: torch.Tensor, d: int, beta: torch.Tensor, sigma_rows: Optional[torch.Tensor], level_scale: str = "rms") -> Metric:
     """Σ = (σ_i / c_{β,d})² (I_{d/k} ⊗ S) per row (known σ) or I_{d/k} ⊗ S (trace-normalized).
 
-    Built with the plain Metric constructor: S is SPD by construction, and the public
+    Built with Metric.trusted (no validation): S is SPD by construction, and the validating
     constructors' SPD check would read the (differentiable) parameter back to the host.
     """
     block = S
@@ -337,8 +337,8 @@ def _geometry(S: torch.Tensor, d: int, beta: torch.Tensor, sigma_rows: Optional[
         block = level_variance(sigma_rows, beta, d, level_scale)[:, None, None] * S
     k = S.shape[-1]
     if k <= 4:
-        return Metric("block", block)
-    return Metric("dense", _kron_identity(block, d) if k < d else block)
+        return Metric.trusted("block", block)
+    return Metric.trusted("dense", _kron_identity(block, d) if k < d else block)
 
 
 # ---------------------------------------------------------------------------- result

@@ -64,29 +64,50 @@ class Metric:
     __slots__ = ("kind", "param")
 
     def __init__(self, kind: str, param: torch.Tensor):
+        """Σ of the given kind from its stored tensor (see the table above), validated exactly
+        as the named constructors validate it: ``Metric("dense", -I)`` raises like
+        ``Metric.dense(-I)``."""
         if kind not in _KINDS:
             raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
+        name = {"isotropic": "var", "diagonal": "var", "block": "S", "dense": "Sigma"}[kind]
+        param = _as_float_tensor(param, name)
+        if kind == "diagonal" and param.dim() < 1:
+            raise ValueError(f"var must have shape (*batch, d) for a diagonal metric, got shape {tuple(param.shape)}")
+        if kind in ("block", "dense"):
+            if param.dim() < 2 or param.shape[-1] != param.shape[-2]:
+                k = "k, k" if kind == "block" else "d, d"
+                raise ValueError(f"{name} must have shape (*batch, {k}), got {tuple(param.shape)}")
+            if kind == "block" and not 1 <= param.shape[-1] <= MAX_BLOCK:
+                raise ValueError(
+                    f"S must be a k×k block with k in [1, {MAX_BLOCK}], got k={param.shape[-1]}; use Metric.dense for larger blocks"
+                )
+            _check_spd(param, name)
+        else:
+            _check_positive(param, name, kind)
         self.kind = kind
         self.param = param
+
+    @classmethod
+    def trusted(cls, kind: str, param: torch.Tensor) -> "Metric":
+        """A metric built without validation, for parameters valid by construction (a validated
+        metric's inverse, cast or rescaling; a Σ assembled from a Cholesky parameter): no extra
+        pass, no device sync.  The caller guarantees finite, positive / SPD values — anything
+        else gives wrong results; use the validating constructors for input from users."""
+        m = object.__new__(cls)
+        m.kind = kind
+        m.param = param
+        return m
 
     # ------------------------------------------------------------------ constructors
     @classmethod
     def isotropic(cls, var) -> "Metric":
         """Σ = var·I. ``var``: float or tensor of shape ``(*batch,)``; must be > 0."""
-        var = _as_float_tensor(var, "var")
-        if not _is_compiling() and var.numel() and not bool((var > 0).all()):
-            raise ValueError(f"var must be > 0 for an isotropic metric, got min {var.min().item():.4g}")
-        return cls("isotropic", var)
+        return cls("isotropic", _as_float_tensor(var, "var"))
 
     @classmethod
     def diagonal(cls, var: torch.Tensor) -> "Metric":
         """Σ = diag(var). ``var``: tensor ``(*batch, d)``; every entry > 0."""
-        var = _as_float_tensor(var, "var")
-        if var.dim() < 1:
-            raise ValueError(f"var must have shape (*batch, d) for a diagonal metric, got shape {tuple(var.shape)}")
-        if not _is_compiling() and var.numel() and not bool((var > 0).all()):
-            raise ValueError(f"var must be > 0 for a diagonal metric, got min {var.min().item():.4g}")
-        return cls("diagonal", var)
+        return cls("diagonal", _as_float_tensor(var, "var"))
 
     @classmethod
     def block(cls, S: torch.Tensor) -> "Metric":
@@ -95,23 +116,12 @@ class Metric:
         ``S``: ``(k, k)`` or ``(*batch, k, k)``, symmetric positive definite.  For images with
         k = 2, S couples horizontally adjacent pixel pairs (DESIGN §2).
         """
-        S = _as_float_tensor(S, "S")
-        if S.dim() < 2 or S.shape[-1] != S.shape[-2]:
-            raise ValueError(f"S must have shape (*batch, k, k), got {tuple(S.shape)}")
-        k = S.shape[-1]
-        if not 1 <= k <= MAX_BLOCK:
-            raise ValueError(f"S must be a k×k block with k in [1, {MAX_BLOCK}], got k={k}; use Metric.dense for larger blocks")
-        _check_spd(S, "S")
-        return cls("block", S)
+        return cls("block", _as_float_tensor(S, "S"))
 
     @classmethod
     def dense(cls, Sigma: torch.Tensor) -> "Metric":
         """Full covariance Σ: ``(d, d)`` or ``(*batch, d, d)``, symmetric positive definite."""
-        Sigma = _as_float_tensor(Sigma, "Sigma")
-        if Sigma.dim() < 2 or Sigma.shape[-1] != Sigma.shape[-2]:
-            raise ValueError(f"Sigma must have shape (*batch, d, d), got {tuple(Sigma.shape)}")
-        _check_spd(Sigma, "Sigma")
-        return cls("dense", Sigma)
+        return cls("dense", _as_float_tensor(Sigma, "Sigma"))
 
     @classmethod
     def from_params(cls, sigma, u, v, beta, d: int) -> "Metric":
@@ -127,9 +137,12 @@ class Metric:
         u = _as_float_tensor(u, "u", like=sigma)
         v = _as_float_tensor(v, "v", like=sigma)
         beta = _as_float_tensor(beta, "beta", like=sigma)
-        if not _is_compiling():
-            if sigma.numel() and not bool((sigma > 0).all()):
-                raise ValueError(f"sigma must be > 0, got min {sigma.min().item():.4g}")
+        if _is_compiling():
+            ok = (torch.isfinite(sigma) & (sigma > 0)).all() & ((beta > 0) & (beta <= 2)).all() & (u * u + v * v < 1).all()
+            torch._assert_async(ok, "from_params: need finite sigma > 0, beta in (0, 2] and u²+v² < 1")
+        else:
+            if sigma.numel() and not bool((torch.isfinite(sigma) & (sigma > 0)).all()):
+                raise ValueError(f"sigma must be > 0 and finite, got values in [{sigma.min().item():.4g}, {sigma.max().item():.4g}]")
             if beta.numel() and not bool(((beta > 0) & (beta <= 2)).all()):
                 raise ValueError(f"beta must lie in (0, 2], got values in [{beta.min().item():.4g}, {beta.max().item():.4g}]")
             r2 = u * u + v * v
@@ -137,7 +150,7 @@ class Metric:
                 raise ValueError(f"(u, v) must lie in the open unit disk (u²+v²<1), got max u²+v² = {r2.max().item():.4g}")
         scale = (sigma / scale_constant(beta, d)) ** 2
         S = shape_matrix(u, v) * scale[..., None, None]
-        return cls("block", S)
+        return cls.trusted("block", S)  # SPD by construction from the checked (σ, u, v, β)
 
     # ------------------------------------------------------------------ structure
     @property
@@ -167,7 +180,7 @@ class Metric:
         return self.param.device
 
     def to(self, *args, **kwargs) -> "Metric":
-        return Metric(self.kind, self.param.to(*args, **kwargs))
+        return Metric.trusted(self.kind, self.param.to(*args, **kwargs))
 
     def check_dim(self, d: int, name: str = "metric") -> None:
         """Raise ValueError unless this metric can act on vectors of dimension ``d``."""
@@ -186,13 +199,20 @@ class Metric:
             return 1.0 / self.param
         # inv_ex: SPD was checked when the metric was built; plain inv would read the solver's
         # status back to the host, a device sync per op call on GPU.
-        return torch.linalg.inv_ex(self.param)[0]
+        return torch.linalg.inv_ex(self._sym())[0]
 
     def whitening_factor(self) -> torch.Tensor:
         """L with P = L Lᵀ: sqrt(1/var) for isotropic/diagonal, lower Cholesky of S⁻¹ or Σ⁻¹."""
         if self.kind in ("isotropic", "diagonal"):
             return self.param.rsqrt()
-        return torch.linalg.cholesky_ex(torch.linalg.inv_ex(self.param)[0])[0]
+        return torch.linalg.cholesky_ex(torch.linalg.inv_ex(self._sym())[0])[0]
+
+    def _sym(self) -> torch.Tensor:
+        """(S + Sᵀ)/2 of a block or dense parameter.  Equal to S in value (S is symmetric), but
+        it makes the gradient with respect to S symmetric on every path: the reference inverts
+        S while the kernels take a Cholesky factor, which reads one triangle only, so without
+        it the backends would disagree on the (meaningless) antisymmetric part."""
+        return 0.5 * (self.param + self.param.transpose(-1, -2))
 
     def covariance(self, d: int) -> torch.Tensor:
         """Dense Σ, shape ``(*batch, d, d)``."""
@@ -211,11 +231,11 @@ class Metric:
 
     def precision(self, d: int) -> torch.Tensor:
         """Dense P = Σ⁻¹, shape ``(*batch, d, d)``."""
-        return Metric(self.kind, self.param).inverse().covariance(d)
+        return self.inverse().covariance(d)
 
     def inverse(self) -> "Metric":
         """The metric whose covariance is P (swaps Σ and P)."""
-        return Metric(self.kind, self.precision_param())
+        return Metric.trusted(self.kind, self.precision_param())
 
     def _blocks(self, u: torch.Tensor) -> torch.Tensor:
         k = self.block_size
@@ -256,7 +276,7 @@ class Metric:
     def whiten(self, u: torch.Tensor, sample_dims: int = 0) -> torch.Tensor:
         """z = Lᵀ u, so that ‖u‖²_P = ‖z‖². u: ``(*batch, *sample, d)``."""
         self.check_dim(u.shape[-1], "metric")
-        L = Metric(self.kind, self.whitening_factor())
+        L = Metric.trusted(self.kind, self.whitening_factor())
         if self.kind == "isotropic":
             return L._param_for(u, 0, sample_dims)[..., None] * u
         if self.kind == "diagonal":
@@ -283,7 +303,7 @@ class Metric:
             return self._param_for(z, 0, sample_dims).sqrt()[..., None] * z
         if self.kind == "diagonal":
             return self._param_for(z, 1, sample_dims).sqrt() * z
-        L = Metric(self.kind, self.whitening_factor())
+        L = Metric.trusted(self.kind, self.whitening_factor())
         if self.kind == "block":
             Lk = L._param_for(z, 2, sample_dims)
             # row form of Lᵀ u = z is uᵀ L = zᵀ: solve X L = Z for the rows X.
@@ -325,20 +345,46 @@ class Metric:
     def trace_normalized(self) -> "Metric":
         """Σ rescaled so that tr Σ = d (mean per-coordinate variance 1)."""
         if self.kind == "isotropic":
-            return Metric("isotropic", torch.ones_like(self.param))
+            return Metric.trusted("isotropic", torch.ones_like(self.param))
         if self.kind == "diagonal":
-            return Metric("diagonal", self.param / self.param.mean(-1, keepdim=True))
+            return Metric.trusted("diagonal", self.param / self.param.mean(-1, keepdim=True))
         k = self.param.shape[-1]
         mean_var = torch.diagonal(self.param, dim1=-2, dim2=-1).sum(-1) / k
-        return Metric(self.kind, self.param / mean_var[..., None, None])
+        return Metric.trusted(self.kind, self.param / mean_var[..., None, None])
+
+
+def _check_positive(v: torch.Tensor, name: str, kind: str) -> None:
+    """Every variance finite and > 0.  Under torch.compile the check runs inside the graph
+    (``torch._assert_async``: a RuntimeError with the same message, no graph break)."""
+    if v.numel() == 0:
+        return
+    ok = (torch.isfinite(v) & (v > 0)).all()
+    msg = f"{name} must be > 0 and finite for a{'n' if kind[0] in 'aeiou' else ''} {kind} metric"
+    if _is_compiling():
+        torch._assert_async(ok, msg)
+        return
+    if not bool(ok):
+        bad = v.detach()[~(torch.isfinite(v.detach()) & (v.detach() > 0))].flatten()[0].item()
+        raise ValueError(f"{msg}, got {bad:.4g}")
 
 
 def _check_spd(M: torch.Tensor, name: str) -> None:
-    if _is_compiling() or M.numel() == 0:
+    """Finite, symmetric and positive definite (Cholesky succeeds), for every matrix of the batch."""
+    if M.numel() == 0:
         return
+    M = M.detach()
+    if _is_compiling():
+        finite = torch.isfinite(M).all()
+        tol = 1e-5 * M.abs().amax((-2, -1), keepdim=True) + 1e-30
+        sym = ((M - M.transpose(-1, -2)).abs() <= tol).all()
+        pd = (torch.linalg.cholesky_ex(M).info == 0).all()
+        torch._assert_async(finite & sym & pd, f"{name} must be finite, symmetric and positive definite")
+        return
+    if not bool(torch.isfinite(M).all()):
+        raise ValueError(f"{name} must be symmetric positive definite, got a matrix with NaN or infinite entries")
     if not torch.allclose(M, M.transpose(-1, -2), rtol=1e-5, atol=1e-6 * float(M.abs().max())):
         raise ValueError(f"{name} must be symmetric positive definite, got a non-symmetric matrix")
-    info = torch.linalg.cholesky_ex(M.detach()).info
+    info = torch.linalg.cholesky_ex(M).info
     if bool((info != 0).any()):
         raise ValueError(f"{name} must be symmetric positive definite, got a matrix that is not positive definite")
 

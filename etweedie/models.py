@@ -25,9 +25,29 @@ with the conditioning map M_l either
 * ``conditioning="film"``: feature-wise affine modulation (1 + γ_l(η̃)) ⊙ z + b_l(η̃), where
   (γ_l, b_l) come from a small MLP embedding of η̃ shared by all layers.
 
-The output is ``"direct"`` (x = A_out h_L), ``"residual"`` (x = y + A_out h_L) or
+The output is ``"direct"`` (x = A_out h_L), ``"residual"`` (x = y + A_out h_L),
 ``"scaled_residual"`` (x = y + r(η) A_out h_L with the realized noise RMS r = σ λ^{−1/β},
-so the network predicts the denoising displacement in noise units).
+so the network predicts the denoising displacement in noise units) or ``"preconditioned"``.
+
+``"preconditioned"`` is the input/skip/output scaling of Karras et al. (2022, "Elucidating the
+design space of diffusion-based generative models", §5 and Table 1), written in the realized RMS r
+and the data's centre μ and per-coordinate scale s_d (``data_center``, ``data_std``)::
+
+    c_in = 1/sqrt(s_d² + r²)   c_skip = s_d²/(s_d² + r²)   c_out = r s_d/sqrt(s_d² + r²)
+    h_1 uses c_in (y − μ) in place of y;       x = μ + c_skip (y − μ) + c_out A_out h_L
+
+With ``learn_data_scale=True`` μ and s_d are per-coordinate parameters (initialized at the two
+scalars, learned with the rest), so every coordinate gets its own skip c_skip,p = s_p²/(s_p² + r²):
+a coordinate the data never use (an MNIST border pixel, s_p → 0) learns to drop y and its noise
+outright instead of passing c_skip·noise through.  A width-W MLP with W < d cannot cancel that
+noise itself (its residual path has rank ≤ W), so without this the draws at small r keep
+≈ c_skip of the input noise (measured: 0.71 of it at r = 0.197 for W = 512, d = 784).
+
+The network's input then has unit scale at every noise level, and its output is weighted so that
+at large r (r ≫ s_d: y is mostly noise) the draw comes from the network around μ instead of
+from y plus an r-sized correction that must cancel the noise exactly, and at small r it is the
+residual form.  For images whose noise RMS spans 0.2–6 (the MNIST training range, σ ∈ [0.025, 6])
+this is what keeps the draws on the data manifold (experiments/mnist/RESULTS.md, posterior ablation).
 
 ``latent="noise_law"`` adds one more latent: a draw ẑ of the conditioned noise law itself,
 standardized to unit RMS (ẑ = e / r(η), e ~ GG(β, λ, Σ)).  It enters the first layer (A_z ẑ)
@@ -71,7 +91,7 @@ __all__ = ["EngressionPosterior", "ETA_DIM", "default_eta_bounds"]
 
 ETA_DIM = 5  # η = (β, log λ, log σ, u, v)
 CONDITIONINGS = ("film", "concat")
-OUTPUTS = ("scaled_residual", "residual", "direct")
+OUTPUTS = ("scaled_residual", "residual", "direct", "preconditioned")
 LATENTS = ("gaussian", "noise_law")
 
 
@@ -149,6 +169,11 @@ class EngressionPosterior(nn.Module):
             conditioned noise law; needs an even ``dim``, the block metric's requirement).
         eta_low, eta_high: the box [low, high] of η over which it is normalized to [−1, 1]
             (default: the 2-D training prior, :func:`default_eta_bounds`).
+        data_center, data_std: the data's centre μ and per-coordinate scale s_d (> 0) used by
+            ``output="preconditioned"`` (ignored by the other outputs); e.g. 0.1307 and 0.3081
+            for MNIST pixels in [0, 1].
+        learn_data_scale: make μ and s_d per-coordinate learned parameters (``"preconditioned"``
+            only), initialized at ``data_center`` and ``data_std``.
         init_seed: seed of the parameter initialization (a private ``torch.Generator``).
 
     Attributes:
@@ -169,6 +194,9 @@ class EngressionPosterior(nn.Module):
         latent: str = "gaussian",
         eta_low: Optional[Sequence[float]] = None,
         eta_high: Optional[Sequence[float]] = None,
+        data_center: float = 0.0,
+        data_std: float = 1.0,
+        learn_data_scale: bool = False,
         init_seed: int = 0,
     ):
         super().__init__()
@@ -188,6 +216,17 @@ class EngressionPosterior(nn.Module):
         if eta_low is None:
             eta_low, eta_high = default_eta_bounds()
         eta_low, eta_high = _check_bounds(eta_low, eta_high)
+        for name, value in (("data_center", data_center), ("data_std", data_std)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise TypeError(f"{name} must be a finite float, got {type(value).__name__} {value!r}")
+        if data_std <= 0:
+            raise ValueError(f"data_std must be > 0, got {data_std!r}")
+        self.data_center, self.data_std = float(data_center), float(data_std)
+        if not isinstance(learn_data_scale, bool):
+            raise TypeError(f"learn_data_scale must be a bool, got {type(learn_data_scale).__name__}")
+        if learn_data_scale and output != "preconditioned":
+            raise ValueError(f"learn_data_scale=True needs output='preconditioned', got output={output!r}")
+        self.learn_data_scale = learn_data_scale
         self.width, self.depth, self.noise_dim = width, depth, noise_dim
         self.conditioning, self.output, self.latent = conditioning, output, latent
         self.config: Dict[str, Any] = dict(
@@ -201,6 +240,9 @@ class EngressionPosterior(nn.Module):
             latent=latent,
             eta_low=list(eta_low),
             eta_high=list(eta_high),
+            data_center=self.data_center,
+            data_std=self.data_std,
+            learn_data_scale=learn_data_scale,
             init_seed=init_seed,
         )
         low = torch.tensor(eta_low, dtype=torch.float32)
@@ -225,6 +267,13 @@ class EngressionPosterior(nn.Module):
             # γ_l, b_l for every layer; small init so training starts near the unmodulated net.
             self.film_out = _Affine(cond_width, 2 * width * depth, generator=g, gain=0.1)
         self.out = _Affine(width, d, generator=g)
+        if learn_data_scale:
+            # deterministic init (no draws from g), so the other parameters' init is unchanged
+            # μ_p = data_center + G θ_p, log s_p = log data_std + G φ_p with θ = φ = 0 at init: the
+            # gain G = PIXEL_SCALE_GAIN lets Adam (steps ≈ lr in θ, φ) move them G× faster than the
+            # weights, so the per-pixel skips settle within a CPU-scale run.
+            self.pixel_center = nn.Parameter(torch.zeros(d))
+            self.pixel_log_std = nn.Parameter(torch.zeros(d))
         if latent == "noise_law":
             # drawn after every other parameter, so a Gaussian-latent model's init is unchanged
             self.latent_map = _Affine(d, width, bias=False, generator=g)
@@ -266,7 +315,20 @@ class EngressionPosterior(nn.Module):
                 return (1 + gammas[layer]) * z + shifts[layer]
             return z + self.cond_maps[layer](eta_n).unsqueeze(-2)
 
-        first = self.input_y(y).unsqueeze(-2) + self.noise_maps[0](eps[0])
+        if self.output == "preconditioned":
+            r = self.realized_rms(eta).unsqueeze(-1)  # (B, 1)
+            if self.learn_data_scale:
+                gain = self.PIXEL_SCALE_GAIN
+                s_d = self.data_std * torch.exp(gain * self.pixel_log_std)  # (d,)
+                center = self.data_center + gain * self.pixel_center
+            else:
+                s_d, center = self.data_std, self.data_center
+            norm = torch.rsqrt(s_d * s_d + r * r)
+            centered = y - center
+            y_in = centered * norm
+        else:
+            y_in = y
+        first = self.input_y(y_in).unsqueeze(-2) + self.noise_maps[0](eps[0])
         if z_hat is not None:
             first = first + self.latent_map(z_hat)
         h = F.silu(condition(first, 0))
@@ -277,8 +339,13 @@ class EngressionPosterior(nn.Module):
             out = out + self.cond_out(eta_n).unsqueeze(-2)
         if z_hat is not None:
             gate = self.latent_gate(eta_n).unsqueeze(-2)  # (B, 1, 1)
-            unit = 1.0 if self.output == "scaled_residual" else self.realized_rms(eta)[..., None, None]
+            unit = self.realized_rms(eta)[..., None, None] if self.output in ("residual", "direct") else 1.0
             out = out + gate * unit * z_hat
+        if self.output == "preconditioned":
+            # c_skip = s_d² norm², c_out = r s_d norm (norm = c_in); the noise-law latent (if any)
+            # enters in units of the output's scale.
+            skip = (s_d * s_d) * norm * norm
+            return center + (skip * centered).unsqueeze(-2) + (r * s_d * norm).unsqueeze(-2) * out
         if self.output == "direct":
             return out
         if self.output == "residual":
@@ -385,6 +452,35 @@ class EngressionPosterior(nn.Module):
         if not antithetic:
             return latent
         return torch.stack([latent, -latent], dim=2).reshape(rows, 2 * fresh, latent.shape[-1])[:, :n]
+
+    #: Gain of the per-coordinate centre and log-scale parameters (``learn_data_scale``).
+    PIXEL_SCALE_GAIN: float = 10.0
+
+    def forward_flops(self) -> Dict[str, int]:
+        """Multiply-add FLOPs (2 per MAC) of one :meth:`generate` call, split into the part paid
+        once per query (y's and η's projections, the FiLM/gate embeddings) and the part paid per
+        posterior draw (the ε maps, the hidden and output layers); elementwise work is not counted.
+
+        A sampler drawing N draws for each of Q queries costs ``Q·per_query + Q·N·per_draw``.
+
+        Example::
+
+            >>> EngressionPosterior(784, width=2560, depth=3, noise_dim=16, conditioning="concat").forward_flops()["per_draw"]
+            30474240
+        """
+        d, w, L, k = self.dim, self.width, self.depth, self.noise_dim
+        per_draw = L * k * w + (L - 1) * w * w + w * d
+        per_query = d * w
+        if self.conditioning == "concat":
+            per_query += L * ETA_DIM * w + ETA_DIM * d
+        else:
+            c = self.config["cond_width"]
+            per_query += ETA_DIM * c + c * c + c * 2 * w * L
+        if self.latent == "noise_law":
+            per_draw += d * w
+            c = self.config["cond_width"]
+            per_query += ETA_DIM * c + c
+        return {"per_query": 2 * per_query, "per_draw": 2 * per_draw}
 
     #: Sample rows (queries × draws) per block of a CPU inference call: the W-wide activations of
     #: a block stay in cache between layers.  At W = 256, 1,024–4,096 rows ran 2.7–2.9× faster than one

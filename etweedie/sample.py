@@ -42,6 +42,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 from tqdm.auto import tqdm
 
+from .metric import Metric
 from .noise import NoiseParams
 from .ops import langevin_step
 from .score import antithetic_options
@@ -160,6 +161,236 @@ def step_sizes(path, schedule: torch.Tensor, step_scale: float) -> torch.Tensor:
     return float(step_scale) * (r / r[-1]) ** 2
 
 
+# ---------------------------------------------------------------------------- chunks and generators
+__all__ += ["chain_chunks", "chunk_generators", "chunk_seed", "initial_states"]
+
+
+def chain_chunks(n_chains: int, chunk_chains: Optional[int]) -> List[slice]:
+    """Contiguous chain slices of at most ``chunk_chains`` chains (None: one slice of all).
+
+    Example::
+
+        >>> chain_chunks(5, 2)
+        [slice(0, 2, None), slice(2, 4, None), slice(4, 5, None)]
+    """
+    n_chains = _check_int(n_chains, "n_chains", 0)
+    if chunk_chains is None or n_chains == 0:
+        return [slice(0, n_chains)]
+    chunk_chains = _check_int(chunk_chains, "chunk_chains", 1)
+    return [slice(i, min(i + chunk_chains, n_chains)) for i in range(0, n_chains, chunk_chains)]
+
+
+def chunk_seed(seed: int, chunk: int) -> int:
+    """The seed of chunk ``chunk`` of a run seeded ``seed``: 63 bits of SHA-256("seed:chunk").
+
+    Hashing (not ``seed + chunk``) keeps the streams of neighbouring seeds apart: run 2718's
+    chunk 1 never reuses run 2719's chunk 0.
+
+    Example::
+
+        >>> chunk_seed(2718, 0) == chunk_seed(2718, 0) != chunk_seed(2718, 1)
+        True
+    """
+    import hashlib
+
+    seed = _check_int(seed, "seed", 0)
+    chunk = _check_int(chunk, "chunk", 0)
+    digest = hashlib.sha256(f"etweedie-chunk:{seed}:{chunk}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def chunk_generators(seed: int, chunks, device="cpu") -> List[torch.Generator]:
+    """One ``torch.Generator`` per chain chunk, seeded :func:`chunk_seed` (seed, c).
+
+    ``chunks``: the number of chunks, or the chunk indices wanted (a rank of a sharded run asks
+    for its own).  Chunk c's stream does not depend on which process draws it, so a run sharded
+    over processes reproduces the single-process run chunk by chunk
+    (:func:`etweedie.sample_parallel.sample_langevin_sharded`).
+
+    Example::
+
+        >>> [g.initial_seed() == chunk_seed(7, c) for c, g in zip(range(2), chunk_generators(7, 2))]
+        [True, True]
+    """
+    indices = range(_check_int(chunks, "chunks", 0)) if isinstance(chunks, int) and not isinstance(chunks, bool) else chunks
+    return [torch.Generator(device=device).manual_seed(chunk_seed(seed, int(c))) for c in indices]
+
+
+def _generators_for(generator, n_chunks: int) -> List[torch.Generator]:
+    """The generator of each chunk: one shared stream (a Generator) or one per chunk (a sequence)."""
+    if isinstance(generator, torch.Generator):
+        return [generator] * n_chunks
+    if isinstance(generator, (list, tuple)) and generator and all(isinstance(g, torch.Generator) for g in generator):
+        if len(generator) != n_chunks:
+            raise ValueError(
+                f"generator: one torch.Generator per chain chunk expected ({n_chunks} chunks of chunk_chains chains), "
+                f"got {len(generator)}"
+            )
+        return list(generator)
+    raise TypeError(
+        "generator must be a torch.Generator (randomness is always explicit) or a list of them, one per chain chunk; "
+        f"got {type(generator).__name__}"
+    )
+
+
+def initial_states(
+    path: Callable[[torch.Tensor], NoiseParams],
+    schedule: torch.Tensor,
+    n_chains: int,
+    dim: int,
+    *,
+    generator,
+    center: Optional[torch.Tensor] = None,
+    chunk_chains: Optional[int] = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Chain starts ``center + e``, e a draw of the first level's noise law (β_0, λ_0, Σ_0): ``(n_chains, dim)``.
+
+    This is the first noisy marginal p_0 = p_data ∗ q_0 with the data collapsed to ``center`` (e.g.
+    the training mean image; None: 0).  When the first level's noise dominates the data spread
+    (MNIST: r_0 = 2.63 per pixel against a pixel std of about 0.3, so the data hold about 1% of
+    p_0's variance) this start has p_0's mean, tails and covariance shape up to that 1%, and the
+    first level's burn-in only has to add the data's own spread.  ``dim`` must be even (the
+    block metric I_{d/2} ⊗ S(u, v)).
+
+    ``generator``: a ``torch.Generator``, or one per chunk of ``chunk_chains`` chains (chunk c's
+    starts come from generator c, first — see :func:`chunk_generators`).  The draws are made on
+    the generator's device.
+
+    Example::
+
+        >>> from etweedie.paths import get_path, level_times
+        >>> y0 = initial_states(get_path("mnist_joint"), level_times(64), 512, 784,
+        ...                     generator=torch.Generator().manual_seed(0))
+        >>> y0.shape, round(float(y0.pow(2).mean().sqrt()), 1)
+        (torch.Size([512, 784]), 2.6)
+    """
+    schedule = _check_schedule(schedule)
+    n_chains = _check_int(n_chains, "n_chains", 1)
+    dim = _check_int(dim, "dim", 2)
+    if dim % 2:
+        raise ValueError(f"dim must be even (the block metric I_(d/2) ⊗ S(u, v)), got {dim}")
+    chunks = chain_chunks(n_chains, chunk_chains)
+    generators = _generators_for(generator, len(chunks))
+    device = generators[0].device
+    first = _level(_level_params(path, schedule[:1]), 0)
+    first = NoiseParams(*(f.to(device=device, dtype=torch.float64) for f in first._tensors()))
+    law = first.noise(dim)
+    parts = [law.sample((sl.stop - sl.start,), generator=g).to(dtype) for sl, g in zip(chunks, generators)]
+    y0 = torch.cat(parts)
+    if center is not None:
+        if not isinstance(center, torch.Tensor) or center.shape[-1:] != (dim,):
+            got = tuple(center.shape) if isinstance(center, torch.Tensor) else type(center).__name__
+            raise ValueError(f"center must be a tensor of shape ({dim},), got {got}")
+        y0 = y0 + center.to(device=device, dtype=dtype)
+    return y0
+
+
+# ---------------------------------------------------------------------------- one update
+PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}
+CAPTURES = (None, "cuda_graph", "compile")
+
+
+def _posterior_draws(posterior, y, eta, n, generator, options, autocast_dtype) -> torch.Tensor:
+    """``posterior.sample`` (under bf16 autocast when asked), returned in y's dtype for the kernels."""
+    if autocast_dtype is None:
+        x = posterior.sample(y, eta, n, generator=generator, **options)
+    else:
+        # Matmuls in bf16 with float32 accumulation; the draws go to the fused kernels in y's
+        # dtype (they take float32/float64), so the score's reduction stays in float32.
+        with torch.autocast(device_type=y.device.type, dtype=autocast_dtype):
+            x = posterior.sample(y, eta, n, generator=generator, **options)
+    return x.to(y.dtype)
+
+
+class _StaticUpdate:
+    """One chunk's Langevin update on fixed buffers, replayable as a CUDA graph.
+
+    The level's values (η, α, β, λ and the metric's block) live in device buffers written once
+    per level; the update reads nothing from the host, so ``steps`` replays run back to back with
+    no host sync.  ``mode``: None (eager on the buffers), ``"cuda_graph"`` (capture one update
+    with ``torch.cuda.CUDAGraph``, the chunk's generator registered so each replay draws fresh
+    numbers) or ``"compile"`` (``torch.compile(mode="reduce-overhead")``).  A capture that fails
+    falls back to eager with a warning (``self.fallback`` holds the reason).
+    """
+
+    def __init__(self, posterior, y: torch.Tensor, n_posterior: int, generator: torch.Generator, options: dict,
+                 autocast_dtype, metric_kind: str, metric_shape, mode: Optional[str]):
+        self.posterior, self.n, self.generator, self.options = posterior, n_posterior, generator, options
+        self.autocast_dtype, self.mode, self.metric_kind = autocast_dtype, mode, metric_kind
+        dev, dt = y.device, y.dtype
+        self.y = y.clone()
+        self.eta = torch.zeros(y.shape[0], 5, dtype=dt, device=dev)
+        self.alpha = torch.ones((), dtype=dt, device=dev)
+        self.beta = torch.full((), 2.0, dtype=dt, device=dev)
+        self.lam = torch.ones((), dtype=dt, device=dev)
+        self.metric_param = torch.ones(metric_shape, dtype=dt, device=dev)
+        self.first_draw = torch.zeros_like(self.y)
+        self.graph = None
+        self.compiled = None
+        self.fallback: Optional[str] = None
+        self.eager_updates = 0
+
+    def set_level(self, eta: torch.Tensor, alpha: float, beta: float, lam: float, metric) -> None:
+        self.eta.copy_(eta.expand_as(self.eta))
+        self.alpha.fill_(alpha)
+        self.beta.fill_(beta)
+        self.lam.fill_(lam)
+        self.metric_param.copy_(metric.param)
+
+    def _body(self) -> None:
+        x = _posterior_draws(self.posterior, self.y, self.eta, self.n, self.generator, self.options, self.autocast_dtype)
+        xi = torch.randn(self.y.shape, generator=self.generator, dtype=self.y.dtype, device=self.y.device)
+        y_next = langevin_step(self.y, x, xi, self.alpha, self.beta, self.lam, Metric(self.metric_kind, self.metric_param))
+        self.first_draw.copy_(x[:, 0, :])
+        self.y.copy_(y_next)
+
+    def _capture(self) -> None:
+        import warnings
+
+        try:
+            if self.mode == "cuda_graph":
+                # warm-up updates (real updates of the chain) on a side stream, as CUDA graphs require
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(2):
+                        self._body()
+                        self.eager_updates += 1
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                graph.register_generator_state(self.generator)
+                with torch.cuda.graph(graph):
+                    self._body()
+                self.graph = graph
+            else:
+                compiled = torch.compile(self._body, mode="reduce-overhead", dynamic=False)
+                compiled()  # compiles (errors surface here) and is the chunk's first update
+                self.eager_updates += 1
+                self.compiled = compiled
+        except Exception as exc:  # a capture that cannot happen must not stop a sampling run
+            self.fallback = f"{type(exc).__name__}: {exc}"
+            self.graph = self.compiled = None
+            warnings.warn(f"sample_langevin: capture={self.mode!r} failed, running eagerly ({self.fallback})",
+                          RuntimeWarning, stacklevel=3)
+            self.mode = None
+
+    def run(self, steps: int) -> None:
+        done = 0
+        # capture on a level with room for the warm-up updates (they are real updates of the chain)
+        if self.mode is not None and self.graph is None and self.compiled is None and steps >= 4:
+            before = self.eager_updates
+            self._capture()
+            done = self.eager_updates - before
+        for _ in range(max(steps - done, 0)):
+            if self.graph is not None:
+                self.graph.replay()
+            elif self.compiled is not None:
+                self.compiled()
+            else:
+                self._body()
+
+
 # ---------------------------------------------------------------------------- the sampler
 @torch.no_grad()
 def sample_langevin(
@@ -173,17 +404,22 @@ def sample_langevin(
     step_scale: float,
     first_level_steps: Optional[int] = None,
     final_draw: bool = True,
-    generator: Optional[torch.Generator] = None,
+    generator=None,
     callback: Optional[Callable[[Dict], None]] = None,
     disable: Optional[bool] = None,
     timer: Optional[ThroughputTimer] = None,
     antithetic: bool = False,
+    chunk_chains: Optional[int] = None,
+    max_draw_elements: Optional[int] = None,
+    precision: str = "float32",
+    capture: Optional[str] = None,
 ) -> torch.Tensor:
     """Annealed Langevin with the Energy-Tweedie score along a noise-parameter path.
 
     Args:
         posterior: object with ``sample(y (C, d), eta (C, 5), n, *, generator) -> (C, n, d)``.
-        y0: initial states ``(..., d)`` (all leading dims are independent chains), float32/64.
+        y0: initial states ``(..., d)`` (all leading dims are independent chains), float32/64
+            (for images e.g. :func:`initial_states`).
         path: ``t -> NoiseParams``, vectorized over t (:class:`etweedie.paths.NoisePath`).
         schedule: path times of the levels, ``(L,)`` in [0, 1], visited in order
             (:func:`etweedie.paths.level_times`).
@@ -193,22 +429,38 @@ def sample_langevin(
         first_level_steps: updates at the first level instead of ``steps_per_level`` (≥ 0;
             None: ``steps_per_level``) — a longer burn-in at the noisiest level.
         final_draw: replace each chain by one posterior draw at the terminal level.
-        generator: the ``torch.Generator`` every posterior draw and Langevin noise comes from
-            (required; a run is reproducible from its seed).
+        generator: where every posterior draw and Langevin noise comes from (required; a run is
+            reproducible from its seed): a ``torch.Generator`` shared by all chains, or a list of
+            generators, one per chunk of ``chunk_chains`` chains (:func:`chunk_generators`) — then
+            each chunk's chains depend only on its own generator, so a run split over processes
+            (:func:`etweedie.sample_parallel.sample_langevin_sharded`) gives the same chains.
         callback: called after each level with ``{"level", "t", "r", "step", "params"
             (NoiseParams of the level), "eta" (5,), "state" (y0's shape), "denoised" (one
             posterior draw per chain from the level's last score evaluation, y0's shape)}``.
         disable: True hides the tqdm bar over levels (None: tqdm's default).
-        timer: a :class:`ThroughputTimer` to accumulate the time split into.
+        timer: a :class:`ThroughputTimer` to accumulate the time split into (on CUDA it
+            synchronizes around every timed region: leave it out for production runs).
         antithetic: the N draws of each score evaluation in antithetic noise pairs
             (``posterior.sample(..., antithetic=True)``, :class:`etweedie.models.EngressionPosterior`):
             the score stays unbiased with less Monte Carlo noise.  A posterior without the keyword
             is a TypeError.
+        chunk_chains: chains per chunk (None: all at once).  Chunks run one after another through
+            each level, so the posterior draws in memory are chunk·N·d, not chains·N·d.
+        max_draw_elements: bound on chunk·N·d (the draws of one update; None: no bound).  With a
+            shared generator it shrinks the chunks as needed; with one generator per chunk the
+            chunking is fixed by ``chunk_chains`` and a chunk over the bound is a ValueError.
+        precision: ``"float32"`` or ``"bfloat16"``: the posterior forward under bf16 autocast
+            (matmuls in bf16, float32 accumulation); the draws reach the fused score/step
+            kernels in y0's dtype either way.
+        capture: None (eager), ``"cuda_graph"`` or ``"compile"`` (``torch.compile(mode=
+            "reduce-overhead")``): each chunk's update is captured once and replayed; the level's
+            values live in device buffers, so no update within a level waits for the host.  CUDA
+            only; a capture that fails falls back to eager with a RuntimeWarning.
 
     Returns:
         final samples, y0's shape and dtype.
 
-    Memory per update is O(chains · N · d) (the posterior draws), nothing accumulates over levels.
+    Memory per update is O(chunk · N · d) (the posterior draws); nothing accumulates over levels.
     """
     if not callable(getattr(posterior, "sample", None)):
         raise TypeError(f"posterior must have a sample(y, eta, n, *, generator) method, got {type(posterior).__name__}")
@@ -217,17 +469,10 @@ def sample_langevin(
         raise TypeError(f"y0 must be a float32/float64 tensor of shape (..., d), got {got}")
     if y0.dim() < 1 or y0.shape[-1] < 1:
         raise ValueError(f"y0 must have shape (..., d) with d >= 1, got {tuple(y0.shape)}")
-    if not isinstance(generator, torch.Generator):
+    if not isinstance(generator, (torch.Generator, list, tuple)):
         raise TypeError(
             f"generator must be a torch.Generator (randomness is always explicit), got {type(generator).__name__}"
         )
-    if generator.device.type != y0.device.type:
-        raise ValueError(
-            f"generator must be on y0's device ({y0.device.type}), got a {generator.device.type} generator; "
-            f"use torch.Generator(device={str(y0.device)!r}).manual_seed(seed)"
-        )
-    if not bool(torch.isfinite(y0).all()):
-        raise ValueError("y0 must be finite (it holds NaN or inf)")
     schedule = _check_schedule(schedule)
     steps_per_level = _check_int(steps_per_level, "steps_per_level", 1)
     n_posterior = _check_int(n_posterior, "n_posterior", 1)
@@ -238,40 +483,93 @@ def sample_langevin(
     options = antithetic_options(posterior, antithetic)
     if timer is not None and not isinstance(timer, ThroughputTimer):
         raise TypeError(f"timer must be an etweedie.sample.ThroughputTimer or None, got {type(timer).__name__}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
+    if capture not in CAPTURES:
+        raise ValueError(f"capture must be one of {', '.join(map(repr, CAPTURES))}, got {capture!r}")
+    if capture is not None and y0.device.type != "cuda":
+        raise ValueError(f"capture={capture!r} needs CUDA tensors (CUDA graphs), got y0 on {y0.device.type}")
+
+    shape, d = y0.shape, y0.shape[-1]
+    chains = math.prod(shape[:-1])
+    shared = isinstance(generator, torch.Generator)
+    chunk = chains if chunk_chains is None else _check_int(chunk_chains, "chunk_chains", 1)
+    if max_draw_elements is not None:
+        max_draw_elements = _check_int(max_draw_elements, "max_draw_elements", 1)
+        fitting = max(1, max_draw_elements // (n_posterior * d))
+        if shared:
+            chunk = min(chunk, fitting)
+        elif min(chunk, chains) > fitting:
+            raise ValueError(
+                f"max_draw_elements={max_draw_elements} holds {fitting} chains of N·d = {n_posterior * d} draws, but "
+                f"chunk_chains={chunk}; with one generator per chunk the chunking is fixed: lower chunk_chains"
+            )
+    chunks = chain_chunks(chains, chunk)
+    generators = _generators_for(generator, len(chunks))
+    for g in generators:
+        if g.device.type != y0.device.type:
+            raise ValueError(
+                f"generator must be on y0's device ({y0.device.type}), got a {g.device.type} generator; "
+                f"use torch.Generator(device={str(y0.device)!r}).manual_seed(seed)"
+            )
+    if not bool(torch.isfinite(y0).all()):
+        raise ValueError("y0 must be finite (it holds NaN or inf)")
+    autocast_dtype = PRECISIONS[precision]
 
     clock = _Clock(y0.device, timer is not None)
     start = clock.now()
-    shape, d = y0.shape, y0.shape[-1]
     y = y0.reshape(-1, d).clone()
-    chains = y.shape[0]
     params = _level_params(path, schedule)
     alphas = step_sizes(path, schedule, step_scale)
     r_levels = params.realized_rms().to(torch.float64)
     posterior_s = step_s = callback_s = 0.0
     n_updates = 0
-    eta = None
+    eta_row = None
+    static: List[Optional[_StaticUpdate]] = [None] * len(chunks)
     for k in tqdm(range(schedule.numel()), desc="langevin", unit="level", disable=disable):
         level = _level(params, k)
-        eta = level.eta().to(device=y.device, dtype=y.dtype).expand(chains, 5)
+        eta_row = level.eta().to(device=y.device, dtype=y.dtype)
         metric = level.metric(d).to(device=y.device, dtype=y.dtype)
         beta, lam, alpha = float(level.beta), float(level.lam), float(alphas[k])
         n_steps = first_level_steps if (k == 0 and first_level_steps is not None) else steps_per_level
-        x = None
-        for _ in range(n_steps):
-            t0 = clock.now()
-            x = posterior.sample(y, eta, n_posterior, generator=generator, **options)
-            t1 = clock.now()
-            if x.shape != (chains, n_posterior, d):
-                raise ValueError(
-                    f"posterior.sample returned shape {tuple(x.shape)}, expected {(chains, n_posterior, d)}"
-                )
-            xi = torch.randn(y.shape, generator=generator, dtype=y.dtype, device=y.device)
-            t2 = clock.now()
-            y = langevin_step(y, x.to(y.dtype), xi, alpha, beta, lam, metric)
-            t3 = clock.now()
-            posterior_s += t1 - t0
-            step_s += t3 - t2
-            n_updates += 1
+        denoised = [] if callback is not None else None
+        for c, (sl, g) in enumerate(zip(chunks, generators)):
+            yc = y[sl]
+            eta = eta_row.expand(yc.shape[0], 5)
+            if capture is not None:
+                # captured: one timed region per chunk and level (no host sync between updates)
+                if static[c] is None:
+                    static[c] = _StaticUpdate(posterior, yc, n_posterior, g, options, autocast_dtype,
+                                              metric.kind, tuple(metric.param.shape), capture)
+                runner = static[c]
+                runner.y.copy_(yc)
+                runner.set_level(eta_row, alpha, beta, lam, metric)
+                t0 = clock.now()
+                runner.run(n_steps)
+                posterior_s += clock.now() - t0  # the split is not observable inside a graph
+                y[sl] = runner.y
+                x0 = runner.first_draw if n_steps else None
+            else:
+                x = None
+                for _ in range(n_steps):
+                    t0 = clock.now()
+                    x = _posterior_draws(posterior, yc, eta, n_posterior, g, options, autocast_dtype)
+                    t1 = clock.now()
+                    if x.shape != (yc.shape[0], n_posterior, d):
+                        raise ValueError(
+                            f"posterior.sample returned shape {tuple(x.shape)}, expected {(yc.shape[0], n_posterior, d)}"
+                        )
+                    xi = torch.randn(yc.shape, generator=g, dtype=y.dtype, device=y.device)
+                    t2 = clock.now()
+                    yc = langevin_step(yc, x, xi, alpha, beta, lam, metric)
+                    t3 = clock.now()
+                    posterior_s += t1 - t0
+                    step_s += t3 - t2
+                y[sl] = yc
+                x0 = None if x is None else x[:, 0, :]
+            if denoised is not None and x0 is not None:
+                denoised.append(x0.clone())
+        n_updates += n_steps
         if callback is not None:
             t0 = clock.now()
             callback(
@@ -281,15 +579,17 @@ def sample_langevin(
                     r=float(r_levels[k]),
                     step=alpha,
                     params=level,
-                    eta=eta[0].clone(),
+                    eta=eta_row.clone(),
                     state=y.reshape(shape).clone(),
-                    denoised=None if x is None else x[:, 0, :].reshape(shape).to(y.dtype),
+                    denoised=torch.cat(denoised).reshape(shape) if denoised else None,
                 )
             )
             callback_s += clock.now() - t0
     if final_draw:
         t0 = clock.now()
-        y = posterior.sample(y, eta, 1, generator=generator)[:, 0, :].to(y.dtype)
+        for sl, g in zip(chunks, generators):
+            eta = eta_row.expand(sl.stop - sl.start, 5)
+            y[sl] = _posterior_draws(posterior, y[sl], eta, 1, g, {}, autocast_dtype)[:, 0, :]
         posterior_s += clock.now() - t0
     if timer is not None:
         timer.posterior_s += posterior_s
@@ -297,7 +597,7 @@ def sample_langevin(
         timer.callback_s += callback_s
         timer.total_s += clock.now() - start
         timer.chain_steps += chains * n_updates
-        timer.posterior_calls += n_updates + int(final_draw)
+        timer.posterior_calls += (n_updates + int(final_draw)) * len(chunks)
         timer.chains += chains
         timer.levels += schedule.numel()
     return y.reshape(shape)

@@ -161,6 +161,9 @@ class ModelConfig:
     output: str = "scaled_residual"
     cond_width: int = 64
     latent: str = "gaussian"
+    data_center: float = 0.0
+    data_std: float = 1.0
+    learn_data_scale: bool = False
     architecture: str = "EngressionPosterior"
     options: Dict[str, Any] = field(default_factory=dict)
 
@@ -307,6 +310,11 @@ class TrainConfig:
         for name in ("width", "depth", "noise_dim", "cond_width"):
             _check_int(getattr(m, name), f"model.{name}")
             _require(getattr(m, name) >= 1, f"model.{name}", ">= 1", getattr(m, name))
+        for name in ("data_center", "data_std"):
+            _check_float(getattr(m, name), f"model.{name}")
+        _require(m.data_std > 0, "model.data_std", "> 0", m.data_std)
+        if not isinstance(m.learn_data_scale, bool):
+            raise TypeError(f"model.learn_data_scale must be true or false, got {m.learn_data_scale!r}")
         _require(m.conditioning in CONDITIONINGS, "model.conditioning", f"one of {CONDITIONINGS}", m.conditioning)
         _require(m.output in OUTPUTS, "model.output", f"one of {OUTPUTS}", m.output)
         _require(m.latent in LATENTS, "model.latent", f"one of {LATENTS}", m.latent)
@@ -594,6 +602,9 @@ def build_posterior(config: TrainConfig, dim: int = 2) -> torch.nn.Module:
         latent=m.latent,
         eta_low=low,
         eta_high=high,
+        data_center=m.data_center,
+        data_std=m.data_std,
+        learn_data_scale=m.learn_data_scale,
         init_seed=config.seed,
     )
 
@@ -635,6 +646,7 @@ _ADDED_KEYS = {
     "data.source": "eight_gaussians", "data.data_dir": "", "data.split": "train", "data.pixel_range": [-1.0, 1.0],
     "data.dequantize": True, "precision": "float32", "tf32": False, "compile": False, "fused_adam": "auto",
     "posterior_dtype": "float32", "shard_mb": 16.0, "checkpoint_every_s": 0.0, "max_wall_s": 0.0,
+    "model.data_center": 0.0, "model.data_std": 1.0, "model.learn_data_scale": False,
 }
 
 
@@ -1148,10 +1160,18 @@ def load_posterior(path: Union[str, os.PathLike], device="cpu") -> torch.nn.Modu
     has them); the torch files are read with ``weights_only=True``.  Convert a legacy file with
     ``save_posterior(load_posterior("posterior.pt"), "posterior")``.
 
+    ``path`` may also be the name of a posterior shipped with the repository
+    (:data:`etweedie.pretrained.PRETRAINED`, e.g. ``load_posterior("mnist")``) when no file or
+    folder of that name exists.
+
     Raises:
         ValueError: nothing loadable at ``path``.
         CheckpointError: a corrupted, truncated or unsafe file (a subclass of ValueError).
     """
+    from .pretrained import PRETRAINED, resolve_pretrained
+
+    if isinstance(path, str) and path in PRETRAINED and not Path(path).exists():
+        path = resolve_pretrained(path)
     path = Path(path)
     if path.is_dir() and not (path / "config.json").exists():
         for candidate in (path / POSTERIOR_DIR, path / LEGACY_POSTERIOR_FILE, path / CHECKPOINT_FILE):

@@ -300,7 +300,7 @@ def check_energy_canonical(op: str, a, c, beta, prec, kind: int):
     B, _, d = a.shape
     if c.dim() != 3 or c.shape[0] != B or c.shape[2] != d:
         raise ValueError(f"{op}: second cloud must be (B={B}, m, d={d}), got shape {tuple(c.shape)}")
-    if d > 1 and (a.stride(2) != 1 or c.stride(2) != 1):
+    if d > 1 and ((a.numel() and a.stride(2) != 1) or (c.numel() and c.stride(2) != 1)):
         raise ValueError(f"{op}: clouds must have unit stride over d")
     if beta.shape != (B,):
         raise ValueError(f"{op}: beta must be ({B},), got {tuple(beta.shape)}")

@@ -8,7 +8,8 @@
 #
 # Output: benchmarks/ptxas_report.txt (summary table, spilling kernels called out, then the raw
 # ptxas log).  Exit status: non-zero when a source fails to compile (or spills, with
-# STRICT_SPILLS=1).  Only csrc/cuda/bindings.cpp needs a CUDA torch; it is not compiled here.
+# STRICT_SPILLS=1).  Only the bindings (csrc/cuda/*_bindings.cpp) need a CUDA torch; they are
+# not compiled here.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

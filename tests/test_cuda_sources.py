@@ -1,9 +1,9 @@
 """CUDA sources (csrc/cuda) without a GPU: the layering contract and an nvcc compile.
 
 * the .cu/.cuh files use the CUDA runtime only (no torch, ATen or c10 headers), so plain nvcc
-  builds them; only bindings.cpp sees torch;
+  builds them; only the bindings (<op>_bindings.cpp, bindings.h, energy_bindings.h) see torch;
 * every launcher declared in launchers.cuh is defined and instantiated for float and double;
-* bindings.cpp registers CUDA kernels for ops that csrc/etweedie.cpp defines, covering
+* each <op>_bindings.cpp registers CUDA kernels for its own ops, which csrc/etweedie.cpp defines, covering
   et_score_fwd/bwd, langevin_step_fwd, is_score_fwd and the pairwise energy ops
   (energy_score_fwd/bwd/fwd_grad, energy_distance_fwd/bwd);
 * with nvcc on PATH, one source compiles for sm_80 (make check-cuda compiles all of them for
@@ -38,7 +38,8 @@ def test_one_cuda_source_per_op():
     names = set(os.listdir(CUDA_DIR))
     for stem in ("et_score", "langevin_step", "is_score", "energy_score", "energy_distance"):
         assert f"{stem}_cuda.cu" in names
-    assert "bindings.cpp" in names and "launchers.cuh" in names
+        assert f"{stem}_bindings.cpp" in names, f"{stem} has no CUDA bindings file"
+    assert "launchers.cuh" in names
 
 
 @pytest.mark.parametrize("name", _cuda_sources())
@@ -62,12 +63,23 @@ def test_launchers_defined_and_instantiated():
             assert explicit or via_macro, f"{name}<{dtype}> is not instantiated"
 
 
+def _bindings():
+    return sorted(f for f in os.listdir(CUDA_DIR) if f.endswith("_bindings.cpp"))
+
+
 def test_bindings_register_the_defined_ops():
-    bindings = _read("csrc", "cuda", "bindings.cpp")
-    assert '#include "launchers.cuh"' in bindings
-    assert "TORCH_LIBRARY_IMPL(etweedie, CUDA, m)" in bindings
+    header = _read("csrc", "cuda", "bindings.h")
+    assert '#include "launchers.cuh"' in header and '#include "../common/checks.h"' in header
+    impl = set()
+    for name in _bindings():
+        src = _read("csrc", "cuda", name)
+        assert "TORCH_LIBRARY_IMPL(etweedie, CUDA, m)" in src, name
+        assert '#include "bindings.h"' in src or '#include "energy_bindings.h"' in src, name
+        own = set(re.findall(r'm\.impl\("(\w+)"', src))
+        stem = name.removesuffix("_bindings.cpp")
+        assert own and all(op.startswith(stem) for op in own), f"{name} registers ops of another stem: {own}"
+        impl |= own
     defined = set(re.findall(r'm\.def\(\s*"(\w+)\(', _read("csrc", "etweedie.cpp")))
-    impl = set(re.findall(r'm\.impl\("(\w+)"', bindings))
     assert set(OPS) <= impl, f"missing CUDA implementations: {set(OPS) - impl}"
     assert impl <= defined, f"bindings implement ops with no schema: {impl - defined}"
 

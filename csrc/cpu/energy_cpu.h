@@ -37,6 +37,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../common/checks.h"
 #include "../common/energy.h"
 #include "energy_gram_cpu.h"
 #include "energy_tile_cpu.h"
@@ -201,28 +202,10 @@ inline void for_circulant_blocks(int64_t I, int64_t nb, F&& f) {
 
 // ------------------------------------------------------------------------- host functions
 
+// The full check lives in csrc/common/checks.h (shared with the CUDA bindings).
 inline void check_energy_canonical(const char* op, const at::Tensor& a, const at::Tensor& b, const at::Tensor& beta,
                                    const at::Tensor& prec, int64_t kind) {
-  TORCH_CHECK(a.dim() == 3, op, ": first cloud must be (B, n, d), got ", a.sizes());
-  TORCH_CHECK(b.dim() == 3 && b.size(0) == a.size(0) && b.size(2) == a.size(2), op,
-              ": second cloud must be (B, m, d) = (", a.size(0), ", m, ", a.size(2), "), got ", b.sizes());
-  TORCH_CHECK(a.size(2) <= 1 || (a.stride(2) == 1 && b.stride(2) == 1), op, ": clouds must have unit stride over d");
-  TORCH_CHECK(beta.dim() == 1 && beta.size(0) == a.size(0), op, ": beta must be (B,), got ", beta.sizes());
-  TORCH_CHECK(kind >= kIsotropic && kind <= kBlock, op, ": unknown metric kind ", kind);
-  const int64_t core = kind == kIsotropic ? 1 : (kind == kDiagonal ? 2 : 3);
-  TORCH_CHECK(prec.dim() == core && prec.size(0) == a.size(0), op, ": prec has shape ", prec.sizes(),
-              ", which does not match metric kind ", kind);
-  if (kind == kBlock) {
-    TORCH_CHECK(prec.size(1) == prec.size(2) && prec.size(1) >= 1 && prec.size(1) <= 4 && a.size(2) % prec.size(1) == 0,
-                op, ": block precision must be (B, k, k) with k <= 4 dividing d, got ", prec.sizes());
-    TORCH_CHECK(prec.stride(2) == 1 && prec.stride(1) == prec.size(2), op, ": block precision rows must be contiguous");
-  }
-  if (kind == kDiagonal) {
-    TORCH_CHECK(prec.size(1) == a.size(2) && prec.stride(1) == 1, op, ": diagonal precision must be (B, d)");
-  }
-  for (const auto* t : {&b, &beta, &prec}) {
-    TORCH_CHECK(t->scalar_type() == a.scalar_type(), op, ": all tensors must share the clouds' dtype");
-  }
+  checks::energy_args(op, a, b, beta, prec, kind);
 }
 
 inline int64_t energy_block_of(const at::Tensor& prec, int64_t kind) { return kind == kBlock ? prec.size(1) : 0; }

@@ -10,6 +10,7 @@
 // the forward pass.  Inputs are canonical: a (B, n, d), b (B, m, d), beta (B,), prec (B, *param).
 #include <torch/library.h>
 
+#include "../common/checks.h"
 #include "energy_cpu.h"
 
 namespace etweedie {
@@ -39,6 +40,7 @@ void check_sizes(const at::Tensor& a, const at::Tensor& b, bool unbiased) {
 
 at::Tensor energy_distance_fwd_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& beta,
                                    const at::Tensor& prec, int64_t kind, bool unbiased) {
+  checks::energy_args("energy_distance", a, b, beta, prec, kind);
   check_sizes(a, b, unbiased);
   return energy_forward("energy_distance", a, b, beta, prec, kind,
                               energy_distance_weights(a.size(1), b.size(1), unbiased));
@@ -47,6 +49,9 @@ at::Tensor energy_distance_fwd_cpu(const at::Tensor& a, const at::Tensor& b, con
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_distance_bwd_cpu(
     const at::Tensor& grad, const at::Tensor& a, const at::Tensor& b, const at::Tensor& beta, const at::Tensor& prec,
     int64_t kind, bool unbiased, bool need_a, bool need_b, bool need_beta, bool need_prec) {
+  checks::energy_args("energy_distance_bwd", a, b, beta, prec, kind);
+  checks::same_dtype_device("energy_distance_bwd", {"a", &a}, {{"grad", &grad}});
+  checks::rows("energy_distance_bwd", "grad", grad, a.size(0));
   check_sizes(a, b, unbiased);
   return energy_backward("energy_distance", grad, a, b, beta, prec, kind,
                                energy_distance_weights(a.size(1), b.size(1), unbiased), need_a, need_b, need_beta,

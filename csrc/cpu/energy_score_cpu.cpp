@@ -9,6 +9,7 @@
 // (etweedie/ops/_prep.py): samples (B, M, d), target (B, d), beta (B,), prec (B, *param).
 #include <torch/library.h>
 
+#include "../common/checks.h"
 #include "energy_cpu.h"
 #include "energy_score_rows_cpu.h"
 
@@ -30,9 +31,16 @@ void check_target(const at::Tensor& samples, const at::Tensor& target) {
   TORCH_CHECK(samples.size(1) >= 1 || samples.size(0) == 0, "energy_score: need at least one sample (M >= 1)");
 }
 
+// Every entry (the small-d row kernel included) checks the full canonical form first.
+void check_args(const char* op, const at::Tensor& samples, const at::Tensor& target, const at::Tensor& beta,
+                const at::Tensor& prec, int64_t kind) {
+  check_target(samples, target);
+  checks::energy_args(op, samples, target.unsqueeze(1), beta, prec, kind);
+}
+
 at::Tensor energy_score_fwd_cpu(const at::Tensor& samples, const at::Tensor& target, const at::Tensor& beta,
                                 const at::Tensor& prec, int64_t kind, bool fair) {
-  check_target(samples, target);
+  check_args("energy_score", samples, target, beta, prec, kind);
   TORCH_CHECK(!fair || samples.size(1) >= 2 || samples.size(0) == 0,
               "energy_score: the fair estimator needs M >= 2 samples, got M = ", samples.size(1));
   if (energy_score_rows_applicable(samples, false, false)) {
@@ -49,7 +57,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_score_bwd_cpu(
     const at::Tensor& grad, const at::Tensor& samples, const at::Tensor& target, const at::Tensor& beta,
     const at::Tensor& prec, int64_t kind, bool fair, bool need_samples, bool need_target, bool need_beta,
     bool need_prec) {
-  check_target(samples, target);
+  check_args("energy_score_bwd", samples, target, beta, prec, kind);
+  checks::same_dtype_device("energy_score_bwd", {"samples", &samples}, {{"grad", &grad}});
+  checks::rows("energy_score_bwd", "grad", grad, samples.size(0));
   if (energy_score_rows_applicable(samples, need_beta, need_prec)) {
     auto g = grad.contiguous();
     TORCH_CHECK(g.dim() == 1 && g.size(0) == samples.size(0), "energy_score: grad must be (B,) = (", samples.size(0),
@@ -75,7 +85,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_score_bwd_cpu(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_score_fwd_grad_cpu(
     const at::Tensor& samples, const at::Tensor& target, const at::Tensor& beta, const at::Tensor& prec, int64_t kind,
     bool fair, bool need_samples, bool need_target, bool need_beta, bool need_prec) {
-  check_target(samples, target);
+  check_args("energy_score", samples, target, beta, prec, kind);
   TORCH_CHECK(!fair || samples.size(1) >= 2 || samples.size(0) == 0,
               "energy_score: the fair estimator needs M >= 2 samples, got M = ", samples.size(1));
   if (energy_score_rows_applicable(samples, need_beta, need_prec)) {

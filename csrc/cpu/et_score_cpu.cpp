@@ -12,6 +12,7 @@
 
 #include <vector>
 
+#include "../common/checks.h"
 #include "et_score_cpu.h"
 
 namespace etweedie {
@@ -20,28 +21,7 @@ namespace {
 
 void check_canonical(const at::Tensor& y, const at::Tensor& x, const at::Tensor& beta, const at::Tensor& lam,
                      const at::Tensor& prec, int64_t kind) {
-  TORCH_CHECK(y.dim() == 2, "et_score: y must be (B, d), got ", y.sizes());
-  TORCH_CHECK(x.dim() == 3 && x.size(0) == y.size(0) && x.size(2) == y.size(1),
-              "et_score: x must be (B, N, d) = (", y.size(0), ", N, ", y.size(1), "), got ", x.sizes());
-  TORCH_CHECK(y.is_contiguous(), "et_score: y must be contiguous");
-  TORCH_CHECK(x.size(2) <= 1 || x.stride(2) == 1, "et_score: x must have unit stride over d");
-  TORCH_CHECK(beta.dim() == 1 && beta.size(0) == y.size(0), "et_score: beta must be (B,), got ", beta.sizes());
-  TORCH_CHECK(lam.dim() == 1 && lam.size(0) == y.size(0), "et_score: lam must be (B,), got ", lam.sizes());
-  TORCH_CHECK(kind >= kIsotropic && kind <= kBlock, "et_score: unknown metric kind ", kind);
-  const int64_t core = kind == kIsotropic ? 1 : (kind == kDiagonal ? 2 : 3);
-  TORCH_CHECK(prec.dim() == core && prec.size(0) == y.size(0), "et_score: prec has shape ", prec.sizes(),
-              ", which does not match metric kind ", kind);
-  if (kind == kBlock) {
-    TORCH_CHECK(prec.size(1) == prec.size(2) && prec.size(1) >= 1 && prec.size(1) <= 4 && y.size(1) % prec.size(1) == 0,
-                "et_score: block precision must be (B, k, k) with k <= 4 dividing d, got ", prec.sizes());
-    TORCH_CHECK(prec.stride(2) == 1 && prec.stride(1) == prec.size(2), "et_score: block precision rows must be contiguous");
-  }
-  if (kind == kDiagonal) {
-    TORCH_CHECK(prec.size(1) == y.size(1) && prec.stride(1) == 1, "et_score: diagonal precision must be (B, d)");
-  }
-  for (const auto* t : {&x, &beta, &lam, &prec}) {
-    TORCH_CHECK(t->scalar_type() == y.scalar_type(), "et_score: all tensors must share y's dtype");
-  }
+  checks::score_args("et_score", y, x, beta, lam, prec, kind);
 }
 
 int64_t block_of(const at::Tensor& prec, int64_t kind) { return kind == kBlock ? prec.size(1) : 0; }
@@ -86,11 +66,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> et_score_
     bool need_lam, bool need_prec) {
   check_canonical(y, x, beta, lam, prec, kind);
   const int64_t B = y.size(0), N = x.size(1), d = y.size(1);
+  checks::same_dtype_device("et_score_bwd", {"y", &y}, {{"grad", &grad}, {"grad_m", &grad_m}, {"m", &m}});
+  checks::shape("et_score_bwd", "grad", grad, y.sizes());
+  checks::shape("et_score_bwd", "grad_m", grad_m, y.sizes());
+  checks::shape("et_score_bwd", "m", m, y.sizes());
   auto g = grad.contiguous();
   auto gm = grad_m.contiguous();
   auto mc = m.contiguous();
-  TORCH_CHECK(g.sizes() == y.sizes() && gm.sizes() == y.sizes() && mc.sizes() == y.sizes(),
-              "et_score_bwd: grad, grad_m and m must be (B, d)");
   // grad_y is always accumulated (it is the sum of the per-draw gradients); drop it if unused.
   auto gy = at::zeros({B, d}, y.options());
   auto gx = need_x ? at::empty({B, N, d}, y.options()) : at::empty({0}, y.options());

@@ -22,6 +22,7 @@
 #include <limits>
 #include <vector>
 
+#include "../common/checks.h"
 #include "et_score_cpu.h"
 
 namespace etweedie {
@@ -124,12 +125,7 @@ void is_score_row(const Prec& P, const T* y, const T* bank, int64_t M, int64_t d
 std::tuple<at::Tensor, at::Tensor, at::Tensor> is_score_fwd_cpu(const at::Tensor& y, const at::Tensor& bank,
                                                                 double beta, double lam, const at::Tensor& prec,
                                                                 int64_t kind) {
-  TORCH_CHECK(y.dim() == 2 && y.is_contiguous(), "is_score: y must be contiguous (Q, d)");
-  TORCH_CHECK(bank.dim() == 2 && bank.is_contiguous() && bank.size(1) == y.size(1),
-              "is_score: bank must be contiguous (M, d) with y's d, got ", bank.sizes());
-  TORCH_CHECK(bank.size(0) > 0, "is_score: the bank must hold at least one point");
-  TORCH_CHECK(prec.size(0) == 1 && prec.is_contiguous(), "is_score: prec must be one contiguous metric (1, *param)");
-  TORCH_CHECK(kind >= kIsotropic && kind <= kBlock, "is_score: unknown metric kind ", kind);
+  checks::is_score_args("is_score", y, bank, beta, lam, prec, kind);
   const int64_t Q = y.size(0), M = bank.size(0), d = y.size(1);
   auto score = at::empty({Q, d}, y.options());
   auto mean = at::empty({Q, d}, y.options());

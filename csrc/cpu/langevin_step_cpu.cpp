@@ -12,6 +12,7 @@
 #include <cmath>
 #include <vector>
 
+#include "../common/checks.h"
 #include "et_score_cpu.h"
 
 namespace etweedie {
@@ -22,14 +23,11 @@ std::tuple<at::Tensor, at::Tensor> langevin_step_fwd_cpu(const at::Tensor& y, co
                                                          const at::Tensor& noise, const at::Tensor& step,
                                                          const at::Tensor& beta, const at::Tensor& lam,
                                                          const at::Tensor& prec, int64_t kind) {
-  TORCH_CHECK(y.dim() == 2 && y.is_contiguous(), "langevin_step: y must be contiguous (B, d)");
-  TORCH_CHECK(x.dim() == 3 && x.size(0) == y.size(0) && x.size(2) == y.size(1) && (x.size(2) <= 1 || x.stride(2) == 1),
-              "langevin_step: x must be (B, N, d) with unit stride over d, got ", x.sizes());
-  TORCH_CHECK(noise.sizes() == y.sizes() && noise.is_contiguous(), "langevin_step: noise must be contiguous (B, d)");
-  TORCH_CHECK(step.dim() == 1 && step.size(0) == y.size(0), "langevin_step: step must be (B,)");
-  TORCH_CHECK(beta.dim() == 1 && lam.dim() == 1 && beta.size(0) == y.size(0) && lam.size(0) == y.size(0),
-              "langevin_step: beta and lam must be (B,)");
-  TORCH_CHECK(kind >= kIsotropic && kind <= kBlock, "langevin_step: unknown metric kind ", kind);
+  checks::score_args("langevin_step", y, x, beta, lam, prec, kind);
+  checks::same_dtype_device("langevin_step", {"y", &y}, {{"noise", &noise}, {"step", &step}});
+  checks::shape("langevin_step", "noise", noise, y.sizes());
+  TORCH_CHECK(noise.is_contiguous(), "langevin_step: noise must be contiguous, got strides ", noise.strides());
+  checks::rows("langevin_step", "step", step, y.size(0));
   const int64_t B = y.size(0), N = x.size(1), d = y.size(1);
   TORCH_CHECK(N > 0 || B == 0, "langevin_step: need at least one posterior draw (N >= 1)");
   auto out = at::empty({B, d}, y.options());

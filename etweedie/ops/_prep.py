@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
+import torch.autograd.forward_ad as fwAD
 
+from .. import backends
 from ..metric import Metric
 
 ISOTROPIC, DIAGONAL, BLOCK, DENSE = 0, 1, 2, 3
@@ -71,9 +73,9 @@ def check_tensor(t, name: str, op: str) -> torch.Tensor:
 # would stall the host until the GPU catches up, once per call.
 _SCALAR_RULES = {
     "beta": (lambda v: 0 < v <= 2, "lie in (0, 2]"),
-    "lam": (lambda v: v > 0, "be > 0"),
-    "step": (lambda v: v > 0, "be > 0"),
-    "c": (lambda v: v > 0, "be > 0"),
+    "lam": (lambda v: 0 < v < math.inf, "be > 0 and finite"),
+    "step": (lambda v: 0 < v < math.inf, "be > 0 and finite"),
+    "c": (lambda v: 0 < v < math.inf, "be > 0 and finite"),
 }
 
 
@@ -99,23 +101,60 @@ def as_param(value, name: str, op: str, like: torch.Tensor) -> torch.Tensor:
     rule = _SCALAR_RULES.get(name)
     if rule is not None and not rule[0](float(value)):
         raise ValueError(f"{op}: {name} must {rule[1]}, got {float(value):.6g}")
+    if rule is not None and not rule[0](_rounded(float(value), like.dtype)):
+        raise ValueError(f"{op}: {name} = {float(value):.6g} is not representable in {like.dtype} (it rounds to 0 or inf)")
     return torch.full((), float(value), dtype=like.dtype, device=like.device)
 
 
-def check_beta_lam(beta: torch.Tensor, lam: torch.Tensor, op: str) -> None:
-    if not value_checks(beta):
+def check_positive(t: torch.Tensor, name: str, op: str) -> None:
+    """Every value of the tensor parameter ``name`` (λ, step, c) finite and > 0."""
+    _check_values(t, (t > 0) & torch.isfinite(t), f"{op}: {name} must be > 0 and finite")
+
+
+def _check_values(t: torch.Tensor, ok: torch.Tensor, msg: str) -> None:
+    """Raise ValueError (eager) unless ``ok`` holds everywhere.  Under torch.compile the check
+    stays in the graph as ``torch._assert_async`` (a RuntimeError with the same message), on
+    CPU tensors always and on GPU tensors with debug checks on: a failed device-side assert
+    would poison the CUDA context, so a GPU graph only asserts when the user asked for it."""
+    if t.numel() == 0:
         return
-    if beta.numel() and not bool(((beta > 0) & (beta <= 2)).all()):
-        bad = beta[~((beta > 0) & (beta <= 2))].flatten()[0].item()
-        raise ValueError(f"{op}: beta must lie in (0, 2], got {bad:.6g}")
-    if lam.numel() and not bool((lam > 0).all()):
-        bad = lam[~(lam > 0)].flatten()[0].item()
-        raise ValueError(f"{op}: lam must be > 0, got {bad:.6g}")
+    if _is_compiling():
+        if t.device.type == "cpu" or _DEBUG["on"]:
+            torch._assert_async(ok.all(), msg)
+        return
+    if not value_checks(t):
+        return
+    if not bool(ok.all()):
+        bad = t.detach()[~ok].flatten()[0].item()
+        raise ValueError(f"{msg}, got {bad:.6g}")
+
+
+def _rounded(v: float, dtype: torch.dtype) -> float:
+    """v as the nearest float32 would hold it, as far as 0 and inf go (pure Python: no tensor, so
+    that torch.compile sees a constant)."""
+    if dtype != torch.float32 or not math.isfinite(v):
+        return v
+    if abs(v) >= 3.4028235677973366e38:  # past float32's largest value by half an ulp
+        return math.copysign(math.inf, v)
+    if abs(v) <= 7.006492321624085e-46:  # half the smallest float32 subnormal
+        return math.copysign(0.0, v)
+    return v
+
+
+def check_beta_lam(beta: torch.Tensor, lam: torch.Tensor, op: str) -> None:
+    _check_values(beta, (beta > 0) & (beta <= 2), f"{op}: beta must lie in (0, 2]")
+    check_positive(lam, "lam", op)
 
 
 def check_metric(metric: Optional[Metric], d: int, like: torch.Tensor, op: str) -> Metric:
+    """The metric on like's device, validated for dimension d.
+
+    Its dtype is kept when it is wider than the data's (a float64 metric with float32 data):
+    :func:`metric_param` and :func:`row_whitening_factor` then invert or factor it in float64
+    and round only the result, so that a near-singular Σ is not inverted in float32.
+    """
     if metric is None:
-        return Metric("isotropic", torch.ones((), dtype=like.dtype, device=like.device))
+        return Metric.trusted("isotropic", torch.ones((), dtype=like.dtype, device=like.device))
     if not isinstance(metric, Metric):
         raise TypeError(f"{op}: metric must be an etweedie.Metric or None, got {type(metric).__name__}")
     if metric.param.device != like.device:
@@ -124,9 +163,24 @@ def check_metric(metric: Optional[Metric], d: int, like: torch.Tensor, op: str) 
             raise ValueError(f"{op}: metric is on {metric.param.device} but y is on {like.device}")
         metric = metric.to(like.device)
     metric.check_dim(d, f"{op}: metric")
-    if metric.param.dtype != like.dtype:
+    if metric.param.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"{op}: metric must be float32 or float64, got {metric.param.dtype}")
+    if metric.param.dtype == torch.float32 and like.dtype == torch.float64:
         metric = metric.to(like.dtype)
+    check_finite(op, metric=metric.param)
     return metric
+
+
+def _finite_param(p: torch.Tensor, dtype: torch.dtype, op: str, what: str) -> torch.Tensor:
+    """p rounded to dtype; a value that does not fit (a near-singular float64 Σ whose inverse
+    overflows float32) raises instead of reaching the kernels as inf/NaN."""
+    q = p.to(dtype)
+    if value_checks(q) and q.numel() and not bool(torch.isfinite(q).all()):
+        raise ValueError(
+            f"{op}: the metric's {what} is not finite in {dtype} (Σ is singular or too ill-conditioned "
+            f"for this precision); pass float64 data or a better-conditioned metric"
+        )
+    return q
 
 
 def broadcast_batch(op: str, **shapes) -> torch.Size:
@@ -143,28 +197,181 @@ def flat(t: torch.Tensor, batch: torch.Size, core: Tuple[int, ...]) -> torch.Ten
     return t.expand(tuple(batch) + tuple(core)).reshape(B, *core)
 
 
-def metric_param(metric: Metric, batch: torch.Size, d: int) -> Tuple[torch.Tensor, int]:
-    """(prec, kind) with prec (B, *param): the precision parameter per row.
+def metric_param(metric: Metric, batch: torch.Size, d: int, dtype: Optional[torch.dtype] = None,
+                 op: str = "metric") -> Tuple[torch.Tensor, int]:
+    """(prec, kind) with prec (B, *param) in ``dtype``: the precision parameter per row.
 
-    A shared metric stays a stride-0 view over rows; the kernels need each row's block
-    parameter contiguous, which this guarantees for every op.
+    Each row's parameter is contiguous (the kernels index a diagonal or block row densely, so a
+    transposed per-row ``var`` is copied, O(B·param)); a shared metric stays a stride-0 view
+    over rows.
     """
     kind = _KIND[metric.kind]
-    p = metric.precision_param()
+    p = _finite_param(metric.precision_param(), dtype or metric.dtype, op, "precision")
     core = tuple(p.shape[len(metric.batch_shape) :])
-    prec = flat(p, batch, core)
-    if kind == BLOCK and not prec.is_contiguous():
-        prec = prec[:1].contiguous().expand_as(prec) if prec.stride(0) == 0 else prec.contiguous()
+    prec = flat(p.contiguous(), batch, core)
+    if kind in (DIAGONAL, BLOCK) and not prec[:1].is_contiguous():
+        prec = prec.contiguous()
     return prec, kind
 
 
-def row_whitening_factor(metric: Metric, batch: torch.Size) -> torch.Tensor:
+def row_whitening_factor(metric: Metric, batch: torch.Size, dtype: Optional[torch.dtype] = None,
+                         op: str = "metric") -> torch.Tensor:
     """L with P = L Lᵀ for a dense metric: (d, d) when shared, else (B, d, d) per row.
 
     Dense metrics reach the kernels whitened (z = Lᵀu, one GEMM) as unit isotropic metrics.
     """
-    L = metric.whitening_factor()
+    L = _finite_param(metric.whitening_factor(), dtype or metric.dtype, op, "whitening factor")
     return L if len(metric.batch_shape) == 0 else flat(L, batch, tuple(L.shape[-2:]))
+
+
+# float32 range in which the kernels' squared norms ‖u‖²_P neither overflow nor underflow:
+# whitened coordinates z = Lᵀu up to 2^40 keep q = ‖z‖² below 2^88·d, and data whose largest
+# whitened magnitude is at least 2^-40 keeps the differences that float32 can represent at that
+# magnitude (≥ 2^-64) above the smallest normal q once squared (2^-128, subnormal at worst).
+_F32_LO, _F32_HI = 2.0 ** -40, 2.0 ** 40
+
+
+def float32_out_of_range(metric: Optional[Metric], *data: torch.Tensor) -> bool:
+    """Whether float32 data (with the metric's scale) could overflow or underflow the kernels'
+    squared norms: then the op runs in float64 and rounds its result (an honest inf where the
+    result itself does not fit float32).
+
+    Judged per call from the largest magnitude (one min/max pass over the inputs, no copy), so a
+    call that mixes rows more than 2^40 apart in magnitude can still underflow in its smallest
+    rows.  Checked where value checks run (CPU tensors, or with debug checks on); a GPU float32
+    call without debug checks trusts the range (no host sync).
+    """
+    if not data or not isinstance(data[0], torch.Tensor) or data[0].dtype != torch.float32 or not value_checks(data[0]):
+        return False
+    if any(not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device != data[0].device for t in data):
+        return False  # mismatched arguments: the op's own checks name them
+    hi = 0.0
+    for t in data:
+        if t.numel():
+            lo_hi = torch.aminmax(t.detach())
+            hi = max(hi, -float(lo_hi.min), float(lo_hi.max))
+    if hi == 0.0 or not math.isfinite(hi):
+        return False  # all zero, or inf/NaN that propagate anyway
+    v_lo = 1.0
+    if isinstance(metric, Metric) and metric.param.numel():
+        p = metric.param.detach()
+        var = torch.diagonal(p, dim1=-2, dim2=-1) if metric.kind in ("block", "dense") else p
+        v_lo = float(var.amin())
+        if not (v_lo > 0 and math.isfinite(v_lo)):
+            return False
+    z_hi = hi / math.sqrt(v_lo)  # the largest whitened magnitude
+    return z_hi > _F32_HI or z_hi < _F32_LO
+
+
+def all_finite(*data: torch.Tensor) -> bool:
+    """False when an input holds NaN or inf (one min/max pass, where value checks run; True
+    otherwise, e.g. on GPU without debug checks: no host sync)."""
+    for t in data:
+        if isinstance(t, torch.Tensor) and t.numel() and value_checks(t):
+            lo_hi = torch.aminmax(t.detach())
+            if not (math.isfinite(float(lo_hi.min)) and math.isfinite(float(lo_hi.max))):
+                return False
+    return True
+
+
+def widen(t):
+    """float64 copy of a float32 tensor (differentiable: gradients flow back in float32)."""
+    return t.double() if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t
+
+
+def widen_metric(metric: Optional[Metric]) -> Optional[Metric]:
+    return metric if not isinstance(metric, Metric) else Metric.trusted(metric.kind, widen(metric.param))
+
+
+def nan_rows(out: torch.Tensor, batch: torch.Size, *args: Tuple[torch.Tensor, int]) -> torch.Tensor:
+    """out (B, ...) with NaN in every row whose inputs hold a NaN or an infinity.
+
+    ``args``: (tensor, core) pairs — a cloud ``(*batch, n, d)`` has core 2, a target
+    ``(*batch, d)`` core 1; each is tested before broadcasting, so a shared cloud is scanned
+    once.  The pair kernels treat a pair whose squared norm is not > 0 as coincident
+    (contributing 0), which would otherwise turn a NaN input into a finite score.  One pass over
+    the points, small next to the O(n²) pairs; no host sync.
+    """
+    bad = torch.zeros((), dtype=torch.bool, device=out.device)
+    for t, core in args:
+        bad = bad | ~torch.isfinite(t).flatten(t.dim() - core).all(-1)
+    bad = bad.expand(batch).reshape(-1, *([1] * (out.dim() - 1)))
+    return torch.where(bad, torch.full((), math.nan, dtype=out.dtype, device=out.device), out)
+
+
+# ---------------------------------------------------------------------------- autodiff orders
+#
+# The compiled ops (C++ and Triton) have fused first-order backward kernels only.  Two ways of
+# asking for more would otherwise return zeros silently: forward mode (torch.func.jvp,
+# torch.autograd.forward_ad), which the op's autograd kernel never sees, and a second backward
+# through the backward kernels.  Forward mode is detected at the op's entry (an automatic
+# backend choice then takes the reference, which supports it; an explicit kernel backend
+# raises); a second backward raises from the graph node below.
+
+
+def has_forward_tangent(*tensors) -> bool:
+    """Whether any argument carries a forward-mode tangent (torch.func.jvp or forward_ad)."""
+    if _is_compiling():
+        return False
+    for t in tensors:
+        if isinstance(t, Metric):
+            t = t.param
+        if isinstance(t, torch.Tensor) and fwAD.unpack_dual(t).tangent is not None:
+            return True
+    return False
+
+
+def kernel_or_reference(op: str, name: str, backend, *tensors, reference_forward_mode: bool = True) -> str:
+    """The backend to run: ``name`` unless an input carries a forward-mode tangent, which the
+    kernels cannot propagate — then the reference (automatic choice, where the reference
+    supports forward mode) or NotImplementedError."""
+    if name == "reference" or not has_forward_tangent(*tensors):
+        return name
+    if not reference_forward_mode:
+        raise NotImplementedError(
+            f"{op}: forward-mode autodiff (torch.func.jvp / forward_ad) is not supported by any backend "
+            f"(the kernels and torch.cdist in the reference are reverse-mode only); use torch.autograd.grad"
+        )
+    if backends.requested(backend) is not None:
+        raise NotImplementedError(
+            f"{op}: forward-mode autodiff (torch.func.jvp / forward_ad) is not supported by backend "
+            f"{name!r}; use backend='reference', or reverse mode (torch.autograd.grad)"
+        )
+    return "reference"
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """Identity on the gradients a fused backward kernel returned, tied to the op's inputs so
+    that differentiating those gradients again (Hessian-vector products, gradient penalties)
+    raises instead of silently returning zeros."""
+
+    @staticmethod
+    def forward(ctx, op: str, n: int, *tensors):
+        ctx.op = op
+        return tuple(t.clone() for t in tensors[:n])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(
+            f"{ctx.op}: second-order derivatives are not supported by the compiled backends (their "
+            f"backward is a fused first-order kernel); use backend='reference' for double backward"
+        )
+
+
+def first_order_only(op: str, grads, inputs):
+    """``grads`` unchanged, unless a graph of the backward is being built (create_graph=True):
+    then each gradient comes out of a node whose own backward raises (see _FirstOrderOnly)."""
+    if not torch.is_grad_enabled():
+        return grads
+    live = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    idx = [i for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
+    if not live or not idx:
+        return grads
+    wrapped = _FirstOrderOnly.apply(op, len(idx), *[grads[i] for i in idx], *live)
+    out = list(grads)
+    for i, w in zip(idx, wrapped):
+        out[i] = w
+    return tuple(out)
 
 
 @dataclass
@@ -211,7 +418,7 @@ def canonicalize(op: str, y, x, beta, lam, metric) -> Canonical:
     xc = x.expand(tuple(batch) + (N, d)).reshape(B, N, d)
     if d > 1 and xc.stride(-1) != 1:
         xc = xc.contiguous()
-    prec, kind = metric_param(metric, batch, d)
+    prec, kind = metric_param(metric, batch, d, y.dtype, op)
     return Canonical(yc, xc, flat(beta, batch, ()), flat(lam, batch, ()), prec, kind, batch, metric)
 
 
@@ -220,14 +427,22 @@ def whiten_dense(c: Canonical) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
     The kernels then run isotropically with unit precision; map a score back with ``s @ Lᵀ``.
     """
-    Lb = row_whitening_factor(c.metric, c.batch)
+    Lb = row_whitening_factor(c.metric, c.batch, c.y.dtype)
     if Lb.dim() == 2:
-        zy, zx = c.y @ Lb, c.x @ Lb
+        zy, zx = c.y @ Lb, rows_matmul(c.x, Lb)
     else:
         zy = (c.y.unsqueeze(1) @ Lb).squeeze(1)
         zx = c.x @ Lb
     ones = torch.ones((), dtype=c.y.dtype, device=c.y.device).expand(c.y.shape[0])
     return zy.contiguous(), zx, ones, Lb
+
+
+def rows_matmul(x: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
+    """x @ L for x (B, N, d) and a shared L (d, d), keeping a broadcast cloud (stride 0 over B)
+    a broadcast: the product of its one distinct row is expanded, not materialized B times."""
+    if L.dim() == 2 and x.shape[0] > 1 and x.stride(0) == 0:
+        return (x[:1] @ L).expand(x.shape[0], *x.shape[1:])
+    return x @ L
 
 
 def unwhiten_score(s_iso: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
@@ -264,10 +479,19 @@ def pairwise_autograd_rules(bwd_op):
 
     def backward(ctx, grad):
         need = ctx.needs_input_grad[:4]
-        grads = bwd_op(grad, *ctx.saved_tensors, ctx.kind, ctx.flag, *need)
-        return (*(g if n else None for g, n in zip(grads, need)), None, None)
+        saved = ctx.saved_tensors
+        with torch.no_grad():
+            grads = bwd_op(grad, *saved, ctx.kind, ctx.flag, *need)
+        grads = first_order_only(op_name(bwd_op), tuple(g if n else None for g, n in zip(grads, need)), (grad, *saved))
+        return (*grads, None, None)
 
     return setup_context, backward
+
+
+def op_name(op) -> str:
+    """'energy_score' for torch.ops.etweedie.energy_score_bwd (or a Triton op of that stem)."""
+    name = getattr(op, "__name__", None) or str(op)
+    return name.split("::")[-1].split(".")[0].removesuffix("_bwd").removesuffix("_op")
 
 
 def register_pairwise_op(name: str, bwd_op) -> None:

@@ -29,9 +29,15 @@ from ._prep import (
     check_metric,
     check_tensor,
     flat,
+    float32_out_of_range,
+    kernel_or_reference,
     metric_param,
+    nan_rows,
     register_pairwise_op,
     row_whitening_factor,
+    rows_matmul,
+    widen,
+    widen_metric,
 )
 
 __all__ = ["energy_distance"]
@@ -70,6 +76,9 @@ def energy_distance(
     """
     a = check_tensor(a, "a", _OP)
     b = check_tensor(b, "b", _OP)
+    if float32_out_of_range(metric, a, b):
+        return energy_distance(widen(a), widen(b), widen(beta), widen_metric(metric), unbiased=unbiased,
+                               backend=backend).float()
     for name, t in (("a", a), ("b", b)):
         if t.dim() < 2:
             raise ValueError(f"{_OP}: {name} must have shape (*batch, points, d), got shape {tuple(t.shape)}")
@@ -102,18 +111,19 @@ def energy_distance(
         ac = ac if ac.stride(-1) == 1 else ac.contiguous()
         bc = bc if bc.stride(-1) == 1 else bc.contiguous()
     betas = flat(beta, batch, ())
-    prec, kind = metric_param(metric, batch, d)
+    prec, kind = metric_param(metric, batch, d, a.dtype, _OP)
 
     name = backends.resolve(_OP, a.device, backend)
+    name = kernel_or_reference(_OP, name, backend, a, b, beta, metric, reference_forward_mode=False)
     if name == "reference":
         out = reference.energy_distance(ac, bc, betas, prec, kind, unbiased)
     elif kind == DENSE:
-        Lb = row_whitening_factor(metric, batch)  # P = L Lᵀ: run the isotropic kernel on z = Lᵀx
+        Lb = row_whitening_factor(metric, batch, a.dtype, _OP)  # P = L Lᵀ: isotropic kernel on z = Lᵀx
         ones = torch.ones((), dtype=ac.dtype, device=ac.device).expand(B)
-        out = _kernel(name, ac @ Lb, bc @ Lb, betas, ones, 0, unbiased)
+        out = _kernel(name, rows_matmul(ac, Lb), rows_matmul(bc, Lb), betas, ones, 0, unbiased)
     else:
         out = _kernel(name, ac, bc, betas, prec, kind, unbiased)
-    return out.reshape(batch)
+    return nan_rows(out, batch, (a, 2), (b, 2)).reshape(batch)
 
 
 def _kernel(name, a, b, beta, prec, kind, unbiased) -> torch.Tensor:

@@ -31,10 +31,17 @@ from ._prep import (
     check_finite,
     check_metric,
     check_tensor,
+    first_order_only,
     flat,
+    float32_out_of_range,
+    kernel_or_reference,
     metric_param,
+    nan_rows,
     register_pairwise_op,
     row_whitening_factor,
+    rows_matmul,
+    widen,
+    widen_metric,
 )
 
 __all__ = ["energy_score"]
@@ -72,6 +79,9 @@ def energy_score(
     """
     samples = check_tensor(samples, "samples", _OP)
     target = check_tensor(target, "target", _OP)
+    if float32_out_of_range(metric, samples, target):
+        return energy_score(widen(samples), widen(target), widen(beta), widen_metric(metric), fair=fair,
+                            backend=backend).float()
     if samples.dim() < 2:
         raise ValueError(f"{_OP}: samples must have shape (*batch, M, d), got shape {tuple(samples.shape)}")
     if target.dim() < 1:
@@ -104,20 +114,21 @@ def energy_score(
         xs = xs.contiguous()
     yt = target.expand(*batch, d).reshape(B, d).contiguous()
     betas = flat(beta, batch, ())
-    prec, kind = metric_param(metric, batch, d)
+    prec, kind = metric_param(metric, batch, d, samples.dtype, _OP)
 
     name = backends.resolve(_OP, samples.device, backend)
+    name = kernel_or_reference(_OP, name, backend, samples, target, beta, metric, reference_forward_mode=False)
     if name == "reference":
         out = reference.energy_score(xs, yt, betas, prec, kind, fair)
     elif kind == DENSE:
-        Lb = row_whitening_factor(metric, batch)  # P = L Lᵀ: run the isotropic kernel on z = Lᵀx
-        zs = xs @ Lb
+        Lb = row_whitening_factor(metric, batch, samples.dtype, _OP)  # P = L Lᵀ: isotropic kernel on z = Lᵀx
+        zs = rows_matmul(xs, Lb)
         zt = (yt.unsqueeze(1) @ Lb).squeeze(1).contiguous()
         ones = torch.ones((), dtype=xs.dtype, device=xs.device).expand(B)
         out = _kernel(name, zs, zt, betas, ones, 0, fair)
     else:
         out = _kernel(name, xs, yt, betas, prec, kind, fair)
-    return out.reshape(batch)
+    return nan_rows(out, batch, (samples, 2), (target, 1)).reshape(batch)
 
 
 def _kernel(name, samples, target, beta, prec, kind, fair) -> torch.Tensor:
@@ -173,18 +184,20 @@ def fwd_grad_autograd_rules():
     r's share scales with the upstream grad[r].  Shared by the C++ and Triton ops."""
 
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*output[1:])
+        ctx.save_for_backward(*output[1:], *inputs[:4])
 
     def backward(ctx, grad, *_unused):
-        gs, gt, gb, gp = ctx.saved_tensors
+        gs, gt, gb, gp, *inputs = ctx.saved_tensors
         need = ctx.needs_input_grad
-        return (
+        grads = (
             grad.view(-1, 1, 1) * gs if need[0] else None,
             grad.view(-1, 1) * gt if need[1] else None,
             grad * gb if need[2] else None,
             grad.view(-1, *([1] * (gp.dim() - 1))) * gp if need[3] else None,
-            *([None] * 6),
         )
+        # the saved unit gradients are constants of the graph: a second derivative through them
+        # would be silently 0, so it raises instead
+        return (*first_order_only(_OP, grads, inputs), *([None] * 6))
 
     return setup_context, backward
 

@@ -17,7 +17,20 @@ import torch
 from .. import backends
 from ..metric import Metric
 from . import reference
-from ._prep import DENSE, canonicalize, unwhiten_score, whiten_dense
+from ._prep import (
+    DENSE,
+    all_finite,
+    canonicalize,
+    check_tensor,
+    first_order_only,
+    float32_out_of_range,
+    kernel_or_reference,
+    unwhiten_score,
+    whiten_dense,
+    nan_rows,
+    widen,
+    widen_metric,
+)
 
 __all__ = ["et_score"]
 
@@ -43,7 +56,11 @@ def et_score(
         backend: ``None`` (automatic), ``"reference"``, ``"cpu"``, ``"cuda"`` or ``"triton"``.
 
     Returns:
-        the score, ``(*batch, d)``.  A draw equal to y contributes 0 (never NaN).
+        the score, ``(*batch, d)``.  A draw equal to y contributes 0 (never NaN).  A 2-D ``x``
+        of shape ``(N, d)`` is one cloud shared by every query (ordinary broadcasting of the
+        batch dims); for one draw per query write ``x.unsqueeze(-2)`` (shape ``(B, 1, d)``).
+        float32 inputs whose magnitudes would overflow or underflow the squared norms run in
+        float64 (see the README's Guarantees).
 
     Example::
 
@@ -51,9 +68,13 @@ def et_score(
         >>> etweedie.et_score(y, x, beta=2.0)        # Gaussian: −(y − mean x)
         tensor([[0.5000, 1.0000]])
     """
-    c = canonicalize("et_score", y, x, beta, lam, metric)
+    op = "et_score"
+    if float32_out_of_range(metric, check_tensor(y, "y", op), check_tensor(x, "x", op)):
+        return et_score(widen(y), widen(x), widen(beta), widen(lam), widen_metric(metric), backend=backend).float()
+    c = canonicalize(op, y, x, beta, lam, metric)
     d = c.y.shape[-1]
-    name = backends.resolve("et_score", c.y.device, backend)
+    name = backends.resolve(op, c.y.device, backend)
+    name = kernel_or_reference(op, name, backend, y, x, beta, lam, metric)
     if name == "reference":
         s = reference.et_score(c.y, c.x, c.beta, c.lam, c.prec, c.kind)
     elif c.kind == DENSE:
@@ -61,6 +82,9 @@ def et_score(
         s = unwhiten_score(_kernel(name, zy, zx, c.beta, c.lam, ones, 0), L)
     else:
         s = _kernel(name, c.y, c.x, c.beta, c.lam, c.prec, c.kind)
+    if not all_finite(y, x):
+        # an infinite draw has no finite limit in the sum (‖u‖^{β−1} grows without bound)
+        s = nan_rows(s.reshape(-1, d), c.batch, (y, 1), (x, 2))
     return s.reshape(*c.batch, d)
 
 
@@ -105,12 +129,15 @@ def autograd_rules(bwd_op):
         ctx.save_for_backward(y, x, beta, lam, prec, output[1])
 
     def backward(ctx, grad_s, grad_m):
-        y, x, beta, lam, prec, m = ctx.saved_tensors
+        saved = ctx.saved_tensors
+        y, x, beta, lam, prec, m = saved
         need = ctx.needs_input_grad
         grad_s = torch.zeros_like(y) if grad_s is None else grad_s
         grad_m = torch.zeros_like(y) if grad_m is None else grad_m
-        grads = bwd_op(grad_s, grad_m, y, x, beta, lam, prec, ctx.kind, m, *need[:5])
-        return (*(g if n else None for g, n in zip(grads, need[:5])), None)
+        with torch.no_grad():
+            grads = bwd_op(grad_s, grad_m, y, x, beta, lam, prec, ctx.kind, m, *need[:5])
+        grads = tuple(g if n else None for g, n in zip(grads, need[:5]))
+        return (*first_order_only("et_score", grads, (grad_s, grad_m, *saved)), None)
 
     return setup_context, backward
 

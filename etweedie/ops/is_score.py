@@ -18,7 +18,16 @@ import torch
 
 from .. import backends
 from . import reference
-from ._prep import DENSE, check_beta_lam, check_finite, check_metric, check_tensor, metric_param
+from ._prep import (
+    DENSE,
+    check_beta_lam,
+    check_finite,
+    check_metric,
+    check_tensor,
+    float32_out_of_range,
+    metric_param,
+    row_whitening_factor,
+)
 
 __all__ = ["is_score"]
 
@@ -60,6 +69,10 @@ def is_score(
     for attr in ("beta", "lam", "metric"):
         if not hasattr(noise_law, attr):
             raise TypeError(f"{op}: noise_law must be a GeneralizedGaussian (with beta, lam, metric), got {type(noise_law).__name__}")
+    if float32_out_of_range(noise_law.metric, y, bank):
+        # magnitudes that would overflow/underflow float32 squared norms: float64, then round
+        out = is_score(y.double(), bank.double(), noise_law, backend=backend, chunk=chunk)
+        return tuple(t.float() for t in out)
     beta = torch.as_tensor(noise_law.beta, dtype=torch.float64)
     lam = torch.as_tensor(noise_law.lam, dtype=torch.float64)
     if beta.numel() != 1 or lam.numel() != 1:
@@ -74,19 +87,25 @@ def is_score(
     d = y.shape[-1]
     batch = y.shape[:-1]
     yq = y.reshape(-1, d).contiguous()
-    prec, kind = metric_param(metric, torch.Size([1]), d)
+    prec, kind = metric_param(metric, torch.Size([1]), d, y.dtype, op)
     name = backends.resolve(op, y.device, backend)
     with torch.no_grad():
         if name == "reference":
             score, mean, ess = reference.is_score(yq, bank, b, l, prec, kind, chunk=chunk)
         elif kind == DENSE:
-            L = metric.whitening_factor()
+            L = row_whitening_factor(metric, torch.Size([1]), y.dtype, op)
             ones = torch.ones(1, dtype=y.dtype, device=y.device)
             zs, zmean, ess = _kernel(name, yq @ L, (bank @ L).contiguous(), b, l, ones, 0)
             score = zs @ L.T
             mean = torch.linalg.solve_triangular(L.T, zmean.T, upper=True).T
         else:
             score, mean, ess = _kernel(name, yq, bank.contiguous(), b, l, prec.contiguous(), kind)
+    # a NaN/inf query (or bank point) makes every weight of its row undefined: NaN out, not an
+    # ESS computed from whatever the log-sum-exp made of it
+    bad = ~torch.isfinite(yq).all(-1) | ~torch.isfinite(bank).all()
+    nan = torch.full((), float("nan"), dtype=score.dtype, device=score.device)
+    score, mean = (torch.where(bad.unsqueeze(-1), nan, t) for t in (score, mean))
+    ess = torch.where(bad, nan, ess)
     return score.reshape(*batch, d), mean.reshape(*batch, d), ess.reshape(batch)
 
 

@@ -26,9 +26,13 @@ from ._prep import (
     canonicalize,
     check_finite,
     check_metric,
+    check_positive,
     check_tensor,
     flat,
+    float32_out_of_range,
     metric_param,
+    widen,
+    widen_metric,
 )
 
 __all__ = ["kernel_score", "student_t_score"]
@@ -67,6 +71,8 @@ def kernel_score(
     op = "kernel_score"
     samples = check_tensor(samples, "samples", op)
     target = check_tensor(target, "target", op)
+    if float32_out_of_range(metric, samples, target):
+        return kernel_score(widen(samples), widen(target), potential, widen_metric(metric), c=widen(c), fair=fair).float()
     if samples.dim() < 2 or target.dim() < 1 or target.shape[-1] != samples.shape[-1]:
         raise ValueError(
             f"{op}: samples must be (*batch, M, d) and target (*batch, d) with the same d, "
@@ -80,8 +86,7 @@ def kernel_score(
     if M < (2 if fair else 1):
         raise ValueError(f"{op}: {'fair=True needs M >= 2' if fair else 'need M >= 1'} samples, got M = {M}")
     c = as_param(c, "c", op, samples)
-    if c.numel() and not bool((c > 0).all()):
-        raise ValueError(f"{op}: c must be > 0, got {c.min().item():.6g}")
+    check_positive(c, "c", op)
     check_finite(op, samples=samples, target=target)
     metric = check_metric(metric, d, samples, op)
     batch = broadcast_batch(op, samples=samples.shape[:-2], target=target.shape[:-1], c=c.shape, metric=metric.batch_shape)
@@ -90,7 +95,7 @@ def kernel_score(
     B = math.prod(batch)
     xs = samples.expand(*batch, M, d).reshape(B, M, d)
     yt = target.expand(*batch, d).reshape(B, d)
-    prec, kind = metric_param(metric, batch, d)
+    prec, kind = metric_param(metric, batch, d, samples.dtype, op)
     if potential == "student_t":
         ks = reference.student_t_kernel_score(xs, yt, prec, kind, fair)
     elif callable(potential):
@@ -122,12 +127,14 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
         tensor([[1.]])
     """
     op = "student_t_score"
+    if isinstance(x, torch.Tensor) and float32_out_of_range(metric, check_tensor(y, "y", op), x):
+        return student_t_score(widen(y), widen(x), widen(c), widen_metric(metric)).float()
     cv = as_param(c, "c", op, check_tensor(y, "y", op))
     if isinstance(x, torch.Tensor) and y.dim() == 1 and x.dim() == 2 and cv.dim() == 0:
         return student_t_score(y.unsqueeze(0), x.unsqueeze(0), cv, metric)[0]  # one unbatched query
     cn = canonicalize(op, y, x, 2.0, 1.0, metric)
     d = cn.y.shape[-1]
-    if cv.numel() and not bool((cv > d / 2).all()):
+    if cv.numel() and not bool(((cv > d / 2) & torch.isfinite(cv)).all()):
         raise ValueError(f"{op}: c must be > d/2 = {d / 2:g} (Student-t integrability), got {cv.min().item():.6g}")
     try:
         batch = torch.broadcast_shapes(cn.batch, cv.shape)

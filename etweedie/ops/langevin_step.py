@@ -20,12 +20,20 @@ from ._prep import (
     DENSE,
     as_param,
     broadcast_batch,
+    all_finite,
     canonicalize,
+    check_finite,
+    check_positive,
     check_tensor,
+    first_order_only,
     flat,
+    float32_out_of_range,
+    kernel_or_reference,
+    nan_rows,
     unwhiten_score,
-    value_checks,
     whiten_dense,
+    widen,
+    widen_metric,
 )
 from .et_score import _kernel as _score_kernel
 
@@ -62,6 +70,9 @@ def langevin_step(
         tensor([[0.5000, 0.5000]])
     """
     op = "langevin_step"
+    if float32_out_of_range(metric, check_tensor(y, "y", op), check_tensor(x, "x", op)):
+        return langevin_step(widen(y), widen(x), widen(noise), widen(step), widen(beta), widen(lam),
+                             widen_metric(metric), backend=backend).float()
     c = canonicalize(op, y, x, beta, lam, metric)
     noise = check_tensor(noise, "noise", op)
     if noise.shape != y.shape:
@@ -69,8 +80,8 @@ def langevin_step(
     if noise.dtype != y.dtype or noise.device != y.device:
         raise TypeError(f"{op}: noise must match y's dtype/device ({y.dtype}, {y.device}), got ({noise.dtype}, {noise.device})")
     step = as_param(step, "step", op, y)
-    if value_checks(step) and step.numel() and not bool((step > 0).all()):
-        raise ValueError(f"{op}: step must be > 0, got min {step.min().item():.6g}")
+    check_positive(step, "step", op)
+    check_finite(op, noise=noise)
     batch = broadcast_batch(op, batch=c.batch, step=step.shape)
     if batch != c.batch:
         raise ValueError(f"{op}: step of shape {tuple(step.shape)} does not broadcast to the batch {tuple(c.batch)}")
@@ -78,6 +89,7 @@ def langevin_step(
     xi = flat(noise, c.batch, (d,)).contiguous()
     alpha = flat(step, c.batch, ())
     name = backends.resolve(op, c.y.device, backend)
+    name = kernel_or_reference(op, name, backend, y, x, noise, step, beta, lam, metric)
     if name == "reference":
         out = reference.langevin_step(c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
     elif c.kind == DENSE:
@@ -88,6 +100,8 @@ def langevin_step(
         out = c.y + a * s + torch.sqrt(2 * a) * xi
     else:
         out = _kernel(name, c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
+    if not all_finite(y, x):
+        out = nan_rows(out.reshape(-1, d), c.batch, (y, 1), (x, 2))
     return out.reshape(*c.batch, d)
 
 
@@ -138,12 +152,14 @@ def autograd_rules(score_bwd):
         ctx.save_for_backward(y, x, noise, step, beta, lam, prec, output[1])
 
     def backward(ctx, grad_out, grad_m):
-        y, x, noise, step, beta, lam, prec, m = ctx.saved_tensors
+        saved = ctx.saved_tensors
+        y, x, noise, step, beta, lam, prec, m = saved
         g = torch.zeros_like(y) if grad_out is None else grad_out
         gm = torch.zeros_like(y) if grad_m is None else grad_m
-        grads = backward_terms(score_bwd, g, gm, y, x, noise, step, beta, lam, prec, ctx.kind, m,
-                               ctx.needs_input_grad)
-        return (*grads, None)
+        with torch.no_grad():
+            grads = backward_terms(score_bwd, g, gm, y, x, noise, step, beta, lam, prec, ctx.kind, m,
+                                   ctx.needs_input_grad)
+        return (*first_order_only("langevin_step", grads, (g, gm, *saved)), None)
 
     return setup_context, backward
 

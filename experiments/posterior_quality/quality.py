@@ -14,10 +14,22 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
 from etweedie.train import config_from_dict, gaussian_posterior_check, held_out_loss, load_posterior
+
+
+def _run_metadata(path: Path) -> dict:
+    """The training config and step saved with a posterior: ``config.json`` of a posterior directory
+    (a run's ``posterior/``), or the dict of a legacy single-file ``posterior.pt`` (read with
+    ``weights_only=True``: no code is unpickled)."""
+    for candidate in (path / "posterior" / "config.json", path / "config.json"):
+        if candidate.is_file():
+            return json.loads(candidate.read_text())
+    legacy = path if path.suffix == ".pt" else path / "posterior.pt"
+    return torch.load(legacy, map_location="cpu", weights_only=True)
 
 
 def main() -> None:
@@ -27,13 +39,12 @@ def main() -> None:
     torch.set_num_threads(1)
     for path in args.paths:
         posterior = load_posterior(path)
-        blob_path = f"{path}/posterior.pt" if not str(path).endswith(".pt") else path
-        blob = torch.load(blob_path, weights_only=False)
-        config = config_from_dict(blob["train_config"])
+        meta = _run_metadata(Path(path))
+        config = config_from_dict(meta["train_config"])
         check = gaussian_posterior_check(posterior)
         row = {
             "model": str(path),
-            "step": blob["step"],
+            "step": meta["step"],
             "held_out_es": round(held_out_loss(posterior, config), 4),
             "gauss_score_nmse": round(check["score_nmse"], 4),
             "gauss_exact_draws_score_nmse": round(check["exact_score_nmse"], 4),

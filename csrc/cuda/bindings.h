@@ -1,0 +1,56 @@
+// Host helpers shared by the CUDA bindings csrc/cuda/<op>_bindings.cpp — the only files of
+// csrc/cuda that see torch.  Each binding checks its arguments with csrc/common/checks.h (the
+// same checks as the CPU kernels), allocates the outputs and calls the launchers of
+// launchers.cuh on torch's current stream.  Built only with a CUDA torch (setup.py: CUDA_HOME
+// and torch.version.cuda, or FORCE_CUDA=1); the .cu files themselves compile with plain nvcc.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <vector>
+
+#include "../common/checks.h"
+#include "launchers.cuh"
+
+namespace etweedie {
+namespace cuda {
+
+// The CUDA kernels read every tensor through raw device pointers: all of them on one GPU
+// (checks::same_dtype_device already tied them to the first tensor's device).
+inline void check_cuda(const char* op, const at::Tensor& t) {
+  TORCH_CHECK(t.is_cuda(), op, ": the CUDA kernel needs CUDA tensors, got device ", t.device());
+}
+
+inline void check_launch(cudaError_t err, const char* op) {
+  TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
+}
+
+template <typename T>
+inline EtScoreArgs<T> row_args(const at::Tensor& y, const at::Tensor& x, const at::Tensor& beta, const at::Tensor& lam,
+                        const at::Tensor& prec, int64_t kind) {
+  EtScoreArgs<T> a{};
+  a.y = y.data_ptr<T>();
+  a.x = x.data_ptr<T>();
+  a.beta = beta.data_ptr<T>();
+  a.lam = lam.data_ptr<T>();
+  a.prec = prec.data_ptr<T>();
+  a.B = y.size(0);
+  a.N = x.size(1);
+  a.d = y.size(1);
+  a.sxb = x.stride(0);
+  a.sxn = x.stride(1);
+  a.sb = beta.stride(0);
+  a.sl = lam.stride(0);
+  a.sp = prec.stride(0);
+  a.kind = static_cast<int>(kind);
+  a.kblock = kind == 2 ? static_cast<int>(prec.size(1)) : 1;
+  return a;
+}
+
+}  // namespace cuda
+}  // namespace etweedie

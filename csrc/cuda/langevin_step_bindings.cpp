@@ -1,0 +1,40 @@
+// CUDA binding of etweedie::langevin_step_fwd (schema in csrc/etweedie.cpp); its backward is
+// et_score_bwd (etweedie/ops/langevin_step.py).
+#include "bindings.h"
+
+namespace etweedie {
+namespace cuda {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> langevin_step_fwd_cuda(const at::Tensor& y, const at::Tensor& x,
+                                                          const at::Tensor& noise, const at::Tensor& step,
+                                                          const at::Tensor& beta, const at::Tensor& lam,
+                                                          const at::Tensor& prec, int64_t kind) {
+  checks::score_args("langevin_step", y, x, beta, lam, prec, kind);
+  checks::same_dtype_device("langevin_step", {"y", &y}, {{"noise", &noise}, {"step", &step}});
+  checks::shape("langevin_step", "noise", noise, y.sizes());
+  TORCH_CHECK(noise.is_contiguous(), "langevin_step: noise must be contiguous, got strides ", noise.strides());
+  checks::rows("langevin_step", "step", step, y.size(0));
+  check_cuda("langevin_step", y);
+  const c10::cuda::CUDAGuard guard(y.device());
+  auto out = at::empty_like(y);
+  auto m = at::empty_like(y);
+  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "langevin_step_fwd_cuda", [&] {
+    auto a = row_args<scalar_t>(y, x, beta, lam, prec, kind);
+    a.noise = noise.data_ptr<scalar_t>();
+    a.step = step.data_ptr<scalar_t>();
+    a.sa = step.stride(0);
+    check_launch(langevin_step_fwd_launch<scalar_t>(a, out.data_ptr<scalar_t>(), m.data_ptr<scalar_t>(),
+                                                    c10::cuda::getCurrentCUDAStream()),
+                 "langevin_step");
+  });
+  return {out, m};
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace etweedie
+
+TORCH_LIBRARY_IMPL(etweedie, CUDA, m) {
+  m.impl("langevin_step_fwd", &etweedie::cuda::langevin_step_fwd_cuda);
+}

@@ -1,0 +1,90 @@
+"""The CPU-scale MNIST sampling protocol: five paths × three seeds, the table and the figures.
+
+    python -m experiments.mnist.cpu_protocol --posterior mnist --out experiments/mnist/results/cpu
+
+Samples every (path, seed) part of :data:`experiments.mnist.sampling.CPU` into ``--out/parts``
+(resumable: finished parts are skipped), pools each path's images into ``<path>.npy`` (uint8 (n, 28, 28)), scores
+Table mnist_quantitative (:mod:`experiments.mnist.sampling_table`) into ``table.md`` /
+``table.json``, and draws the figures (:mod:`experiments.mnist.sampling_figures`).  Everything
+lands in ``--out``; ``--protocol tiny`` is the smoke size of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+
+from . import sampling, sampling_figures, sampling_table
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--posterior", default="mnist", help="posterior name or path, or untrained:WIDTH (default mnist)")
+    p.add_argument("--protocol", choices=tuple(sampling.PROTOCOLS), default="cpu")
+    p.add_argument("--out", required=True, help="output folder (parts, pooled samples, table, figures)")
+    p.add_argument("--paths", nargs="+", choices=sampling.PATHS, default=None, help="a subset of the five paths")
+    p.add_argument("--data-dir", default=None, help="MNIST folder (default: etweedie.mnist's search)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--n-boot", type=int, default=1000)
+    p.add_argument("--null-draws", type=int, default=200)
+    p.add_argument("--no-table", action="store_true")
+    p.add_argument("--no-figures", action="store_true")
+    p.add_argument("--progress", action="store_true", help="tqdm bars over levels")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    protocol = sampling.PROTOCOLS[args.protocol]
+    if args.paths:
+        protocol = dataclasses.replace(protocol, paths=tuple(args.paths))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        sampling.check_folder(out, protocol)
+        posterior = sampling.load_posterior(args.posterior)
+        center = sampling.data_mean(args.data_dir)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"cpu_protocol: error: {exc}", file=sys.stderr)
+        return 2
+    start = time.time()
+    print(f"protocol {protocol.name}: {protocol.describe()}; posterior {args.posterior}", flush=True)
+    logs = sampling.run_protocol(posterior, protocol, out, center=center, progress=args.progress,
+                                 posterior_name=args.posterior)
+    sampling_s = time.time() - start
+    summary = dict(protocol=dataclasses.asdict(protocol), posterior=args.posterior, sampling_s=sampling_s,
+                   parts_wall_s=sum(p["wall_s"] for p in logs),  # the parts' own times (also of earlier calls)
+                   threads=torch.get_num_threads(), parts=[{k: p[k] for k in ("path", "seed", "images", "wall_s",
+                                                                               "images_steps_per_s")} for p in logs])
+    if not args.no_table:
+        t0 = time.time()
+        result = sampling_table.score(out, protocol.paths, len(protocol.seeds), n_boot=args.n_boot,
+                                      null_draws=args.null_draws, data_dir=args.data_dir)
+        table = sampling_table.format_table(result)
+        (out / "table.md").write_text(table + "\n")
+        (out / "table.json").write_text(json.dumps(result, indent=1, default=float))
+        summary["scoring_s"] = time.time() - t0
+        print(table)
+    if not args.no_figures:
+        from etweedie.mnist import load_mnist
+
+        train, _ = load_mnist("train", args.data_dir)
+        made = sampling_figures.all_figures(out, out / sampling.PARTS_DIR, protocol.paths, protocol.seeds, train)
+        print("figures: " + ", ".join(str(m) for m in made))
+    summary["total_s"] = time.time() - start
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"sampling {sampling_s:.0f} s, total {summary['total_s']:.0f} s; results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""The full MNIST sampling protocol on a GPU, under a wall-clock deadline, resumable, packed for committing.
+
+    python -m experiments.mnist.gpu_sample --posterior mnist --work runs/mnist_gpu --pack-dir "$OUT" --deadline 540
+    torchrun --nproc_per_node=K -m experiments.mnist.gpu_sample --posterior mnist ...   # chains over K GPUs
+    python -m experiments.mnist.gpu_sample --dry-run --work /tmp/mnist_dry --pack-dir /tmp/mnist_pack    # CPU
+
+Steps:
+1. (rank 0, one process only, unless ``--no-bench``) the throughput comparison of
+   ``benchmarks/bench_mnist_sampler.py`` on this card: etweedie's sampler (bf16 forward, fused
+   step, CUDA graphs) against the plain float32 eager one, in one run;
+2. the paths in order, three seeds each (:data:`experiments.mnist.sampling.FULL`: 64 levels,
+   1,000 + 100 updates, N = 256, 256 images per seed): each finished (path, seed) part is saved at
+   once under ``--work/parts`` (uint8 images, its JSON log, the progress states) and skipped on a
+   rerun; a part is not started when the last one's duration says it would end after the deadline;
+3. the pack in ``--pack-dir``, at most 8 files of at most 16 MB, all worth committing:
+   ``<path>.npy`` (the 768 pooled images of every finished path, about 0.6 MB each),
+   ``progress.npz`` (the progress-figure states), ``sampling_log.json`` (protocol, every part's log,
+   the benchmark, the driver's log, what is left) and ``parts.tar.gz`` (the part files, so a later
+   call can carry them back into ``--work`` and continue).
+
+Afterwards, on any machine: ``python -m experiments.mnist.sampling_table PACK_DIR`` scores the table,
+and ``experiments.mnist.sampling_figures.all_figures`` draws the figures from the unpacked parts.
+
+``--dry-run`` runs the same code on the CPU at the tiny size with an untrained posterior (or
+``--posterior``), the benchmark at a tiny size too.  Under torchrun every rank samples its share
+of each part's chains (``etweedie.sample_parallel``) and rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import os
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import torch
+
+from . import sampling
+
+T0 = time.time()
+MAX_PACK_FILES = 8
+MAX_FILE_BYTES = 16 * 2**20
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--posterior", default=None, help="posterior name or path (default: mnist; dry run: untrained:32)")
+    p.add_argument("--work", default="runs/mnist_gpu", help="work folder (parts, logs); rerun to continue")
+    p.add_argument("--pack-dir", required=True, help="where the ≤ 8 files worth committing go")
+    p.add_argument("--deadline", type=float, default=540.0, help="seconds from start until the pack must be written")
+    p.add_argument("--pack-reserve", type=float, default=20.0, help="seconds kept for the pack")
+    p.add_argument("--dry-run", action="store_true", help="CPU, tiny protocol, untrained posterior unless given")
+    p.add_argument("--paths", nargs="+", choices=sampling.PATHS, default=None)
+    p.add_argument("--no-bench", action="store_true", help="skip the throughput comparison")
+    p.add_argument("--bench-args", default="--chains 256 --n-posterior 256 --levels 2 --steps 10 --first-level-steps 10 "
+                                           "--repeats 10 --rounds 1",
+                   help="arguments of benchmarks/bench_mnist_sampler.py (posterior and device are added)")
+    for name, kind in (("images-per-seed", int), ("levels", int), ("first-level-steps", int), ("steps-per-level", int),
+                       ("n-posterior", int), ("chunk-chains", int), ("step-fraction", float)):
+        p.add_argument(f"--{name}", type=kind, default=None, help="override the protocol's value")
+    p.add_argument("--precision", choices=("float32", "bfloat16"), default=None)
+    p.add_argument("--capture", choices=("none", "cuda_graph", "compile"), default=None)
+    p.add_argument("--antithetic", action="store_true",
+                   help="antithetic posterior draws (the variance-reduced variant: e.g. --antithetic --n-posterior 64)")
+    p.add_argument("--progress", action="store_true")
+    return p.parse_args(argv)
+
+
+class Log:
+    def __init__(self, path: Path, main: bool):
+        self.path, self.main, self.lines = path, main, []
+
+    def __call__(self, message: str) -> None:
+        line = f"[{time.time() - T0:7.1f} s] {message}"
+        self.lines.append(line)
+        if self.main:
+            print(line, flush=True)
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+
+
+def _protocol(args) -> sampling.Protocol:
+    protocol = sampling.TINY if args.dry_run else sampling.FULL
+    changes = {}
+    for field in ("images_per_seed", "levels", "first_level_steps", "steps_per_level", "n_posterior", "chunk_chains",
+                  "step_fraction", "precision"):
+        value = getattr(args, field)
+        if value is not None:
+            changes[field] = value
+    if args.capture is not None:
+        changes["capture"] = None if args.capture == "none" else args.capture
+    if args.paths:
+        changes["paths"] = tuple(args.paths)
+    if args.antithetic:
+        changes["antithetic"] = True
+    if args.dry_run:
+        changes.setdefault("precision", "float32")
+    return dataclasses.replace(protocol, **changes)
+
+
+def _init_distributed(dry_run: bool):
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return "cpu" if dry_run else "cuda"
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if dry_run:
+        dist.init_process_group("gloo")
+        return "cpu"
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl")
+    return f"cuda:{local}"
+
+
+def _bench(args, posterior_spec: str, device: str, log: Log) -> Optional[dict]:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from benchmarks import bench_mnist_sampler as bench
+
+    extra = args.bench_args.split()
+    if args.dry_run:
+        extra = ["--chains", "4", "--n-posterior", "4", "--levels", "2", "--steps", "2", "--rounds", "1",
+                 "--repeats", "1", "--width", "32"]
+    spec = posterior_spec if not posterior_spec.startswith("untrained") else "untrained"
+    try:
+        report = bench.run(bench.parse_args(["--posterior", spec, "--device", device, *extra]))
+    except (Exception, SystemExit) as exc:  # the benchmark must not cost the sampling
+        log(f"benchmark failed: {type(exc).__name__}: {exc}")
+        return dict(error=f"{type(exc).__name__}: {exc}")
+    log("benchmark:\n" + bench.format_table(report))
+    return report
+
+
+def pack(work: Path, pack_dir: Path, protocol: sampling.Protocol, bench: Optional[dict], log: Log) -> List[Path]:
+    """Write the ≤ 8 files of the pack; returns them."""
+    pack_dir.mkdir(parents=True, exist_ok=True)
+    parts = work / sampling.PARTS_DIR
+    written = []
+    for path in protocol.paths:
+        pooled = work / f"{path}.npy"
+        if pooled.is_file():
+            target = pack_dir / pooled.name
+            target.write_bytes(pooled.read_bytes())
+            written.append(target)
+    progress = {}
+    for path in protocol.paths:
+        f = parts / f"{sampling.part_stem(path, protocol.seeds[0])}_progress.npy"
+        if f.is_file():
+            progress[path] = np.load(f)
+    if progress:
+        np.savez_compressed(pack_dir / "progress.npz", **progress)
+        written.append(pack_dir / "progress.npz")
+    logs = [json.loads(f.read_text()) for f in sorted(parts.glob("*.json"))] if parts.is_dir() else []
+    done = {(p["path"], p["seed"]) for p in logs}
+    missing = [f"{p} seed {s}" for p in protocol.paths for s in protocol.seeds if (p, s) not in done]
+    summary = dict(protocol=dataclasses.asdict(protocol), step_scale=protocol.step_scale, parts=logs,
+                   missing=missing, benchmark=bench, driver_log=log.lines,
+                   device=torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU",
+                   torch=torch.__version__, elapsed_s=time.time() - T0)
+    (pack_dir / "sampling_log.json").write_text(json.dumps(summary, indent=1, default=str))
+    written.append(pack_dir / "sampling_log.json")
+    if parts.is_dir():
+        with tarfile.open(pack_dir / "parts.tar.gz", "w:gz") as tar:
+            for f in sorted(parts.iterdir()):
+                if not f.name.endswith(".tmp.npy"):
+                    tar.add(f, arcname=f"{sampling.PARTS_DIR}/{f.name}")
+        written.append(pack_dir / "parts.tar.gz")
+    too_big = [f.name for f in written if f.stat().st_size > MAX_FILE_BYTES]
+    if len(written) > MAX_PACK_FILES or too_big:
+        log(f"pack: {len(written)} files, over {MAX_FILE_BYTES >> 20} MB: {too_big}")
+    log(f"pack: {', '.join(f'{f.name} ({f.stat().st_size / 2**20:.2f} MB)' for f in written)}; "
+        f"missing parts: {', '.join(missing) or 'none'}")
+    return written
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    protocol = _protocol(args)
+    device = _init_distributed(args.dry_run)
+    if not args.dry_run and not torch.cuda.is_available():
+        print("gpu_sample: error: no CUDA device (use --dry-run on a CPU)", file=sys.stderr)
+        return 2
+    main_rank = sampling.is_main_process()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    log = Log(work / "driver.log", main_rank)
+    spec = args.posterior or ("untrained:32" if args.dry_run else "mnist")
+    try:
+        sampling.check_folder(work, protocol)
+        posterior = sampling.load_posterior(spec, device)
+        center = sampling.data_mean()
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"gpu_sample: error: {exc}", file=sys.stderr)
+        return 2
+    log(f"protocol {protocol.name}: {protocol.describe()}; posterior {spec}; device {device}; "
+        f"precision {protocol.precision}, capture {protocol.capture}")
+    import torch.distributed as dist
+
+    distributed = dist.is_available() and dist.is_initialized()
+    bench = None
+    if not args.no_bench and not distributed:
+        bench = _bench(args, spec, device, log)
+    deadline = T0 + args.deadline - args.pack_reserve
+    try:
+        sampling.run_protocol(posterior, protocol, work, center=center, device=device, progress=args.progress,
+                              posterior_name=spec, deadline=deadline, log=log)
+    except Exception as exc:  # what is done is saved: pack it
+        log(f"sampling stopped: {type(exc).__name__}: {exc}")
+    if main_rank:
+        pack(work, Path(args.pack_dir), protocol, bench, log)
+    if distributed:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

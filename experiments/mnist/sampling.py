@@ -1,0 +1,318 @@
+"""Sampling MNIST images along the five noise paths (paper App. "Energy-Tweedie Diffusion on MNIST").
+
+The protocol of Table mnist_quantitative: one posterior, the five paths of
+``etweedie.paths.MNIST_PATHS`` on the shared realized-RMS schedule r_t = 2.63 (0.197/2.63)^t,
+annealed Langevin with a long first level, N posterior draws per score, a final posterior draw
+at the terminal level, seeds 2718/3141/5772, every image kept.  :data:`FULL` is the paper's
+sizes; :data:`CPU` the CPU-scale protocol (fewer levels, updates and draws, 22 images per seed);
+:data:`TINY` a smoke size for tests and ``--dry-run``.
+
+The unit of work is one (path, seed) *part*: its images are written at once as uint8
+``<path>_seed<seed>.npy`` (n, 28, 28) with ``<path>_seed<seed>.json`` (its protocol, timing,
+throughput) and ``<path>_seed<seed>_progress.npy`` (the reverse-chain states of the first nine
+chains at the tracked levels, float16, for the progress figure).  The JSON is written last, so
+a part with a JSON is complete, and a rerun skips it (resumable per path and seed).
+
+Chain starts: the training-mean image plus a draw of the first level's noise law (β_0, λ_0,
+Σ_0 at r_0 = 2.63), :func:`etweedie.sample.initial_states` — the first noisy marginal with the
+data collapsed to their mean.  At r_0 = 2.63 the noise carries about 99% of that marginal's
+variance (MNIST pixels have a standard deviation of about 0.31 in [0, 1]), so the start
+matches the marginal's mean, covariance shape and tails up to the data's own spread, which the
+first level's long burn-in supplies.  Pure noise around 0 would start every chain 0.13 per
+pixel (the mean ink) off the marginal's mean; that is small against 2.63, but costs nothing
+to avoid.  The paper does not say which start it used.
+
+Step sizes: α_k = ε (r_k / r_{L−1})² (:func:`etweedie.sample.step_sizes`) with ε = δ r_{L−1}², so
+δ = α_k / r_k² is the same fraction of every level's noise variance (``step_fraction``; one
+shared step-size curve for all paths, as in the paper).  For a Gaussian level, Langevin with
+step α = δ r² contracts toward the level's posterior mean by (1 − δ) per update and its
+stationary variance is r² / (1 − δ/2), so δ sets both the mixing per update and a small
+over-dispersion that the final posterior draw removes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from etweedie.paths import MNIST_LEVELS, MNIST_PATHS, MNIST_RMS, get_path, level_times
+from etweedie.sample import ThroughputTimer
+from etweedie.sample_parallel import sample_langevin_sharded
+
+D = 784
+PATHS: Tuple[str, ...] = tuple(MNIST_PATHS)
+SEEDS: Tuple[int, ...] = (2718, 3141, 5772)
+PROGRESS_CHAINS = 9  # the progress grid's 3×3 chains per cell
+PARTS_DIR = "parts"
+
+
+def is_main_process() -> bool:
+    """Rank 0 of a torchrun job, or a plain process: the one that writes files."""
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def agree(value):
+    """Rank 0's ``value`` on every rank (decisions that read the clock must be the same everywhere)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """Sizes and settings of one sampling protocol (every field goes into each part's JSON)."""
+
+    name: str
+    images_per_seed: int = 256
+    levels: int = MNIST_LEVELS
+    first_level_steps: int = 1000
+    steps_per_level: int = 100
+    n_posterior: int = 256
+    step_fraction: float = 0.05
+    chunk_chains: int = 64
+    precision: str = "float32"
+    capture: Optional[str] = None
+    progress_rows: int = 7
+    antithetic: bool = False
+    paths: Tuple[str, ...] = PATHS
+    seeds: Tuple[int, ...] = SEEDS
+
+    @property
+    def step_scale(self) -> float:
+        """ε = δ r_min²: the step at the terminal level."""
+        return self.step_fraction * MNIST_RMS.r_min ** 2
+
+    @property
+    def updates_per_chain(self) -> int:
+        return self.first_level_steps + (self.levels - 1) * self.steps_per_level
+
+    def progress_levels(self) -> List[int]:
+        """The tracked levels: ``progress_rows`` evenly spaced from the first to the last (matched RMS:
+        every path shares the schedule, so a level index is one realized RMS on every path)."""
+        rows = min(self.progress_rows, self.levels)
+        return sorted({round(i * (self.levels - 1) / max(rows - 1, 1)) for i in range(rows)})
+
+    def describe(self) -> str:
+        return (f"{self.levels} levels r 2.63→0.197, {self.first_level_steps} + {self.steps_per_level} updates/level "
+                f"({self.updates_per_chain} per chain), N = {self.n_posterior}"
+                f"{' antithetic' if self.antithetic else ''}, δ = {self.step_fraction:g}, "
+                f"{len(self.seeds)} seeds × {self.images_per_seed} images")
+
+
+#: The paper's protocol (GPU): 768 images per path.
+FULL = Protocol("full", precision="bfloat16", capture="cuda_graph")
+#: CPU scale (2 cores, ≤ 15 minutes with the CPU-scale posterior): 66 images per path.
+CPU = Protocol("cpu", images_per_seed=22, levels=16, first_level_steps=40, steps_per_level=10, n_posterior=32,
+               step_fraction=0.1, chunk_chains=22, progress_rows=6)
+#: Smoke size (tests, ``--dry-run``).
+TINY = Protocol("tiny", images_per_seed=2, levels=3, first_level_steps=2, steps_per_level=1, n_posterior=2,
+                step_fraction=0.1, chunk_chains=2, progress_rows=3)
+PROTOCOLS: Dict[str, Protocol] = {p.name: p for p in (FULL, CPU, TINY)}
+
+
+# ---------------------------------------------------------------------------- images
+def to_uint8(x: torch.Tensor) -> np.ndarray:
+    """Images in [0, 1] (any real values; clipped) → uint8 ``(n, 28, 28)`` (round to nearest)."""
+    return (x.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).reshape(-1, 28, 28).cpu().numpy()
+
+
+def data_mean(data_dir=None) -> torch.Tensor:
+    """The mean training image in [0, 1], ``(784,)`` float32."""
+    from etweedie.mnist import load_mnist
+
+    images, _ = load_mnist("train", data_dir)
+    return images.reshape(-1, D).double().mean(0).div(255).float()
+
+
+def load_posterior(spec: str, device="cpu"):
+    """A posterior by name or path (``etweedie.train.load_posterior``), or ``"untrained:WIDTH"`` —
+    an untrained 784-d Engression network of that width (dry runs, tests)."""
+    if spec.startswith("untrained"):
+        from etweedie.models import EngressionPosterior
+
+        width = int(spec.split(":", 1)[1]) if ":" in spec else 64
+        model = EngressionPosterior(dim=D, width=width, depth=2, noise_dim=8,
+                                    eta_low=(1.3, 0.0, math.log(0.025), -0.7, -0.7),
+                                    eta_high=(2.0, math.log(2.5), math.log(6.0), 0.7, 0.7))
+        return model.to(device).eval().requires_grad_(False)
+    from etweedie.train import load_posterior as load
+
+    return load(spec, device=device)
+
+
+# ---------------------------------------------------------------------------- one part
+def part_stem(path: str, seed: int) -> str:
+    return f"{path}_seed{seed}"
+
+
+def part_done(out_dir: Path, path: str, seed: int) -> bool:
+    stem = part_stem(path, seed)
+    return (out_dir / f"{stem}.json").is_file() and (out_dir / f"{stem}.npy").is_file()
+
+
+def _comparable(protocol: Dict) -> Dict:
+    return {k: v for k, v in json.loads(json.dumps(protocol)).items() if k not in ("paths", "seeds", "name")}
+
+
+def _finished_part(out_dir: Path, stem: str, protocol: Protocol) -> Dict:
+    """A finished part's log; ValueError when it was sampled under other settings (a folder holds one protocol)."""
+    log = json.loads((out_dir / f"{stem}.json").read_text())
+    if _comparable(log["protocol"]) != _comparable(asdict(protocol)):
+        diff = {k: (v, _comparable(asdict(protocol)).get(k)) for k, v in _comparable(log["protocol"]).items()
+                if _comparable(asdict(protocol)).get(k) != v}
+        raise ValueError(f"{out_dir / stem}.json was sampled with other settings (saved, requested): {diff}; "
+                         "use another output folder")
+    return log
+
+
+def check_folder(out_dir, protocol: Protocol) -> None:
+    """ValueError when a finished part in ``out_dir/parts`` was sampled under other settings."""
+    parts = Path(out_dir) / PARTS_DIR
+    for path in protocol.paths:
+        for seed in protocol.seeds:
+            if part_done(parts, path, seed):
+                _finished_part(parts, part_stem(path, seed), protocol)
+
+
+def _save_npy(target: Path, array: np.ndarray) -> None:
+    tmp = target.with_name(target.name + ".tmp.npy")
+    np.save(tmp, array)
+    os.replace(tmp, target)
+
+
+def run_part(
+    posterior,
+    protocol: Protocol,
+    path: str,
+    seed: int,
+    out_dir,
+    *,
+    center: torch.Tensor,
+    device="cpu",
+    progress: bool = False,
+    posterior_name: str = "",
+) -> Dict:
+    """Sample one (path, seed) part and write its three files; a finished part is read back, not redone.
+
+    Returns the part's log (the JSON's content).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = part_stem(path, seed)
+    if part_done(out_dir, path, seed):
+        return _finished_part(out_dir, stem, protocol)
+    schedule = level_times(protocol.levels)
+    tracked = protocol.progress_levels()
+    rows: Dict[int, torch.Tensor] = {}
+
+    def track(info):
+        if info["first_chain"] == 0 and info["level"] in tracked:
+            rows[info["level"]] = info["state"][:PROGRESS_CHAINS].float().cpu()
+
+    timer = ThroughputTimer()
+    start = time.time()
+    x = sample_langevin_sharded(
+        posterior, get_path(path), schedule, n_chains=protocol.images_per_seed, dim=D, seed=seed,
+        chunk_chains=protocol.chunk_chains, center=center.to(device), device=device, callback=track,
+        steps_per_level=protocol.steps_per_level, first_level_steps=protocol.first_level_steps,
+        n_posterior=protocol.n_posterior, step_scale=protocol.step_scale, precision=protocol.precision,
+        antithetic=protocol.antithetic,
+        capture=protocol.capture if torch.device(device).type == "cuda" else None,
+        disable=not progress, timer=timer if torch.device(device).type == "cpu" else None,
+    )
+    wall = time.time() - start
+    images = to_uint8(x)
+    if not is_main_process():  # the other ranks sampled their share; rank 0 holds the gathered chains
+        return dict(path=path, seed=seed, images=int(images.shape[0]), wall_s=wall,
+                    images_steps_per_s=protocol.images_per_seed * protocol.updates_per_chain / wall)
+    if rows:
+        # the same chains as the tracked rows (rank 0's first ones, ≤ 9)
+        final = x[: next(iter(rows.values())).shape[0]].float().cpu()
+        grid = torch.stack([rows[k] for k in sorted(rows)] + [final])
+        _save_npy(out_dir / f"{stem}_progress.npy", grid.to(torch.float16).numpy())
+    _save_npy(out_dir / f"{stem}.npy", images)
+    chain_updates = protocol.images_per_seed * protocol.updates_per_chain
+    log = dict(
+        path=path,
+        seed=seed,
+        images=int(images.shape[0]),
+        protocol=asdict(protocol),
+        step_scale=protocol.step_scale,
+        progress_levels=tracked,
+        progress_rms=[float(MNIST_RMS(torch.tensor(k / max(protocol.levels - 1, 1), dtype=torch.float64)))
+                      for k in tracked],
+        posterior=posterior_name,
+        device=str(device) if torch.device(device).type == "cpu" else torch.cuda.get_device_name(device),
+        wall_s=wall,
+        images_steps_per_s=chain_updates / wall,
+        posterior_draws_per_s=chain_updates * protocol.n_posterior / wall,
+        timer=timer.as_dict() if timer.chains else None,
+        finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    tmp = out_dir / f"{stem}.json.tmp"
+    tmp.write_text(json.dumps(log, indent=1))
+    os.replace(tmp, out_dir / f"{stem}.json")
+    return log
+
+
+def pool_path(out_dir, path: str, seeds: Sequence[int]) -> np.ndarray:
+    """The pooled images of one path, seeds in the given order: uint8 ``(Σ n_seed, 28, 28)``."""
+    out_dir = Path(out_dir)
+    return np.concatenate([np.load(out_dir / f"{part_stem(path, s)}.npy") for s in seeds])
+
+
+def run_protocol(
+    posterior,
+    protocol: Protocol,
+    out_dir,
+    *,
+    center: torch.Tensor,
+    device="cpu",
+    progress: bool = False,
+    posterior_name: str = "",
+    deadline: Optional[float] = None,
+    log=print,
+) -> List[Dict]:
+    """Every (path, seed) part in order (paths outer) into ``out_dir/parts``, skipping finished parts;
+    then the pooled ``out_dir/<path>.npy`` of every path whose parts are all there.
+
+    ``deadline``: a ``time.time()`` after which no new part starts when the last part's duration
+    says it would not finish in time (the parts done stay saved; a rerun continues).
+    """
+    out_dir = Path(out_dir)
+    parts = out_dir / PARTS_DIR
+    logs, last_wall = [], None
+    for path in protocol.paths:
+        for seed in protocol.seeds:
+            if part_done(parts, path, seed):
+                logs.append(_finished_part(parts, part_stem(path, seed), protocol))
+                log(f"{path} seed {seed}: done earlier, skipped")
+                continue
+            late = deadline is not None and last_wall is not None and time.time() + 1.1 * last_wall > deadline
+            if agree(late):
+                log(f"{path} seed {seed}: not started (the deadline is {deadline - time.time():.0f} s away, "
+                    f"a part took {last_wall:.0f} s)")
+                continue
+            part = run_part(posterior, protocol, path, seed, parts, center=center, device=device, progress=progress,
+                            posterior_name=posterior_name)
+            last_wall = part["wall_s"]
+            logs.append(part)
+            log(f"{path} seed {seed}: {part['images']} images in {part['wall_s']:.1f} s "
+                f"({part['images_steps_per_s']:.1f} images·steps/s)")
+        if all(part_done(parts, path, s) for s in protocol.seeds) and is_main_process():
+            _save_npy(out_dir / f"{path}.npy", pool_path(parts, path, protocol.seeds))
+    return logs

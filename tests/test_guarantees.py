@@ -1,0 +1,412 @@
+"""The guarantees of the README's "Guarantees" section, one regression test per promise.
+
+Every public op, on every backend available here: NaN/inf in → NaN (or a named error) out;
+per-row metric tensors of any stride; float32 right from 1e-30 to 1e30 (or an honest inf);
+autodiff orders the compiled backends lack raise instead of returning zeros; parameters that are
+not finite are refused; validation also runs under torch.compile and in the Metric constructor;
+and every registered ``torch.ops.etweedie.*`` entry checks what it reads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import etweedie
+from etweedie import Metric
+from conftest import BACKEND_DEVICE, BACKEND_IDS, KERNEL_BACKENDS
+
+ALL = [("reference", torch.device("cpu"))] + BACKEND_DEVICE
+ALL_IDS = ["reference-cpu"] + BACKEND_IDS
+HAS_CPU = "cpu" in KERNEL_BACKENDS
+needs_cpu = pytest.mark.skipif(not HAS_CPU, reason="the C++ extension is not built")
+NAN = float("nan")
+
+
+def _g(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+# ---------------------------------------------------------------------------- NaN / inf in → NaN out
+
+
+@pytest.mark.parametrize("backend,device", ALL, ids=ALL_IDS)
+@pytest.mark.parametrize("bad", [NAN, math.inf])
+def test_non_finite_points_give_nan_energy(backend, device, bad):
+    x = torch.randn(4, 8, 2, generator=_g(), device="cpu").to(device)
+    y = torch.zeros(4, 2, device=device)
+    x[1, 3, 0] = bad  # one bad sample in row 1
+    es = etweedie.energy_score(x, y, 1.5, backend=backend)
+    assert torch.isnan(es[1]) and torch.isfinite(es[[0, 2, 3]]).all()
+    allnan = etweedie.energy_score(torch.full((4, 8, 2), NAN, device=device), y, 1.5, backend=backend)
+    assert torch.isnan(allnan).all()
+    b = torch.randn(4, 5, 2, generator=_g(1)).to(device)
+    ed = etweedie.energy_distance(x, b, 1.5, backend=backend)
+    assert torch.isnan(ed[1]) and torch.isfinite(ed[[0, 2, 3]]).all()
+    tgt = y.clone()
+    tgt[2, 1] = bad
+    assert torch.isnan(etweedie.energy_score(x, tgt, 1.0, backend=backend)[2])
+
+
+@pytest.mark.parametrize("backend,device", ALL, ids=ALL_IDS)
+def test_nan_query_gives_nan_is_score(backend, device):
+    bank = torch.randn(50, 2, generator=_g()).to(device)
+    y = torch.zeros(3, 2, device=device)
+    y[1, 0] = NAN
+    s, mean, ess = etweedie.is_score(y, bank, etweedie.GeneralizedGaussian(1.5), backend=backend)
+    assert torch.isnan(ess[1]) and torch.isnan(s[1]).all() and torch.isnan(mean[1]).all()
+    assert torch.isfinite(ess[[0, 2]]).all()
+
+
+# ---------------------------------------------------------------------------- per-row metric strides
+
+
+@pytest.mark.parametrize("backend,device", ALL, ids=ALL_IDS)
+def test_non_contiguous_per_row_metric(backend, device):
+    g = _g(3)
+    var = (torch.rand(4, 3, generator=g) + 0.5).T.to(device)  # (3, 4), column-major
+    S = torch.randn(3, 2, 2, generator=g)
+    S = (S @ S.transpose(-1, -2) + torch.eye(2)).transpose(-1, -2).to(device)  # transposed blocks
+    x = torch.randn(3, 16, 4, generator=g).to(device)
+    y = torch.randn(3, 4, generator=g).to(device)
+    noise = torch.randn(3, 4, generator=g).to(device)
+    for m, mc in ((Metric.diagonal(var), Metric.diagonal(var.contiguous())),
+                  (Metric.block(S), Metric.block(S.contiguous()))):
+        pairs = [
+            (etweedie.energy_score(x, y, 1.5, metric=m, backend=backend),
+             etweedie.energy_score(x, y, 1.5, metric=mc, backend=backend)),
+            (etweedie.energy_distance(x, x.flip(1) + 1, 1.5, metric=m, backend=backend),
+             etweedie.energy_distance(x, x.flip(1) + 1, 1.5, metric=mc, backend=backend)),
+            (etweedie.et_score(y, x, 1.5, metric=m, backend=backend),
+             etweedie.et_score(y, x, 1.5, metric=mc, backend=backend)),
+            (etweedie.langevin_step(y, x, noise, 0.1, 1.5, metric=m, backend=backend),
+             etweedie.langevin_step(y, x, noise, 0.1, 1.5, metric=mc, backend=backend)),
+        ]
+        for out, ref in pairs:
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------- float32 range
+
+
+def _f64(t):
+    return t.double()
+
+
+@pytest.mark.parametrize("backend,device", ALL, ids=ALL_IDS)
+def test_float32_extreme_magnitudes(backend, device):
+    # the issue's reproduction: the true score is about (0.3, 0.9)
+    x = torch.tensor([[[3e30, 4e30], [0.0, 1e30]]], device=device)
+    s = etweedie.et_score(torch.zeros(1, 2, device=device), x, 1.0, backend=backend)
+    torch.testing.assert_close(s.cpu().double(), torch.tensor([[0.3, 0.9]], dtype=torch.float64), rtol=1e-5, atol=0)
+    g = _g(5)
+    for scale in (1e-30, 1e-25, 1e20, 1e30):
+        y = (torch.randn(3, 2, generator=g) * scale).to(device)
+        xs = (torch.randn(3, 6, 2, generator=g) * scale).to(device)
+        for beta in (0.7, 1.0, 1.6):
+            ref = etweedie.et_score(_f64(y), _f64(xs), beta, backend="reference")
+            out = etweedie.et_score(y, xs, beta, backend=backend)
+            torch.testing.assert_close(out.double(), ref.float().double(), rtol=1e-4, atol=0, msg=f"et_score {scale} {beta}")
+            ref = etweedie.energy_score(_f64(xs), _f64(y), beta, backend="reference")
+            out = etweedie.energy_score(xs, y, beta, backend=backend)
+            torch.testing.assert_close(out.double(), ref.float().double(), rtol=1e-4, atol=0, msg=f"energy_score {scale}")
+            ref = etweedie.energy_distance(_f64(xs), _f64(xs.flip(0)), beta, backend="reference")
+            out = etweedie.energy_distance(xs, xs.flip(0), beta, backend=backend)
+            torch.testing.assert_close(out.double(), ref.float().double(), rtol=1e-3, atol=1e-6 * float(ref.abs().max()),
+                                       msg=f"energy_distance {scale}")
+
+
+@pytest.mark.parametrize("backend,device", ALL, ids=ALL_IDS)
+def test_float32_is_score_far_query(backend, device):
+    law = etweedie.GeneralizedGaussian(1.5)
+    g = _g(7)
+    bank = torch.randn(50, 2, generator=g) * 1e20
+    y = torch.randn(3, 2, generator=g) * 1e20
+    s, mean, ess = etweedie.is_score(y.to(device), bank.to(device), law, backend=backend)
+    s64, mean64, ess64 = etweedie.is_score(y.double(), bank.double(), law, backend="reference")
+    torch.testing.assert_close(s.cpu().double(), s64, rtol=1e-4, atol=0)
+    torch.testing.assert_close(ess.cpu().double(), ess64, rtol=1e-4, atol=1e-6)
+
+
+def test_float32_overflowing_result_is_inf_not_garbage():
+    # ‖u‖^β = 1e40 does not fit float32: an honest inf, never a finite wrong value
+    x = torch.tensor([[[1e20, 0.0]], [[1e15, 0.0]]])
+    out = etweedie.energy_score(x, torch.zeros(2, 2), 2.0, fair=False)
+    assert torch.isinf(out[0]) and abs(out[1].item() / 1e30 - 1) < 1e-6
+
+
+def test_float64_metric_is_inverted_in_float64():
+    # a near-singular float64 Σ with float32 data: inverting in float32 would give NaN
+    eps = 1e-9
+    Sigma = torch.tensor([[1.0, 1.0 - eps], [1.0 - eps, 1.0]], dtype=torch.float64)
+    m = Metric.dense(Sigma)
+    y = torch.zeros(2, 2)
+    x = torch.tensor([[[1.0, 1.0], [0.5, 0.25]]]).expand(2, 2, 2)
+    ref = etweedie.et_score(y.double(), x.double(), 2.0, metric=m, backend="reference")
+    for backend in ["reference"] + [b for b in KERNEL_BACKENDS if b != "cuda"]:
+        s = etweedie.et_score(y, x, 2.0, metric=m, backend=backend)
+        torch.testing.assert_close(s.double(), ref, rtol=1e-4, atol=0)
+
+
+def test_float64_metric_too_singular_for_float32_raises():
+    # a precision 1e45 has no float32 value: a named error, not inf reaching the kernels
+    m = Metric.diagonal(torch.tensor([1e-45, 1.0], dtype=torch.float64))
+    with pytest.raises(ValueError, match="not finite in torch.float32"):
+        etweedie.et_score(torch.zeros(1, 2), torch.zeros(1, 3, 2), 1.5, metric=m)
+
+
+# ---------------------------------------------------------------------------- autodiff orders
+
+
+def _score_ops():
+    """(name, f(y-like input), inputs) for a second derivative / jvp along the first input."""
+    g = _g(11)
+    y = torch.randn(3, 2, generator=g, dtype=torch.float64)
+    x = torch.randn(3, 5, 2, generator=g, dtype=torch.float64)
+    xi = torch.randn(3, 2, generator=g, dtype=torch.float64)
+    return {
+        "et_score": (lambda b: lambda yy: etweedie.et_score(yy, x, 1.5, backend=b), y),
+        "langevin_step": (lambda b: lambda yy: etweedie.langevin_step(yy, x, xi, 0.1, 1.5, backend=b), y),
+        "energy_score": (lambda b: lambda xx: etweedie.energy_score(xx, y, 1.5, backend=b), x),
+        "energy_distance": (lambda b: lambda xx: etweedie.energy_distance(xx, x.flip(0) + 0.5, 1.5, backend=b), x),
+    }
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("op", ["et_score", "langevin_step", "energy_score", "energy_distance"])
+def test_second_order_raises_on_kernel_backends(backend, device, op):
+    make, inp = _score_ops()[op]
+    inp = inp.to(device).clone().requires_grad_(True)
+    out = make(backend)(inp)
+    (g,) = torch.autograd.grad(out.sum() if out.dim() < 2 else (out ** 2).sum(), inp, create_graph=True)
+    with pytest.raises(NotImplementedError, match="second-order derivatives are not supported"):
+        torch.autograd.grad(g.sum(), inp)
+    if op.startswith("energy"):
+        return  # the reference (torch.cdist) is first-order only too: torch raises there
+    # the reference backend supports it and agrees with finite differences
+    make_ref = make("reference")
+    inp64 = inp.detach().cpu().double().requires_grad_(True)
+
+    def first(z):
+        out = make_ref(z)
+        return torch.autograd.grad(out.sum() if out.dim() < 2 else (out ** 2).sum(), z, create_graph=True)[0].sum()
+
+    (h,) = torch.autograd.grad(first(inp64), inp64)
+    v = torch.randn(inp64.shape, generator=_g(2), dtype=torch.float64)
+    eps = 1e-6
+    fd = (first((inp64 + eps * v).detach().requires_grad_(True)) - first((inp64 - eps * v).detach().requires_grad_(True))) / (2 * eps)
+    assert abs(float((h * v).sum()) - float(fd)) < 1e-4 * (1 + abs(float(fd)))
+
+
+@pytest.mark.parametrize("op", ["energy_score", "energy_distance"])
+def test_forward_mode_energy_raises(op):
+    make, inp = _score_ops()[op]
+    for backend in [None] + [b for b in KERNEL_BACKENDS if b != "cuda"]:
+        with pytest.raises(NotImplementedError, match="forward-mode autodiff"):
+            torch.func.jvp(make(backend), (inp,), (torch.ones_like(inp),))
+
+
+@pytest.mark.parametrize("op", ["et_score", "langevin_step"])
+def test_forward_mode(op):
+    make, inp = _score_ops()[op]
+    v = torch.randn(inp.shape, generator=_g(4), dtype=torch.float64)
+    ref_out, ref_t = torch.func.jvp(make("reference"), (inp,), (v,))
+    assert ref_t.abs().sum() > 0
+    # automatic backend choice: runs the reference (the kernels cannot carry tangents)
+    out, t = torch.func.jvp(make(None), (inp,), (v,))
+    torch.testing.assert_close(t, ref_t)
+    eps = 1e-6
+    fd = (make("reference")(inp + eps * v) - make("reference")(inp - eps * v)) / (2 * eps)
+    torch.testing.assert_close(t, fd, rtol=1e-5, atol=1e-7)
+    for backend in KERNEL_BACKENDS:
+        if backend == "cuda":
+            continue
+        with pytest.raises(NotImplementedError, match="forward-mode autodiff"):
+            torch.func.jvp(make(backend), (inp,), (v,))
+
+
+# ---------------------------------------------------------------------------- parameter checks
+
+
+def test_non_finite_parameters_refused():
+    y, x = torch.zeros(2, 2), torch.ones(2, 3, 2)
+    with pytest.raises(ValueError, match="lam must be > 0 and finite"):
+        etweedie.et_score(y, x, 1.0, lam=math.inf)
+    with pytest.raises(ValueError, match="lam must be > 0 and finite"):
+        etweedie.et_score(y, x, 1.0, lam=torch.tensor([1.0, math.inf]))
+    with pytest.raises(ValueError, match="step must be > 0 and finite"):
+        etweedie.langevin_step(y, x, torch.zeros(2, 2), math.inf, 1.0)
+    with pytest.raises(ValueError, match="step must be > 0 and finite"):
+        etweedie.langevin_step(y, x, torch.zeros(2, 2), torch.tensor([0.1, math.nan]), 1.0)
+    with pytest.raises(ValueError, match="var must be > 0 and finite"):
+        Metric.isotropic(math.inf)
+    with pytest.raises(ValueError, match="var must be > 0 and finite"):
+        Metric.diagonal(torch.tensor([1.0, math.nan]))
+    with pytest.raises(ValueError, match="NaN or infinite entries"):
+        Metric.dense(torch.tensor([[NAN, 0.0], [0.0, 1.0]]))
+    with pytest.raises(ValueError, match="c must be > 0 and finite"):
+        etweedie.kernel_score(x, y, c=math.inf)
+
+
+def test_debug_mode_checks_langevin_noise():
+    y, x = torch.zeros(2, 2), torch.ones(2, 3, 2)
+    noise = torch.tensor([[0.0, NAN], [0.0, 0.0]])
+    etweedie.set_debug(True)
+    try:
+        with pytest.raises(ValueError, match="noise contains NaN"):
+            etweedie.langevin_step(y, x, noise, 0.1, 1.0)
+    finally:
+        etweedie.set_debug(False)
+
+
+def test_metric_constructor_validates():
+    with pytest.raises(ValueError, match="Sigma must be symmetric positive definite"):
+        Metric("dense", -torch.eye(2))
+    with pytest.raises(ValueError, match="var must be > 0"):
+        Metric("isotropic", torch.tensor(-1.0))
+    with pytest.raises(ValueError, match="S must be a k×k block"):
+        Metric("block", torch.eye(6))
+    with pytest.raises(ValueError, match="kind must be one of"):
+        Metric("sparse", torch.eye(2))
+
+
+def test_validation_under_torch_compile():
+    torch._dynamo.reset()
+    y, x = torch.zeros(2, 2), torch.ones(2, 3, 2)
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def score(beta):
+        return etweedie.et_score(y, x, beta)
+
+    score(torch.tensor(1.5))
+    with pytest.raises(RuntimeError, match=r"beta must lie in \(0, 2\]"):
+        score(torch.tensor(3.0))
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def dense(S):
+        return etweedie.et_score(y, x, 1.5, metric=Metric.dense(S))
+
+    dense(torch.eye(2))
+    with pytest.raises(RuntimeError, match="Sigma must be finite, symmetric and positive definite"):
+        dense(-torch.eye(2))
+    torch._dynamo.reset()
+
+
+def test_dense_metric_gradient_agrees_across_backends():
+    g = _g(9)
+    A = torch.randn(3, 3, generator=g, dtype=torch.float64)
+    Sigma = A @ A.T + torch.eye(3, dtype=torch.float64)
+    y = torch.randn(2, 3, generator=g, dtype=torch.float64)
+    x = torch.randn(2, 4, 3, generator=g, dtype=torch.float64)
+    grads = {}
+    for backend in ["reference"] + [b for b in KERNEL_BACKENDS if b != "cuda"]:
+        S = Sigma.clone().requires_grad_(True)
+        s = etweedie.et_score(y, x, 1.5, metric=Metric.dense(S), backend=backend)
+        (grads[backend],) = torch.autograd.grad((s * torch.arange(6.0, dtype=s.dtype).view(2, 3)).sum(), S)
+    for backend, gS in grads.items():
+        torch.testing.assert_close(gS, gS.T, msg=f"{backend}: gradient not symmetric")
+        torch.testing.assert_close(gS, grads["reference"], rtol=1e-8, atol=1e-10)
+
+
+def test_two_dimensional_x_is_one_shared_cloud():
+    # x (N, d) without a batch axis broadcasts as one cloud for every query (documented)
+    g = _g(12)
+    y = torch.randn(4, 2, generator=g, dtype=torch.float64)
+    x = torch.randn(4, 2, generator=g, dtype=torch.float64)
+    shared = etweedie.et_score(y, x, 1.5)
+    torch.testing.assert_close(shared, etweedie.et_score(y, x.expand(4, 4, 2), 1.5))
+    one_each = etweedie.et_score(y, x.unsqueeze(-2), 1.5)
+    assert not torch.allclose(shared, one_each)
+
+
+def test_dense_metric_keeps_a_shared_cloud_a_broadcast():
+    from etweedie.ops._prep import rows_matmul
+
+    x = torch.randn(1, 5, 3).expand(1000, 5, 3)
+    L = torch.eye(3) * 2
+    z = rows_matmul(x, L)
+    assert z.stride(0) == 0 and torch.equal(z[7], x[0] @ L)
+    g = _g(13)
+    A = torch.randn(3, 3, generator=g, dtype=torch.float64)
+    m = Metric.dense(A @ A.T + torch.eye(3, dtype=torch.float64))
+    y = torch.randn(6, 3, generator=g, dtype=torch.float64)
+    cloud = torch.randn(7, 3, generator=g, dtype=torch.float64)
+    for backend in ["reference"] + [b for b in KERNEL_BACKENDS if b != "cuda"]:
+        torch.testing.assert_close(etweedie.et_score(y, cloud, 1.3, metric=m, backend=backend),
+                                   etweedie.et_score(y, cloud.expand(6, 7, 3).contiguous(), 1.3, metric=m,
+                                                     backend="reference"))
+
+
+# ---------------------------------------------------------------------------- raw registered ops
+
+
+def _canonical(B=4, N=3, d=4, dtype=torch.float32):
+    g = _g(21)
+    y = torch.randn(B, d, generator=g).to(dtype)
+    x = torch.randn(B, N, d, generator=g).to(dtype)
+    ones = torch.ones(B, dtype=dtype)
+    return y, x, ones, ones.clone()
+
+
+RAW_CASES = {
+    "beta too short": lambda y, x, b, l: torch.ops.etweedie.et_score_fwd(y, x, b[:1], l, torch.ones(4), 0),
+    "prec wrong shape": lambda y, x, b, l: torch.ops.etweedie.et_score_fwd(y, x, b, l, torch.ones(4, 3), 1),
+    "unknown kind": lambda y, x, b, l: torch.ops.etweedie.et_score_fwd(y, x, b, l, torch.ones(4), 3),
+    "block not dividing d": lambda y, x, b, l: torch.ops.etweedie.et_score_fwd(y, x, b, l, torch.eye(3).expand(4, 3, 3), 2),
+    "diagonal strided": lambda y, x, b, l: torch.ops.etweedie.et_score_fwd(y, x, b, l, torch.ones(4, 8)[:, ::2], 1),
+    "dtype mismatch": lambda y, x, b, l: torch.ops.etweedie.et_score_fwd(y, x.double(), b, l, torch.ones(4), 0),
+    "bwd grad wrong shape": lambda y, x, b, l: torch.ops.etweedie.et_score_bwd(
+        torch.ones(4, 5), torch.ones(4, 4), y, x, b, l, torch.ones(4), 0, torch.ones(4, 4), True, True, True, True, True),
+    "langevin prec wrong shape": lambda y, x, b, l: torch.ops.etweedie.langevin_step_fwd(
+        y, x, torch.zeros_like(y), b, b, l, torch.ones(1, 4), 1),
+    "langevin step too short": lambda y, x, b, l: torch.ops.etweedie.langevin_step_fwd(
+        y, x, torch.zeros_like(y), b[:1], b, l, torch.ones(4), 0),
+    "is_score prec wrong shape": lambda y, x, b, l: torch.ops.etweedie.is_score_fwd(y, x[0], 1.5, 1.0, torch.ones(1, 3), 1),
+    "is_score block not dividing d": lambda y, x, b, l: torch.ops.etweedie.is_score_fwd(
+        y, x[0], 1.5, 1.0, torch.eye(3).unsqueeze(0), 2),
+    "is_score beta out of range": lambda y, x, b, l: torch.ops.etweedie.is_score_fwd(y, x[0], 3.0, 1.0, torch.ones(1), 0),
+    "energy_score beta too short": lambda y, x, b, l: torch.ops.etweedie.energy_score_fwd(
+        x.expand(64, 3, 4).contiguous()[..., :2].contiguous(), y[:1, :2].expand(64, 2).contiguous(), b[:1], torch.ones(64), 0, True),
+    "energy_score unknown kind": lambda y, x, b, l: torch.ops.etweedie.energy_score_fwd(x, y, b, torch.ones(4), 7, True),
+    "energy_score prec wrong shape": lambda y, x, b, l: torch.ops.etweedie.energy_score_fwd(x, y, b, torch.ones(4, 2), 1, True),
+    "energy_score block not dividing d": lambda y, x, b, l: torch.ops.etweedie.energy_score_fwd(
+        x, y, b, torch.eye(3).expand(4, 3, 3), 2, True),
+    "energy_score_fwd_grad beta too short": lambda y, x, b, l: torch.ops.etweedie.energy_score_fwd_grad(
+        x, y, b[:2], torch.ones(4), 0, True, True, True, False, False),
+    "energy_score_bwd grad too short": lambda y, x, b, l: torch.ops.etweedie.energy_score_bwd(
+        b[:1], x, y, b, torch.ones(4), 0, True, True, True, False, False),
+    "energy_distance prec wrong shape": lambda y, x, b, l: torch.ops.etweedie.energy_distance_fwd(
+        x, x, b, torch.ones(4, 3), 1, True),
+    "energy_distance bwd grad too short": lambda y, x, b, l: torch.ops.etweedie.energy_distance_bwd(
+        b[:1], x, x, b, torch.ones(4), 0, True, True, True, True, True),
+}
+
+
+@needs_cpu
+@pytest.mark.parametrize("case", list(RAW_CASES))
+def test_raw_ops_check_their_arguments(case):
+    with pytest.raises(RuntimeError):
+        RAW_CASES[case](*_canonical())
+
+
+@needs_cpu
+def test_raw_op_large_batch_short_beta_does_not_crash():
+    # the issue's reproduction (a length-1 beta with B = 4,000,000 segfaulted); in a subprocess
+    # so that a regression kills a child, not the test run
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, etweedie\n"
+        "B = 4_000_000\n"
+        "x = torch.zeros(1, 2, 2).expand(B, 2, 2); y = torch.zeros(1, 2).expand(B, 2).contiguous()\n"
+        "try:\n"
+        "    torch.ops.etweedie.energy_score_fwd(x, y, torch.ones(1), torch.ones(1).expand(B), 0, True)\n"
+        "except RuntimeError as e:\n"
+        "    print('raised', 'beta must have shape (B,)' in str(e))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, f"child died with {res.returncode}: {res.stderr[-500:]}"
+    assert "raised True" in res.stdout, res.stdout + res.stderr[-500:]

@@ -1,0 +1,89 @@
+"""The MNIST sampling protocol end to end at the tiny size: parts, pooled uint8 images, the table,
+the figures, resuming; the deadline-aware GPU command's dry run on the CPU and its ≤ 8-file pack.
+
+Needs the MNIST files and the MNIST-12 classifier (etweedie.mnist / etweedie.image_metrics);
+skips with the reason when they are missing.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def _need_mnist():
+    try:
+        from etweedie.mnist import load_mnist
+
+        load_mnist("test")
+    except (ImportError, FileNotFoundError) as exc:
+        pytest.skip(f"MNIST data or reader unavailable: {exc}")
+
+
+def test_tiny_cpu_protocol_writes_images_table_and_figures_and_resumes(tmp_path):
+    _need_mnist()
+    pytest.importorskip("onnxruntime", reason="the MNIST-12 classifier needs onnxruntime (extra 'mnist')")
+    from experiments.mnist import cpu_protocol, sampling
+
+    out = tmp_path / "cpu"
+    paths = ("mnist_gaussian_isotropic", "mnist_joint")  # two of the five: the scoring costs seconds per path
+    args = ["--posterior", "untrained:16", "--protocol", "tiny", "--out", str(out), "--n-boot", "20",
+            "--null-draws", "10", "--paths", *paths]
+    assert cpu_protocol.main(args) == 0
+    tiny = sampling.TINY
+    for path in paths:
+        pooled = np.load(out / f"{path}.npy")
+        assert pooled.dtype == np.uint8 and pooled.shape == (len(tiny.seeds) * tiny.images_per_seed, 28, 28)
+        parts = [np.load(out / "parts" / f"{path}_seed{s}.npy") for s in tiny.seeds]
+        assert np.array_equal(pooled, np.concatenate(parts))
+        progress = np.load(out / "parts" / f"{path}_seed{tiny.seeds[0]}_progress.npy")
+        assert progress.shape == (len(tiny.progress_levels()) + 1, tiny.images_per_seed, 784)
+    # different seeds, different images
+    first = np.load(out / "parts" / f"{paths[0]}_seed{tiny.seeds[0]}.npy")
+    second = np.load(out / "parts" / f"{paths[0]}_seed{tiny.seeds[1]}.npy")
+    assert not np.array_equal(first, second)
+    result = json.loads((out / "table.json").read_text())
+    assert set(result["rows"]) == {*paths, "real"}
+    assert all(np.isfinite(r["feature_ed"]) for r in result["rows"].values())
+    table = (out / "table.md").read_text()
+    assert "Joint five-parameter path" in table and "(0.303)" in table
+    for name in ("samples", "paths", "progress", "seeds", "nearest_train"):
+        assert (out / f"mnist_{name}.png").stat().st_size > 1000
+    # a rerun skips every finished part (their logs stay untouched)
+    log = out / "parts" / f"mnist_joint_seed{tiny.seeds[0]}.json"
+    before = log.stat().st_mtime_ns
+    assert cpu_protocol.main([*args, "--no-table", "--no-figures"]) == 0
+    assert log.stat().st_mtime_ns == before
+
+
+def test_gpu_command_dry_run_packs_at_most_eight_small_files_and_resumes(tmp_path, capsys):
+    _need_mnist()
+    from experiments.mnist import gpu_sample
+
+    work, pack = tmp_path / "work", tmp_path / "pack"
+    args = ["--dry-run", "--no-bench", "--work", str(work), "--pack-dir", str(pack), "--paths", "mnist_joint",
+            "mnist_gaussian_nondiagonal"]
+    assert gpu_sample.main(args) == 0
+    files = sorted(pack.iterdir())
+    assert len(files) <= 8 and all(f.stat().st_size <= 16 * 2**20 for f in files)
+    assert {f.name for f in files} == {"mnist_joint.npy", "mnist_gaussian_nondiagonal.npy", "progress.npz",
+                                       "sampling_log.json", "parts.tar.gz"}
+    log = json.loads((pack / "sampling_log.json").read_text())
+    assert log["missing"] == [] and len(log["parts"]) == 6
+    capsys.readouterr()
+    assert gpu_sample.main(args) == 0
+    assert capsys.readouterr().out.count("done earlier, skipped") == 6
+    # a folder holds one protocol: other settings are an error (exit 2), not a silent reuse
+    assert gpu_sample.main([*args, "--n-posterior", "3"]) == 2
+    assert "sampled with other settings" in capsys.readouterr().err
+    # a deadline already past: nothing new starts after the first part, and the pack says what is left
+    assert gpu_sample.main(["--dry-run", "--no-bench", "--work", str(tmp_path / "w2"), "--pack-dir",
+                            str(tmp_path / "p2"), "--paths", "mnist_joint", "--deadline", "0", "--pack-reserve", "0"]) == 0
+    late = json.loads((tmp_path / "p2" / "sampling_log.json").read_text())
+    assert len(late["parts"]) == 1 and len(late["missing"]) == 2
