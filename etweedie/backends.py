@@ -25,11 +25,12 @@ import functools
 import importlib
 import importlib.util
 import os
+import warnings
 from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 
-__all__ = ["BACKENDS", "available", "use_backend", "resolve", "BackendUnavailable"]
+__all__ = ["BACKENDS", "available", "use_backend", "resolve", "BackendUnavailable", "ExtensionNotLoadedWarning"]
 
 BACKENDS = ("reference", "cpu", "cuda", "triton")
 
@@ -40,15 +41,36 @@ class BackendUnavailable(RuntimeError):
     """An explicitly requested backend cannot run here (the message says why)."""
 
 
+class ExtensionNotLoadedWarning(UserWarning):
+    """The compiled extension etweedie._C is missing or failed to load; the ops use other backends."""
+
+
+_REBUILD = (
+    "with a C++17 compiler (g++ or clang++) and torch installed, reinstall from the source with "
+    "`pip install --no-build-isolation .` (in a checkout: `pip install --no-build-isolation -e .`)"
+)
+
+
 def _load_extension() -> Tuple[bool, str]:
     try:
         importlib.import_module("etweedie._C")
-    except Exception as exc:  # ImportError, or an OSError from a broken build
-        return False, f"etweedie._C failed to load: {exc!r} (rebuild with `pip install --no-build-isolation -e .`)"
+    except ModuleNotFoundError as exc:
+        if exc.name != "etweedie._C":
+            return False, f"etweedie._C failed to load: {exc!r}; rebuild it: {_REBUILD}"
+        return False, f"the C++ extension etweedie._C is not built (installed without a compiler?); to build it: {_REBUILD}"
+    except Exception as exc:  # ImportError (e.g. built against another torch), or an OSError from a broken build
+        return False, f"etweedie._C failed to load: {exc!r} (built against another torch?); rebuild it: {_REBUILD}"
     return True, "C++ extension etweedie._C"
 
 
 _EXT_OK, _EXT_WHY = _load_extension()
+if not _EXT_OK:
+    # Once per process (module import): the package still works on the reference/Triton backends.
+    warnings.warn(
+        f"etweedie: CPU ops run on the pure-PyTorch reference backend (slower): {_EXT_WHY}",
+        ExtensionNotLoadedWarning,
+        stacklevel=2,
+    )
 
 
 def _has_op(name: str, dispatch_key: str) -> bool:

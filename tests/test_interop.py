@@ -1,0 +1,329 @@
+"""etweedie.interop: score from any posterior sampler, the Gaussian denoiser, the diffusers
+scheduler (with the real diffusers package) and the k-diffusion denoiser (with the real
+k_diffusion.sampling samplers).
+
+The sampling tests run on eight Gaussians with the exact posterior
+(:class:`etweedie.known_posterior.KnownPosterior`) and accept a sampler when the signed energy
+distance of its samples to a clean reference set is within the spread of the same distance
+for fresh clean draws of the same size (the "clean-draw floor"): ED(samples, clean) ≤
+mean + 3·sd of ED(clean'_r, clean) over 30 independent clean'_r.  The clean draws are exact,
+so that floor is pure sampling noise at this n.
+"""
+
+from __future__ import annotations
+
+import doctest
+import math
+
+import pytest
+import torch
+
+import etweedie
+from etweedie import GeneralizedGaussian, Metric, NoiseParams, StudentT
+from etweedie.data import EightGaussians
+from etweedie.interop import (
+    GaussianDenoiser,
+    KDiffusionDenoiser,
+    SamplerScore,
+    load_k_diffusion_sampling,
+    score_from_sampler,
+    score_with_law,
+)
+from etweedie.known_posterior import KnownPosterior
+from etweedie.paths import GeometricRMS, NoisePath, get_path, level_times
+from etweedie.sample import sample_langevin
+
+from conftest import gen
+
+F64 = torch.float64
+DATA_STD = math.sqrt(2.0**2 / 2 + 0.2**2)  # per-coordinate std of the eight-Gaussians ring
+
+
+def _gaussian_cloud_sampler(y, n, generator):
+    """Draws around y (any law will do for the contract tests)."""
+    z = torch.randn(*y.shape[:-1], n, y.shape[-1], generator=generator, dtype=y.dtype)
+    return y.unsqueeze(-2) * 0.5 + 0.3 * z
+
+
+# ---------------------------------------------------------------------------- score_from_sampler
+@pytest.mark.parametrize(
+    "law",
+    [
+        0.7,
+        "tensor_sigma",
+        NoiseParams(1.4, 1.8, 0.57, 0.0, 0.6),
+        GeneralizedGaussian(1.3, 2.0, Metric.diagonal(torch.tensor([0.5, 2.0], dtype=F64))),
+        StudentT(2.5, Metric.isotropic(0.8)),
+    ],
+    ids=["sigma", "tensor_sigma", "noise_params", "generalized_gaussian", "student_t"],
+)
+def test_sampler_score_is_the_op_on_the_sampler_draws(seed, law):
+    y = torch.randn(5, 2, generator=gen(seed), dtype=F64)
+    if law == "tensor_sigma":
+        law = torch.linspace(0.2, 1.5, 5, dtype=F64)
+    score = score_from_sampler(_gaussian_cloud_sampler, n_draws=9)
+    draws = score.draws(y, law, generator=gen(seed + 1))
+    s = score(y, law, generator=gen(seed + 1))
+    if isinstance(law, NoiseParams):
+        fields = (torch.tensor(v, dtype=F64) for v in (1.4, 1.8, 0.57, 0.0, 0.6))  # the tuple in float64
+        expected = etweedie.et_score(y, draws, 1.4, 1.8, NoiseParams(*fields).metric(2))
+    elif isinstance(law, GeneralizedGaussian):
+        expected = etweedie.et_score(y, draws, 1.3, 2.0, law.metric)
+    elif isinstance(law, StudentT):
+        expected = etweedie.student_t_score(y, draws, 2.5, law.metric)
+    else:
+        var = torch.as_tensor(law, dtype=F64).expand(5) ** 2
+        expected = -(y - draws.mean(-2)) / var[:, None]  # Gaussian N(0, σ²I): −(y − x̄)/σ²
+    assert torch.allclose(s, expected, rtol=1e-12, atol=1e-12), f"seed={seed}"
+    # the same generator state gives the same draws: reproducible from a seed
+    assert torch.equal(score(y, law, generator=gen(seed + 1)), s)
+
+
+def test_sampler_taking_noise_and_posterior_model_get_the_noise(seed):
+    seen = []
+
+    def sampler(y, n, generator, noise):
+        seen.append(noise)
+        return _gaussian_cloud_sampler(y, n, generator)
+
+    y = torch.randn(4, 2, generator=gen(seed), dtype=F64)
+    score_from_sampler(sampler, n_draws=3)(y, 0.4)
+    assert seen == [0.4]
+
+    # a posterior model is called with η of the call's tuple
+    post = KnownPosterior()
+    params = NoiseParams(2.0, 1.0, 0.3, 0.0, 0.0)
+    via = score_from_sampler(post, n_draws=7).draws(y, params, generator=gen(seed + 1))
+    direct = post.sample(y, params.eta().expand(4, 5), 7, generator=gen(seed + 1))
+    assert torch.equal(via, direct)
+    # a float σ means the tuple (2, 1, σ, 0, 0) for a posterior model
+    # (the tuple built from a float is float32, from σ in y's dtype float64: equal up to rounding)
+    assert torch.allclose(score_from_sampler(post, n_draws=7).draws(y, 0.3, generator=gen(seed + 1)), direct, rtol=1e-6)
+
+
+def test_noise_params_in_odd_dimension_isotropic_only(seed):
+    y = torch.randn(3, 3, generator=gen(seed), dtype=F64)
+    x = torch.randn(3, 6, 3, generator=gen(seed + 1), dtype=F64)
+    s = score_with_law(y, x, NoiseParams(1.5, 1.2, 0.8, 0.0, 0.0))
+    var = (0.8 / etweedie.metric.scale_constant(torch.tensor(1.5, dtype=F64), 3)) ** 2  # float64 (a float would be stored as float32)
+    assert torch.allclose(s, etweedie.et_score(y, x, 1.5, 1.2, Metric.isotropic(var.expand(3))), rtol=1e-12)
+    with pytest.raises(ValueError, match="even dimension"):
+        score_with_law(y, x, NoiseParams(1.5, 1.2, 0.8, 0.0, 0.3))
+
+
+def test_score_from_sampler_errors():
+    y = torch.zeros(2, 2, dtype=F64)
+    with pytest.raises(TypeError, match="sampler must be"):
+        score_from_sampler(3, n_draws=2)
+    with pytest.raises(ValueError, match="n_draws must be >= 1"):
+        score_from_sampler(_gaussian_cloud_sampler, n_draws=0)
+    with pytest.raises(TypeError, match="generator must be"):
+        score_from_sampler(_gaussian_cloud_sampler, n_draws=2, generator=0)
+    score = score_from_sampler(_gaussian_cloud_sampler, n_draws=2)
+    with pytest.raises(TypeError, match="noise must be"):
+        score(y, "gaussian")
+    with pytest.raises(ValueError, match="σ must be > 0"):
+        score(y, -1.0)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        score(y, torch.ones(3, dtype=F64))
+    with pytest.raises(TypeError, match="y must be"):
+        score(torch.zeros(2, 2, dtype=torch.int64), 1.0)
+    bad = score_from_sampler(lambda y, n, g: torch.zeros(y.shape[0], n + 1, 2, dtype=y.dtype), n_draws=2)
+    with pytest.raises(ValueError, match=r"draws of shape \(\*batch, n, d\) = \(2, 2, 2\)"):
+        bad(y, 1.0)
+    with pytest.raises(TypeError, match="pass the noise as NoiseParams"):
+        score_from_sampler(KnownPosterior(), n_draws=2)(y, GeneralizedGaussian(1.4, 1.0))
+
+
+def test_gaussian_denoiser_shapes_and_errors(seed):
+    denoiser = GaussianDenoiser(lambda x, sigma: -x / (1 + sigma[:, None] ** 2))  # prior N(0, I)
+    x = torch.randn(4, 1, 2, generator=gen(seed), dtype=F64)
+    sigma = torch.tensor([0.0, 0.5, 1.0, 2.0], dtype=F64)
+    out = denoiser(x, sigma)
+    expected = x / (1 + sigma.view(4, 1, 1) ** 2)  # E[X | x] = x/(1 + σ²)
+    assert out.shape == x.shape and torch.allclose(out, expected, rtol=1e-14)
+    with pytest.raises(ValueError, match="sigma must be >= 0"):
+        denoiser(x, -1.0)
+    with pytest.raises(ValueError, match=r"\(batch,\) tensor"):
+        denoiser(x, torch.ones(3))
+    with pytest.raises(TypeError, match="score must be callable"):
+        GaussianDenoiser(None)
+
+
+@pytest.mark.parametrize("module", ["etweedie.interop.score", "etweedie.interop.kdiffusion"])
+def test_docstring_examples(module):
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
+
+
+# ---------------------------------------------------------------------------- clean-draw floor
+def _floor(n: int, seed: int):
+    """A clean reference set and the tolerance mean + 3 sd of ED(clean', clean) over 30 fresh clean'."""
+    data, g = EightGaussians(), gen(seed)
+    clean = data.sample(n, g, dtype=F64)[0]
+    null = torch.stack([etweedie.energy_distance(data.sample(n, g, dtype=F64)[0], clean) for _ in range(30)])
+    return clean, float(null.mean() + 3 * null.std())
+
+
+# ---------------------------------------------------------------------------- diffusers
+def _scheduler_module():
+    pytest.importorskip("diffusers", reason="diffusers not installed (pip install diffusers; in the test/interop extras)")
+    from etweedie.interop import diffusers_scheduler
+
+    return diffusers_scheduler
+
+
+def _diffusers_loop(scheduler, posterior, n, n_draws, levels, generator, dtype=F64):
+    scheduler.set_timesteps(levels)
+    sample = scheduler.init_noise_sigma * torch.randn(n, 2, generator=generator, dtype=dtype)
+    for t in scheduler.timesteps:
+        draws = posterior.sample(sample, scheduler.eta(t, n, dtype=dtype), n_draws, generator=generator)
+        sample = scheduler.step(draws, t, sample, generator=generator).prev_sample
+    eta = scheduler.eta(scheduler.timesteps[-1], n, dtype=dtype)
+    return posterior.sample(sample, eta, 1, generator=generator)[:, 0]
+
+
+@pytest.mark.parametrize("path", ["gaussian", "joint"])
+def test_scheduler_loop_is_sample_langevin(seed, path):
+    """The diffusers loop draws the same numbers in the same order as sample_langevin: identical samples."""
+    mod = _scheduler_module()
+    post, n, levels, K, N = KnownPosterior(n_proposals=32), 32, 5, 2, 4
+    scheduler = mod.EnergyTweedieLangevinScheduler(path=path, steps_per_level=K, first_level_steps=3, step_scale=1e-4)
+    ours = _diffusers_loop(scheduler, post, n, N, levels, gen(seed))
+    g = gen(seed)
+    y0 = scheduler.init_noise_sigma * torch.randn(n, 2, generator=g, dtype=F64)
+    ref = sample_langevin(post, y0, get_path(path), level_times(levels), steps_per_level=K, first_level_steps=3,
+                          n_posterior=N, step_scale=1e-4, generator=g, disable=True)
+    assert torch.equal(ours, ref), f"seed={seed}: max diff {(ours - ref).abs().max():.3g}"
+
+
+def test_scheduler_reaches_the_clean_draw_floor_on_eight_gaussians(seed):
+    mod = _scheduler_module()
+    n = 1024
+    clean, tolerance = _floor(n, seed)
+    scheduler = mod.EnergyTweedieLangevinScheduler(path="gaussian", steps_per_level=5, step_scale=2e-5, data_std=DATA_STD)
+    samples = _diffusers_loop(scheduler, KnownPosterior(), n, 16, 21, gen(seed + 1))
+    ed = float(etweedie.energy_distance(samples, clean))
+    assert ed <= tolerance, f"seed={seed}: ED(samples, clean) = {ed:.5f} above the clean-draw floor {tolerance:.5f}"
+
+
+def test_scheduler_score_input_and_save_load_round_trip(seed, tmp_path):
+    mod = _scheduler_module()
+    scheduler = mod.EnergyTweedieLangevinScheduler(path="rotating", num_levels=7, r_max=0.9, r_min=0.02,
+                                                   steps_per_level=3, step_scale=3e-5, data_std=1.4)
+    scheduler.save_pretrained(tmp_path)
+    loaded = mod.EnergyTweedieLangevinScheduler.from_pretrained(tmp_path)
+    for key in ("path", "num_levels", "r_max", "r_min", "steps_per_level", "first_level_steps", "step_scale", "data_std"):
+        assert loaded.config[key] == scheduler.config[key], key
+    assert torch.equal(loaded.timesteps, scheduler.timesteps) and len(loaded.timesteps) == 21
+    assert loaded.init_noise_sigma == scheduler.init_noise_sigma
+    assert math.isclose(float(loaded.noise_params(loaded.timesteps[0]).realized_rms()), 0.9, rel_tol=1e-12)
+
+    # a score as model_output: y + α s + sqrt(2α) ξ, ξ from the generator
+    t = loaded.timesteps[4]
+    sample = torch.randn(6, 2, generator=gen(seed), dtype=F64)
+    s = torch.randn(6, 2, generator=gen(seed + 1), dtype=F64)
+    out = loaded.step(s, t, sample, generator=gen(seed + 2))
+    alpha = loaded.step_size(t)
+    xi = torch.randn(6, 2, generator=gen(seed + 2), dtype=F64)
+    assert torch.allclose(out.prev_sample, sample + alpha * s + math.sqrt(2 * alpha) * xi, rtol=1e-14)
+    assert out.pred_original_sample is None
+    # draws as model_output: the fused step with the level's law; pred_original_sample is the draw mean
+    draws = torch.randn(6, 5, 2, generator=gen(seed + 3), dtype=F64)
+    prev, mean = loaded.step(draws, t, sample, generator=gen(seed + 2), return_dict=False)
+    level = loaded.noise_params(t)
+    expected = etweedie.langevin_step(sample, draws, xi, alpha, float(level.beta), float(level.lam), level.metric(2))
+    assert torch.allclose(prev, expected, rtol=1e-14) and torch.allclose(mean, draws.mean(1))
+
+
+def test_scheduler_errors():
+    mod = _scheduler_module()
+    with pytest.raises(ValueError, match="path must be one of"):
+        mod.EnergyTweedieLangevinScheduler(path="nope")
+    with pytest.raises(ValueError, match="given together"):
+        mod.EnergyTweedieLangevinScheduler(r_max=1.0)
+    with pytest.raises(ValueError, match="steps_per_level must be an int >= 1"):
+        mod.EnergyTweedieLangevinScheduler(steps_per_level=0)
+    with pytest.raises(ValueError, match="step_scale must be a float > 0"):
+        mod.EnergyTweedieLangevinScheduler(step_scale=-1.0)
+    scheduler = mod.EnergyTweedieLangevinScheduler(num_levels=4, steps_per_level=1)
+    sample = torch.zeros(3, 2, dtype=F64)
+    t = scheduler.timesteps[0]
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        scheduler.step(torch.zeros(3, 2, dtype=F64), t, sample)
+    with pytest.raises(ValueError, match="model_output must be posterior draws"):
+        scheduler.step(torch.zeros(3, 4, 3, dtype=F64), t, sample, generator=gen(0))
+    with pytest.raises(ValueError, match="not one of this schedule's level times"):
+        scheduler.step(torch.zeros(3, 2, dtype=F64), 0.123, sample, generator=gen(0))
+
+
+# ---------------------------------------------------------------------------- k-diffusion
+def test_kdiffusion_denoiser_refuses_non_gaussian_paths():
+    post = KnownPosterior()
+    for name in ("isotropic", "joint", "mnist_joint"):  # β < 2 somewhere (mnist_joint: β = 2 only at t = 0)
+        with pytest.raises(ValueError, match="probability-flow ODE"):
+            KDiffusionDenoiser(post, name, n_draws=2)
+    turning = NoisePath("turning", beta=2.0, lam=1.0, u=0.0, v=lambda t: 0.5 * t, rms=GeometricRMS(1.0, 0.01))
+    with pytest.raises(ValueError, match="changes v along the path"):
+        KDiffusionDenoiser(post, turning, n_draws=2)
+    with pytest.raises(TypeError, match="path must be"):
+        KDiffusionDenoiser(post, 3, n_draws=2)
+
+
+@pytest.mark.parametrize("path", ["gaussian", "mnist_gaussian_nondiagonal"])
+def test_kdiffusion_denoiser_is_the_posterior_draw_mean(seed, path):
+    """At β = 2, D = x + σ² S ŝ equals the mean of the draws (Tweedie is exact on the empirical law)."""
+    post = KnownPosterior()
+    denoiser = KDiffusionDenoiser(post, path, n_draws=12, generator=gen(seed))
+    x = 1.5 * torch.randn(10, 2, generator=gen(seed + 1), dtype=F64)
+    sigma = torch.linspace(0.0, 1.2, 10, dtype=F64)
+    out = denoiser(x, sigma)
+    params = denoiser.noise_params(sigma[1:])
+    draws = post.sample(x[1:], params.eta(), 12, generator=gen(seed))
+    assert torch.allclose(out[1:], draws.mean(1), rtol=1e-10, atol=1e-12), f"seed={seed}"
+    assert torch.equal(out[0], x[0])  # σ = 0: unchanged
+    assert math.isclose(float(params.realized_rms()[-1]), 1.2, rel_tol=1e-12)  # k-diffusion's σ is the realized RMS
+    sig = denoiser.sigmas(5)
+    assert sig.shape == (6,) and sig[-1] == 0 and bool((sig[:-1].diff() < 0).all())
+
+
+@pytest.mark.parametrize("sampler_name", ["sample_euler", "sample_heun", "sample_dpmpp_2m"])
+def test_kdiffusion_samplers_reach_the_clean_draw_floor(seed, sampler_name):
+    try:
+        sampling = load_k_diffusion_sampling()
+    except ImportError as exc:
+        pytest.skip(f"k-diffusion samplers unavailable ({exc}); `pip install --no-deps k-diffusion torchsde torchdiffeq trampoline`")
+    n = 1024
+    clean, tolerance = _floor(n, seed)
+    # k-diffusion starts from x_σmax ≈ σ_max·ε, so σ_max must dwarf the data (radius 2): 20 here.
+    denoiser = KDiffusionDenoiser(KnownPosterior(), get_path("gaussian", GeometricRMS(20.0, 0.01)), n_draws=16,
+                                  generator=gen(seed + 1))
+    sigmas = denoiser.sigmas(21)
+    g = gen(seed + 2)
+    x = EightGaussians().sample(n, g, dtype=F64)[0] + sigmas[0] * torch.randn(n, 2, generator=g, dtype=F64)
+    samples = getattr(sampling, sampler_name)(denoiser, x, sigmas, disable=True)
+    ed = float(etweedie.energy_distance(samples, clean))
+    assert ed <= tolerance, f"seed={seed}: {sampler_name} ED(samples, clean) = {ed:.5f} above the floor {tolerance:.5f}"
+
+
+def test_gaussian_and_odd_dimension_laws_with_multi_dim_batches(seed):
+    y = torch.randn(3, 4, 3, generator=gen(seed), dtype=F64)
+    x = torch.randn(3, 4, 5, 3, generator=gen(seed + 1), dtype=F64)
+    sigma = torch.linspace(0.3, 1.4, 12, dtype=F64).reshape(3, 4)
+    s = score_with_law(y, x, sigma)
+    assert torch.allclose(s, -(y - x.mean(-2)) / sigma[..., None] ** 2, rtol=1e-12)
+    s_scalar = score_with_law(y, x, 0.5)
+    assert torch.allclose(s_scalar, -(y - x.mean(-2)) / 0.25, rtol=1e-12)
+    # NoiseParams with per-row σ in odd d: each row its own isotropic law
+    params = NoiseParams(torch.tensor(1.5, dtype=F64), torch.tensor(1.2, dtype=F64), sigma, 0.0, 0.0)
+    s_np = score_with_law(y, x, params)
+    var = (sigma / etweedie.metric.scale_constant(torch.tensor(1.5, dtype=F64), 3)) ** 2
+    for i in range(3):
+        expected = etweedie.et_score(y[i], x[i], 1.5, 1.2, Metric.isotropic(var[i]))  # var: float64 (4,)
+        assert torch.allclose(s_np[i], expected, rtol=1e-12)
+    # unbatched query
+    assert torch.allclose(score_with_law(y[0, 0], x[0, 0], 0.5), s_scalar[0, 0], rtol=1e-12)
+    with pytest.raises(ValueError, match="draws must have shape"):
+        score_with_law(y, x[:, :2], 0.5)
