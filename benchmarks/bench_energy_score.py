@@ -1,6 +1,6 @@
 """Benchmarks of etweedie.energy_score, forward + backward (∂/∂samples), float32.
 
-Workloads (issue 3 targets; ``quick`` shrinks B for smoke runs), each with a per-row β drawn
+Workloads (the targets of benchmarks/RESULTS.md; ``quick`` shrinks B for smoke runs), each with a per-row β drawn
 in [1.2, 2) and a per-row 2×2 block metric I ⊗ S_b — the training setting, where every
 example carries its own noise tuple — and the fair pair term:
 

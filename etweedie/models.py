@@ -59,7 +59,7 @@ Why: a SiLU network is asymptotically linear in ε, so from Gaussian ε alone it
 most Gaussian tails.  As σ → 0 the posterior of y = x + e tends to y − e, whose tails are the
 noise's (exp(−λ t^β), heavier than Gaussian for β < 2).  The Gaussian-latent full-config models
 draw residuals with a kurtosis of ≈ 2.33 where the exact posterior has ≈ 2.47 at σ = 0.1–0.25
-(experiments/RESULTS.md, issue 7, "Larger posteriors with the noise-law latent"), which biases
+(experiments/estimation_diagnostics/RESULTS.md, "Residual tails of the learned posteriors"), which biases
 β̂ upward at small σ; the noise-law latent gives the generator the right tail directly.
 
 Per-query parts (y's and η's projections, the FiLM coefficients) are computed once per query
@@ -484,7 +484,7 @@ class EngressionPosterior(nn.Module):
 
     #: Sample rows (queries × draws) per block of a CPU inference call: the W-wide activations of
     #: a block stay in cache between layers.  At W = 256, 1,024–4,096 rows ran 2.7–2.9× faster than one
-    #: 131,072-row block (experiments/RESULTS.md, issue 6 throughput); None disables blocking.
+    #: 131,072-row block (experiments/eight_gaussians/RESULTS.md, "Sampler throughput"); None disables blocking.
     CPU_INFERENCE_ROWS: Optional[int] = 2048
 
     def _inference_block(self, rows: int, n: int, device: torch.device) -> Optional[int]:

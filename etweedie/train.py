@@ -130,7 +130,7 @@ RESUMABLE_CHANGES = ("steps", "checkpoint_every", "log_every", "threads", "check
 #: drawn first (one ``draw_noise`` call, as ``sample`` does), so the random streams do not depend
 #: on the blocking.  Blocks keep the W-wide activations in cache: the W256×4 full config's
 #: 1,024 × 8-draw step took 0.22 s instead of 0.26 s (steady state, one training process;
-#: two trainings sharing this 2-core VM ran at ≈ 0.25 s/step either way; experiments/RESULTS.md).
+#: two trainings sharing this 2-core VM ran at ≈ 0.25 s/step either way; experiments/posterior_quality/RESULTS.md).
 #: GPU steps and batches of at most 2× this many rows run whole; None disables blocking.
 CPU_TRAIN_ROWS: Optional[int] = 2048
 

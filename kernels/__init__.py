@@ -1,4 +1,4 @@
-"""Triton kernels of etweedie (installed as ``etweedie.kernels``; DESIGN §4, issue 4).
+"""Triton kernels of etweedie (installed as ``etweedie.kernels``; DESIGN §4).
 
 One module per op — :mod:`.et_score`, :mod:`.langevin_step`, :mod:`.is_score`,
 :mod:`.energy_score`, :mod:`.energy_distance` (pair engine: :mod:`._energy`) — each with

@@ -1,4 +1,4 @@
-"""Pair engine of the Triton energy_score and energy_distance kernels (DESIGN §1, issue 4).
+"""Pair engine of the Triton energy_score and energy_distance kernels (DESIGN §1).
 
 Both losses are weighted pair sums per row r (csrc/cpu/energy_cpu.h computes the same):
 

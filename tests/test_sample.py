@@ -227,6 +227,22 @@ def test_cli_single_path_run(tmp_path):
     assert torch.load(out / "samples" / "paths_known_gaussian_seed0.pt").shape == (48, 2)
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--posterior", "checkpoint"], "needs posterior.checkpoints"),
+    (["--posterior", "known", "--device", "cuda"], "CUDA is not available" if not torch.cuda.is_available()
+     else "the known posterior runs on the CPU"),
+    (["--posterior", "known", "--device", "meta:x"], "must be a torch device"),
+])
+def test_cli_usage_errors_are_one_line(argv, message, tmp_path, capsys):
+    """`--posterior checkpoint` without `--checkpoint` no longer falls back to the known posterior, and a
+    device that would not be used (or does not exist) is refused instead of recorded in the JSON."""
+    status = cli_main(argv + ["--path", "gaussian", "--chains", "8", "--levels", "2", "--out", str(tmp_path / "r"),
+                              "--no-progress", "--no-figures"])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "r" / "diffusion_results.json").exists()
+
+
 def test_cli_config_run_with_figures(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "cfg"

@@ -260,7 +260,7 @@ def test_learned_posterior_mean_quality(tmp_path):
     Why 0.2: returning x̂ = y scores exactly 1 and the untrained network ≈ 1.2; this run gives
     ≈ 0.11 (N = 256 draws; their Monte-Carlo share is ≈ 0.01), so 0.2 leaves room for
     platform-level numeric differences while still demanding a 5× gain over doing nothing.
-    The demo config reaches ≈ 0.02 (tests marked slow and experiments/RESULTS.md).
+    The demo config reaches ≈ 0.02 (tests marked slow and experiments/eight_gaussians/RESULTS.md).
     """
     summary = train(GAUSSIAN_QUALITY_CONFIG, tmp_path / "run", progress=False)
     posterior = load_posterior(summary["posterior"])
@@ -273,7 +273,7 @@ def test_learned_posterior_mean_quality(tmp_path):
 @pytest.mark.slow
 def test_demo_config_quality(tmp_path):
     """The demo config (≈ 2 min on one core): score NMSE ≤ 0.05 at β = 2 over σ ∈ {0.1 … 0.75}
-    (measured 0.023; see experiments/RESULTS.md)."""
+    (measured 0.023; see experiments/eight_gaussians/RESULTS.md)."""
     config = load_config(ROOT / "configs" / "eight_gaussians_demo.toml")
     summary = train(config, tmp_path / "demo", progress=False)
     check = gaussian_posterior_check(load_posterior(summary["posterior"]))

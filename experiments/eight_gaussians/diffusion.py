@@ -166,6 +166,17 @@ def _validate(config: Dict, need_checkpoints: bool = True) -> None:
         raise ValueError(f"config: posterior.kind must be 'known' or 'checkpoint', got {kind!r}")
     if need_checkpoints and kind == "checkpoint" and not config["posterior"]["checkpoints"]:
         raise ValueError("config: posterior.kind = 'checkpoint' needs posterior.checkpoints (or --checkpoint PATH)")
+    try:
+        device = torch.device(config["posterior"]["device"])
+    except (RuntimeError, TypeError):
+        raise ValueError(f"config: posterior.device must be a torch device such as 'cpu' or 'cuda', "
+                         f"got {config['posterior']['device']!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} requested, but CUDA is not available here (torch {torch.__version__}, "
+                         f"CUDA build: {torch.version.cuda or 'no'})")
+    if kind == "known" and device.type != "cpu":
+        # the known posterior's draws, and so the chains, live on the CPU: a recorded GPU device would be false
+        raise ValueError(f"device {device} applies to trained posteriors (--checkpoint); the known posterior runs on the CPU")
     if config["sampler"]["init"] not in ("gaussian", "marginal"):
         raise ValueError(f"config: sampler.init must be 'gaussian' or 'marginal', got {config['sampler']['init']!r}")
     if not isinstance(config["sampler"]["antithetic"], bool):
@@ -191,8 +202,8 @@ def override_config(config: Dict, args) -> Dict:
     if getattr(args, "checkpoint", None):
         config["posterior"]["kind"] = "checkpoint"
         config["posterior"]["checkpoints"] = list(args.checkpoint)
-    if getattr(args, "posterior", None) == "known":
-        config["posterior"]["kind"] = "known"
+    if getattr(args, "posterior", None) in ("known", "checkpoint"):
+        config["posterior"]["kind"] = args.posterior  # "checkpoint" without checkpoints is refused below
     if getattr(args, "device", None):
         config["posterior"]["device"] = args.device
     if getattr(args, "antithetic", False):
