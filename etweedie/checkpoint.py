@@ -31,6 +31,8 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
+from .utils import atomic_write
+
 __all__ = [
     "CheckpointError",
     "RunLock",
@@ -63,26 +65,14 @@ class RunLockedError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------- atomic writes
-def _fsync_replace(tmp: Path, path: Path) -> None:
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def atomic_torch_save(obj: Any, path: PathLike) -> None:
     """``torch.save`` to ``path`` through a temporary file and a rename (a kill leaves the old file)."""
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp")  # one writer per run directory (RunLock); a kill leaves at most this
-    torch.save(obj, tmp)
-    _fsync_replace(tmp, path)
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def atomic_write_text(path: PathLike, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename."""
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp")
-    tmp.write_text(text)
-    _fsync_replace(tmp, path)
+    atomic_write(path, text)
 
 
 # ---------------------------------------------------------------------------- torch files

@@ -35,6 +35,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from ._checks import check_float, check_generator, check_int
 from .noise import GeneralizedGaussian
 
 __all__ = ["EightGaussians", "posterior_sample_sir"]
@@ -50,32 +51,6 @@ _SIR_BLOCK_ELEMENTS = 1 << 22
 
 
 # ---------------------------------------------------------------------------- validation
-def _check_generator(generator, name: str = "generator") -> torch.Generator:
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(
-            f"{name} must be a torch.Generator (randomness is always explicit), got {type(generator).__name__}"
-        )
-    return generator
-
-
-def _check_count(n, name: str, minimum: int = 1) -> int:
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"{name} must be an int, got {type(n).__name__}")
-    if n < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {n}")
-    return n
-
-
-def _check_positive_float(value, name: str, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    value = float(value)
-    ok = value >= 0 if allow_zero else value > 0
-    if not ok or not math.isfinite(value):
-        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} and finite, got {value}")
-    return value
-
-
 def _check_points(t, name: str, d: Optional[int] = None) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape (..., d), got {type(t).__name__}")
@@ -103,7 +78,7 @@ def _check_noise_scale(sigma_noise, y: torch.Tensor) -> torch.Tensor:
         if sigma_noise.numel() and not bool(((sigma_noise >= 0) & torch.isfinite(sigma_noise)).all()):
             raise ValueError(f"sigma_noise must be >= 0 and finite, got min {sigma_noise.min().item():.4g}")
         return sigma_noise.to(y.dtype)
-    s = _check_positive_float(sigma_noise, "sigma_noise", allow_zero=True)
+    s = check_float(sigma_noise, "sigma_noise", minimum=0)
     return torch.tensor(s, dtype=y.dtype, device=y.device)
 
 
@@ -122,9 +97,9 @@ class EightGaussians:
     dim = 2
 
     def __init__(self, radius: float = 2.0, std: float = 0.2, n_modes: int = 8):
-        self.radius = _check_positive_float(radius, "radius")
-        self.std = _check_positive_float(std, "std")
-        self.n_modes = _check_count(n_modes, "n_modes")
+        self.radius = check_float(radius, "radius", minimum=0, strict=True)
+        self.std = check_float(std, "std", minimum=0, strict=True)
+        self.n_modes = check_int(n_modes, "n_modes", minimum=1)
 
     def __repr__(self) -> str:
         return f"EightGaussians(radius={self.radius:g}, std={self.std:g}, n_modes={self.n_modes})"
@@ -149,8 +124,8 @@ class EightGaussians:
         Returns:
             ``(x (n, 2), labels (n,) int64 in [0, K))``.
         """
-        n = _check_count(n, "n", minimum=0)
-        generator = _check_generator(generator)
+        n = check_int(n, "n", minimum=0)
+        generator = check_generator(generator)
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
         labels = torch.randint(self.n_modes, (n,), generator=generator, device=device)
@@ -255,8 +230,8 @@ class EightGaussians:
         """
         y = _check_points(y, "y", 2)
         s = _check_noise_scale(sigma_noise, y)
-        n = _check_count(n, "n")
-        generator = _check_generator(generator)
+        n = check_int(n, "n", minimum=1)
+        generator = check_generator(generator)
         weights, comp_means, comp_var = self._posterior_parts(y, s)
         batch = torch.broadcast_shapes(y.shape[:-1], s.shape)
         weights = weights.expand(*batch, self.n_modes).reshape(-1, self.n_modes)
@@ -323,9 +298,9 @@ def posterior_sample_sir(
     batch_shape = getattr(noise_law, "batch_shape", torch.Size())
     if len(batch_shape):
         raise ValueError(f"noise_law must have an empty batch shape (one law for every query), got {tuple(batch_shape)}")
-    n = _check_count(n, "n")
-    generator = _check_generator(generator)
-    max_block_elements = _check_count(max_block_elements, "max_block_elements")
+    n = check_int(n, "n", minimum=1)
+    generator = check_generator(generator)
+    max_block_elements = check_int(max_block_elements, "max_block_elements", minimum=1)
 
     if not bool(torch.isfinite(y).all()):
         raise ValueError("y must be finite (it holds NaN or inf)")

@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from ._checks import check_int
 from .image_metrics import as_unit_images, nearest_train
 
 __all__ = ["image_grid", "nearest_train_figure", "tile"]
@@ -32,15 +33,9 @@ def _pyplot():
     return plt
 
 
-def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
 def tile(images: torch.Tensor, columns: int, gap: int = 2) -> torch.Tensor:
     """``(n, h, w)`` images → one ``(rows·(h+gap)−gap, columns·(w+gap)−gap)`` canvas, row-major; gaps are 0.5 (grey)."""
-    columns = _check_int(columns, "columns", 1)
+    columns = check_int(columns, "columns", 1)
     n, h, w = images.shape
     rows = max(1, math.ceil(n / columns))
     canvas = torch.full((rows * (h + gap) - gap, columns * (w + gap) - gap), 0.5)
@@ -56,8 +51,8 @@ def image_grid(images, path, *, columns: int = 16, max_images: int = 256, title:
     Returns:
         the written path.
     """
-    x = as_unit_images(images)[: _check_int(max_images, "max_images", 1)]
-    columns = min(_check_int(columns, "columns", 1), x.shape[0])
+    x = as_unit_images(images)[: check_int(max_images, "max_images", 1)]
+    columns = min(check_int(columns, "columns", 1), x.shape[0])
     canvas = tile(x, columns)
     plt = _pyplot()
     height, width = canvas.shape
@@ -95,8 +90,8 @@ def nearest_train_figure(
     Returns:
         the written path.
     """
-    x = as_unit_images(images)[: _check_int(count, "count", 1)]
-    columns = min(_check_int(columns, "columns", 1), x.shape[0])
+    x = as_unit_images(images)[: check_int(count, "count", 1)]
+    columns = min(check_int(columns, "columns", 1), x.shape[0])
     rmse, index = nearest_train(x, train)
     nearest = as_unit_images(train[index], "train")
     blocks = math.ceil(x.shape[0] / columns)

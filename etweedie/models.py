@@ -85,6 +85,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._checks import check_int
 from .noise import NoiseParams
 
 __all__ = ["EngressionPosterior", "ETA_DIM", "default_eta_bounds"]
@@ -112,14 +113,6 @@ def default_eta_bounds(
 
 
 # ---------------------------------------------------------------------------- validation
-def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
 def _check_choice(value, name: str, choices: Sequence[str]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
@@ -200,12 +193,12 @@ class EngressionPosterior(nn.Module):
         init_seed: int = 0,
     ):
         super().__init__()
-        self.dim = _check_int(dim, "dim", 1)
-        width = _check_int(width, "width", 1)
-        depth = _check_int(depth, "depth", 1)
-        noise_dim = _check_int(noise_dim, "noise_dim", 1)
-        cond_width = _check_int(cond_width, "cond_width", 1)
-        init_seed = _check_int(init_seed, "init_seed", 0)
+        self.dim = check_int(dim, "dim", 1)
+        width = check_int(width, "width", 1)
+        depth = check_int(depth, "depth", 1)
+        noise_dim = check_int(noise_dim, "noise_dim", 1)
+        cond_width = check_int(cond_width, "cond_width", 1)
+        init_seed = check_int(init_seed, "init_seed", 0)
         conditioning = _check_choice(conditioning, "conditioning", CONDITIONINGS)
         output = _check_choice(output, "output", OUTPUTS)
         latent = _check_choice(latent, "latent", LATENTS)

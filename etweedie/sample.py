@@ -42,6 +42,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 from tqdm.auto import tqdm
 
+from ._checks import check_int
 from .metric import Metric
 from .noise import NoiseParams
 from .ops import langevin_step
@@ -108,14 +109,6 @@ class _Clock:
 
 
 # ---------------------------------------------------------------------------- validation
-def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
 def _check_schedule(schedule) -> torch.Tensor:
     if not isinstance(schedule, torch.Tensor) or not schedule.is_floating_point():
         got = schedule.dtype if isinstance(schedule, torch.Tensor) else type(schedule).__name__
@@ -173,10 +166,10 @@ def chain_chunks(n_chains: int, chunk_chains: Optional[int]) -> List[slice]:
         >>> chain_chunks(5, 2)
         [slice(0, 2, None), slice(2, 4, None), slice(4, 5, None)]
     """
-    n_chains = _check_int(n_chains, "n_chains", 0)
+    n_chains = check_int(n_chains, "n_chains", 0)
     if chunk_chains is None or n_chains == 0:
         return [slice(0, n_chains)]
-    chunk_chains = _check_int(chunk_chains, "chunk_chains", 1)
+    chunk_chains = check_int(chunk_chains, "chunk_chains", 1)
     return [slice(i, min(i + chunk_chains, n_chains)) for i in range(0, n_chains, chunk_chains)]
 
 
@@ -193,8 +186,8 @@ def chunk_seed(seed: int, chunk: int) -> int:
     """
     import hashlib
 
-    seed = _check_int(seed, "seed", 0)
-    chunk = _check_int(chunk, "chunk", 0)
+    seed = check_int(seed, "seed", 0)
+    chunk = check_int(chunk, "chunk", 0)
     digest = hashlib.sha256(f"etweedie-chunk:{seed}:{chunk}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
@@ -212,7 +205,7 @@ def chunk_generators(seed: int, chunks, device="cpu") -> List[torch.Generator]:
         >>> [g.initial_seed() == chunk_seed(7, c) for c, g in zip(range(2), chunk_generators(7, 2))]
         [True, True]
     """
-    indices = range(_check_int(chunks, "chunks", 0)) if isinstance(chunks, int) and not isinstance(chunks, bool) else chunks
+    indices = range(check_int(chunks, "chunks", 0)) if isinstance(chunks, int) and not isinstance(chunks, bool) else chunks
     return [torch.Generator(device=device).manual_seed(chunk_seed(seed, int(c))) for c in indices]
 
 
@@ -266,8 +259,8 @@ def initial_states(
         (torch.Size([512, 784]), 2.6)
     """
     schedule = _check_schedule(schedule)
-    n_chains = _check_int(n_chains, "n_chains", 1)
-    dim = _check_int(dim, "dim", 2)
+    n_chains = check_int(n_chains, "n_chains", 1)
+    dim = check_int(dim, "dim", 2)
     if dim % 2:
         raise ValueError(f"dim must be even (the block metric I_(d/2) ⊗ S(u, v)), got {dim}")
     chunks = chain_chunks(n_chains, chunk_chains)
@@ -474,10 +467,10 @@ def sample_langevin(
             f"generator must be a torch.Generator (randomness is always explicit), got {type(generator).__name__}"
         )
     schedule = _check_schedule(schedule)
-    steps_per_level = _check_int(steps_per_level, "steps_per_level", 1)
-    n_posterior = _check_int(n_posterior, "n_posterior", 1)
+    steps_per_level = check_int(steps_per_level, "steps_per_level", 1)
+    n_posterior = check_int(n_posterior, "n_posterior", 1)
     if first_level_steps is not None:
-        first_level_steps = _check_int(first_level_steps, "first_level_steps", 0)
+        first_level_steps = check_int(first_level_steps, "first_level_steps", 0)
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable or None, got {type(callback).__name__}")
     options = antithetic_options(posterior, antithetic)
@@ -493,9 +486,9 @@ def sample_langevin(
     shape, d = y0.shape, y0.shape[-1]
     chains = math.prod(shape[:-1])
     shared = isinstance(generator, torch.Generator)
-    chunk = chains if chunk_chains is None else _check_int(chunk_chains, "chunk_chains", 1)
+    chunk = chains if chunk_chains is None else check_int(chunk_chains, "chunk_chains", 1)
     if max_draw_elements is not None:
-        max_draw_elements = _check_int(max_draw_elements, "max_draw_elements", 1)
+        max_draw_elements = check_int(max_draw_elements, "max_draw_elements", 1)
         fitting = max(1, max_draw_elements // (n_posterior * d))
         if shared:
             chunk = min(chunk, fitting)

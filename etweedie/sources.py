@@ -25,6 +25,7 @@ from typing import Callable, Optional, Tuple, Union
 
 import torch
 
+from ._checks import check_generator
 from .data import EightGaussians
 
 __all__ = [
@@ -61,12 +62,6 @@ def _check_batch(batch_size) -> int:
     return batch_size
 
 
-def _check_generator(generator) -> torch.Generator:
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    return generator
-
-
 class TensorSource(DataSource):
     """A fixed set of examples ``(n, d)`` drawn uniformly with replacement.
 
@@ -99,7 +94,7 @@ class TensorSource(DataSource):
 
     def draw(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
         batch_size = _check_batch(batch_size)
-        generator = _check_generator(generator)
+        generator = check_generator(generator)
         idx = torch.randint(len(self), (batch_size,), generator=generator, device=generator.device)
         batch = self.examples[idx.to(self.examples.device)]
         return batch if self.transform is None else self.transform(batch, generator)
@@ -125,7 +120,7 @@ class CallableSource(DataSource):
 
     def draw(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
         batch_size = _check_batch(batch_size)
-        x = self._draw(batch_size, _check_generator(generator))
+        x = self._draw(batch_size, check_generator(generator))
         if not isinstance(x, torch.Tensor) or not x.is_floating_point() or tuple(x.shape) != (batch_size, self.dim):
             got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"the data source's draw({batch_size}, generator) must return a floating-point "
@@ -141,7 +136,7 @@ class EightGaussiansSource(DataSource):
         self.dim = self.ring.dim
 
     def draw(self, batch_size: int, generator: torch.Generator) -> torch.Tensor:
-        generator = _check_generator(generator)
+        generator = check_generator(generator)
         return self.ring.sample(_check_batch(batch_size), generator, device=generator.device)[0]
 
 

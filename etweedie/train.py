@@ -71,6 +71,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import torch
 from tqdm.auto import tqdm
 
+from ._checks import check_float, check_int
 from . import models as _models
 from .checkpoint import (
     CheckpointError,
@@ -266,7 +267,7 @@ class TrainConfig:
     def validate(self) -> "TrainConfig":
         """Check every field; raises ValueError/TypeError naming the field."""
         for name in ("seed", "steps", "batch_size", "draws", "warmup_steps", "checkpoint_every", "log_every", "threads"):
-            _check_int(getattr(self, name), name)
+            check_int(getattr(self, name), name)
         _require(self.seed >= 0, "seed", ">= 0", self.seed)
         _require(self.steps >= 0, "steps", ">= 0", self.steps)
         _require(self.batch_size >= 1, "batch_size", ">= 1", self.batch_size)
@@ -284,10 +285,10 @@ class TrainConfig:
         if isinstance(self.loss_beta, str):
             _require(self.loss_beta == "matched", "loss_beta", "'matched' or a number in (0, 2)", self.loss_beta)
         else:
-            _check_float(self.loss_beta, "loss_beta")
+            check_float(self.loss_beta, "loss_beta")
             _require(0 < self.loss_beta < 2, "loss_beta", "'matched' or a number in (0, 2)", self.loss_beta)
         for name in ("lr", "lr_min", "grad_clip", "ema_decay", "checkpoint_every_s", "max_wall_s", "shard_mb"):
-            _check_float(getattr(self, name), name)
+            check_float(getattr(self, name), name)
         _require(self.lr > 0, "lr", "> 0", self.lr)
         _require(0 <= self.lr_min <= self.lr, "lr_min", "in [0, lr]", self.lr_min)
         _require(self.grad_clip >= 0, "grad_clip", ">= 0", self.grad_clip)
@@ -308,10 +309,10 @@ class TrainConfig:
                 raise TypeError(f"{section} must be a {cls.__name__}, got {type(getattr(self, section)).__name__}")
         m = self.model
         for name in ("width", "depth", "noise_dim", "cond_width"):
-            _check_int(getattr(m, name), f"model.{name}")
+            check_int(getattr(m, name), f"model.{name}")
             _require(getattr(m, name) >= 1, f"model.{name}", ">= 1", getattr(m, name))
         for name in ("data_center", "data_std"):
-            _check_float(getattr(m, name), f"model.{name}")
+            check_float(getattr(m, name), f"model.{name}")
         _require(m.data_std > 0, "model.data_std", "> 0", m.data_std)
         if not isinstance(m.learn_data_scale, bool):
             raise TypeError(f"model.learn_data_scale must be true or false, got {m.learn_data_scale!r}")
@@ -337,9 +338,9 @@ _SOURCE_DIMS = {"eight_gaussians": 2, "mnist": 784}
 
 def _validate_data(data: "DataConfig") -> None:
     _require(data.source in DATA_SOURCES, "data.source", f"one of {DATA_SOURCES}", data.source)
-    _check_float(data.radius, "data.radius")
-    _check_float(data.std, "data.std")
-    _check_int(data.n_modes, "data.n_modes")
+    check_float(data.radius, "data.radius")
+    check_float(data.std, "data.std")
+    check_int(data.n_modes, "data.n_modes")
     if data.source == "eight_gaussians":
         EightGaussians(data.radius, data.std, data.n_modes)
     for name in ("data_dir", "split"):
@@ -370,16 +371,6 @@ def _posterior_class(name, what: str = "architecture"):
                    and issubclass(getattr(_models, n), torch.nn.Module)]
         raise ValueError(f"{what} must name a posterior class of etweedie.models (one of {choices}), got {name!r}")
     return cls
-
-
-def _check_int(value, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-
-
-def _check_float(value, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError(f"{name} must be a finite float, got {type(value).__name__} {value!r}")
 
 
 def _require(ok: bool, name: str, expected: str, got) -> None:
@@ -435,7 +426,7 @@ def _pair(value, name: str) -> Tuple[float, float]:
     if not isinstance(value, (list, tuple)) or len(value) != 2:
         raise ValueError(f"{name} must be a [low, high] pair, got {value!r}")
     for v in value:
-        _check_float(v, name)
+        check_float(v, name)
     return (float(value[0]), float(value[1]))
 
 
@@ -461,7 +452,7 @@ def dry_run_config(config: TrainConfig, steps: int = 2) -> TrainConfig:
     """The same run on the CPU for ``steps`` steps, logging and checkpointing every step, with
     the same model, batch, precision, compile and optimizer settings: a GPU command's code path
     exercised without a GPU."""
-    _check_int(steps, "steps")
+    check_int(steps, "steps")
     _require(steps >= 1, "steps", ">= 1", steps)
     return dataclasses.replace(config, device="cpu", steps=steps, warmup_steps=min(config.warmup_steps, steps),
                                log_every=1, checkpoint_every=1, checkpoint_every_s=0.0, max_wall_s=0.0)
@@ -487,7 +478,7 @@ class NoisePrior:
         self.beta = _range(beta, "beta", 0.0, 2.0, closed_high=True)
         self.lam = _range(lam, "lam", 0.0, math.inf)
         self.sigma = _range(sigma, "sigma", 0.0, math.inf)
-        _check_float(disk_radius, "disk_radius")
+        check_float(disk_radius, "disk_radius")
         if not 0 <= disk_radius < 1:
             raise ValueError(f"disk_radius must be in [0, 1) (u² + v² < 1), got {disk_radius!r}")
         self.disk_radius = float(disk_radius)
@@ -519,7 +510,7 @@ class NoisePrior:
     def sample(self, n: int, generator: torch.Generator, *, dtype=torch.float32, device=None) -> NoiseParams:
         """n independent tuples: a :class:`NoiseParams` whose fields are ``(n,)`` tensors
         (on ``device``, default the generator's)."""
-        _check_int(n, "n")
+        check_int(n, "n")
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         if not isinstance(generator, torch.Generator):
@@ -847,7 +838,7 @@ def train(
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     config.validate()
     if stop_after is not None:
-        _check_int(stop_after, "stop_after")
+        check_int(stop_after, "stop_after")
         _require(stop_after >= 0, "stop_after", ">= 0", stop_after)
     ranks = _Ranks()
     device = _resolve_device(config, ranks)

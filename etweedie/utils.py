@@ -90,6 +90,8 @@ def atomic_write(path: Union[str, os.PathLike], write: Union[str, bytes, Callabl
             write(tmp)
         else:
             raise TypeError(f"write must be str, bytes or a callable, got {type(write).__name__}")
+        with open(tmp, "rb") as fh:  # on disk before the rename: a crash leaves the old file or the new one
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
     finally:
         if tmp.exists():
