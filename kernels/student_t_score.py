@@ -85,7 +85,7 @@ def check_canonical(op: str, y, x, c, prec, kind: int):
     if y.dim() != 2 or not y.is_contiguous():
         raise ValueError(f"{op}: y must be contiguous (B, d), got shape {tuple(y.shape)}")
     B, d = y.shape
-    if x.dim() != 3 or x.shape[0] != B or x.shape[2] != d or (d > 1 and x.stride(2) != 1):
+    if x.dim() != 3 or x.shape[0] != B or x.shape[2] != d or (d > 1 and x.numel() > 0 and x.stride(2) != 1):
         raise ValueError(f"{op}: x must be (B={B}, N, d={d}) with unit stride over d, got {tuple(x.shape)}")
     if c.shape != (B,):
         raise ValueError(f"{op}: c must be ({B},), got {tuple(c.shape)}")

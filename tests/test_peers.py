@@ -25,16 +25,8 @@ with the reason.
 from __future__ import annotations
 
 import math
-import os
-import sys
 
-# dcor and scoringrules compile numba kernels when imported (dcor eagerly, on every import): tens of
-# seconds on 2 cores.  The functions compared here do not use them (dcor.energy_distance is numpy/
-# scipy; es_ensemble is called with backend="numpy"), so the JIT is off for this test process unless
-# numba is already loaded or the caller chose NUMBA_DISABLE_JIT; the compared values are the same.
-if "numba" not in sys.modules:
-    os.environ.setdefault("NUMBA_DISABLE_JIT", "1")
-
+# The numba JIT of dcor and scoringrules is off for the test process (tests/conftest.py).
 import pytest
 import torch
 

@@ -54,7 +54,7 @@ void check_canonical(const at::Tensor& y, const at::Tensor& x, const at::Tensor&
   const int64_t B = y.size(0), d = y.size(1);
   TORCH_CHECK(x.dim() == 3 && x.size(0) == B && x.size(2) == d, kOp, ": x must be (B, N, d) = (", B, ", N, ", d,
               "), got ", x.sizes());
-  TORCH_CHECK(d <= 1 || x.stride(2) == 1, kOp, ": x must have unit stride over d, got strides ", x.strides());
+  TORCH_CHECK(d <= 1 || x.numel() == 0 || x.stride(2) == 1, kOp, ": x must have unit stride over d, got strides ", x.strides());
   TORCH_CHECK(x.stride(0) >= 0 && x.stride(1) >= 0, kOp, ": x must have non-negative strides, got ", x.strides());
   TORCH_CHECK(c.dim() == 1 && c.size(0) == B && c.stride(0) >= 0, kOp, ": c must be (B,) = (", B, "), got ", c.sizes());
   TORCH_CHECK(kind >= kIsotropic && kind <= kBlock, kOp, ": unknown metric kind ", kind, " (0, 1 or 2)");
@@ -62,7 +62,7 @@ void check_canonical(const at::Tensor& y, const at::Tensor& x, const at::Tensor&
   TORCH_CHECK(prec.dim() == core && prec.size(0) == B && prec.stride(0) >= 0, kOp, ": prec has shape ", prec.sizes(),
               ", which does not match metric kind ", kind, " for B = ", B);
   if (kind == kDiagonal) {
-    TORCH_CHECK(prec.size(1) == d && (d <= 1 || prec.stride(1) == 1), kOp,
+    TORCH_CHECK(prec.size(1) == d && (d <= 1 || prec.numel() == 0 || prec.stride(1) == 1), kOp,
                 ": diagonal precision must be (B, d) with unit stride over d, got ", prec.sizes(), " strides ",
                 prec.strides());
   }
@@ -70,7 +70,7 @@ void check_canonical(const at::Tensor& y, const at::Tensor& x, const at::Tensor&
     const int64_t k = prec.size(1);
     TORCH_CHECK(prec.size(2) == k && k >= 1 && k <= 4 && d % k == 0, kOp,
                 ": block precision must be (B, k, k) with k <= 4 dividing d = ", d, ", got ", prec.sizes());
-    TORCH_CHECK(prec.stride(2) == 1 && prec.stride(1) == k, kOp, ": block precision rows must be contiguous, got strides ",
+    TORCH_CHECK(prec.numel() == 0 || (prec.stride(2) == 1 && prec.stride(1) == k), kOp, ": block precision rows must be contiguous, got strides ",
                 prec.strides());
   }
 }

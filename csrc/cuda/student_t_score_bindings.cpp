@@ -3,15 +3,7 @@
 // Checks every argument the kernels read (defined, CUDA device, dtype, sizes, strides), allocates
 // the outputs and calls the launchers of student_t_score_launch.cuh on torch's current stream.
 // Built only with a CUDA torch (setup.py); the .cu itself compiles with plain nvcc.
-#include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
-
-#include <tuple>
-#include <vector>
-
+#include "bindings.h"  // ATen, the CUDA guard and stream, torch/library.h, checks.h, launchers.cuh
 #include "student_t_score_launch.cuh"
 
 namespace etweedie {
@@ -38,7 +30,7 @@ void check_canonical(const at::Tensor& y, const at::Tensor& x, const at::Tensor&
   check_same(prec, "prec", y);
   TORCH_CHECK(y.dim() == 2 && y.is_contiguous(), kOp, ": y must be contiguous (B, d), got ", y.sizes());
   const int64_t B = y.size(0), d = y.size(1);
-  TORCH_CHECK(x.dim() == 3 && x.size(0) == B && x.size(2) == d && (d <= 1 || x.stride(2) == 1) && x.stride(0) >= 0 &&
+  TORCH_CHECK(x.dim() == 3 && x.size(0) == B && x.size(2) == d && (d <= 1 || x.numel() == 0 || x.stride(2) == 1) && x.stride(0) >= 0 &&
                   x.stride(1) >= 0,
               kOp, ": x must be (B, N, d) = (", B, ", N, ", d, ") with unit stride over d, got ", x.sizes(),
               " strides ", x.strides());

@@ -71,7 +71,7 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
     cn = canonicalize(_OP, y, x, 2.0, 1.0, metric)
     d = cn.y.shape[-1]
     if cv.numel() and value_checks(cv) and not bool(((cv > d / 2) & torch.isfinite(cv)).all()):
-        raise ValueError(f"{_OP}: c must be finite and > d/2 = {d / 2:g} (Student-t integrability), got {cv.min().item():.6g}")
+        raise ValueError(f"{_OP}: c must be > d/2 = {d / 2:g} and finite (Student-t integrability), got {cv.min().item():.6g}")
     try:
         batch = torch.broadcast_shapes(cn.batch, cv.shape)
     except RuntimeError:
