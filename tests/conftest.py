@@ -9,16 +9,10 @@ from __future__ import annotations
 
 import os
 
-# Peer packages of the cross-checks (dcor, scoringrules) compile numba kernels when imported, tens of
-# seconds on 2 cores, and the functions compared do not use them.  The JIT is off for the whole test
-# process, set here before anything can import numba: a JIT switched off part-way (after numba was
-# loaded) leaves half-compiled gufuncs that fail to type.
-os.environ.setdefault("NUMBA_DISABLE_JIT", "1")
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-import etweedie  # noqa: E402
+import etweedie
 
 # Backends under test besides the reference, on this machine.
 KERNEL_BACKENDS = [name for name, (ok, _) in etweedie.backends.available().items() if ok and name != "reference"]

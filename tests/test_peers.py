@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import math
 
-# The numba JIT of dcor and scoringrules is off for the test process (tests/conftest.py).
+# dcor and scoringrules compile numba kernels on first import (cached afterwards).  NUMBA_DISABLE_JIT
+# is no way round it: scoringrules' gufuncs are compiled even then and fail to type the plain-Python
+# helpers they call (hidden wherever a numba cache from an earlier JIT run exists).
 import pytest
 import torch
 
