@@ -51,7 +51,7 @@ Example::
     >>> cfg = load_config("configs/eight_gaussians_tiny.toml")
     >>> summary = train(cfg, "runs/tiny", progress=False)          # doctest: +SKIP
     >>> posterior = load_posterior(summary["posterior"])           # doctest: +SKIP
-    >>> images = torch.rand(1000, 784) * 2 - 1                     # any (n, d) tensor is a data source
+    >>> images = torch.rand(1000, 784, generator=torch.Generator().manual_seed(0)) * 2 - 1   # any (n, d) tensor
     >>> summary = train(cfg, "runs/mine", data=images)             # doctest: +SKIP
 """
 

@@ -35,17 +35,7 @@ void check_canonical(const at::Tensor& y, const at::Tensor& x, const at::Tensor&
               kOp, ": x must be (B, N, d) = (", B, ", N, ", d, ") with unit stride over d, got ", x.sizes(),
               " strides ", x.strides());
   TORCH_CHECK(c.dim() == 1 && c.size(0) == B && c.stride(0) >= 0, kOp, ": c must be (B,) = (", B, "), got ", c.sizes());
-  TORCH_CHECK(kind >= 0 && kind <= 2, kOp, ": unknown metric kind ", kind);
-  const int64_t core = kind == 0 ? 1 : (kind == 1 ? 2 : 3);
-  TORCH_CHECK(prec.dim() == core && prec.size(0) == B && prec.stride(0) >= 0, kOp, ": prec has shape ", prec.sizes(),
-              ", which does not match metric kind ", kind);
-  if (kind == 1) TORCH_CHECK(prec.size(1) == d && (d <= 1 || prec.stride(1) == 1), kOp, ": diagonal precision must be (B, d)");
-  if (kind == 2) {
-    const int64_t k = prec.size(1);
-    TORCH_CHECK(prec.size(2) == k && k >= 1 && k <= 4 && d % k == 0, kOp,
-                ": block precision must be (B, k, k) with k <= 4 dividing d, got ", prec.sizes());
-    TORCH_CHECK(prec.stride(2) == 1 && prec.stride(1) == k, kOp, ": block precision rows must be contiguous");
-  }
+  checks::metric(kOp, prec, kind, B, d);  // kind, shapes, block size and strides, as every op checks them
 }
 
 template <typename T>
@@ -68,10 +58,6 @@ StudentTArgs<T> args_of(const at::Tensor& y, const at::Tensor& x, const at::Tens
   return a;
 }
 
-void check_launch(cudaError_t err) {
-  TORCH_CHECK(err == cudaSuccess, kOp, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
-}
-
 std::tuple<at::Tensor, at::Tensor> student_t_score_fwd_cuda(const at::Tensor& y, const at::Tensor& x,
                                                             const at::Tensor& c, const at::Tensor& prec, int64_t kind) {
   check_canonical(y, x, c, prec, kind);
@@ -81,7 +67,7 @@ std::tuple<at::Tensor, at::Tensor> student_t_score_fwd_cuda(const at::Tensor& y,
   auto m = at::empty_like(y);
   AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "student_t_score_fwd_cuda", [&] {
     check_launch(student_t_score_fwd_launch<scalar_t>(args_of<scalar_t>(y, x, c, prec, kind), s.data_ptr<scalar_t>(),
-                                                      m.data_ptr<scalar_t>(), c10::cuda::getCurrentCUDAStream()));
+                                                      m.data_ptr<scalar_t>(), c10::cuda::getCurrentCUDAStream()), kOp);
   });
   return {s, m};
 }
@@ -114,7 +100,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> student_t_score_bwd_c
       check_launch(student_t_score_bwd_launch<T>(
           args_of<T>(y, x, c, prec, kind), g.data_ptr<T>(), gm.data_ptr<T>(), mc.data_ptr<T>(),
           need_y ? gy.data_ptr<T>() : nullptr, need_x ? gx.data_ptr<T>() : nullptr, need_c ? gc.data_ptr<T>() : nullptr,
-          need_prec ? gp.data_ptr<T>() : nullptr, c10::cuda::getCurrentCUDAStream()));
+          need_prec ? gp.data_ptr<T>() : nullptr, c10::cuda::getCurrentCUDAStream()), kOp);
     });
   }
   return {gy, gx, gc, gp};

@@ -26,7 +26,7 @@ Example::
     >>> denoiser = KDiffusionDenoiser(KnownPosterior(), "gaussian", n_draws=32,
     ...                               generator=torch.Generator().manual_seed(0))
     >>> sigmas = denoiser.sigmas(20)               # the path's RMS levels, then 0 (k-diffusion's convention)
-    >>> x = sigmas[0] * torch.randn(8, 2, dtype=torch.float64)
+    >>> x = sigmas[0] * torch.randn(8, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     >>> denoiser(x, sigmas[0].expand(8)).shape     # what k_diffusion.sampling.sample_euler calls
     torch.Size([8, 2])
 """
