@@ -16,7 +16,7 @@ for generalized-Gaussian noise q(u) ∝ exp(−(λ/β)‖u‖_P^β).  The ops ar
 
 from . import backends
 from .backends import use_backend
-from .metric import Metric
+from .geometry import Metric
 from .noise import GeneralizedGaussian, Laplace, NoiseParams, StudentT
 from .ops import energy_distance, energy_score, et_score, is_score, kernel_score, langevin_step, student_t_score
 from .ops._prep import set_debug

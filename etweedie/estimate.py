@@ -63,7 +63,7 @@ import torch
 from tqdm.auto import trange
 
 from ._checks import check_bool, check_float, check_int
-from .metric import Metric, scale_constant
+from .geometry import Metric, scale_constant
 from .noise import NoiseParams
 from .ops import et_score
 from .score import antithetic_options, posterior_dtype_device

@@ -15,9 +15,14 @@ makes the sampler testable against ground truth and gives a model-free demo:
   bounded by 2·max(p, q) and the scheme is accurate both at large noise (the prior half
   covers the posterior) and at small noise (the noise half does).  n draws are resampled
   from the K weighted proposals.  Both densities are analytic, so no clean bank is needed.
-* ``"sir"`` — :func:`etweedie.data.posterior_sample_sir` over a fixed clean bank (draws are
-  bank points; at small noise the chain is pulled toward individual bank points).
+* ``"sir"`` — the score oracle of the paper's score tables (§5.1): rows with isotropic Gaussian
+  noise (β = 2, u = v = 0) exactly (:meth:`EightGaussians.posterior_sample`), every other row by
+  :func:`etweedie.data.posterior_sample_sir` over a fixed clean bank (160,000 points in the
+  paper; drawn here from ``generator`` when no ``bank`` is given), in y's dtype.  Its draws are
+  bank points, exact as the bank grows; at small noise they stick to individual bank points.
 * ``"auto"`` (default) — exact on rows with β = 2, importance on the others.
+
+Rows are grouped by equal η, so that each distinct noise law is handled in one call.
 
 Example::
 
@@ -27,12 +32,15 @@ Example::
     >>> eta = NoiseParams(1.4, 1.8, 0.3, 0.0, 0.6).eta().expand(4, 5)
     >>> post.sample(torch.zeros(4, 2), eta, 16, generator=torch.Generator().manual_seed(0)).shape
     torch.Size([4, 16, 2])
+    >>> oracle = KnownPosterior(method="sir", bank_size=20_000, generator=torch.Generator().manual_seed(1))
+    >>> oracle.sample(torch.zeros(3, 2, dtype=torch.float64), eta[0].double(), 8, generator=torch.Generator().manual_seed(2)).shape
+    torch.Size([3, 8, 2])
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -40,7 +48,7 @@ from .data import EightGaussians, posterior_sample_sir
 from ._checks import check_generator, check_int
 from .noise import NoiseParams
 
-__all__ = ["KnownPosterior"]
+__all__ = ["KnownPosterior", "group_rows"]
 
 _METHODS = ("auto", "exact", "importance", "sir")
 
@@ -52,8 +60,15 @@ class KnownPosterior:
         data: the ring (default ``EightGaussians()``: radius 2, std 0.2, 8 modes).
         method: ``"auto"``, ``"exact"`` (β = 2 rows only), ``"importance"`` or ``"sir"``.
         n_proposals: K, proposals per query for ``"importance"`` (≥ 2).
-        bank: clean points ``(M, 2)`` for ``"sir"``.
+        bank: clean points ``(M, 2)`` for ``"sir"``; drawn from ``data`` when None.
+        bank_size: M when the bank is drawn here (default 160,000, the paper's bank).
+        generator: the ``torch.Generator`` the bank is drawn from (``"sir"`` without a bank).
+        bank_dtype: dtype of a drawn bank (float64 default).
+
+    ``sample(y, eta, n, generator=g)`` returns ``(..., n, 2)`` in y's dtype.
     """
+
+    dim = 2
 
     def __init__(
         self,
@@ -62,6 +77,9 @@ class KnownPosterior:
         method: str = "auto",
         n_proposals: int = 256,
         bank: Optional[torch.Tensor] = None,
+        bank_size: int = 160_000,
+        generator: Optional[torch.Generator] = None,
+        bank_dtype: torch.dtype = torch.float64,
     ):
         data = EightGaussians() if data is None else data
         if not isinstance(data, EightGaussians):
@@ -70,15 +88,23 @@ class KnownPosterior:
             raise ValueError(f"method must be one of {', '.join(_METHODS)}; got {method!r}")
         n_proposals = check_int(n_proposals, "n_proposals", minimum=2)
         if method == "sir":
-            if not isinstance(bank, torch.Tensor) or bank.dim() != 2 or bank.shape[1] != data.dim:
-                got = tuple(bank.shape) if isinstance(bank, torch.Tensor) else type(bank).__name__
-                raise ValueError(f"bank must be a (M, {data.dim}) tensor of clean points for method='sir', got {got}")
+            if bank is None:
+                bank_size = check_int(bank_size, "bank_size", minimum=1)
+                generator = check_generator(generator, "generator (needed to draw the bank)")
+                bank, _ = data.sample(bank_size, generator, dtype=bank_dtype)
+            if not isinstance(bank, torch.Tensor) or not bank.is_floating_point():
+                raise TypeError(f"bank must be a floating-point tensor (M, {data.dim}), got {type(bank).__name__}")
+            if bank.dim() != 2 or bank.shape[1] != data.dim or bank.shape[0] == 0:
+                raise ValueError(f"bank must have shape (M, {data.dim}) with M >= 1 for method='sir', "
+                                 f"got {tuple(bank.shape)}")
         self.data = data
         self.method = method
         self.n_proposals = n_proposals
         self.bank = bank
 
     def __repr__(self) -> str:
+        if self.method == "sir":
+            return f"KnownPosterior({self.data!r}, method='sir', bank={self.bank.shape[0]} points)"
         return f"KnownPosterior({self.data!r}, method={self.method!r}, n_proposals={self.n_proposals})"
 
     # ------------------------------------------------------------------ the contract
@@ -107,13 +133,17 @@ class KnownPosterior:
         if eta.dim() < 1 or eta.shape[-1] != 5:
             raise ValueError(f"eta must have shape (..., 5), got {tuple(eta.shape)}")
         try:
-            eta = eta.to(torch.float64).expand(*y.shape[:-1], 5)
+            batch = torch.broadcast_shapes(y.shape[:-1], eta.shape[:-1])
         except RuntimeError:
-            raise ValueError(f"eta of shape {tuple(eta.shape)} does not broadcast to y's batch {tuple(y.shape[:-1])}") from None
+            raise ValueError(f"eta of shape {tuple(eta.shape)} does not broadcast with y's batch {tuple(y.shape[:-1])}") from None
+        eta = eta.to(torch.float64).expand(*batch, 5)
+        y = y.expand(*batch, d)
         n = check_int(n, "n", minimum=1)
         generator = check_generator(generator)
+        if self.method == "sir":
+            NoiseParams.from_eta(eta)  # validates the parameter ranges
+            return self._sir(y.reshape(-1, d), eta.reshape(-1, 5), n, generator).reshape(*batch, n, d)
 
-        batch = y.shape[:-1]
         rows = y.reshape(-1, d).to(torch.float64)
         eta_rows = eta.reshape(-1, 5)
         if rows.shape[0] == 0:
@@ -122,9 +152,7 @@ class KnownPosterior:
         if self.method == "exact" and not bool(gaussian.all()):
             raise ValueError("method='exact' needs β = 2 in every row of eta (Gaussian noise); use 'auto' or 'importance'")
         use_exact = gaussian if self.method in ("auto", "exact") else torch.zeros_like(gaussian)
-        if self.method == "sir":
-            out = self._sir(rows, eta_rows, n, generator)
-        elif bool(use_exact.all()):
+        if bool(use_exact.all()):
             out = self._exact(rows, eta_rows, n, generator)
         elif not bool(use_exact.any()):
             out = self._importance(rows, eta_rows, n, generator)
@@ -215,11 +243,32 @@ class KnownPosterior:
         return torch.logsumexp(sq.mul_(-0.5 / tau2), dim=-1) + const
 
     def _sir(self, y: torch.Tensor, eta: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
-        bank = self.bank.to(torch.float64)
-        out = torch.empty(y.shape[0], n, y.shape[1], dtype=torch.float64, device=y.device)
-        unique, inverse = torch.unique(eta, dim=0, return_inverse=True)
-        for i in range(unique.shape[0]):
-            mask = inverse == i
-            law = NoiseParams.from_eta(unique[i]).noise(y.shape[1])
-            out[mask] = posterior_sample_sir(y[mask], bank, law, n, generator)
+        """The score oracle, in y's dtype: exact on isotropic Gaussian rows, SIR over the bank on the others."""
+        out = y.new_empty(y.shape[0], n, y.shape[1])
+        unique, inverse = group_rows(eta)
+        bank = self.bank.to(dtype=y.dtype, device=y.device)
+        for g in range(unique.shape[0]):
+            index = (inverse == g).nonzero().squeeze(-1)
+            beta, log_lam, log_sigma, u, v = (float(t) for t in unique[g])
+            # λ and σ through float32 exp, as the score tables were recorded with (a relative
+            # rounding of ~1e-7; keeping it keeps the recorded SIR draws bit for bit)
+            lam, sigma = float(torch.tensor(log_lam).exp()), float(torch.tensor(log_sigma).exp())
+            params = NoiseParams(beta, lam, sigma, u, v)
+            queries = y[index]
+            if beta == 2.0 and u == 0.0 and v == 0.0:
+                s = float(params.realized_rms())  # c_{2,d} = 1: Σ = σ² I, noise N(0, Σ/λ)
+                out[index] = self.data.posterior_sample(queries, s, n, generator)
+            else:
+                law = NoiseParams(torch.tensor(beta, dtype=y.dtype), lam, sigma, u, v).noise(y.shape[1])
+                out[index] = posterior_sample_sir(queries, bank, law, n, generator)
         return out
+
+
+def group_rows(keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Distinct rows of ``keys (R, k)`` and, for each input row, the index of its distinct row.
+
+    Returns ``(unique (G, k), inverse (R,))``; the work of a posterior is one call per group.
+    """
+    if keys.shape[0] == 0:
+        return keys, torch.zeros(0, dtype=torch.long, device=keys.device)
+    return torch.unique(keys, dim=0, return_inverse=True)

@@ -1,7 +1,7 @@
 """Noise laws: generalized-Gaussian, Laplace and Student-t, and the five-parameter tuple.
 
 The additive noise ``u = y − x`` of the paper (DESIGN §2), all with geometry ``P = Σ⁻¹`` from an
-:class:`etweedie.metric.Metric` (``metric=None`` means Σ = I):
+:class:`etweedie.geometry.Metric` (``metric=None`` means Σ = I):
 
 ==========================  ======================================  ===========================
 law                         density q(u) ∝                          parameters
@@ -41,7 +41,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from ._checks import check_generator
-from .metric import Metric, _as_float_tensor
+from .geometry import Metric, _as_float_tensor
 
 __all__ = ["GeneralizedGaussian", "Laplace", "StudentT", "NoiseParams"]
 
@@ -55,7 +55,7 @@ def _is_compiling() -> bool:
 
 def _check_metric(metric) -> Optional[Metric]:
     if metric is not None and not isinstance(metric, Metric):
-        raise TypeError(f"metric must be an etweedie.metric.Metric or None, got {type(metric).__name__}")
+        raise TypeError(f"metric must be an etweedie.geometry.Metric or None, got {type(metric).__name__}")
     return metric
 
 
@@ -195,7 +195,7 @@ class GeneralizedGaussian(_MetricNoise):
     Args:
         beta: float or tensor ``(*batch,)`` in (0, 2].
         lam: float or tensor ``(*batch,)``, > 0.
-        metric: :class:`~etweedie.metric.Metric` for Σ (its batch shape broadcasts with
+        metric: :class:`~etweedie.geometry.Metric` for Σ (its batch shape broadcasts with
             ``beta``/``lam``), or None for Σ = I.
         dim: the dimension d, needed to ``sample`` (or call ``covariance``) when the metric
             does not fix it (isotropic, block, None).

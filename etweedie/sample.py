@@ -43,7 +43,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ._checks import check_int
-from .metric import Metric
+from .geometry import Metric
 from .noise import NoiseParams
 from .ops import langevin_step
 from .score import antithetic_options

@@ -27,9 +27,9 @@ Example::
 
     >>> import torch
     >>> from etweedie.noise import NoiseParams
-    >>> from etweedie.oracles import OraclePosterior
+    >>> from etweedie.known_posterior import KnownPosterior
     >>> g = torch.Generator().manual_seed(0)
-    >>> score = EnergyTweedieScore(OraclePosterior(bank_size=20_000, generator=g), 64, generator=g)
+    >>> score = EnergyTweedieScore(KnownPosterior(method="sir", bank_size=20_000, generator=g), 64, generator=g)
     >>> y = torch.tensor([[2.3, 0.1], [0.0, 1.0]], dtype=torch.float64)
     >>> score(y, NoiseParams(1.4, 1.8, 0.57, 0.0, 0.6)).shape
     torch.Size([2, 2])
@@ -213,7 +213,7 @@ class EnergyTweedieScore:
     Args:
         posterior: any object with ``dim`` and ``sample(y (..., d), eta (..., 5), n, *, generator)
             -> (..., n, d)`` — a trained :mod:`etweedie.models` posterior or an
-            :class:`etweedie.oracles.OraclePosterior`.  A torch module is called in its own
+            :class:`etweedie.known_posterior.KnownPosterior` (``method="sir"``).  A torch module is called in its own
             parameter dtype and device; results come back in y's.
         n_draws: N ≥ 1 posterior draws per query.
         generator: the ``torch.Generator`` the draws come from; None uses a fresh one seeded

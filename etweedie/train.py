@@ -83,7 +83,7 @@ from .checkpoint import (
     save_weights,
 )
 from .data import EightGaussians
-from .metric import Metric, scale_constant
+from .geometry import Metric, scale_constant
 from .models import CONDITIONINGS, LATENTS, OUTPUTS, EngressionPosterior, default_eta_bounds
 from .noise import GeneralizedGaussian, NoiseParams
 from .ops import energy_score

@@ -87,13 +87,13 @@ energy_distance_bwd_op = define_op("etweedie_triton::energy_distance_bwd", _bwd_
 
 
 def _register() -> None:
-    # Same fake and autograd rules as the C++ ops (etweedie/ops/_prep.py).
-    from etweedie.ops._prep import pairwise_autograd_rules, pairwise_fake_bwd, pairwise_fake_fwd
+    # Same fake and autograd rules as the C++ ops (etweedie/rules/pairwise.py).
+    from etweedie.rules import pairwise
 
     if interpreting():
-        energy_distance_fwd_op.register_fake(pairwise_fake_fwd)
-        energy_distance_bwd_op.register_fake(pairwise_fake_bwd)
-    setup_context, backward = pairwise_autograd_rules(energy_distance_bwd_op)
+        energy_distance_fwd_op.register_fake(pairwise.fake_fwd)
+        energy_distance_bwd_op.register_fake(pairwise.fake_bwd)
+    setup_context, backward = pairwise.autograd_rules(energy_distance_bwd_op)
     energy_distance_fwd_op.register_autograd(backward, setup_context=setup_context)
 
 

@@ -107,15 +107,15 @@ energy_score_fwd_grad_op = define_op("etweedie_triton::energy_score_fwd_grad", _
 
 
 def _register() -> None:
-    # Same fake and autograd rules as the C++ ops (etweedie/ops/energy_score.py, _prep.py).
-    from etweedie.ops._prep import pairwise_autograd_rules, pairwise_fake_bwd, pairwise_fake_fwd
-    from etweedie.ops.energy_score import fake_fwd_grad, fwd_grad_autograd_rules
+    # Same fake and autograd rules as the C++ ops (etweedie/rules/pairwise.py, energy_score.py).
+    from etweedie.rules import pairwise
+    from etweedie.rules.energy_score import fake_fwd_grad, fwd_grad_autograd_rules
 
     if interpreting():
-        energy_score_fwd_op.register_fake(pairwise_fake_fwd)
-        energy_score_bwd_op.register_fake(pairwise_fake_bwd)
+        energy_score_fwd_op.register_fake(pairwise.fake_fwd)
+        energy_score_bwd_op.register_fake(pairwise.fake_bwd)
         energy_score_fwd_grad_op.register_fake(fake_fwd_grad)
-    setup_context, backward = pairwise_autograd_rules(energy_score_bwd_op)
+    setup_context, backward = pairwise.autograd_rules(energy_score_bwd_op)
     energy_score_fwd_op.register_autograd(backward, setup_context=setup_context)
     setup_context, backward = fwd_grad_autograd_rules()
     energy_score_fwd_grad_op.register_autograd(backward, setup_context=setup_context)

@@ -470,9 +470,9 @@ def et_score_op(y, x, beta, lam, prec, kind: int):
 
 
 def _register() -> None:
-    # Same fake and autograd rules as the C++ op (etweedie/ops/et_score.py), with the Triton
+    # Same fake and autograd rules as the C++ op (etweedie/rules/et_score.py), with the Triton
     # backward kernel.
-    from etweedie.ops.et_score import autograd_rules, fake_bwd, fake_fwd
+    from etweedie.rules.et_score import autograd_rules, fake_bwd, fake_fwd
 
     if interpreting():
         et_score_fwd_op.register_fake(fake_fwd)

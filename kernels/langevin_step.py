@@ -36,8 +36,8 @@ def langevin_step_forward(y, x, noise, step, beta, lam, prec, kind: int):
 
 def langevin_step_backward(grad, grad_m, y, x, noise, step, beta, lam, prec, kind: int, m, need):
     """Gradients (y, x, noise, step, beta, lam, prec) for the flags in ``need`` (None if not): the
-    shared chain rule of etweedie/ops/langevin_step.py over the Triton et_score backward."""
-    from etweedie.ops.langevin_step import backward_terms
+    shared chain rule of etweedie/rules/langevin_step.py over the Triton et_score backward."""
+    from etweedie.rules.langevin_step import backward_terms
 
     return backward_terms(_ets.et_score_bwd_op, grad, grad_m, y, x, noise, step, beta, lam, prec, kind, m, need)
 
@@ -56,9 +56,9 @@ def langevin_step_op(y, x, noise, step, beta, lam, prec, kind: int):
 
 
 def _register() -> None:
-    # Same fake and autograd rules as the C++ op (etweedie/ops/langevin_step.py), with the Triton
+    # Same fake and autograd rules as the C++ op (etweedie/rules/langevin_step.py), with the Triton
     # et_score backward.
-    from etweedie.ops.langevin_step import autograd_rules, fake_fwd
+    from etweedie.rules.langevin_step import autograd_rules, fake_fwd
 
     if interpreting():
         langevin_step_fwd_op.register_fake(fake_fwd)

@@ -274,8 +274,8 @@ def student_t_score_op(y, x, c, prec, kind: int):
 
 
 def _register() -> None:
-    # Same fake and autograd rules as the C++ op (etweedie/ops/student_t_score.py).
-    from etweedie.ops.student_t_score import autograd_rules, fake_bwd, fake_fwd
+    # Same fake and autograd rules as the C++ op (etweedie/rules/student_t_score.py).
+    from etweedie.rules.student_t_score import autograd_rules, fake_bwd, fake_fwd
 
     if interpreting():
         student_t_score_fwd_op.register_fake(fake_fwd)

@@ -15,7 +15,7 @@ import torch
 
 import etweedie
 from etweedie.data import EightGaussians, _sir_log_weights, posterior_sample_sir
-from etweedie.metric import Metric
+from etweedie.geometry import Metric
 from etweedie.noise import GeneralizedGaussian, NoiseParams, StudentT
 
 F64 = dict(dtype=torch.float64)

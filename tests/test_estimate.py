@@ -28,7 +28,7 @@ from etweedie.estimate import (
     zeta_from_beta,
 )
 from experiments.eight_gaussians.estimation import truth_law
-from etweedie.metric import Metric, shape_matrix
+from etweedie.geometry import Metric, shape_matrix
 
 TRUTH = {"beta": 1.4, "lam": 1.8, "u": 0.25, "v": 0.35, "level_scale": "rms"}
 SIGMAS = (0.25, 0.45, 0.75)
@@ -365,7 +365,7 @@ def test_learned_posterior_adapter_passes_true_eta():
     """The learned-posterior sampler conditions on η of the true tuple at each known level, in
     chunks, in the model's dtype; under the "plain" convention σ is mapped to σ·c_{β,2}."""
     from experiments.eight_gaussians.estimation import learned_posterior_sampler
-    from etweedie.metric import scale_constant
+    from etweedie.geometry import scale_constant
     from etweedie.noise import NoiseParams
 
     class FakePosterior(torch.nn.Module):

@@ -105,7 +105,7 @@ def test_noise_params_in_odd_dimension_isotropic_only(seed):
     y = torch.randn(3, 3, generator=gen(seed), dtype=F64)
     x = torch.randn(3, 6, 3, generator=gen(seed + 1), dtype=F64)
     s = score_with_law(y, x, NoiseParams(1.5, 1.2, 0.8, 0.0, 0.0))
-    var = (0.8 / etweedie.metric.scale_constant(torch.tensor(1.5, dtype=F64), 3)) ** 2  # float64 (a float would be stored as float32)
+    var = (0.8 / etweedie.geometry.scale_constant(torch.tensor(1.5, dtype=F64), 3)) ** 2  # float64 (a float would be stored as float32)
     assert torch.allclose(s, etweedie.et_score(y, x, 1.5, 1.2, Metric.isotropic(var.expand(3))), rtol=1e-12)
     with pytest.raises(ValueError, match="even dimension"):
         score_with_law(y, x, NoiseParams(1.5, 1.2, 0.8, 0.0, 0.3))
@@ -319,7 +319,7 @@ def test_gaussian_and_odd_dimension_laws_with_multi_dim_batches(seed):
     # NoiseParams with per-row σ in odd d: each row its own isotropic law
     params = NoiseParams(torch.tensor(1.5, dtype=F64), torch.tensor(1.2, dtype=F64), sigma, 0.0, 0.0)
     s_np = score_with_law(y, x, params)
-    var = (sigma / etweedie.metric.scale_constant(torch.tensor(1.5, dtype=F64), 3)) ** 2
+    var = (sigma / etweedie.geometry.scale_constant(torch.tensor(1.5, dtype=F64), 3)) ** 2
     for i in range(3):
         expected = etweedie.et_score(y[i], x[i], 1.5, 1.2, Metric.isotropic(var[i]))  # var: float64 (4,)
         assert torch.allclose(s_np[i], expected, rtol=1e-12)

@@ -12,7 +12,7 @@ import scipy.integrate
 import scipy.stats
 import torch
 
-from etweedie.metric import Metric
+from etweedie.geometry import Metric
 from etweedie.noise import GeneralizedGaussian, Laplace, NoiseParams, StudentT
 
 F64 = dict(dtype=torch.float64)
@@ -349,7 +349,7 @@ def test_bad_inputs_raise_named_errors():
         GeneralizedGaussian("1.0")
     with pytest.raises(TypeError, match="lam must be a floating-point tensor"):
         GeneralizedGaussian(1.0, torch.tensor(1))
-    with pytest.raises(TypeError, match="metric must be an etweedie.metric.Metric"):
+    with pytest.raises(TypeError, match="metric must be an etweedie.geometry.Metric"):
         GeneralizedGaussian(1.0, 1.0, torch.eye(2))
     with pytest.raises(ValueError, match="parameter batch shapes must broadcast"):
         GeneralizedGaussian(torch.ones(3), torch.ones(2))

@@ -76,8 +76,10 @@ def test_known_posterior_shapes_mixed_rows_and_errors():
         KnownPosterior(method="exact").sample(torch.zeros(2, 2), eta, 2, generator=gen())
     with pytest.raises(ValueError, match="method must be one of"):
         KnownPosterior(method="magic")
-    with pytest.raises(ValueError, match="bank must be a"):
+    with pytest.raises(TypeError, match="generator \\(needed to draw the bank\\) must be a torch.Generator"):
         KnownPosterior(method="sir")
+    with pytest.raises(ValueError, match="bank must have shape"):
+        KnownPosterior(method="sir", bank=torch.zeros(5, 3))
     bank, _ = RING.sample(2000, gen(6))
     assert KnownPosterior(method="sir", bank=bank).sample(torch.zeros(4, 2), eta[1], 3, generator=gen()).shape == (4, 3, 2)
 

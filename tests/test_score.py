@@ -1,6 +1,5 @@
 """Score estimation: Energy-Tweedie scores from posterior draws, the IS oracle, Richardson, the a + b/N fit."""
 
-import dataclasses
 import math
 
 import pytest
@@ -9,7 +8,7 @@ import torch
 import etweedie
 from etweedie.data import EightGaussians
 from etweedie.noise import NoiseParams
-from etweedie.oracles import OraclePosterior
+from etweedie.known_posterior import KnownPosterior
 from etweedie.score import (
     EnergyTweedieScore,
     ISOracle,
@@ -106,7 +105,7 @@ def test_energy_tweedie_on_the_exact_posterior_matches_the_mc_prediction(sigma, 
     s = sigma / math.sqrt(lam)  # noise N(0, σ²/λ I)
     y = noisy_queries(params, 2048, g)
     analytic = RING.noisy_score(y, s)
-    oracle = OraclePosterior(bank=torch.zeros(1, 2, dtype=F64))  # Gaussian rows never touch the bank
+    oracle = KnownPosterior(method="sir", bank=torch.zeros(1, 2, dtype=F64))  # Gaussian rows never touch the bank
     n_draws = 32
     score = EnergyTweedieScore(oracle, n_draws, generator=torch.Generator().manual_seed(8))
     estimate, post_mean = score.score_and_mean(y, params)
@@ -171,7 +170,7 @@ def test_batched_queries_and_gradients_through_the_tuple():
 
 
 def test_score_from_draws_reuses_draws_for_smaller_budgets():
-    post = OraclePosterior(bank_size=2_000, generator=torch.Generator().manual_seed(0))
+    post = KnownPosterior(method="sir", bank_size=2_000, generator=torch.Generator().manual_seed(0))
     params = NoiseParams(torch.tensor([1.4, 1.8, 2.0], dtype=F64), 1.8, 0.57, 0.0, 0.6)
     y = torch.randn(3, 2, generator=torch.Generator().manual_seed(1), dtype=F64)
     draws = EnergyTweedieScore(post, 16).draws(y, params)
@@ -186,7 +185,7 @@ def test_score_from_draws_reuses_draws_for_smaller_budgets():
 
 
 def test_default_generator_is_reproducible_and_call_generator_wins():
-    post = OraclePosterior(bank_size=2_000, generator=torch.Generator().manual_seed(0))
+    post = KnownPosterior(method="sir", bank_size=2_000, generator=torch.Generator().manual_seed(0))
     params = NoiseParams(torch.tensor(1.4, dtype=F64), 1.8, 0.57, 0.0, 0.6)
     y = torch.randn(8, 2, generator=torch.Generator().manual_seed(1), dtype=F64)
     a = EnergyTweedieScore(post, 16)(y, params)
@@ -266,7 +265,7 @@ def test_richardson_beats_each_single_level_with_exact_posteriors():
     # below the single levels' bias.
     x, _ = RING.sample(256, torch.Generator().manual_seed(5), dtype=F64)
     clean = RING.score(x)
-    oracle = OraclePosterior(bank=torch.zeros(1, 2, dtype=F64))
+    oracle = KnownPosterior(method="sir", bank=torch.zeros(1, 2, dtype=F64))
     score = EnergyTweedieScore(oracle, 2048, generator=torch.Generator().manual_seed(6))
     re, s1, s2 = richardson_score(score, x, gaussian(0.1), 0.1, 0.14)
     mse = lambda s: float((s - clean).pow(2).sum(-1).mean())
@@ -321,7 +320,7 @@ def test_metrics():
 # ---------------------------------------------------------------------------- the oracle posterior
 def test_oracle_posterior_matches_the_exact_mixture_and_sir():
     g = torch.Generator().manual_seed(0)
-    oracle = OraclePosterior(bank_size=50_000, generator=g)
+    oracle = KnownPosterior(method="sir", bank_size=50_000, generator=g)
     y = torch.tensor([[2.0, 0.3], [0.0, 0.0]], dtype=F64)
     eta = torch.stack([gaussian(0.5).eta(), NoiseParams(1.4, 1.8, 0.57, 0.0, 0.6).eta().double()])
     draws = oracle.sample(y, eta, 20_000, generator=torch.Generator().manual_seed(1))
@@ -361,7 +360,7 @@ def test_antithetic_energy_tweedie_score_is_unbiased_and_needs_support(seed):
     iid = torch.stack([EnergyTweedieScore(model, 8)(y, params, generator=torch.Generator().manual_seed(seed + 2 + r))
                        for r in range(reps)])
     assert float(anti.var(0).mean()) < 0.7 * float(iid.var(0).mean())  # measured 0.38–0.41
-    oracle = OraclePosterior(bank_size=64, generator=torch.Generator().manual_seed(0))
+    oracle = KnownPosterior(method="sir", bank_size=64, generator=torch.Generator().manual_seed(0))
     with pytest.raises(TypeError, match="antithetic"):
         EnergyTweedieScore(oracle, 8, antithetic=True)
     with pytest.raises(TypeError, match="antithetic"):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from etweedie.oracles import OraclePosterior
+from etweedie.known_posterior import KnownPosterior
 from experiments.eight_gaussians.score_eval import main
 from experiments.eight_gaussians.score_eval import (
     PARAMETERS,
@@ -40,7 +40,7 @@ SMALL = ScoreEvalConfig(
 
 
 def oracle(seed, bank_size=3000):
-    return OraclePosterior(bank_size=bank_size, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+    return KnownPosterior(method="sir", bank_size=bank_size, generator=torch.Generator().manual_seed(seed), bank_dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")

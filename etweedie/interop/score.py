@@ -31,7 +31,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from ..metric import Metric, scale_constant
+from ..geometry import Metric, scale_constant
 from ..noise import GeneralizedGaussian, NoiseParams, StudentT
 from ..ops import et_score, student_t_score
 from ..score import score_from_draws

@@ -1,7 +1,7 @@
 """Validation and canonical form shared by the per-row ops (et_score, langevin_step).
 
 Every public op accepts broadcastable inputs — y ``(*, d)``, x ``(*, N, d)``, β and λ as
-floats or ``(*)`` tensors, a :class:`~etweedie.metric.Metric` with an optional batch shape —
+floats or ``(*)`` tensors, a :class:`~etweedie.geometry.Metric` with an optional batch shape —
 and reduces them here to the canonical form the kernels take:
 
     y (B, d) contiguous     x (B, N, d), unit stride over d (broadcast dims keep stride 0)
@@ -23,9 +23,9 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 from .. import backends
-from ..metric import Metric
-
-ISOTROPIC, DIAGONAL, BLOCK, DENSE = 0, 1, 2, 3
+from ..geometry import Metric
+from ..rules import pairwise
+from ..rules.common import BLOCK, DENSE, DIAGONAL, ISOTROPIC  # noqa: F401 (the canonical kinds, re-exported)
 _KIND = {"isotropic": ISOTROPIC, "diagonal": DIAGONAL, "block": BLOCK, "dense": DENSE}
 
 
@@ -340,40 +340,6 @@ def kernel_or_reference(op: str, name: str, backend, *tensors, reference_forward
     return "reference"
 
 
-class _FirstOrderOnly(torch.autograd.Function):
-    """Identity on the gradients a fused backward kernel returned, tied to the op's inputs so
-    that differentiating those gradients again (Hessian-vector products, gradient penalties)
-    raises instead of silently returning zeros."""
-
-    @staticmethod
-    def forward(ctx, op: str, n: int, *tensors):
-        ctx.op = op
-        return tuple(t.clone() for t in tensors[:n])
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise NotImplementedError(
-            f"{ctx.op}: second-order derivatives are not supported by the compiled backends (their "
-            f"backward is a fused first-order kernel); use backend='reference' for double backward"
-        )
-
-
-def first_order_only(op: str, grads, inputs):
-    """``grads`` unchanged, unless a graph of the backward is being built (create_graph=True):
-    then each gradient comes out of a node whose own backward raises (see _FirstOrderOnly)."""
-    if not torch.is_grad_enabled():
-        return grads
-    live = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
-    idx = [i for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
-    if not live or not idx:
-        return grads
-    wrapped = _FirstOrderOnly.apply(op, len(idx), *[grads[i] for i in idx], *live)
-    out = list(grads)
-    for i, w in zip(idx, wrapped):
-        out[i] = w
-    return tuple(out)
-
-
 @dataclass
 class Canonical:
     y: torch.Tensor  # (B, d)
@@ -452,48 +418,6 @@ def unwhiten_score(s_iso: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
     return (s_iso.unsqueeze(1) @ L.transpose(-1, -2)).squeeze(1)
 
 
-def pairwise_fake_fwd(X, Y, beta, prec, kind, flag):
-    """Fake (meta) forward of a pairwise energy op, shared by every backend (C++ and Triton)."""
-    return X.new_empty(X.shape[:1])
-
-
-def pairwise_fake_bwd(grad, X, Y, beta, prec, kind, flag, need_x, need_y, need_beta, need_prec):
-    """Fake (meta) backward of a pairwise energy op, shared by every backend."""
-    empty = beta.new_empty(0)
-    return (
-        X.new_empty(X.shape) if need_x else empty,
-        Y.new_empty(Y.shape) if need_y else empty,
-        beta.new_empty(beta.shape) if need_beta else empty,
-        prec.new_empty(prec.shape) if need_prec else empty,
-    )
-
-
-def pairwise_autograd_rules(bwd_op):
-    """(setup_context, backward) of a pairwise energy ``<name>_fwd`` op whose fused backward is
-    ``bwd_op`` — the C++ op (etweedie::) and the Triton op (etweedie_triton::) share them."""
-
-    def setup_context(ctx, inputs, output):
-        X, Y, beta, prec, kind, flag = inputs
-        ctx.kind, ctx.flag = kind, flag
-        ctx.save_for_backward(X, Y, beta, prec)
-
-    def backward(ctx, grad):
-        need = ctx.needs_input_grad[:4]
-        saved = ctx.saved_tensors
-        with torch.no_grad():
-            grads = bwd_op(grad, *saved, ctx.kind, ctx.flag, *need)
-        grads = first_order_only(op_name(bwd_op), tuple(g if n else None for g, n in zip(grads, need)), (grad, *saved))
-        return (*grads, None, None)
-
-    return setup_context, backward
-
-
-def op_name(op) -> str:
-    """'energy_score' for torch.ops.etweedie.energy_score_bwd (or a Triton op of that stem)."""
-    name = getattr(op, "__name__", None) or str(op)
-    return name.split("::")[-1].split(".")[0].removesuffix("_bwd").removesuffix("_op")
-
-
 def register_pairwise_op(name: str, bwd_op) -> None:
     """Fake and autograd rules of a pairwise energy op ``etweedie::<name>_fwd``.
 
@@ -503,7 +427,7 @@ def register_pairwise_op(name: str, bwd_op) -> None:
     (an unrequested gradient is an empty tensor), so one definition serves both.
     """
     lib = f"etweedie::{name}"
-    torch.library.register_fake(lib + "_fwd")(pairwise_fake_fwd)
-    torch.library.register_fake(lib + "_bwd")(pairwise_fake_bwd)
-    setup_context, backward = pairwise_autograd_rules(bwd_op)
+    torch.library.register_fake(lib + "_fwd")(pairwise.fake_fwd)
+    torch.library.register_fake(lib + "_bwd")(pairwise.fake_bwd)
+    setup_context, backward = pairwise.autograd_rules(bwd_op)
     torch.library.register_autograd(lib + "_fwd", backward, setup_context=setup_context)

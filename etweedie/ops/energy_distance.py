@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from .. import backends
-from ..metric import Metric
+from ..geometry import Metric
 from . import reference
 from ._prep import (
     DENSE,

@@ -21,7 +21,8 @@ from typing import Optional
 import torch
 
 from .. import backends
-from ..metric import Metric
+from ..geometry import Metric
+from ..rules.energy_score import fake_fwd_grad, fwd_grad_autograd_rules
 from . import reference
 from ._prep import (
     DENSE,
@@ -31,7 +32,6 @@ from ._prep import (
     check_finite,
     check_metric,
     check_tensor,
-    first_order_only,
     flat,
     float32_out_of_range,
     kernel_or_reference,
@@ -166,40 +166,6 @@ def _register() -> None:
     register_pairwise_op("energy_score", torch.ops.etweedie.energy_score_bwd)
     if _FUSED:
         _register_fused()
-
-
-def fake_fwd_grad(samples, target, beta, prec, kind, fair, need_samples, need_target, need_beta, need_prec):
-    """Fake (meta) implementation of the fused value-and-gradient op, shared by every backend."""
-    return (
-        samples.new_empty(samples.shape[:1]),
-        samples.new_empty(samples.shape) if need_samples else beta.new_empty(0),
-        target.new_empty(target.shape) if need_target else beta.new_empty(0),
-        beta.new_empty(beta.shape) if need_beta else beta.new_empty(0),
-        prec.new_empty(prec.shape) if need_prec else beta.new_empty(0),
-    )
-
-
-def fwd_grad_autograd_rules():
-    """(setup_context, backward) of the fused op: it returned ∂(value.sum())/∂input, and row
-    r's share scales with the upstream grad[r].  Shared by the C++ and Triton ops."""
-
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*output[1:], *inputs[:4])
-
-    def backward(ctx, grad, *_unused):
-        gs, gt, gb, gp, *inputs = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        grads = (
-            grad.view(-1, 1, 1) * gs if need[0] else None,
-            grad.view(-1, 1) * gt if need[1] else None,
-            grad * gb if need[2] else None,
-            grad.view(-1, *([1] * (gp.dim() - 1))) * gp if need[3] else None,
-        )
-        # the saved unit gradients are constants of the graph: a second derivative through them
-        # would be silently 0, so it raises instead
-        return (*first_order_only(_OP, grads, inputs), *([None] * 6))
-
-    return setup_context, backward
 
 
 def _register_fused() -> None:

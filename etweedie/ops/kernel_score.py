@@ -19,7 +19,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from ..metric import Metric
+from ..geometry import Metric
 from . import reference
 from ._prep import (
     as_param,

@@ -17,28 +17,9 @@ from typing import Tuple
 
 import torch
 
-from ._prep import BLOCK, DENSE, DIAGONAL, ISOTROPIC
+from ..rules.common import BLOCK, DENSE, DIAGONAL, ISOTROPIC, apply_precision
 
 __all__ = ["apply_precision", "et_score", "et_score_with_mean", "langevin_step", "is_score"]
-
-
-def apply_precision(prec: torch.Tensor, kind: int, v: torch.Tensor) -> torch.Tensor:
-    """P v per row for v of shape (B, ..., d) and prec (B, *param); (P v)_a = Σ_b P_ab v_b."""
-    B = prec.shape[0]
-    extra = v.dim() - 2  # dims between the row and d
-    if kind == ISOTROPIC:
-        return prec.reshape(B, *([1] * (extra + 1))) * v
-    if kind == DIAGONAL:
-        return prec.reshape(B, *([1] * extra), prec.shape[-1]) * v
-    if kind == BLOCK:
-        k = prec.shape[-1]
-        vb = v.reshape(*v.shape[:-1], v.shape[-1] // k, k)
-        Pt = prec.transpose(-1, -2).reshape(B, *([1] * (extra + 1)), k, k)
-        return (vb.unsqueeze(-2) @ Pt).squeeze(-2).reshape(v.shape)
-    if kind == DENSE:
-        Pt = prec.transpose(-1, -2).reshape(B, *([1] * extra), *prec.shape[-2:])
-        return (v.unsqueeze(-2) @ Pt).squeeze(-2)
-    raise ValueError(f"kind must be 0..3, got {kind}")
 
 
 def _residual_weight(q: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:

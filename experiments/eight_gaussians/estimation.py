@@ -58,7 +58,7 @@ from etweedie.estimate import (
     level_sampler,
     level_variance,
 )
-from etweedie.metric import Metric, scale_constant, shape_matrix
+from etweedie.geometry import Metric, scale_constant, shape_matrix
 from etweedie.noise import GeneralizedGaussian, NoiseParams
 from etweedie.ops import is_score
 from etweedie.utils import atomic_write, mean_std, substream

@@ -919,10 +919,10 @@ def cli_main(args) -> int:
               "to mirror); drop --antithetic or the config's antithetic = true", file=sys.stderr)
         return 2
     if args.oracle:
-        from etweedie.oracles import OraclePosterior
+        from etweedie.known_posterior import KnownPosterior
 
-        posteriors = [OraclePosterior(bank_size=config.bank_size, generator=_stream(config.seed, "oracle-bank"),
-                                      dtype=config.torch_dtype)]
+        posteriors = [KnownPosterior(method="sir", bank_size=config.bank_size,
+                                     generator=_stream(config.seed, "oracle-bank"), bank_dtype=config.torch_dtype)]
         names = ["oracle"]
     else:
         from etweedie.train import load_posterior

@@ -20,7 +20,7 @@ import torch
 
 from etweedie.data import EightGaussians
 from etweedie.noise import NoiseParams
-from etweedie.oracles import OraclePosterior
+from etweedie.known_posterior import KnownPosterior
 from etweedie.train import load_posterior
 
 
@@ -42,7 +42,7 @@ def main() -> None:
     args = parser.parse_args()
     beta, lam, u, v = 1.4, 1.8, 0.25, 0.35
     ring = EightGaussians()
-    oracle = OraclePosterior(generator=torch.Generator().manual_seed(args.seed + 1))
+    oracle = KnownPosterior(method="sir", generator=torch.Generator().manual_seed(args.seed + 1))
     models = {path: load_posterior(path) for path in args.posterior_checkpoint}
     g = torch.Generator().manual_seed(args.seed)
     rows = {}

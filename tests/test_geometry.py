@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from etweedie.metric import Metric, scale_constant, shape_matrix
+from etweedie.geometry import Metric, scale_constant, shape_matrix
 
 KINDS = ["isotropic", "diagonal", "block", "dense"]
 BATCHES = [(), (3,)]
