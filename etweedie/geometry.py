@@ -28,7 +28,7 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 

@@ -154,7 +154,7 @@ class _MetricNoise:
             got = u.dtype if isinstance(u, torch.Tensor) else type(u).__name__
             raise TypeError(f"u must be a floating-point tensor of shape (..., d), got {got}")
         if u.dim() < 1:
-            raise ValueError(f"u must have shape (..., d), got a 0-d tensor")
+            raise ValueError("u must have shape (..., d), got a 0-d tensor")
         d = u.shape[-1]
         if self.dim is not None and d != self.dim:
             raise ValueError(f"u must have last dimension d={self.dim}, got shape {tuple(u.shape)}")

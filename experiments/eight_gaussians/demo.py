@@ -42,6 +42,7 @@ from typing import Dict, List, Optional, Sequence, TextIO, Union
 import torch
 from tqdm.auto import tqdm
 
+from experiments import _cli
 from etweedie import __version__, backends
 from etweedie.data import EightGaussians, posterior_sample_sir
 from etweedie.noise import NoiseParams
@@ -473,10 +474,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--out", metavar="DIR", help="run directory (default runs/demo; with --quick: also write DIR/score_demo.json)")
     parser.add_argument("--quick", action="store_true", help="no training: the oracle-posterior score table, small sizes (a few seconds)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help and usage errors: a status, not an exception
-        return exc.code if isinstance(exc.code, int) else 0
+    args, status = _cli.parse(parser, argv)
+    if args is None:
+        return status
     if args.seed < 0:
         print(f"{PROG}: error: --seed must be >= 0, got {args.seed}", file=sys.stderr)
         return 2

@@ -28,7 +28,6 @@ import copy
 import hashlib
 import json
 import math
-import os
 import pickle
 import sys
 import time
@@ -39,6 +38,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from experiments import _cli
 from etweedie.data import EightGaussians
 from etweedie.utils import atomic_write, mean_std, substream
 from etweedie.known_posterior import KnownPosterior
@@ -880,13 +880,7 @@ def cli_main(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m experiments.eight_gaussians.diffusion [ARGS]``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog=PROG, description=CLI_HELP)
-    add_cli_arguments(parser)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help and usage errors: a status, not an exception
-        return exc.code if isinstance(exc.code, int) else 0
-    return cli_main(args)
+    return _cli.run(PROG, CLI_HELP, add_cli_arguments, cli_main, argv)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ a run that only adds sources (the learned-posterior rows, say) skips the score t
 
 from __future__ import annotations
 
-import argparse
 import copy
 import hashlib
 import json
@@ -47,6 +46,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from experiments import _cli
 from etweedie import __version__
 from etweedie.data import EightGaussians, posterior_sample_sir
 from etweedie.estimate import (
@@ -659,13 +659,7 @@ def cli_main(args) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m experiments.eight_gaussians.estimation [ARGS]``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog=PROG, description=CLI_HELP)
-    add_cli_arguments(parser)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help and usage errors: a status, not an exception
-        return exc.code if isinstance(exc.code, int) else 0
-    return cli_main(args)
+    return _cli.run(PROG, CLI_HELP, add_cli_arguments, cli_main, argv)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,6 @@ Everything goes to a run directory: ``score_eval.json`` and the PNGs.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -49,11 +48,12 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from tqdm.auto import tqdm
 
+from experiments import _cli
 from etweedie import __version__, backends
 from etweedie.data import EightGaussians
 from etweedie.noise import NoiseParams
@@ -945,13 +945,7 @@ def cli_main(args) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m experiments.eight_gaussians.score_eval [ARGS]``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog=PROG, description=CLI_HELP)
-    add_cli_arguments(parser)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help and usage errors: a status, not an exception
-        return exc.code if isinstance(exc.code, int) else 0
-    return cli_main(args)
+    return _cli.run(PROG, CLI_HELP, add_cli_arguments, cli_main, argv)
 
 
 if __name__ == "__main__":

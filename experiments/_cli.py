@@ -1,0 +1,27 @@
+"""The command-line entry shared by the reproductions' ``main(argv) -> int`` functions.
+
+argparse ends ``--help`` and usage errors with SystemExit; an entry point that returns its exit
+status (as every ``main`` here does, so that tests call it in-process) turns that into a status.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable, Optional, Sequence, Tuple
+
+
+def parse(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> Tuple[Optional[argparse.Namespace], int]:
+    """``(args, 0)``, or ``(None, status)`` when argparse stopped (0 after --help, 2 on a usage error)."""
+    try:
+        return parser.parse_args(argv), 0
+    except SystemExit as exc:
+        return None, exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+
+
+def run(prog: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None],
+        cli_main: Callable[[argparse.Namespace], int], argv: Optional[Sequence[str]]) -> int:
+    """Build the parser with ``add_arguments``, parse ``argv`` and hand the arguments to ``cli_main``."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_arguments(parser)
+    args, status = parse(parser, argv)
+    return status if args is None else cli_main(args)
