@@ -125,7 +125,10 @@ STREAMS = ("data", "prior", "noise", "model")
 # Settings that may change between a run and its resumption (they do not alter the trajectory
 # up to the checkpoint); everything else must match the checkpoint's config.
 RESUMABLE_CHANGES = ("steps", "checkpoint_every", "log_every", "threads", "checkpoint_every_s", "max_wall_s",
-                     "posterior_dtype", "shard_mb", "compile")
+                     "posterior_dtype", "shard_mb", "compile", "fit_to_deadline")
+#: Share of the deadline a fitted schedule plans for (the rest: the last interval's overshoot,
+#: the final checkpoint and the posterior files).
+FIT_MARGIN = 0.95
 #: Examples × draws per backward block of a CPU training step.  A step's loss is a mean over
 #: examples, so it is accumulated exactly over blocks of examples; the ε of the whole batch is
 #: drawn first (one ``draw_noise`` call, as ``sample`` does), so the random streams do not depend
@@ -221,6 +224,11 @@ class TrainConfig:
         checkpoint_every_s: also checkpoint (at a log step) once this many seconds passed since
             the last checkpoint (0: off).  max_wall_s: stop at the first log step after this much
             cumulative training time, writing the checkpoint and the posterior (0: no deadline).
+        fit_to_deadline: with ``max_wall_s`` set, time the steps between the first two log steps
+            (after any compilation) and shorten ``steps`` so that the whole schedule — warm-up,
+            the full cosine decay and the EMA's last window — ends before the deadline instead of
+            being cut mid-decay.  The fitted count is logged and kept in the checkpoint, so a
+            resumed run follows the same schedule; ``steps`` stays the upper bound.
         threads: ``torch.set_num_threads`` for the run (0 leaves torch's setting).
         device: where the model trains (``"cpu"``, ``"cuda"``, ``"cuda:1"``); data and random
             streams live there too.
@@ -248,6 +256,7 @@ class TrainConfig:
     log_every: int = 50
     checkpoint_every_s: float = 0.0
     max_wall_s: float = 0.0
+    fit_to_deadline: bool = False
     threads: int = 0
     device: str = "cpu"
     loss_beta: Union[str, float] = "matched"
@@ -299,9 +308,11 @@ class TrainConfig:
         _require(self.precision in PRECISIONS, "precision", f"one of {PRECISIONS}", self.precision)
         _require(self.posterior_dtype in POSTERIOR_DTYPES, "posterior_dtype", f"one of {tuple(POSTERIOR_DTYPES)}",
                  self.posterior_dtype)
-        for name in ("tf32", "compile"):
+        for name in ("tf32", "compile", "fit_to_deadline"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        _require(not self.fit_to_deadline or self.max_wall_s > 0, "fit_to_deadline",
+                 "false unless max_wall_s > 0 (a deadline to fit the schedule to)", self.fit_to_deadline)
         _require(self.fused_adam == "auto" or isinstance(self.fused_adam, bool), "fused_adam", "'auto', true or false",
                  self.fused_adam)
         for section, cls in (("model", ModelConfig), ("prior", PriorConfig), ("data", DataConfig)):
@@ -455,7 +466,8 @@ def dry_run_config(config: TrainConfig, steps: int = 2) -> TrainConfig:
     check_int(steps, "steps")
     _require(steps >= 1, "steps", ">= 1", steps)
     return dataclasses.replace(config, device="cpu", steps=steps, warmup_steps=min(config.warmup_steps, steps),
-                               log_every=1, checkpoint_every=1, checkpoint_every_s=0.0, max_wall_s=0.0)
+                               log_every=1, checkpoint_every=1, checkpoint_every_s=0.0, max_wall_s=0.0,
+                               fit_to_deadline=False)
 
 
 # ---------------------------------------------------------------------------- the prior and the geometry
@@ -566,12 +578,15 @@ def noise_law(params: NoiseParams, d: int, geometry: str = "block") -> Generaliz
 
 
 # ---------------------------------------------------------------------------- schedule, model, data, state
-def learning_rate(config: TrainConfig, step: int) -> float:
-    """lr at optimizer step ``step`` (0-based): linear warm-up, then cosine decay to ``lr_min``."""
-    if config.warmup_steps and step < config.warmup_steps:
-        return config.lr * (step + 1) / config.warmup_steps
-    span = max(config.steps - config.warmup_steps, 1)
-    progress = min(max(step - config.warmup_steps, 0) / span, 1.0)
+def learning_rate(config: TrainConfig, step: int, total: Optional[int] = None) -> float:
+    """lr at optimizer step ``step`` (0-based): linear warm-up, then cosine decay to ``lr_min`` at
+    step ``total`` (default ``config.steps``; a deadline-fitted run passes its fitted count)."""
+    total = config.steps if total is None else total
+    warmup = config.warmup_steps
+    if warmup and step < warmup:
+        return config.lr * (step + 1) / warmup
+    span = max(total - warmup, 1)
+    progress = min(max(step - warmup, 0) / span, 1.0)
     return config.lr_min + 0.5 * (config.lr - config.lr_min) * (1 + math.cos(math.pi * progress))
 
 
@@ -933,6 +948,7 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
     step, resumed_from, wall0, cpu0 = 0, None, 0.0, 0.0
     interval_sum, interval_count, last_logged_loss = 0.0, 0, float("nan")
     config_dict = config_to_dict(config)
+    total, fitted = config.steps, False  # the schedule's length; fitted to the deadline at most once
 
     resuming = resume and ranks.agree(ranks.main and ckpt_path.exists(), device)
     if resuming:
@@ -950,6 +966,8 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
         step, wall0, cpu0 = int(ckpt["step"]), float(ckpt["wall_time"]), float(ckpt["cpu_time"])
         interval_sum, interval_count = float(ckpt["interval_sum"]), int(ckpt["interval_count"])
         last_logged_loss = float(ckpt["last_logged_loss"])
+        if config.fit_to_deadline and ckpt.get("fitted_steps") is not None:
+            total, fitted = min(int(ckpt["fitted_steps"]), config.steps), True
         resumed_from = step
         if ranks.main:
             _rewrite_log(log_path, step)
@@ -1001,23 +1019,35 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
                 "last_logged_loss": last_logged_loss,
                 "config": config_dict,
                 "world_size": ranks.world,
+                "fitted_steps": total if fitted else None,
             },
             ckpt_path,
         )
 
-    target = config.steps if stop_after is None else min(config.steps, stop_after)
+    def fit_schedule(per_step: float) -> int:
+        """Steps that end the schedule inside FIT_MARGIN of the deadline at ``per_step`` s/step
+        (rank 0's measurement, the same on every rank)."""
+        room = FIT_MARGIN * config.max_wall_s - clock.wall
+        planned = step + max(int(room / per_step), 0) if per_step > 0 else config.steps
+        planned = int(ranks.sum_(torch.tensor(planned if ranks.main else 0, dtype=torch.float64, device=device)))
+        return max(min(planned, config.steps), step)
+
+    target = total if stop_after is None else min(total, stop_after)
     params = list(model.parameters())
     ema_params = None if ema is None else list(ema.parameters())
-    bar = tqdm(total=config.steps, initial=step, desc="train", unit="step", disable=not (progress and ranks.main),
+    bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=not (progress and ranks.main),
                dynamic_ncols=True)
     model.train()
     clock = _Clock(wall0, cpu0)
     last_ckpt_wall, start_step, start_wall = clock.wall, step, clock.wall
-    stopped_by = "stop_after" if step < config.steps and step >= target else None
+    stopped_by = "stop_after" if step < total and step >= target else None
+    # a deadline-fitted schedule times this process's steps between two log steps (the first one
+    # may include compilation and warm-up)
+    fit_mark = None if config.fit_to_deadline and config.max_wall_s > 0 and not fitted else False
     log = open(log_path, "a") if ranks.main else None
     try:
         while step < target:
-            lr = learning_rate(config, step)
+            lr = learning_rate(config, step, total)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             # the global batch's random numbers, on the data device (every rank draws them all)
@@ -1037,8 +1067,8 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
             acc += loss
             interval_count += 1
             bar.update(1)
-            log_now = step % config.log_every == 0 or step == config.steps
-            ckpt_now = step % config.checkpoint_every == 0 or step == config.steps
+            log_now = step % config.log_every == 0 or step == total
+            ckpt_now = step % config.checkpoint_every == 0 or step == total
             if not (log_now or ckpt_now):
                 continue
             clock.tick()
@@ -1049,7 +1079,7 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
             if log_now:
                 # time-based checkpoints and the deadline are decided by rank 0's clock, at log steps
                 want_ckpt = config.checkpoint_every_s > 0 and clock.wall - last_ckpt_wall >= config.checkpoint_every_s
-                want_stop = config.max_wall_s > 0 and clock.wall >= config.max_wall_s and step < config.steps
+                want_stop = config.max_wall_s > 0 and clock.wall >= config.max_wall_s and step < total
                 ckpt_now = ranks.agree(ranks.main and want_ckpt, device) or ckpt_now
                 if ranks.agree(ranks.main and want_stop, device):
                     stopped_by, ckpt_now = "deadline", True
@@ -1061,21 +1091,34 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
                 acc.zero_()
                 value, interval_count = 0.0, 0
                 bar.set_postfix(loss=f"{last_logged_loss:.4f}", lr=f"{lr:.2e}")
+                if fit_mark is None:
+                    fit_mark = (step, clock.wall)
+                elif fit_mark and step < total and stopped_by is None:
+                    per_step = (clock.wall - fit_mark[1]) / (step - fit_mark[0])
+                    total, fitted, fit_mark = fit_schedule(per_step), True, False
+                    target = total if stop_after is None else min(total, stop_after)
+                    bar.total = total
+                    bar.refresh()
+                    if log is not None:
+                        log.write(json.dumps({"step": step, "fitted_steps": total, "seconds_per_step": per_step,
+                                              "wall_time": round(clock.wall, 3)}) + "\n")
+                        log.flush()
+                    ckpt_now = True  # the fitted schedule is part of the resumable state
             if ckpt_now:
                 save_checkpoint(value)
                 last_ckpt_wall = clock.wall
             if stopped_by == "deadline":
                 break
-        if step >= target and step < config.steps:
+        if step >= target and step < total:
             stopped_by = "stop_after"
     finally:
         bar.close()
         if log is not None:
             log.close()
     clock.tick()
-    stopped = step < config.steps
+    stopped = step < total
     if stopped_by != "stop_after" and ranks.main:
-        if resumed_from is None or resumed_from < config.steps or not (post_path / "config.json").exists():
+        if resumed_from is None or resumed_from < total or not (post_path / "config.json").exists():
             save_posterior(ema if ema is not None else model, post_path, train_config=config_dict, step=step,
                            dtype=config.posterior_dtype, shard_mb=config.shard_mb)
     ranks.barrier()
@@ -1083,7 +1126,8 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
     return {
         "out_dir": str(out),
         "step": step,
-        "steps": config.steps,
+        "steps": total,
+        "fitted_steps": total if fitted else None,
         "final_loss": last_logged_loss,
         "wall_time_s": clock.wall,
         "cpu_time_s": clock.cpu,

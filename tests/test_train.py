@@ -131,6 +131,10 @@ def test_learning_rate_schedule():
     assert learning_rate(config, 100) == pytest.approx(1e-3)
     assert learning_rate(config, 550) == pytest.approx(0.5 * (1e-3 + 1e-5))
     assert learning_rate(config, 1000) == pytest.approx(1e-5)
+    # a fitted schedule decays over its own length: half way at (100 + 400) / 2 steps past warm-up
+    assert learning_rate(config, 300, total=500) == pytest.approx(0.5 * (1e-3 + 1e-5))
+    assert learning_rate(config, 500, total=500) == pytest.approx(1e-5)
+    assert learning_rate(config, 50, total=500) == learning_rate(config, 50)
 
 
 # ---------------------------------------------------------------------------- training
@@ -173,6 +177,44 @@ def test_resume_after_interruption_is_bit_identical(tmp_path, tiny):
     # a completed run reruns as a no-op
     again = train(tiny, tmp_path / "cut", progress=False)
     assert again["resumed_from"] == tiny.steps and again["step"] == tiny.steps
+
+
+def test_schedule_fitted_to_the_deadline_ends_decayed_and_resumes(tmp_path, tiny):
+    """fit_to_deadline: the schedule is shortened to what the deadline holds (timed between the
+    first two log steps), ends with the whole cosine decay before the deadline, survives a kill
+    (the fitted count is in the checkpoint), and gives exactly the weights of a plain run of the
+    fitted length (the timing falls inside the warm-up, where the schedule does not depend on it)."""
+    config = dataclasses.replace(tiny, steps=100_000, warmup_steps=10, log_every=5, checkpoint_every=20,
+                                 max_wall_s=6.0, fit_to_deadline=True)
+    cut = train(config, tmp_path / "fit", progress=False, stop_after=13)
+    saved = torch.load(cut["checkpoint"], weights_only=True)
+    fitted = saved["fitted_steps"]
+    assert fitted is not None and 13 < fitted < config.steps, fitted
+    assert cut["stopped_by"] == "stop_after" and cut["fitted_steps"] == fitted
+    done = train(config, tmp_path / "fit", progress=False)
+    assert done["resumed_from"] == saved["step"] and done["fitted_steps"] == fitted
+    assert done["step"] == fitted and not done["stopped"] and done["stopped_by"] is None
+    log = [json.loads(line) for line in Path(done["log"]).read_text().splitlines()]
+    rows = [r for r in log if "fitted_steps" in r]
+    assert len(rows) == 1 and rows[0]["step"] == 10 and rows[0]["fitted_steps"] == fitted
+    assert rows[0]["seconds_per_step"] > 0
+    losses = [r for r in log if "loss" in r]
+    assert losses[-1]["step"] == fitted  # the last step ran at the end of the cosine, close to lr_min
+    assert losses[-1]["lr"] == learning_rate(config, fitted - 1, fitted) < 1.01 * config.lr_min
+    plain = train(dataclasses.replace(config, steps=fitted, max_wall_s=0.0, fit_to_deadline=False),
+                  tmp_path / "plain", progress=False)
+    a = torch.load(done["checkpoint"], weights_only=True)
+    b = torch.load(plain["checkpoint"], weights_only=True)
+    assert _states_equal(a["model"], b["model"]) and _states_equal(a["ema"], b["ema"])
+
+
+def test_fit_to_deadline_needs_a_deadline(tiny):
+    with pytest.raises(ValueError, match="fit_to_deadline"):
+        dataclasses.replace(tiny, fit_to_deadline=True)
+    with pytest.raises(TypeError, match="fit_to_deadline must be true or false"):
+        dataclasses.replace(tiny, max_wall_s=5.0, fit_to_deadline="yes")
+    with pytest.raises(ValueError, match="fit_to_deadline"):
+        TrainConfig(steps=10, fit_to_deadline=True)
 
 
 def test_resume_refuses_a_different_config(tmp_path, tiny):

@@ -32,6 +32,9 @@ def add_cli_arguments(parser) -> None:
     parser.add_argument("--deadline", type=float, metavar="SECONDS",
                         help="stop after this much training time, writing the checkpoint and the posterior "
                              "(the config's max_wall_s); rerun the command to continue")
+    parser.add_argument("--fit-to-deadline", action="store_true",
+                        help="shorten the schedule (warm-up and the whole cosine decay) to what fits in --deadline, "
+                             "timed on the first log intervals (the config's fit_to_deadline)")
     parser.add_argument("--dry-run", nargs="?", type=int, const=2, metavar="STEPS",
                         help="run the config's code path on the CPU for STEPS (default 2) steps, logging and "
                              "checkpointing every step (a GPU command checked without a GPU)")
@@ -72,6 +75,8 @@ def cli_main(args) -> int:
         overrides = {k: getattr(args, k) for k in ("steps", "seed", "device") if getattr(args, k) is not None}
         if args.deadline is not None:
             overrides["max_wall_s"] = args.deadline
+        if args.fit_to_deadline:
+            overrides["fit_to_deadline"] = True
         if overrides:
             config = dataclasses.replace(config, **overrides)
         if args.dry_run is not None:
@@ -100,6 +105,9 @@ def cli_main(args) -> int:
         f"({summary['cpu_time_s']:.1f} s CPU); "
         f"final loss {summary['final_loss']:.4f}"
     )
+    if summary["fitted_steps"] is not None:
+        print(f"schedule fitted to the deadline ({config.max_wall_s:g} s): {summary['fitted_steps']} steps "
+              f"(the config's upper bound: {config.steps})")
     if summary["stopped_by"] == "deadline":
         print(f"stopped at the deadline ({config.max_wall_s:g} s) at step {summary['step']} of {summary['steps']}; "
               "rerun the command to continue")
