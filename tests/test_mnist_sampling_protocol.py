@@ -62,6 +62,26 @@ def test_tiny_cpu_protocol_writes_images_table_and_figures_and_resumes(tmp_path)
     assert log.stat().st_mtime_ns == before
 
 
+def test_tiny_cpu_protocol_antithetic_variant(tmp_path, capsys):
+    """--antithetic --n-posterior N: the parts record the variant, differ from the independent
+    draws' images from the same seeds, and a folder of the other variant is refused."""
+    _need_mnist()
+    from experiments.mnist import cpu_protocol
+
+    out = tmp_path / "anti"
+    base = ["--posterior", "untrained:16", "--protocol", "tiny", "--paths", "mnist_joint", "--no-table", "--no-figures"]
+    assert cpu_protocol.main([*base, "--out", str(out), "--antithetic", "--n-posterior", "4"]) == 0
+    log = json.loads((out / "parts" / "mnist_joint_seed2718.json").read_text())
+    assert log["protocol"]["antithetic"] is True and log["protocol"]["n_posterior"] == 4
+    plain = tmp_path / "plain"
+    assert cpu_protocol.main([*base, "--out", str(plain), "--n-posterior", "4"]) == 0
+    assert not np.array_equal(np.load(out / "parts" / "mnist_joint_seed2718.npy"),
+                              np.load(plain / "parts" / "mnist_joint_seed2718.npy"))
+    assert cpu_protocol.main([*base, "--out", str(out), "--n-posterior", "4"]) == 2  # the variant is part of a folder
+    assert cpu_protocol.main([*base, "--out", str(out), "--n-posterior", "0"]) == 2
+    assert "--n-posterior must be >= 1" in capsys.readouterr().err
+
+
 def test_gpu_command_dry_run_packs_at_most_eight_small_files_and_resumes(tmp_path, capsys):
     _need_mnist()
     from experiments.mnist import gpu_sample
