@@ -31,6 +31,7 @@ import math
 from typing import Optional
 
 import torch
+import torch.autograd.forward_ad as fwAD
 
 __all__ = ["Metric", "scale_constant", "shape_matrix"]
 
@@ -40,6 +41,24 @@ MAX_BLOCK = 4
 
 def _is_compiling() -> bool:
     return torch.compiler.is_compiling()
+
+
+try:
+    from torch._C._functorch import is_functorch_wrapped_tensor as _functorch_wrapped
+except ImportError:  # pragma: no cover - older torch
+    def _functorch_wrapped(t) -> bool:
+        return False
+
+
+def _cacheable(p: torch.Tensor) -> bool:
+    """Whether a value derived from ``p`` may be reused by later calls: a plain eager tensor with
+    no autograd of any kind (no grad, no forward-mode tangent, no functorch transform) and
+    outside inference mode (an inference tensor cannot enter a later autograd graph)."""
+    if p.requires_grad or _is_compiling() or torch.is_inference_mode_enabled() or p.is_inference():
+        return False
+    if _functorch_wrapped(p):
+        return False
+    return fwAD.unpack_dual(p).tangent is None
 
 
 def _as_float_tensor(value, name: str, like: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -61,7 +80,7 @@ class Metric:
     :meth:`from_params`; ``None`` wherever an op takes a metric means Σ = I.
     """
 
-    __slots__ = ("kind", "param")
+    __slots__ = ("kind", "param", "_cache")
 
     def __init__(self, kind: str, param: torch.Tensor):
         """Σ of the given kind from its stored tensor (see the table above), validated exactly
@@ -86,6 +105,7 @@ class Metric:
             _check_positive(param, name, kind)
         self.kind = kind
         self.param = param
+        self._cache = None
 
     @classmethod
     def trusted(cls, kind: str, param: torch.Tensor) -> "Metric":
@@ -96,6 +116,7 @@ class Metric:
         m = object.__new__(cls)
         m.kind = kind
         m.param = param
+        m._cache = None
         return m
 
     # ------------------------------------------------------------------ constructors
@@ -194,18 +215,47 @@ class Metric:
 
     # ------------------------------------------------------------------ linear algebra
     def precision_param(self) -> torch.Tensor:
-        """The kernel parameter of P: 1/var (isotropic, diagonal), S⁻¹ (block), Σ⁻¹ (dense)."""
+        """The kernel parameter of P: 1/var (isotropic, diagonal), S⁻¹ (block), Σ⁻¹ (dense).
+
+        A metric reused across op calls computes it once (cached while the parameter is not
+        changed in place and needs no gradient); treat the result as read-only."""
+        return self._cached("precision", self._precision_param)
+
+    def whitening_factor(self) -> torch.Tensor:
+        """L with P = L Lᵀ: sqrt(1/var) for isotropic/diagonal, lower Cholesky of S⁻¹ or Σ⁻¹
+        (cached like :meth:`precision_param`)."""
+        return self._cached("whitening", self._whitening_factor)
+
+    def _precision_param(self) -> torch.Tensor:
         if self.kind in ("isotropic", "diagonal"):
             return 1.0 / self.param
         # inv_ex: SPD was checked when the metric was built; plain inv would read the solver's
         # status back to the host, a device sync per op call on GPU.
         return torch.linalg.inv_ex(self._sym())[0]
 
-    def whitening_factor(self) -> torch.Tensor:
-        """L with P = L Lᵀ: sqrt(1/var) for isotropic/diagonal, lower Cholesky of S⁻¹ or Σ⁻¹."""
+    def _whitening_factor(self) -> torch.Tensor:
         if self.kind in ("isotropic", "diagonal"):
             return self.param.rsqrt()
         return torch.linalg.cholesky_ex(torch.linalg.inv_ex(self._sym())[0])[0]
+
+    def _cached(self, name: str, compute) -> torch.Tensor:
+        """``compute()``, remembered per metric: the ops call it on every call, and for a block or
+        dense Σ it is an inversion (several kernel launches on a GPU) that a metric shared by many
+        calls (a sampler's level, a training step's geometry) needs once.  Recomputed when the
+        parameter was changed in place (its version counter), and never cached for a parameter
+        that needs a gradient, under torch.compile, or for inference-mode tensors."""
+        p = self.param
+        if not _cacheable(p):
+            return compute()
+        key = (name, p._version, p.data_ptr(), p.dtype, p.device)
+        cache = self._cache
+        if cache is not None and key in cache:
+            return cache[key]
+        value = compute()
+        if cache is None or len(cache) >= 4:
+            cache = self._cache = {}
+        cache[key] = value
+        return value
 
     def _sym(self) -> torch.Tensor:
         """(S + Sᵀ)/2 of a block or dense parameter.  Equal to S in value (S is symmetric), but

@@ -227,3 +227,46 @@ def test_bad_inputs_raise_named_errors():
         Metric.block(torch.eye(2)).whiten(torch.ones(3))
     with pytest.raises(ValueError, match="kind must be one of"):
         Metric("full", torch.eye(2))
+
+
+# ---------------------------------------------------------------------------- cached precision
+def test_precision_is_computed_once_and_follows_in_place_changes():
+    """A metric reused across op calls inverts its block once; an in-place change of the
+    parameter (its version counter) is seen by the next call, and the ops follow it."""
+    import etweedie
+
+    S = torch.tensor([[1.2, 0.3], [0.3, 0.8]])
+    m = Metric.block(S.clone())
+    first = m.precision_param()
+    assert m.precision_param() is first and m.whitening_factor() is m.whitening_factor()
+    torch.testing.assert_close(first, torch.linalg.inv(S))
+    y, x = torch.randn(3, 4), torch.randn(3, 5, 4)
+    before = etweedie.et_score(y, x, 1.5, metric=m)
+    with torch.no_grad():
+        m.param.mul_(2.0)  # Σ doubles: P halves and ‖u‖_P^{β−2} grows by 2^{(2−β)/2}
+    assert m.precision_param() is not first
+    torch.testing.assert_close(m.precision_param(), torch.linalg.inv(2.0 * S))
+    torch.testing.assert_close(etweedie.et_score(y, x, 1.5, metric=m), before * 2.0 ** -0.75)
+
+
+def test_precision_cache_never_hides_a_gradient_or_an_inference_tensor():
+    S = torch.tensor([[1.2, 0.3], [0.3, 0.8]], requires_grad=True)
+    m = Metric.block(S)
+    assert m.precision_param() is not m.precision_param()  # a parameter that needs a gradient: fresh each call
+    m.precision_param().sum().backward()
+    assert S.grad is not None and torch.isfinite(S.grad).all()
+    plain = Metric.block(torch.tensor([[1.2, 0.3], [0.3, 0.8]]))
+    with torch.inference_mode():
+        inside = plain.precision_param()
+    outside = plain.precision_param()  # not the inference tensor: it may enter an autograd graph
+    assert inside.is_inference() and not outside.is_inference()
+    v = torch.ones(2, requires_grad=True)
+    (outside @ v).sum().backward()
+    # forward mode: the tangent of Σ reaches P (nothing cached for a dual tensor)
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(torch.tensor([[1.2, 0.3], [0.3, 0.8]]), torch.eye(2))
+        tangent = fwAD.unpack_dual(Metric.block(dual).precision_param()).tangent
+    P = torch.linalg.inv(torch.tensor([[1.2, 0.3], [0.3, 0.8]]))
+    torch.testing.assert_close(tangent, -P @ P)

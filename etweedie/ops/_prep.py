@@ -108,22 +108,33 @@ def as_param(value, name: str, op: str, like: torch.Tensor) -> torch.Tensor:
 
 def check_positive(t: torch.Tensor, name: str, op: str) -> None:
     """Every value of the tensor parameter ``name`` (λ, step, c) finite and > 0."""
-    _check_values(t, (t > 0) & torch.isfinite(t), f"{op}: {name} must be > 0 and finite")
+    _check_values(t, _positive_finite, f"{op}: {name} must be > 0 and finite")
 
 
-def _check_values(t: torch.Tensor, ok: torch.Tensor, msg: str) -> None:
-    """Raise ValueError (eager) unless ``ok`` holds everywhere.  Under torch.compile the check
-    stays in the graph as ``torch._assert_async`` (a RuntimeError with the same message), on
-    CPU tensors always and on GPU tensors with debug checks on: a failed device-side assert
-    would poison the CUDA context, so a GPU graph only asserts when the user asked for it."""
+def _positive_finite(t: torch.Tensor) -> torch.Tensor:
+    return (t > 0) & torch.isfinite(t)
+
+
+def _valid_beta(t: torch.Tensor) -> torch.Tensor:
+    return (t > 0) & (t <= 2)
+
+
+def _check_values(t: torch.Tensor, rule, msg: str) -> None:
+    """Raise ValueError (eager) unless ``rule(t)`` (a boolean mask) holds everywhere.  Under
+    torch.compile the check stays in the graph as ``torch._assert_async`` (a RuntimeError with
+    the same message), on CPU tensors always and on GPU tensors with debug checks on: a failed
+    device-side assert would poison the CUDA context, so a GPU graph only asserts when the user
+    asked for it.  The mask is built only where the check runs (no kernel launches per call on
+    a GPU without debug checks)."""
     if t.numel() == 0:
         return
     if _is_compiling():
         if t.device.type == "cpu" or _DEBUG["on"]:
-            torch._assert_async(ok.all(), msg)
+            torch._assert_async(rule(t).all(), msg)
         return
     if not value_checks(t):
         return
+    ok = rule(t)
     if not bool(ok.all()):
         bad = t.detach()[~ok].flatten()[0].item()
         raise ValueError(f"{msg}, got {bad:.6g}")
@@ -142,7 +153,7 @@ def _rounded(v: float, dtype: torch.dtype) -> float:
 
 
 def check_beta_lam(beta: torch.Tensor, lam: torch.Tensor, op: str) -> None:
-    _check_values(beta, (beta > 0) & (beta <= 2), f"{op}: beta must lie in (0, 2]")
+    _check_values(beta, _valid_beta, f"{op}: beta must lie in (0, 2]")
     check_positive(lam, "lam", op)
 
 
@@ -184,6 +195,10 @@ def _finite_param(p: torch.Tensor, dtype: torch.dtype, op: str, what: str) -> to
 
 
 def broadcast_batch(op: str, **shapes) -> torch.Size:
+    sizes = [tuple(v) for v in shapes.values()]
+    longest = max(sizes, key=len)
+    if all(v == longest[len(longest) - len(v):] for v in sizes):
+        return torch.Size(longest)  # every shape a suffix of the longest: no broadcasting to resolve
     try:
         return torch.broadcast_shapes(*shapes.values())
     except RuntimeError:

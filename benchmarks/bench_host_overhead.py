@@ -1,0 +1,101 @@
+"""Host cost of one op call: the Python wrapper (validation, canonical form, backend choice)
+against the compiled op it ends in, on inputs so small that the kernel's own time is negligible.
+
+    python benchmarks/bench_host_overhead.py [--repeats 2000] [--threads 1] [--json OUT.json]
+
+Two regimes, timed in one process:
+
+* ``cpu``: CPU tensors, where the package reads values it must check (β range, finite data, the
+  float32 range test: a few small reductions per call);
+* ``gpu-like``: the same CPU tensors with value checks switched off exactly as a GPU tensor sees
+  them without ``etweedie.set_debug(True)`` (``etweedie.ops._prep.value_checks`` answers False):
+  the part of the host path a GPU call pays, measurable here without a GPU.
+
+Each row is the median µs per call over ``--repeats`` calls (p20–p80 over 7 rounds), beside the
+raw ``torch.ops.etweedie.*`` call with the canonical tensors prepared in advance; the difference
+is the wrapper's cost.  A metric is built once and reused, as a sampler reuses a level's metric.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import etweedie  # noqa: E402
+from etweedie.ops import _prep  # noqa: E402
+
+
+def _per_call_us(fn, repeats: int, rounds: int = 7):
+    for _ in range(max(repeats // 10, 10)):
+        fn()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        times.append((time.perf_counter() - t0) / repeats * 1e6)
+    times.sort()
+    return statistics.median(times), times[1], times[-2]
+
+
+def cases():
+    g = torch.Generator().manual_seed(0)
+    y, x = torch.randn(1, 4, generator=g), torch.randn(1, 4, 4, generator=g)
+    noise, step = torch.randn(1, 4, generator=g), 0.01
+    block = etweedie.Metric.block(torch.tensor([[1.0, 0.3], [0.3, 1.0]]))
+    one, beta = torch.ones(1), torch.full((1,), 1.5)
+    prec_b = torch.linalg.inv(block.param).contiguous().expand(1, 2, 2)
+    ops = torch.ops.etweedie
+    return [
+        ("et_score iso", lambda: etweedie.et_score(y, x, 1.5), lambda: ops.et_score_fwd(y, x, beta, one, one, 0)),
+        ("et_score block", lambda: etweedie.et_score(y, x, 1.5, 1.0, block),
+         lambda: ops.et_score_fwd(y, x, beta, one, prec_b, 2)),
+        ("langevin_step block", lambda: etweedie.langevin_step(y, x, noise, step, 1.5, 1.0, block),
+         lambda: ops.langevin_step_fwd(y, x, noise, torch.full((1,), step), beta, one, prec_b, 2)),
+        ("energy_score block", lambda: etweedie.energy_score(x, y, 1.5, block),
+         lambda: ops.energy_score_fwd(x, y, beta, prec_b, 2, True)),
+    ]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=2000)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rows = []
+    real_checks = _prep.value_checks
+    try:
+        for regime in ("cpu", "gpu-like"):
+            _prep.value_checks = real_checks if regime == "cpu" else (lambda t: False)
+            for name, wrapped, raw in cases():
+                torch.testing.assert_close(wrapped().reshape(-1), raw()[0].reshape(-1) if isinstance(raw(), tuple)
+                                           else raw().reshape(-1))
+                w = _per_call_us(wrapped, args.repeats)
+                r = _per_call_us(raw, args.repeats)
+                rows.append(dict(op=name, regime=regime, wrapper_us=w[0], wrapper_p20=w[1], wrapper_p80=w[2],
+                                 raw_us=r[0], overhead_us=w[0] - r[0]))
+    finally:
+        _prep.value_checks = real_checks
+    print(f"host cost per call, {torch.get_num_threads()} thread(s), torch {torch.__version__}, etweedie {etweedie.__version__}")
+    print("| op | regime | wrapper µs (p20–p80) | raw op µs | wrapper overhead µs |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['op']} | {r['regime']} | {r['wrapper_us']:.0f} ({r['wrapper_p20']:.0f}–{r['wrapper_p80']:.0f}) "
+              f"| {r['raw_us']:.0f} | {r['overhead_us']:.0f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
