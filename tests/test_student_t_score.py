@@ -166,22 +166,27 @@ def test_raw_op_checks_every_argument():
     y, x, c, p = torch.zeros(2, 4), torch.zeros(2, 3, 4), torch.ones(2), torch.ones(2)
     bad = [
         ((y, x, c, p, 5), "unknown metric kind"),
-        ((y, x, c, torch.ones(2, 3, 3), 2), "block precision"),
-        ((y, x, c, torch.ones(2, 5), 1), "diagonal precision"),
-        ((y, x, torch.ones(3), p, 0), "c must be"),
-        ((y, torch.zeros(2, 3, 5), c, p, 0), "x must be"),
-        ((y, x.double(), c, p, 0), "dtype"),
+        ((y, x, c, torch.ones(2, 3, 3), 2), "block size k must be in \\[1, 4\\] and divide d = 4"),
+        ((y, x, c, torch.ones(2, 2, 3), 2), "a block precision must have shape"),
+        ((y, x, c, torch.ones(2, 5), 1), "a diagonal precision must have shape"),
+        ((y, x, torch.ones(3), p, 0), r"c must have shape \(B,\) = \(2\)"),
+        ((y, x, c, torch.ones(3), 0), r"an isotropic precision must have shape \(B,\) = \(2\)"),
+        ((y, torch.zeros(2, 3, 5), c, p, 0), r"x must have shape \(B, N, d\)"),
+        ((y, x.double(), c, p, 0), "x must have y's dtype"),
+        ((y, x, c.double(), p, 0), "c must have y's dtype"),
         ((y.t(), x, c, p, 0), "y must be contiguous"),
         ((y, torch.zeros(2, 4, 3).transpose(1, 2), c, p, 0), "unit stride"),
-        ((y, torch.zeros(2, 0, 4), c, p, 0), "at least one posterior draw"),
-        ((y.int(), x, c, p, 0), "float32 or float64"),
+        ((y, torch.zeros(2, 0, 4), c, p, 0), "x must hold at least one posterior draw"),
+        ((y.int(), x, c, p, 0), "y must be float32 or float64"),
     ]
     for args, msg in bad:
         with pytest.raises(RuntimeError, match=msg):
             op(*args)
     bwd = torch.ops.etweedie.student_t_score_bwd
-    with pytest.raises(RuntimeError, match="grad must be"):
+    with pytest.raises(RuntimeError, match=r"student_t_score: grad must have shape \[2, 4\]"):
         bwd(torch.zeros(3, 4), y, y, x, c, p, 0, y, True, True, True, True)
+    with pytest.raises(RuntimeError, match="student_t_score: grad_m must have y's dtype"):
+        bwd(y, y.double(), y, x, c, p, 0, y, True, True, True, True)
 
 
 def test_former_import_path():

@@ -75,12 +75,10 @@ inline void metric(const char* op, const at::Tensor& prec, int64_t kind, int64_t
 // (Stride rules apply to tensors the kernels read: an empty tensor is never dereferenced, and
 // torch calls every empty tensor contiguous whatever its strides.)
 //
-// Canonical arguments of the score ops (et_score, langevin_step): y (B, d) contiguous,
-// x (B, N, d) with unit stride over d (any stride over B and N: 0 = a broadcast cloud),
-// beta and lam (B,), prec as in metric().
-inline void score_args(const char* op, const at::Tensor& y, const at::Tensor& x, const at::Tensor& beta,
-                       const at::Tensor& lam, const at::Tensor& prec, int64_t kind) {
-  same_dtype_device(op, {"y", &y}, {{"x", &x}, {"beta", &beta}, {"lam", &lam}, {"prec", &prec}});
+// The query and its cloud, as every score op takes them: y (B, d) contiguous, x (B, N, d)
+// with unit stride over d (any stride over B and N: 0 = a broadcast cloud) and N >= 1 unless
+// the problem is empty.
+inline void query_cloud(const char* op, const at::Tensor& y, const at::Tensor& x) {
   TORCH_CHECK(y.dim() == 2, op, ": y must have shape (B, d), got ", y.sizes());
   TORCH_CHECK(y.is_contiguous(), op, ": y must be contiguous, got strides ", y.strides());
   const int64_t B = y.size(0), d = y.size(1);
@@ -88,9 +86,27 @@ inline void score_args(const char* op, const at::Tensor& y, const at::Tensor& x,
               d, "), got ", x.sizes());
   TORCH_CHECK(d <= 1 || x.numel() == 0 || x.stride(2) == 1, op, ": x must have unit stride over d, got strides ", x.strides());
   TORCH_CHECK(x.size(1) > 0 || B == 0 || d == 0, op, ": x must hold at least one posterior draw (N >= 1)");
+}
+
+// Canonical arguments of the score ops (et_score, langevin_step): query_cloud, beta and lam
+// (B,), prec as in metric().
+inline void score_args(const char* op, const at::Tensor& y, const at::Tensor& x, const at::Tensor& beta,
+                       const at::Tensor& lam, const at::Tensor& prec, int64_t kind) {
+  same_dtype_device(op, {"y", &y}, {{"x", &x}, {"beta", &beta}, {"lam", &lam}, {"prec", &prec}});
+  query_cloud(op, y, x);
+  const int64_t B = y.size(0), d = y.size(1);
   rows(op, "beta", beta, B);
   rows(op, "lam", lam, B);
   metric(op, prec, kind, B, d);
+}
+
+// Canonical arguments of student_t_score: query_cloud, the exponent c (B,), prec as in metric().
+inline void student_t_args(const char* op, const at::Tensor& y, const at::Tensor& x, const at::Tensor& c,
+                           const at::Tensor& prec, int64_t kind) {
+  same_dtype_device(op, {"y", &y}, {{"x", &x}, {"c", &c}, {"prec", &prec}});
+  query_cloud(op, y, x);
+  rows(op, "c", c, y.size(0));
+  metric(op, prec, kind, y.size(0), y.size(1));
 }
 
 // Canonical arguments of the pair ops (energy_score with the target as a one-point cloud,

@@ -13,8 +13,8 @@
 // Canonical inputs (etweedie/ops/student_t_score.py): y (B, d) contiguous; x (B, N, d) with any
 // strides over B and N (0 = a broadcast cloud) and unit stride over d; c (B,) any stride;
 // prec (B, *param) of metric kind 0/1/2 (block rows contiguous), any stride over B.  Every
-// argument is checked here (sizes, strides, dtypes, devices): the raw op never reads out of
-// bounds whatever it is given.
+// argument is checked with the shared checks of csrc/common/checks.h (sizes, strides, dtypes,
+// devices; the same as the CUDA binding's): the raw op never reads out of bounds whatever it is given.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "../common/checks.h"
 #include "../common/student_t_score.h"
 #include "et_score_cpu.h"
 #include "fresh_output_cpu.h"
@@ -34,45 +35,9 @@ namespace {
 
 constexpr const char* kOp = "student_t_score";
 
-void check_tensor_cpu(const at::Tensor& t, const char* name, const at::Tensor& y) {
-  TORCH_CHECK(t.defined(), kOp, ": ", name, " is an undefined tensor");
-  TORCH_CHECK(t.device().is_cpu(), kOp, ": ", name, " must be a CPU tensor, got device ", t.device());
-  TORCH_CHECK(t.scalar_type() == y.scalar_type(), kOp, ": ", name, " must have y's dtype ", y.scalar_type(), ", got ",
-              t.scalar_type());
-}
-
 void check_canonical(const at::Tensor& y, const at::Tensor& x, const at::Tensor& c, const at::Tensor& prec,
                      int64_t kind) {
-  TORCH_CHECK(y.defined() && y.device().is_cpu(), kOp, ": y must be a defined CPU tensor");
-  TORCH_CHECK(y.scalar_type() == at::kFloat || y.scalar_type() == at::kDouble, kOp,
-              ": y must be float32 or float64, got ", y.scalar_type());
-  check_tensor_cpu(x, "x", y);
-  check_tensor_cpu(c, "c", y);
-  check_tensor_cpu(prec, "prec", y);
-  TORCH_CHECK(y.dim() == 2 && y.is_contiguous(), kOp, ": y must be contiguous (B, d), got shape ", y.sizes(),
-              " and strides ", y.strides());
-  const int64_t B = y.size(0), d = y.size(1);
-  TORCH_CHECK(x.dim() == 3 && x.size(0) == B && x.size(2) == d, kOp, ": x must be (B, N, d) = (", B, ", N, ", d,
-              "), got ", x.sizes());
-  TORCH_CHECK(d <= 1 || x.numel() == 0 || x.stride(2) == 1, kOp, ": x must have unit stride over d, got strides ", x.strides());
-  TORCH_CHECK(x.stride(0) >= 0 && x.stride(1) >= 0, kOp, ": x must have non-negative strides, got ", x.strides());
-  TORCH_CHECK(c.dim() == 1 && c.size(0) == B && c.stride(0) >= 0, kOp, ": c must be (B,) = (", B, "), got ", c.sizes());
-  TORCH_CHECK(kind >= kIsotropic && kind <= kBlock, kOp, ": unknown metric kind ", kind, " (0, 1 or 2)");
-  const int64_t core = kind == kIsotropic ? 1 : (kind == kDiagonal ? 2 : 3);
-  TORCH_CHECK(prec.dim() == core && prec.size(0) == B && prec.stride(0) >= 0, kOp, ": prec has shape ", prec.sizes(),
-              ", which does not match metric kind ", kind, " for B = ", B);
-  if (kind == kDiagonal) {
-    TORCH_CHECK(prec.size(1) == d && (d <= 1 || prec.numel() == 0 || prec.stride(1) == 1), kOp,
-                ": diagonal precision must be (B, d) with unit stride over d, got ", prec.sizes(), " strides ",
-                prec.strides());
-  }
-  if (kind == kBlock) {
-    const int64_t k = prec.size(1);
-    TORCH_CHECK(prec.size(2) == k && k >= 1 && k <= 4 && d % k == 0, kOp,
-                ": block precision must be (B, k, k) with k <= 4 dividing d = ", d, ", got ", prec.sizes());
-    TORCH_CHECK(prec.numel() == 0 || (prec.stride(2) == 1 && prec.stride(1) == k), kOp, ": block precision rows must be contiguous, got strides ",
-                prec.strides());
-  }
+  checks::student_t_args(kOp, y, x, c, prec, kind);
 }
 
 int64_t block_of(const at::Tensor& prec, int64_t kind) { return kind == kBlock ? prec.size(1) : 0; }
@@ -124,7 +89,6 @@ std::tuple<at::Tensor, at::Tensor> student_t_score_fwd_cpu(const at::Tensor& y, 
                                                            const at::Tensor& c, const at::Tensor& prec, int64_t kind) {
   check_canonical(y, x, c, prec, kind);
   const int64_t B = y.size(0), N = x.size(1), d = y.size(1);
-  TORCH_CHECK(N > 0 || B == 0, kOp, ": need at least one posterior draw (N >= 1)");
   auto s = at::empty({B, d}, y.options());
   auto m = at::empty({B, d}, y.options());
   if (B == 0 || d == 0) return {s, m};
@@ -161,12 +125,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> student_t_score_bwd_c
     const at::Tensor& grad, const at::Tensor& grad_m, const at::Tensor& y, const at::Tensor& x, const at::Tensor& c,
     const at::Tensor& prec, int64_t kind, const at::Tensor& m, bool need_y, bool need_x, bool need_c, bool need_prec) {
   check_canonical(y, x, c, prec, kind);
-  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&grad, "grad"}, {&grad_m, "grad_m"}, {&m, "m"}}) {
-    check_tensor_cpu(*t, name, y);
-    TORCH_CHECK(t->sizes() == y.sizes(), kOp, ": ", name, " must be (B, d) = ", y.sizes(), ", got ", t->sizes());
-  }
+  checks::same_dtype_device(kOp, {"y", &y}, {{"grad", &grad}, {"grad_m", &grad_m}, {"m", &m}});
+  checks::shape(kOp, "grad", grad, y.sizes());
+  checks::shape(kOp, "grad_m", grad_m, y.sizes());
+  checks::shape(kOp, "m", m, y.sizes());
   const int64_t B = y.size(0), N = x.size(1), d = y.size(1);
-  TORCH_CHECK(N > 0 || B == 0, kOp, ": need at least one posterior draw (N >= 1)");
   auto g = grad.contiguous();
   auto gm = grad_m.contiguous();
   auto mc = m.contiguous();
