@@ -18,12 +18,12 @@ void check_canonical(const at::Tensor& y, const at::Tensor& x, const at::Tensor&
   check_cuda(kOp, y);
 }
 
-template <typename T>
-StudentTArgs<T> args_of(const at::Tensor& y, const at::Tensor& x, const at::Tensor& c, const at::Tensor& prec,
-                        int64_t kind) {
-  StudentTArgs<T> a{};
+template <typename T, typename X>
+StudentTArgs<T, X> args_of(const at::Tensor& y, const at::Tensor& x, const at::Tensor& c, const at::Tensor& prec,
+                           int64_t kind) {
+  StudentTArgs<T, X> a{};
   a.y = y.data_ptr<T>();
-  a.x = x.data_ptr<T>();
+  a.x = draws_data<X>(x);
   a.c = c.data_ptr<T>();
   a.prec = prec.data_ptr<T>();
   a.B = y.size(0);
@@ -45,8 +45,12 @@ std::tuple<at::Tensor, at::Tensor> student_t_score_fwd_cuda(const at::Tensor& y,
   auto s = at::empty_like(y);
   auto m = at::empty_like(y);
   AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "student_t_score_fwd_cuda", [&] {
-    check_launch(student_t_score_fwd_launch<scalar_t>(args_of<scalar_t>(y, x, c, prec, kind), s.data_ptr<scalar_t>(),
-                                                      m.data_ptr<scalar_t>(), c10::cuda::getCurrentCUDAStream()), kOp);
+    using T = scalar_t;
+    dispatch_draws<T>(x, [&](auto draw_type) {
+      using X = typename decltype(draw_type)::type;  // T, or 16-bit draws widened where loaded
+      check_launch(student_t_score_fwd_launch<T, X>(args_of<T, X>(y, x, c, prec, kind), s.data_ptr<T>(),
+                                                    m.data_ptr<T>(), c10::cuda::getCurrentCUDAStream()), kOp);
+    });
   });
   return {s, m};
 }
@@ -68,17 +72,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> student_t_score_bwd_c
   const bool trivial = B == 0 || d == 0;
   auto alloc = [&](at::IntArrayRef size) { return trivial ? at::zeros(size, y.options()) : at::empty(size, y.options()); };
   auto gy = need_y ? alloc({B, d}) : empty();
-  auto gx = need_x ? alloc({B, N, d}) : empty();
+  auto gx = need_x ? (trivial ? at::zeros({B, N, d}, x.options()) : at::empty({B, N, d}, x.options())) : empty();  // x's dtype
   auto gc = need_c ? alloc({B}) : empty();
   std::vector<int64_t> psize(prec.sizes().begin(), prec.sizes().end());
   auto gp = need_prec ? alloc(psize) : empty();
   if (!trivial) {
     AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "student_t_score_bwd_cuda", [&] {
       using T = scalar_t;
-      check_launch(student_t_score_bwd_launch<T>(
-          args_of<T>(y, x, c, prec, kind), g.data_ptr<T>(), gm.data_ptr<T>(), mc.data_ptr<T>(),
-          need_y ? gy.data_ptr<T>() : nullptr, need_x ? gx.data_ptr<T>() : nullptr, need_c ? gc.data_ptr<T>() : nullptr,
-          need_prec ? gp.data_ptr<T>() : nullptr, c10::cuda::getCurrentCUDAStream()), kOp);
+      dispatch_draws<T>(x, [&](auto draw_type) {
+        using X = typename decltype(draw_type)::type;
+        check_launch(student_t_score_bwd_launch<T, X>(
+            args_of<T, X>(y, x, c, prec, kind), g.data_ptr<T>(), gm.data_ptr<T>(), mc.data_ptr<T>(),
+            need_y ? gy.data_ptr<T>() : nullptr, need_x ? draws_data<X>(gx) : nullptr,
+            need_c ? gc.data_ptr<T>() : nullptr, need_prec ? gp.data_ptr<T>() : nullptr,
+            c10::cuda::getCurrentCUDAStream()), kOp);
+      });
     });
   }
   return {gy, gx, gc, gp};
