@@ -299,22 +299,33 @@ def _posterior_draws(posterior, y, eta, n, generator, options, autocast_dtype, f
     """``posterior.sample`` (under bf16 autocast when asked).
 
     Under autocast the draws that feed the score stay 16-bit: a posterior whose ``sample`` takes
-    ``dtype=`` writes them in bf16 directly, and 16-bit draws from any posterior go to
-    ``langevin_step`` as they are — its kernels read bf16 draws and accumulate in y's dtype, so
-    there is no cast pass between the posterior and the score.  Other dtypes (and the draws of
-    ``for_score=False`` calls: the final sample) come back in y's dtype.
+    ``dtype=`` gets it through ``options`` (:func:`_score_options`) and writes them in bf16
+    directly, and 16-bit draws from any posterior go to ``langevin_step`` as they are — its
+    kernels read bf16 draws and accumulate in y's dtype, so there is no cast pass between the
+    posterior and the score.  Other dtypes (and the draws of ``for_score=False`` calls: the final
+    sample, asked for without ``dtype``) come back in y's dtype.
     """
     if autocast_dtype is None:
         x = posterior.sample(y, eta, n, generator=generator, **options)
     else:
         # Matmuls in bf16 with float32 accumulation.
-        wanted = autocast_dtype if for_score else y.dtype
-        extra = {"dtype": wanted} if _takes_dtype(posterior) else {}
         with torch.autocast(device_type=y.device.type, dtype=autocast_dtype):
-            x = posterior.sample(y, eta, n, generator=generator, **options, **extra)
+            x = posterior.sample(y, eta, n, generator=generator, **options)
         if for_score and x.dtype in LOW_PRECISION_DRAWS:
             return x
     return x.to(y.dtype)
+
+
+def _score_options(posterior, options: dict, autocast_dtype) -> dict:
+    """``options`` plus ``dtype=autocast_dtype`` for a posterior whose ``sample`` takes ``dtype=``
+    (e.g. EngressionPosterior: draws written in 16 bits), resolved once per sampling run."""
+    if autocast_dtype is None:
+        return options
+    try:
+        takes = "dtype" in inspect.signature(posterior.sample).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return {**options, "dtype": autocast_dtype} if takes else options
 
 
 class _StaticUpdate:
@@ -531,6 +542,7 @@ def sample_langevin(
     if not bool(torch.isfinite(y0).all()):
         raise ValueError("y0 must be finite (it holds NaN or inf)")
     autocast_dtype = PRECISIONS[precision]
+    score_options = _score_options(posterior, options, autocast_dtype)  # bf16 mode: draws written in bf16
 
     clock = _Clock(y0.device, timer is not None)
     start = clock.now()
@@ -555,7 +567,7 @@ def sample_langevin(
             if capture is not None:
                 # captured: one timed region per chunk and level (no host sync between updates)
                 if static[c] is None:
-                    static[c] = _StaticUpdate(posterior, yc, n_posterior, g, options, autocast_dtype,
+                    static[c] = _StaticUpdate(posterior, yc, n_posterior, g, score_options, autocast_dtype,
                                               metric.kind, tuple(metric.param.shape), capture)
                 runner = static[c]
                 runner.y.copy_(yc)
@@ -569,7 +581,7 @@ def sample_langevin(
                 x = None
                 for _ in range(n_steps):
                     t0 = clock.now()
-                    x = _posterior_draws(posterior, yc, eta, n_posterior, g, options, autocast_dtype)
+                    x = _posterior_draws(posterior, yc, eta, n_posterior, g, score_options, autocast_dtype)
                     t1 = clock.now()
                     if x.shape != (yc.shape[0], n_posterior, d):
                         raise ValueError(
