@@ -1,4 +1,4 @@
-"""Benchmarks of etweedie.et_score (forward; backward for y and x), float32.
+"""Benchmarks of etweedie.et_score (forward; backward for y and x), float32 (and 16-bit draws).
 
 Workloads (the foundation issue's targets; ``quick`` shrinks B and N for smoke runs):
 
@@ -6,6 +6,11 @@ Workloads (the foundation issue's targets; ``quick`` shrinks B and N for smoke r
     et_score_block_784   B=64,   N=256, d=784, block metric I ⊗ S, S 2×2 SPD
     et_score_iso_2       B=4096, N=64,  d=2,   isotropic metric
     et_score_bwd_784     B=64,   N=256, d=784, forward + ∂/∂y, ∂/∂x (extra: forward alone)
+    et_score_iso_784_bf16, et_score_block_784_bf16, et_score_iso_784_fp16
+                         the first two workloads with 16-bit draws (float32 y, float32 sums);
+                         extra ``fp32 draws``: the float32 kernel on the same draws widened,
+                         timed in the same rounds (the byte floor halves: the time should follow)
+    et_score_bwd_784_bf16  et_score_bwd_784 with bf16 draws (∂L/∂x written in bf16)
 
 Draws are the query plus Gaussian scatter, like a denoising posterior around y; β = 1.4,
 λ = 1.8 (the paper's base tuple), so the kernel pays for the real power ‖u‖^{β−2}.
@@ -46,9 +51,18 @@ def to64(args) -> tuple:
     return tuple(a.detach().double() if isinstance(a, torch.Tensor) else a for a in args)
 
 
-def forward_case(id: str, B: int, N: int, d: int, metric, label: str, extras=None) -> Case:
-    """``extras(x)``, if given, returns more thunks to time in the same rounds."""
+def forward_case(id: str, B: int, N: int, d: int, metric, label: str, extras=None, x_dtype=None) -> Case:
+    """``extras(x)``, if given, returns more thunks to time in the same rounds.  ``x_dtype``
+    (bfloat16/float16): the draws are stored in it (y stays float32), the reference runs on the
+    same 16-bit draws, and the extra ``fp32 draws`` times the float32 kernel on them widened."""
     y, x = draws(B, N, d)
+    if x_dtype is not None:
+        x = x.to(x_dtype)
+        x32 = x.float()
+        more = extras
+        extras = lambda x: {"fp32 draws": lambda: etweedie.et_score(y, x32, BETA, LAM, metric, backend="cpu"),  # noqa: E731
+                            **(more(x) if more else {})}
+        label = f"{label}, {str(x_dtype).removeprefix('torch.')} draws"
     args = canonical_args(y, x, metric)
 
     def kernel():
@@ -89,17 +103,44 @@ def et_score_block_784(quick: bool = False) -> Case:
     return forward_case("et_score_block_784", B, N, 784, etweedie.Metric.block(BLOCK_S), "block 2×2")
 
 
+def et_score_iso_784_bf16(quick: bool = False) -> Case:
+    B, N = (16, 64) if quick else (64, 256)
+    return forward_case("et_score_iso_784_bf16", B, N, 784, etweedie.Metric.isotropic(0.5), "iso",
+                        x_dtype=torch.bfloat16)
+
+
+def et_score_block_784_bf16(quick: bool = False) -> Case:
+    B, N = (16, 64) if quick else (64, 256)
+    return forward_case("et_score_block_784_bf16", B, N, 784, etweedie.Metric.block(BLOCK_S), "block 2×2",
+                        x_dtype=torch.bfloat16)
+
+
+def et_score_iso_784_fp16(quick: bool = False) -> Case:
+    B, N = (16, 64) if quick else (64, 256)
+    return forward_case("et_score_iso_784_fp16", B, N, 784, etweedie.Metric.isotropic(0.5), "iso",
+                        x_dtype=torch.float16)
+
+
 def et_score_iso_2(quick: bool = False) -> Case:
     B = 512 if quick else 4096
     return forward_case("et_score_iso_2", B, 64, 2, etweedie.Metric.isotropic(0.5), "iso")
 
 
-def et_score_bwd_784(quick: bool = False) -> Case:
+def et_score_bwd_784(quick: bool = False, x_dtype=None) -> Case:
     """Forward + backward for y and x; the extra ``fwd`` times the forward alone (grad mode
-    on, so it also saves what backward needs) for bwd = (fwd+bwd) − fwd."""
+    on, so it also saves what backward needs) for bwd = (fwd+bwd) − fwd.  ``x_dtype``: 16-bit
+    draws (∂L/∂x in their dtype); the extra ``fp32 draws`` times fwd+bwd on them widened."""
     B, N, d = (16, 64, 784) if quick else (64, 256, 784)
     id, metric = "et_score_bwd_784", etweedie.Metric.isotropic(0.5)
     y, x = draws(B, N, d)
+    extras = {}
+    if x_dtype is not None:
+        id = f"{id}_{'bf16' if x_dtype == torch.bfloat16 else 'fp16'}"
+        x = x.to(x_dtype)
+        x32 = x.float().requires_grad_()
+        y32 = y.clone().requires_grad_()
+        extras["fp32 draws"] = lambda: torch.autograd.grad(etweedie.et_score(y32, x32, BETA, LAM, metric, backend="cpu"),
+                                                           (y32, x32), grad_s)
     y.requires_grad_()
     x.requires_grad_()
     grad_s = torch.randn(B, d, generator=torch.Generator().manual_seed(1))
@@ -121,20 +162,26 @@ def et_score_bwd_784(quick: bool = False) -> Case:
         ref64 = torch.autograd.grad(reference.et_score(y64, x64, *to64(rest)), (y64, x64), grad_s.double())
         check_close(id, kernel(), baseline(reference.et_score)(), ref64, atol_scale=3e-5)
 
+    draws_note = "" if x_dtype is None else f", {str(x_dtype).removeprefix('torch.')} draws"
     return Case(
         id=id,
-        workload=f"et_score fwd+bwd(y,x) iso B={B} N={N} d={d}",
+        workload=f"et_score fwd+bwd(y,x) iso B={B} N={N} d={d}{draws_note}",
         kernel=kernel,
         reference_fn=reference.et_score,
         baseline=baseline,
         check=check,
         bytes_x=x.numel() * x.element_size(),
         meta=dict(B=B, N=N, d=d),
-        extras={"fwd": forward},
+        extras={"fwd": forward, **extras},
     )
 
 
-CASES = (et_score_iso_784, et_score_block_784, et_score_iso_2, et_score_bwd_784)
+def et_score_bwd_784_bf16(quick: bool = False) -> Case:
+    return et_score_bwd_784(quick, x_dtype=torch.bfloat16)
+
+
+CASES = (et_score_iso_784, et_score_block_784, et_score_iso_2, et_score_bwd_784,
+         et_score_iso_784_bf16, et_score_block_784_bf16, et_score_iso_784_fp16, et_score_bwd_784_bf16)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -155,3 +202,10 @@ def test_et_score_iso_2(benchmark, backend, quick):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_et_score_bwd_784(benchmark, backend, quick):
     run_benchmark(benchmark, et_score_bwd_784(quick), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("factory", [et_score_iso_784_bf16, et_score_block_784_bf16, et_score_iso_784_fp16,
+                                     et_score_bwd_784_bf16], ids=lambda f: f.__name__)
+def test_et_score_16_bit_draws(benchmark, backend, factory, quick):
+    run_benchmark(benchmark, factory(quick), backend)

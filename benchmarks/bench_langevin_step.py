@@ -2,7 +2,9 @@
 
 The fused step should cost little more than the score it contains: the extra
 ``et_score`` times ``etweedie.et_score`` alone on the same inputs in the same run, for the
-target langevin_step ≤ 1.2 × et_score.
+target langevin_step ≤ 1.2 × et_score.  ``langevin_step_784_bf16``: the same step on bf16
+draws (a bf16 posterior's output, float32 state); the extra ``fp32 draws`` times the float32
+step on the same draws widened, in the same rounds.
 
     pytest benchmarks/bench_langevin_step.py
 """
@@ -21,10 +23,16 @@ from .common import BACKENDS, Case, check_close, run_benchmark
 STEP = 0.01
 
 
-def langevin_step_784(quick: bool = False) -> Case:
+def langevin_step_784(quick: bool = False, x_dtype=None) -> Case:
     B, N, d = (16, 64, 784) if quick else (64, 256, 784)
     id, metric = "langevin_step_784", etweedie.Metric.isotropic(0.5)
     y, x = draws(B, N, d)
+    extras, note = {}, ""
+    if x_dtype is not None:
+        id, note = f"{id}_bf16", f", {str(x_dtype).removeprefix('torch.')} draws"
+        x = x.to(x_dtype)
+        x32 = x.float()
+        extras["fp32 draws"] = lambda: etweedie.langevin_step(y, x32, noise, STEP, BETA, LAM, metric, backend="cpu")
     noise = torch.randn(B, d, generator=torch.Generator().manual_seed(2))
     cy, cx, beta, lam, prec, kind = canonical_args(y, x, metric)
     step = torch.full((B,), STEP)
@@ -38,20 +46,29 @@ def langevin_step_784(quick: bool = False) -> Case:
 
     return Case(
         id=id,
-        workload=f"langevin_step iso B={B} N={N} d={d}",
+        workload=f"langevin_step iso B={B} N={N} d={d}{note}",
         kernel=kernel,
         reference_fn=reference.langevin_step,
         baseline=lambda fn: (lambda: fn(*args)),
         check=check,
         bytes_x=x.numel() * x.element_size(),
         meta=dict(B=B, N=N, d=d),
-        extras={"et_score": lambda: etweedie.et_score(y, x, BETA, LAM, metric, backend="cpu")},
+        extras={"et_score": lambda: etweedie.et_score(y, x, BETA, LAM, metric, backend="cpu"), **extras},
     )
 
 
-CASES = (langevin_step_784,)
+def langevin_step_784_bf16(quick: bool = False) -> Case:
+    return langevin_step_784(quick, x_dtype=torch.bfloat16)
+
+
+CASES = (langevin_step_784, langevin_step_784_bf16)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_langevin_step_784(benchmark, backend, quick):
     run_benchmark(benchmark, langevin_step_784(quick), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_langevin_step_784_bf16(benchmark, backend, quick):
+    run_benchmark(benchmark, langevin_step_784_bf16(quick), backend)

@@ -165,12 +165,18 @@ def check_close(name: str, out, ref32, ref64, *, atol_scale: float = 1e-5) -> No
         for i, (o, r32, r64) in enumerate(zip(out, ref32, ref64)):
             check_close(f"{name}[{i}]", o, r32, r64, atol_scale=atol_scale)
         return
+    # A 16-bit output (∂L/∂x of 16-bit draws) and its float32 reference are both rounded to it
+    # at the end: allow the 3/2 ulp those two roundings can add (as tests/conftest.py does).
+    low = out.dtype if out.dtype in (torch.bfloat16, torch.float16) else None
     out, ref32, ref64 = (t.detach().to(torch.float64) for t in (out, ref32, ref64))
     if out.shape != ref64.shape:
         raise IncorrectResult(f"{name}: shape {tuple(out.shape)} != reference {tuple(ref64.shape)}")
     atol = max(atol_scale * float(ref64.abs().max()) if ref64.numel() else 0.0, 1e-30)
     err = (out - ref64).abs()
-    excess = err - (2 * (ref32 - ref64).abs() + atol)
+    bound = 2 * (ref32 - ref64).abs() + atol
+    if low is not None:
+        bound = bound + 1.5 * torch.finfo(low).eps * ref64.abs()
+    excess = err - bound
     if not torch.isfinite(out).all() or float(excess.max()) > 0:
         raise IncorrectResult(
             f"{name}: kernel off the float64 reference: max |out-ref64| = {float(err.max()):.3e}, "

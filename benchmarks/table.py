@@ -146,7 +146,32 @@ def targets(res: Dict[str, Result], copy_gbps: float) -> List[Target]:
         fb, f = r.timings["cpu"].median_ms, r.extras["fwd"].median_ms
         out.append(Target(r.case.workload, "reported (no target): backward vs forward",
                           f"fwd {f:.2f} ms, fwd+bwd {fb:.2f} ms → bwd {fb - f:.2f} ms = {(fb - f) / f:.2f}× fwd", None))
+    out += low_precision_targets(res, copy_gbps)
     out += bench_energy_score.targets(res) + bench_energy_distance.targets(res)
+    return out
+
+
+LOW_PRECISION_CASES = ("et_score_iso_784_bf16", "et_score_block_784_bf16", "et_score_iso_784_fp16",
+                       "et_score_bwd_784_bf16", "langevin_step_784_bf16")
+
+
+def low_precision_targets(res: Dict[str, Result], copy_gbps: float) -> List[Target]:
+    """16-bit draws: their bytes are half the float32 draws', so the time should follow —
+    against the float32 kernel on the same draws in the same rounds, and against the byte floor."""
+    out = []
+    for id in LOW_PRECISION_CASES:
+        if id not in res or "fp32 draws" not in res[id].extras:
+            continue
+        r = res[id]
+        lo, hi = r.timings["cpu"].median_ms, r.extras["fp32 draws"].median_ms
+        out.append(Target(r.case.workload, "time follows the halved bytes: ≤ 0.6× the float32-draws time",
+                          f"{lo:.2f} ms vs {hi:.2f} ms with float32 draws = {lo / hi:.2f}×", lo / hi <= 0.6))
+        if id.startswith("et_score_iso_784"):
+            floor_ms = r.case.bytes_x / (copy_gbps * 1e9) * 1e3
+            k = lo / floor_ms
+            out.append(Target(r.case.workload, "within 1.5× of the memory-bandwidth floor (16-bit bytes)",
+                              f"{k:.2f}× the floor ({lo:.2f} ms vs {floor_ms:.2f} ms = x at {copy_gbps:.1f} GB/s)",
+                              k <= 1.5))
     return out
 
 

@@ -88,6 +88,21 @@ from torch import nn
 from ._checks import check_int
 from .noise import NoiseParams
 
+
+def _written_as(dtype: torch.dtype, base: torch.Tensor, scale: Optional[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """base + scale·out (scale None: base + out), computed in the inputs' promoted dtype and
+    written in ``dtype`` by the same elementwise pass (``out=``; outside autograd and autocast),
+    so 16-bit draws cost one rounding and no float32 copy.  Under autograd: the sum, then a cast."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (base, scale, out)):
+        return (base + out if scale is None else base + scale * out).to(dtype)
+    shape = torch.broadcast_shapes(base.shape, out.shape) if scale is None else \
+        torch.broadcast_shapes(base.shape, scale.shape, out.shape)
+    result = torch.empty(shape, dtype=dtype, device=out.device)
+    with torch.autocast(out.device.type, enabled=False):
+        if scale is None:
+            return torch.add(base, out, out=result)
+        return torch.addcmul(base, scale, out, out=result)
+
 __all__ = ["EngressionPosterior", "ETA_DIM", "default_eta_bounds"]
 
 ETA_DIM = 5  # η = (β, log λ, log σ, u, v)
@@ -289,11 +304,14 @@ class EngressionPosterior(nn.Module):
         """Columns of the latent tensor :meth:`generate` consumes: depth·noise_dim (+ d for ``"noise_law"``)."""
         return self.depth * self.noise_dim + (self.dim if self.latent == "noise_law" else 0)
 
-    def generate(self, y: torch.Tensor, eta: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    def generate(self, y: torch.Tensor, eta: torch.Tensor, noise: torch.Tensor,
+                 out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """The deterministic map g: draws ``(B, n, d)`` from y ``(B, d)``, η ``(B, 5)`` and noise ``(B, n, latent_width)``.
 
         ``sample`` draws the noise (:meth:`draw_noise`) and calls this; it is exposed for tests
-        and custom noise.  For ``latent="noise_law"`` the last d columns are ẑ.
+        and custom noise.  For ``latent="noise_law"`` the last d columns are ẑ.  ``out_dtype``
+        (e.g. ``torch.bfloat16``): the draws are written in that dtype by the output's last
+        elementwise operation (one pass, rounded once), not cast afterwards.
         """
         eta_n = self.normalize_eta(eta)
         eps = noise[..., : self.depth * self.noise_dim].split(self.noise_dim, dim=-1)
@@ -338,16 +356,21 @@ class EngressionPosterior(nn.Module):
             # c_skip = s_d² norm², c_out = r s_d norm (norm = c_in); the noise-law latent (if any)
             # enters in units of the output's scale.
             skip = (s_d * s_d) * norm * norm
+            if out_dtype is not None:
+                return _written_as(out_dtype, center + (skip * centered).unsqueeze(-2), (r * s_d * norm).unsqueeze(-2), out)
             return center + (skip * centered).unsqueeze(-2) + (r * s_d * norm).unsqueeze(-2) * out
         if self.output == "direct":
-            return out
+            return out if out_dtype is None else out.to(out_dtype)
         if self.output == "residual":
-            return y.unsqueeze(-2) + out
+            return y.unsqueeze(-2) + out if out_dtype is None else _written_as(out_dtype, y.unsqueeze(-2), None, out)
+        if out_dtype is not None:
+            return _written_as(out_dtype, y.unsqueeze(-2), self.realized_rms(eta)[..., None, None], out)
         return y.unsqueeze(-2) + self.realized_rms(eta)[..., None, None] * out
 
     # ------------------------------------------------------------------ public
     def sample(
-        self, y: torch.Tensor, eta: torch.Tensor, n: int, *, generator: torch.Generator, antithetic: bool = False
+        self, y: torch.Tensor, eta: torch.Tensor, n: int, *, generator: torch.Generator, antithetic: bool = False,
+        dtype: Optional[torch.dtype] = None,
     ) -> torch.Tensor:
         """n posterior draws per query, in one batched forward pass.
 
@@ -362,10 +385,15 @@ class EngressionPosterior(nn.Module):
                 still an exact draw of the model, so a Monte Carlo mean over the n draws (the
                 Energy-Tweedie score) stays unbiased with a much smaller variance; but the draws
                 are not independent, so the energy score's pairwise term (training) must not use it.
+            dtype: the draws' dtype; None: y's.  ``torch.bfloat16`` / ``torch.float16`` write them
+                in 16 bits from the network's last operation (rounded once, no float32 copy): the
+                form :func:`etweedie.et_score` and :func:`etweedie.langevin_step` read directly,
+                which halves the bytes between the posterior and the score (the sampler's bf16
+                mode asks for it).
 
         Returns:
             draws ``(*batch, n, d)`` with ``batch = broadcast(batch_y, batch_eta)``, in y's
-            dtype; differentiable in the parameters, y and η.
+            dtype (or ``dtype``); differentiable in the parameters, y and η.
 
         Example::
 
@@ -386,6 +414,9 @@ class EngressionPosterior(nn.Module):
             raise ValueError(f"n must be >= 1, got {n}")
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator (randomness is always explicit), got {type(generator).__name__}")
+        draws_dtype = y.dtype if dtype is None else dtype
+        if draws_dtype not in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+            raise TypeError(f"dtype must be None or a floating-point dtype (bfloat16, float16, float32, float64), got {dtype}")
         param = self.out.weight
         if y.device != param.device or eta.device != param.device:
             raise ValueError(f"y and eta must be on the model's device {param.device}, got {y.device} and {eta.device}")
@@ -401,13 +432,14 @@ class EngressionPosterior(nn.Module):
         eta_rows = eta.to(dtype).expand(*batch, ETA_DIM).reshape(rows, ETA_DIM)
         noise = self.draw_noise(rows, n, generator, antithetic=antithetic, eta=eta_rows)
         block = self._inference_block(rows, n, param.device)
+        out_dtype = None if draws_dtype == y.dtype else draws_dtype
         if block is None:
-            x = self.generate(y_rows, eta_rows, noise)
+            x = self.generate(y_rows, eta_rows, noise, out_dtype)
         else:
             # The noise is drawn above for all rows, so the draws do not depend on the blocking.
-            x = torch.cat([self.generate(y_rows[i : i + block], eta_rows[i : i + block], noise[i : i + block])
+            x = torch.cat([self.generate(y_rows[i : i + block], eta_rows[i : i + block], noise[i : i + block], out_dtype)
                            for i in range(0, rows, block)])
-        return x.reshape(*batch, n, self.dim).to(y.dtype)
+        return x.reshape(*batch, n, self.dim).to(draws_dtype)
 
     def draw_noise(
         self, rows: int, n: int, generator: torch.Generator, *, antithetic: bool = False, eta: Optional[torch.Tensor] = None

@@ -35,6 +35,7 @@ The paper's eight-Gaussians diffusion tables run this sampler from the repositor
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from typing import Callable, Dict, List, Optional
@@ -281,19 +282,50 @@ def initial_states(
 
 # ---------------------------------------------------------------------------- one update
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}
+# Draw dtypes langevin_step reads as they are (the score ops' dtype rule, etweedie/ops/_prep.py).
+LOW_PRECISION_DRAWS = (torch.bfloat16, torch.float16)
 CAPTURES = (None, "cuda_graph", "compile")
 
 
-def _posterior_draws(posterior, y, eta, n, generator, options, autocast_dtype) -> torch.Tensor:
-    """``posterior.sample`` (under bf16 autocast when asked), returned in y's dtype for the kernels."""
+def _takes_dtype(posterior) -> bool:
+    """Whether ``posterior.sample`` takes ``dtype=`` (e.g. EngressionPosterior: draws written in 16 bits)."""
+    try:
+        return "dtype" in inspect.signature(posterior.sample).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _posterior_draws(posterior, y, eta, n, generator, options, autocast_dtype, for_score: bool = True) -> torch.Tensor:
+    """``posterior.sample`` (under bf16 autocast when asked).
+
+    Under autocast the draws that feed the score stay 16-bit: a posterior whose ``sample`` takes
+    ``dtype=`` gets it through ``options`` (:func:`_score_options`) and writes them in bf16
+    directly, and 16-bit draws from any posterior go to ``langevin_step`` as they are — its
+    kernels read bf16 draws and accumulate in y's dtype, so there is no cast pass between the
+    posterior and the score.  Other dtypes (and the draws of ``for_score=False`` calls: the final
+    sample, asked for without ``dtype``) come back in y's dtype.
+    """
     if autocast_dtype is None:
         x = posterior.sample(y, eta, n, generator=generator, **options)
     else:
-        # Matmuls in bf16 with float32 accumulation; the draws go to the fused kernels in y's
-        # dtype (they take float32/float64), so the score's reduction stays in float32.
+        # Matmuls in bf16 with float32 accumulation.
         with torch.autocast(device_type=y.device.type, dtype=autocast_dtype):
             x = posterior.sample(y, eta, n, generator=generator, **options)
+        if for_score and x.dtype in LOW_PRECISION_DRAWS:
+            return x
     return x.to(y.dtype)
+
+
+def _score_options(posterior, options: dict, autocast_dtype) -> dict:
+    """``options`` plus ``dtype=autocast_dtype`` for a posterior whose ``sample`` takes ``dtype=``
+    (e.g. EngressionPosterior: draws written in 16 bits), resolved once per sampling run."""
+    if autocast_dtype is None:
+        return options
+    try:
+        takes = "dtype" in inspect.signature(posterior.sample).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return {**options, "dtype": autocast_dtype} if takes else options
 
 
 class _StaticUpdate:
@@ -335,7 +367,7 @@ class _StaticUpdate:
         x = _posterior_draws(self.posterior, self.y, self.eta, self.n, self.generator, self.options, self.autocast_dtype)
         xi = torch.randn(self.y.shape, generator=self.generator, dtype=self.y.dtype, device=self.y.device)
         y_next = langevin_step(self.y, x, xi, self.alpha, self.beta, self.lam, Metric(self.metric_kind, self.metric_param))
-        self.first_draw.copy_(x[:, 0, :])
+        self.first_draw.copy_(x[:, 0, :])  # in y's dtype (copy_ widens 16-bit draws)
         self.y.copy_(y_next)
 
     def _capture(self) -> None:
@@ -443,8 +475,10 @@ def sample_langevin(
             shared generator it shrinks the chunks as needed; with one generator per chunk the
             chunking is fixed by ``chunk_chains`` and a chunk over the bound is a ValueError.
         precision: ``"float32"`` or ``"bfloat16"``: the posterior forward under bf16 autocast
-            (matmuls in bf16, float32 accumulation); the draws reach the fused score/step
-            kernels in y0's dtype either way.
+            (matmuls in bf16, float32 accumulation), and its draws handed to the fused step in
+            bf16 (written in bf16 by posteriors whose ``sample`` takes ``dtype=``): the step reads
+            them in 16 bits and accumulates in y0's dtype, with no cast pass in between.  The
+            final draw is in y0's dtype.
         capture: None (eager), ``"cuda_graph"`` or ``"compile"`` (``torch.compile(mode=
             "reduce-overhead")``): each chunk's update is captured once and replayed; the level's
             values live in device buffers, so no update within a level waits for the host.  CUDA
@@ -508,6 +542,7 @@ def sample_langevin(
     if not bool(torch.isfinite(y0).all()):
         raise ValueError("y0 must be finite (it holds NaN or inf)")
     autocast_dtype = PRECISIONS[precision]
+    score_options = _score_options(posterior, options, autocast_dtype)  # bf16 mode: draws written in bf16
 
     clock = _Clock(y0.device, timer is not None)
     start = clock.now()
@@ -532,7 +567,7 @@ def sample_langevin(
             if capture is not None:
                 # captured: one timed region per chunk and level (no host sync between updates)
                 if static[c] is None:
-                    static[c] = _StaticUpdate(posterior, yc, n_posterior, g, options, autocast_dtype,
+                    static[c] = _StaticUpdate(posterior, yc, n_posterior, g, score_options, autocast_dtype,
                                               metric.kind, tuple(metric.param.shape), capture)
                 runner = static[c]
                 runner.y.copy_(yc)
@@ -546,7 +581,7 @@ def sample_langevin(
                 x = None
                 for _ in range(n_steps):
                     t0 = clock.now()
-                    x = _posterior_draws(posterior, yc, eta, n_posterior, g, options, autocast_dtype)
+                    x = _posterior_draws(posterior, yc, eta, n_posterior, g, score_options, autocast_dtype)
                     t1 = clock.now()
                     if x.shape != (yc.shape[0], n_posterior, d):
                         raise ValueError(
@@ -559,7 +594,7 @@ def sample_langevin(
                     posterior_s += t1 - t0
                     step_s += t3 - t2
                 y[sl] = yc
-                x0 = None if x is None else x[:, 0, :]
+                x0 = None if x is None else x[:, 0, :].to(y.dtype)
             if denoised is not None and x0 is not None:
                 denoised.append(x0.clone())
         n_updates += n_steps
@@ -582,7 +617,7 @@ def sample_langevin(
         t0 = clock.now()
         for sl, g in zip(chunks, generators):
             eta = eta_row.expand(sl.stop - sl.start, 5)
-            y[sl] = _posterior_draws(posterior, y[sl], eta, 1, g, {}, autocast_dtype)[:, 0, :]
+            y[sl] = _posterior_draws(posterior, y[sl], eta, 1, g, {}, autocast_dtype, for_score=False)[:, 0, :]
         posterior_s += clock.now() - t0
     if timer is not None:
         timer.posterior_s += posterior_s

@@ -6,6 +6,9 @@ et_score_cpu.cpp), on the same canonical inputs (etweedie/ops/_prep.py):
     y (B, d) contiguous, x (B, N, d) unit stride over d (any stride over B and N, 0 = a
     broadcast cloud), beta/lam (B,) any stride, prec (B, *param) any stride over B,
     kind 0 isotropic (param ()), 1 diagonal (param (d,)), 2 block (param (k, k), k ≤ 4).
+    x has y's dtype or is bfloat16/float16: draw tiles are loaded as stored and converted to y's
+    dtype in registers (``tl.load(...).to(...)``), so a 16-bit cloud is read in 16 bits; sums are
+    in y's dtype, and ∂L/∂x is stored in x's dtype.
 
 Forward:  u_i = y − x_i, q_i = u_iᵀPu_i, w_i = q_i^{(β−2)/2},
           m = (1/N) Σ w_i u_i and s = −λ P m = −λ (1/N) Σ w_i P u_i.
@@ -124,6 +127,24 @@ def _half_log(q):
 
 
 @triton.jit
+def _widen(v, dt: tl.constexpr):
+    """Draws loaded as stored, in the compute dtype dt; 16-bit ones through float32 (exact), the
+    one conversion from bfloat16 every Triton target (and the interpreter) implements."""
+    if v.dtype.is_bf16() or v.dtype.is_fp16():
+        return v.to(tl.float32).to(dt)
+    return v.to(dt)
+
+
+@triton.jit
+def _narrow(v, dt: tl.constexpr):
+    """A gradient of the draws in their dtype dt (16-bit: through float32, so a float64 value is
+    rounded twice, to float32 and then to 16 bits)."""
+    if dt.is_bf16() or dt.is_fp16():
+        return v.to(tl.float32).to(dt)
+    return v.to(dt)
+
+
+@triton.jit
 def _shift_cols(cols, kk, K: tl.constexpr, KIND: tl.constexpr):
     """(BLOCK_D, KP) column indices j − j%k + b feeding (P v)_j (block); j itself otherwise."""
     if KIND == 2:
@@ -160,14 +181,15 @@ def _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K: tl.
     mask_d = cols < d
     mask = mask_n[:, None] & mask_d[None, :]
     yv = tl.load(y_row + cols, mask=mask_d, other=0.0)
-    xv = tl.load(x_row + offs_n[:, None] * sxn + cols[None, :], mask=mask, other=0.0)
+    # 16-bit draws are widened to y's dtype as they are loaded (the dtype rule: etweedie/ops/_prep.py)
+    xv = _widen(tl.load(x_row + offs_n[:, None] * sxn + cols[None, :], mask=mask, other=0.0), yv.dtype)
     u = tl.where(mask, yv[None, :] - xv, 0.0)
     if KIND == 2:
         sc = _shift_cols(cols, kk, K, KIND)
         ok2 = mask_d[:, None] & (kk < K)[None, :]
         ok3 = mask_n[:, None, None] & ok2[None, :, :]
         ys = tl.load(y_row + sc, mask=ok2, other=0.0)
-        xs = tl.load(x_row + offs_n[:, None, None] * sxn + sc[None, :, :], mask=ok3, other=0.0)
+        xs = _widen(tl.load(x_row + offs_n[:, None, None] * sxn + sc[None, :, :], mask=ok3, other=0.0), ys.dtype)
         u3 = tl.where(ok3, ys[None, :, :] - xs, 0.0)
         coeff = _prec_coeffs(p_row, cols, kk, d, K, KIND)
         pu = tl.sum(coeff[None, :, :] * u3, axis=2)
@@ -248,6 +270,13 @@ def _block_k(prec: torch.Tensor, kind: int) -> int:
     return prec.shape[-1] if kind == 2 else 1
 
 
+def check_draws_dtype(op: str, y, x) -> None:
+    """x in y's dtype or bfloat16/float16 (loaded as stored, widened in the kernel), on y's device."""
+    if (x.dtype != y.dtype and x.dtype not in (torch.bfloat16, torch.float16)) or x.device != y.device:
+        raise ValueError(f"{op}: x must have y's dtype {y.dtype} or be bfloat16 or float16, on y's device {y.device}; "
+                         f"got ({x.dtype}, {x.device})")
+
+
 def check_canonical(op: str, y, x, beta, lam, prec, kind: int):
     """The C++ kernels' argument contract (csrc/cpu/et_score_cpu.cpp), as ValueErrors; returns
     prec with its parameter dims contiguous (a shared metric keeps stride 0 over rows)."""
@@ -268,7 +297,8 @@ def check_canonical(op: str, y, x, beta, lam, prec, kind: int):
         core = (k, k)
     if prec.shape != (B, *core):
         raise ValueError(f"{op}: prec must be {(B, *core)} for metric kind {kind}, got {tuple(prec.shape)}")
-    for name, t in (("x", x), ("beta", beta), ("lam", lam), ("prec", prec)):
+    check_draws_dtype(op, y, x)
+    for name, t in (("beta", beta), ("lam", lam), ("prec", prec)):
         if t.dtype != y.dtype or t.device != y.device:
             raise ValueError(f"{op}: {name} must match y's dtype/device ({y.dtype}, {y.device}), got ({t.dtype}, {t.device})")
     if kind != 0 and B > 0 and not prec[0].is_contiguous():
@@ -370,7 +400,8 @@ def _et_score_backward_kernel(
         acc_gy += tl.sum(gu, axis=0)
         if NEED_X:
             gx_off = (row * N + offs_n)[:, None] * d + cols[None, :]
-            tl.store(gx_ptr + gx_off, -gu, mask=mask_n[:, None] & mask_d[None, :])
+            # in x's dtype: computed in y's, rounded once here
+            tl.store(gx_ptr + gx_off, _narrow(-gu, gx_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_d[None, :])
         if NEED_BETA:
             acc_beta += hu * w * _half_log(q)
         if NEED_PREC:
@@ -412,7 +443,7 @@ def et_score_backward(grad, grad_m, y, x, beta, lam, prec, kind: int, m,
         return y.new_empty(0)
 
     gy = torch.zeros_like(y)
-    gx = y.new_empty((B, N, d)) if need_x else empty()
+    gx = x.new_empty((B, N, d)) if need_x else empty()  # x's dtype (16-bit draws: rounded once)
     gb = y.new_zeros(B) if need_beta else empty()
     gl, gp = empty(), empty()
     if B == 0 or d == 0 or N == 0:

@@ -5,7 +5,8 @@ student_t_score_cpu.cpp; math in csrc/common/student_t_score.h), on the canonica
 
     y (B, d) contiguous, x (B, N, d) unit stride over d (any stride over B and N, 0 = a
     broadcast cloud), c (B,) any stride, prec (B, *param) any stride over B,
-    kind 0 isotropic (param ()), 1 diagonal (param (d,)), 2 block (param (k, k), k ≤ 4).
+    kind 0 isotropic (param ()), 1 diagonal (param (d,)), 2 block (param (k, k), k ≤ 4);
+    x in y's dtype or bfloat16/float16 (widened where loaded, as in kernels/et_score.py).
 
 Forward:  u_i = y − x_i, q_i = u_iᵀPu_i, w_i = 1/(1 + q_i), m = (1/N) Σ w_i u_i, s = −2c P m.
 Backward: h = −2c P g + g_m; ∂L/∂u_i = (w_i h − 2 w_i² (h·u_i) P u_i)/N; ∂L/∂c = −2 g·Pm;
@@ -24,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .et_score import _prec_vec, _residual_tile, block_sizes, define_op, interpreting, launcher
+from .et_score import _narrow, _prec_vec, _residual_tile, block_sizes, check_draws_dtype, define_op, interpreting, launcher
 
 __all__ = ["student_t_score_forward", "student_t_score_backward", "student_t_score_op"]
 
@@ -99,7 +100,8 @@ def check_canonical(op: str, y, x, c, prec, kind: int):
         core = (k, k)
     if prec.shape != (B, *core):
         raise ValueError(f"{op}: prec must be {(B, *core)} for metric kind {kind}, got {tuple(prec.shape)}")
-    for name, t in (("x", x), ("c", c), ("prec", prec)):
+    check_draws_dtype(op, y, x)
+    for name, t in (("c", c), ("prec", prec)):
         if t.dtype != y.dtype or t.device != y.device:
             raise ValueError(f"{op}: {name} must match y's dtype/device ({y.dtype}, {y.device}), got ({t.dtype}, {t.device})")
     if kind != 0 and B > 0 and not prec[0].is_contiguous():
@@ -179,7 +181,7 @@ def _student_t_backward_kernel(
         acc_gy += tl.sum(gu, axis=0)
         if NEED_X:
             gx_off = (row * N + offs_n)[:, None] * d + cols[None, :]
-            tl.store(gx_ptr + gx_off, -gu, mask=mask_n[:, None] & mask_d[None, :])
+            tl.store(gx_ptr + gx_off, _narrow(-gu, gx_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_d[None, :])
         if NEED_PREC:
             acc_outer += tl.sum((0.5 * inv_n) * cs[:, None, None] * u[:, :, None] * u3, axis=0)
     tl.store(gy_ptr + row * d + cols, acc_gy, mask=mask_d)
@@ -219,7 +221,7 @@ def student_t_score_backward(grad, grad_m, y, x, c, prec, kind: int, m,
         return y.new_empty(0)
 
     gy = torch.zeros_like(y)
-    gx = y.new_empty((B, N, d)) if need_x else empty()
+    gx = x.new_empty((B, N, d)) if need_x else empty()  # x's dtype
     gc, gp = empty(), empty()
     if B == 0 or d == 0 or N == 0:
         gc = y.new_zeros(B) if need_c else empty()

@@ -112,7 +112,7 @@ lines = [
     "ptxas resource report for csrc/cuda/*.cu (scripts/check_cuda.sh; plain nvcc, no torch headers)",
     f"compiler: {version}",
     "flags: -O3 -std=c++17 --use_fast_math -lineinfo -Xptxas -v",
-    "template arguments: <dtype, metric kind (0 isotropic, 1 diagonal, 2 block), block size k[, langevin]>",
+    "template arguments: <dtype[, draws' storage (score kernels: dtype, bf16, fp16)], metric kind (0 isotropic, 1 diagonal, 2 block), block size k[, langevin]>",
     "",
     f"{'kernel':<58} {'arch':<6} {'regs':>4} {'stack':>5} {'spill st':>8} {'spill ld':>8}",
 ]

@@ -5,7 +5,10 @@ compiler (type specialization, layouts, libdevice calls).  This lowers every ker
 (metric kind, one/several coordinate chunks, Langevin on/off) through Triton's compiler to a
 cubin for the given architecture, with the ptxas that ships with triton.
 
-    python scripts/check_triton.py [--arch 80] [--dtypes fp32,fp64]     (make check-triton)
+    python scripts/check_triton.py [--arch 80] [--dtypes fp32,fp64] [--draws bf16,fp16]     (make check-triton)
+
+``--draws`` adds the score kernels (et_score, langevin_step, student_t_score) with 16-bit
+draws: x and ∂L/∂x in bf16/fp16, everything else in the --dtypes type.
 
 Must run *without* TRITON_INTERPRET=1.  fp64 variants take several minutes on a small machine.
 """
@@ -22,6 +25,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--arch", type=int, default=80, help="CUDA compute capability ×10 (80 = A100, 90 = H100)")
     p.add_argument("--dtypes", default="fp32", help="comma-separated: fp32,fp64")
+    p.add_argument("--draws", default="", help="comma-separated 16-bit draw types for the score kernels: bf16,fp16")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("check_triton: unset TRITON_INTERPRET (this checks the compiler, not the interpreter)", file=sys.stderr)
@@ -37,8 +41,10 @@ def main(argv=None) -> int:
 
     target = GPUTarget("cuda", args.arch, 32)
 
-    def build(fn, ptr, ints, consts):
+    def build(fn, ptr, ints, consts, draws=None):
         sig = {n: ("constexpr" if n in consts else (ptr if n.endswith("_ptr") else "i32")) for n in fn.arg_names}
+        if draws:  # x and its gradient stored in 16 bits
+            sig.update({n: "*" + draws for n in ("x_ptr", "gx_ptr") if n in sig})
         assert all(n in consts or n.endswith("_ptr") or n in ints for n in fn.arg_names), fn.arg_names
         kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=target)
         return kernel
@@ -80,6 +86,23 @@ def main(argv=None) -> int:
                        for n in fn.arg_names}
                 triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=target)
                 count += 1
+        for draws in filter(None, args.draws.split(",")):
+            for kind, K, KP in [(0, 1, 1), (1, 1, 1), (2, 2, 2), (2, 3, 4)]:
+                for one in (True, False):
+                    BN, BD = (8, 256) if one else (8, 64)
+                    for lang in (False, True):
+                        build(E._et_score_forward_kernel, ptr, ["N", "d", "sxb", "sxn", "sb", "sl", "sp", "sa", "n_per", "nsplit"],
+                              dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one, LANGEVIN=lang,
+                                   SPLIT=False), draws)
+                    build(E._et_score_backward_kernel, ptr, ["N", "d", "sxb", "sxn", "sb", "sl", "sp", "nchunks"],
+                          dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
+                               NEED_X=True, NEED_BETA=True, NEED_LAM=True, NEED_PREC=True), draws)
+                    build(S._student_t_forward_kernel, ptr, ["N", "d", "sxb", "sxn", "sc", "sp"],
+                          dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one), draws)
+                    build(S._student_t_backward_kernel, ptr, ["N", "d", "sxb", "sxn", "sc", "sp", "nchunks"],
+                          dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
+                               NEED_X=True, NEED_C=True, NEED_PREC=True), draws)
+                    count += 5
         print(f"check_triton: {dt} variants compiled ({time.time() - t0:.0f} s)", flush=True)
     print(f"check_triton: {count} kernel variants compiled for sm_{args.arch}")
     return 0

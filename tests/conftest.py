@@ -20,6 +20,10 @@ KERNEL_BACKENDS = [name for name, (ok, _) in etweedie.backends.available().items
 if "triton" in KERNEL_BACKENDS and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     KERNEL_BACKENDS.remove("triton")
 
+# 16-bit posterior draws the score ops accept besides y's dtype (etweedie/ops/_prep.py).
+LOW_PRECISION = [torch.bfloat16, torch.float16]
+LOW_PRECISION_IDS = ["bf16", "fp16"]
+
 DEVICES = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
 
 
@@ -52,11 +56,15 @@ def gen(seed: int, device="cpu") -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def assert_close_to_ref(out, ref32, ref64, *, name: str, seed: int, atol_scale: float = 1e-5, atol_floor: float = 0.0):
+def assert_close_to_ref(out, ref32, ref64, *, name: str, seed: int, atol_scale: float = 1e-5, atol_floor: float = 0.0,
+                        rounded_to=None):
     """|out − ref64| ≤ 2|ref32 − ref64| + atol, atol = max(atol_scale·max|ref64|, atol_floor) (+tiny).
 
     ``atol_floor`` is for outputs that are differences of much larger terms (float32 rounding
-    scales with the terms, not with the result)."""
+    scales with the terms, not with the result).  ``rounded_to``: a dtype both out and ref32 are
+    rounded to at the end (the gradient of 16-bit draws, computed in float32 and stored in the
+    draws' dtype); the bound then allows the 3/2 ulp of that dtype the two final roundings can
+    add (half an ulp each, and the factor 2 on ref32's)."""
     assert out.shape == ref64.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref64.shape)}"
     out64, ref32_64 = out.detach().double().cpu(), ref32.detach().double().cpu()
     ref64 = ref64.detach().cpu()
@@ -65,6 +73,9 @@ def assert_close_to_ref(out, ref32, ref64, *, name: str, seed: int, atol_scale: 
     atol = max(atol, atol_floor, 1e-30)
     err = (out64 - ref64).abs()
     bound = 2 * (ref32_64 - ref64).abs() + atol
+    if rounded_to is not None:
+        info = torch.finfo(rounded_to)
+        bound = bound + 1.5 * torch.clamp(info.eps * ref64.abs(), min=info.smallest_normal * info.eps)
     worst = float((err - bound).max()) if err.numel() else -1.0
     assert bool((err <= bound).all()), (
         f"{name}: max |out-ref64| = {float(err.max()):.3e} exceeds 2|ref32-ref64|+atol by {worst:.3e} "

@@ -2,7 +2,8 @@
 
 * the .cu/.cuh files use the CUDA runtime only (no torch, ATen or c10 headers), so plain nvcc
   builds them; only the bindings (<op>_bindings.cpp, bindings.h, energy_bindings.h) see torch;
-* every launcher declared in launchers.cuh is defined and instantiated for float and double;
+* every launcher declared in launchers.cuh is defined and instantiated for float and double (the
+  score launchers also for bfloat16 and float16 draws of either);
 * each <op>_bindings.cpp registers CUDA kernels for its own ops, which csrc/etweedie.cpp defines, covering
   et_score_fwd/bwd, langevin_step_fwd, is_score_fwd and the pairwise energy ops
   (energy_score_fwd/bwd/fwd_grad, energy_distance_fwd/bwd);
@@ -49,18 +50,34 @@ def test_cuda_sources_do_not_include_torch(name):
     assert not bad, f"{name} includes torch headers {bad}: it must build with plain nvcc"
 
 
+# The score launchers take the draws' storage type X besides the compute type T (16-bit draws,
+# csrc/common/low_precision.h): each must exist for X = T, bf16 and fp16.
+SCORE_LAUNCHERS = {"et_score_fwd_launch", "et_score_bwd_launch", "langevin_step_fwd_launch"}
+
+
+def instantiations(src: str, name: str) -> set:
+    """(T, X) pairs the launcher ``name`` is instantiated for in one .cu source, explicitly or
+    through the source's ET_INSTANTIATE(T) / ET_INSTANTIATE(T, X) lines (X = T when absent)."""
+    pairs = {(t, x or t) for t, x in re.findall(rf"template\s+cudaError_t\s+{name}<(\w+)(?:,\s*(\w+))?>\(", src)}
+    if ("T", "X") in pairs or ("T", "T") in pairs:  # the macro's own body: expanded by its ET_INSTANTIATE lines
+        pairs -= {("T", "X"), ("T", "T")}
+        pairs |= {(t, x or t) for t, x in re.findall(r"^ET_INSTANTIATE\((\w+)(?:,\s*(\w+))?\)", src, re.M)}
+    return pairs
+
+
 def test_launchers_defined_and_instantiated():
     header = _read("csrc", "cuda", "launchers.cuh")
     declared = set(re.findall(r"cudaError_t\s+(\w+_launch)\s*\(", header))
     assert declared == LAUNCHERS
-    sources = "\n".join(_read("csrc", "cuda", f) for f in _cuda_sources() if f.endswith(".cu"))
-    expanded = sources.replace("ET_INSTANTIATE(float)", "<float>").replace("ET_INSTANTIATE(double)", "<double>")
+    sources = {f: _read("csrc", "cuda", f) for f in _cuda_sources() if f.endswith(".cu")}
     for name in declared:
-        assert re.search(rf"cudaError_t\s+{name}\s*\(", sources), f"{name} is declared but never defined"
-        for dtype in ("float", "double"):
-            explicit = re.search(rf"template\s+cudaError_t\s+{name}<{dtype}>", sources)
-            via_macro = re.search(rf"template\s+cudaError_t\s+{name}<T>", sources) and f"<{dtype}>" in expanded
-            assert explicit or via_macro, f"{name}<{dtype}> is not instantiated"
+        assert any(re.search(rf"cudaError_t\s+{name}\s*\(", src) for src in sources.values()), \
+            f"{name} is declared but never defined"
+        got = set().union(*(instantiations(src, name) for src in sources.values()))
+        want = {("float", "float"), ("double", "double")}
+        if name in SCORE_LAUNCHERS:
+            want |= {(t, x) for t in ("float", "double") for x in ("bf16", "fp16")}
+        assert want <= got, f"{name} is not instantiated for {sorted(want - got)}"
 
 
 def _bindings():

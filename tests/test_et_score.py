@@ -12,7 +12,16 @@ import pytest
 import torch
 
 import etweedie
-from conftest import BACKEND_DEVICE, BACKEND_IDS, assert_close_to_ref, gen, metric_to, random_metric
+from conftest import (
+    BACKEND_DEVICE,
+    BACKEND_IDS,
+    LOW_PRECISION,
+    LOW_PRECISION_IDS,
+    assert_close_to_ref,
+    gen,
+    metric_to,
+    random_metric,
+)
 
 KINDS = ["none", "isotropic", "diagonal", "block2", "block3", "dense"]
 
@@ -30,9 +39,11 @@ def _inputs(seed, B, N, d, kind, per_row=True, beta=None):
     return y, x, beta, lam, metric
 
 
-def _run(backend, device, dtype, y, x, beta, lam, metric, grads=True):
-    """Forward (and gradients wrt every input) at dtype on device with backend."""
-    leaves = [t.detach().to(device=device, dtype=dtype).clone().requires_grad_(grads) for t in (y, x, beta, lam)]
+def _run(backend, device, dtype, y, x, beta, lam, metric, grads=True, x_dtype=None):
+    """Forward (and gradients wrt every input) at dtype on device with backend (the draws at
+    x_dtype when given: 16-bit draws)."""
+    leaves = [t.detach().to(device=device, dtype=dtype if i != 1 or x_dtype is None else x_dtype).clone().requires_grad_(grads)
+              for i, t in enumerate((y, x, beta, lam))]
     m, p = metric_to(metric, dtype, device, requires_grad=grads)
     s = etweedie.et_score(*leaves, metric=m, backend=backend)
     if not grads:
@@ -194,9 +205,9 @@ class TestBadInput:
         y, x = torch.zeros(2, 3), torch.zeros(2, 4, 3)
         with pytest.raises(TypeError, match="y must be a torch.Tensor"):
             etweedie.et_score([[0.0]], x, 1.0)
-        with pytest.raises(TypeError, match="x must be float32 or float64"):
+        with pytest.raises(TypeError, match=r"x must have y's dtype torch.float32 or be bfloat16 or float16 .*got torch.int32"):
             etweedie.et_score(y, x.int(), 1.0)
-        with pytest.raises(TypeError, match="x must have y's dtype"):
+        with pytest.raises(TypeError, match="x must have y's dtype torch.float32 or be bfloat16 or float16 .*got torch.float64"):
             etweedie.et_score(y, x.double(), 1.0)
         with pytest.raises(TypeError, match="beta must be a float or a tensor"):
             etweedie.et_score(y, x, "1.0")
@@ -271,3 +282,185 @@ def test_unbatched_query(backend, device):
     torch.testing.assert_close(s, torch.ones(3, device=device))
     out = etweedie.langevin_step(y, x, torch.zeros(3, device=device), 0.5, 2.0, backend=backend)
     torch.testing.assert_close(out, 0.5 * torch.ones(3, device=device))
+
+
+# ---------------------------------------------------------------------------- 16-bit draws
+# The dtype rule (etweedie/ops/_prep.py): x may be bfloat16/float16 with a float32 or float64 y;
+# the kernels widen the draws as they load them and accumulate in y's dtype.  Every backend is
+# held to the float64 reference on the draws' exact (upcast) values, with the float32 reference
+# on the same 16-bit draws as the rounding yardstick; ∂L/∂x comes back in x's dtype.
+
+
+def _check_low_precision(backend, device, args, metric, tag, seed, x_dtype, y_dtype=torch.float32):
+    y, x, beta, lam = args
+    x16 = x.to(x_dtype)  # the draws as a 16-bit posterior hands them over
+    out, gout = _run(backend, device, y_dtype, y, x16, beta, lam, metric, x_dtype=x_dtype)
+    r32, g32 = _run("reference", "cpu", y_dtype, y, x16, beta, lam, metric, x_dtype=x_dtype)
+    r64, g64 = _run("reference", "cpu", torch.float64, y, x16.double(), beta, lam, metric)
+    assert out.dtype == y_dtype, f"score dtype {out.dtype}"
+    assert_close_to_ref(out, r32, r64, name=f"score{tag}", seed=seed)
+    for name, a, b, c in zip(["y", "x", "beta", "lam", "metric"], gout, g32, g64):
+        want_dtype = x_dtype if name == "x" else y_dtype
+        assert a.dtype == want_dtype, f"grad {name}{tag}: dtype {a.dtype}, expected {want_dtype}"
+        assert_close_to_ref(a, b, c, name=f"grad {name}{tag}", seed=seed, atol_scale=3e-5,
+                            rounded_to=x_dtype if name == "x" else None)
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+@pytest.mark.parametrize("kind", ["none", "diagonal", "block2", "dense"])
+@pytest.mark.parametrize("shape", [(5, 33, 6), (3, 70, 48)], ids=["small", "large-d"])
+def test_low_precision_draws_match_float64_reference(backend, device, x_dtype, kind, shape, seed):
+    B, N, d = shape
+    y, x, beta, lam, metric = _inputs(seed, B, N, d, kind)
+    _check_low_precision(backend, device, (y, x, beta, lam), metric, f"[{x_dtype} {kind}]", seed, x_dtype)
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+@pytest.mark.parametrize("beta", [1.0, 2.0])
+def test_low_precision_draws_beta_and_coincident(backend, device, x_dtype, beta, seed):
+    y, x, b, lam, metric = _inputs(seed, 4, 9, 6, "block2", beta=beta)
+    y = y.to(x_dtype).double()  # queries on the 16-bit grid, so that coincident draws are exact
+    x[:, ::3] = y.unsqueeze(1)  # every third draw sits exactly on its query
+    _check_low_precision(backend, device, (y, x, b, lam), metric, f" coincident beta={beta}", seed, x_dtype)
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+def test_low_precision_draws_with_float64_queries(backend, device, x_dtype, seed):
+    """float64 y with 16-bit draws: computed and accumulated in float64."""
+    y, x, beta, lam, metric = _inputs(seed, 3, 17, 8, "isotropic")
+    x16 = x.to(x_dtype)
+    out, gout = _run(backend, device, torch.float64, y, x16, beta, lam, metric, x_dtype=x_dtype)
+    ref, gref = _run("reference", "cpu", torch.float64, y, x16.double(), beta, lam, metric)
+    assert out.dtype == torch.float64 and gout[1].dtype == x_dtype
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-10, atol=1e-12, msg=f"seed {seed}")
+    for name, a, b in zip(["y", "x", "beta", "lam", "metric"], gout, gref):
+        if name == "x":  # float64 gradient rounded once to the draws' dtype: within one of its ulps
+            info = torch.finfo(x_dtype)
+            torch.testing.assert_close(a.cpu().double(), b, rtol=info.eps, atol=info.smallest_normal * info.eps,
+                                       msg=f"grad x (seed {seed})")
+        else:
+            torch.testing.assert_close(a.cpu(), b, rtol=1e-9, atol=1e-12, msg=f"grad {name} (seed {seed})")
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+def test_low_precision_draws_broadcast_and_noncontiguous(backend, device, x_dtype, seed):
+    g = gen(seed)
+    B, N, d = 6, 11, 8
+    cloud = torch.randn(N, d, generator=g).to(device, x_dtype)  # one 16-bit cloud for all queries
+    y = torch.randn(B, 2 * d, generator=g).to(device)[:, ::2]  # non-contiguous queries
+    lam = torch.rand(B, generator=g).to(device) + 0.5
+    S = torch.tensor([[1.2, 0.3], [0.3, 0.8]], device=device)
+    got = etweedie.et_score(y, cloud, 1.3, lam, etweedie.Metric.block(S), backend=backend)
+    want = etweedie.et_score(y.contiguous(), cloud.float().expand(B, N, d), 1.3, lam, etweedie.Metric.block(S),
+                             backend=backend)
+    torch.testing.assert_close(got, want, msg=f"seed {seed}")
+    # a transposed 16-bit cloud (unit stride over N, not d) and a strided slice of a larger one
+    xt = torch.randn(B, d, N, generator=g).to(device, x_dtype).transpose(1, 2)
+    torch.testing.assert_close(etweedie.et_score(y, xt, 1.7, backend=backend),
+                               etweedie.et_score(y, xt.float(), 1.7, backend=backend))
+    xs = torch.randn(B, 2 * N, d, generator=g).to(device, x_dtype)[:, ::2]
+    torch.testing.assert_close(etweedie.et_score(y, xs, 1.2, backend=backend),
+                               etweedie.et_score(y, xs.float(), 1.2, backend=backend))
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE + [("reference", "cpu")], ids=BACKEND_IDS + ["reference"])
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+def test_low_precision_draws_zero_size_batch(backend, device, x_dtype):
+    y = torch.zeros(0, 5, device=device, requires_grad=True)
+    x = torch.zeros(0, 7, 5, device=device, dtype=x_dtype, requires_grad=True)
+    s = etweedie.et_score(y, x, 1.4, 2.0, etweedie.Metric.diagonal(torch.ones(5, device=device)), backend=backend)
+    assert s.shape == (0, 5) and s.dtype == torch.float32
+    gy, gx = torch.autograd.grad(s.sum(), (y, x))
+    assert gy.shape == y.shape and gx.shape == x.shape and gx.dtype == x_dtype
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE + [("reference", "cpu")], ids=BACKEND_IDS + ["reference"])
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+def test_low_precision_draws_nan_inf_and_float32_range(backend, device, x_dtype):
+    """NaN/inf in 16-bit draws give NaN rows; magnitudes beyond float32's squared-norm range run
+    in float64 (the range fallback keeps the 16-bit draws as they are) and match the float64
+    reference on the same draws."""
+    g = gen(11)
+    y = torch.randn(3, 4, generator=g).to(device)
+    x = torch.randn(3, 5, 4, generator=g).to(device, x_dtype)
+    for bad in (math.nan, math.inf):
+        xb = x.clone()
+        xb[1, 2, 0] = bad
+        s = etweedie.et_score(y, xb, 1.3, backend=backend)
+        assert torch.isnan(s[1]).all() and torch.isfinite(s[[0, 2]]).all(), f"{bad}"
+    if x_dtype != torch.bfloat16:
+        return  # float16 spans 6e-8..65504: always inside the float32 range of the squared norms
+    for scale in (1e-30, 1e25, 1e30):
+        ys = (torch.randn(3, 2, generator=g) * scale).to(device)
+        xs = (torch.randn(3, 6, 2, generator=g) * scale).to(device, x_dtype)
+        for beta in (0.7, 1.6):
+            ref = etweedie.et_score(ys.double(), xs.double(), beta, backend="reference")
+            out = etweedie.et_score(ys, xs, beta, backend=backend)
+            assert out.dtype == torch.float32
+            torch.testing.assert_close(out.double().cpu(), ref.float().double().cpu(), rtol=1e-4, atol=0,
+                                       msg=f"scale {scale} beta {beta}")
+
+
+class TestLowPrecisionBadInput:
+    def test_public_op(self):
+        y, x = torch.zeros(2, 3), torch.zeros(2, 4, 3)
+        with pytest.raises(TypeError, match="y must be float32 or float64, got torch.bfloat16"):
+            etweedie.et_score(y.bfloat16(), x.bfloat16(), 1.0)
+        with pytest.raises(TypeError, match="x must have y's dtype torch.float64 or be bfloat16 or float16 .*got torch.float32"):
+            etweedie.et_score(y.double(), x, 1.0)
+        with pytest.raises(TypeError, match="x must have y's dtype torch.float32 or be bfloat16 or float16 .*got torch.float8_e4m3fn"):
+            etweedie.et_score(y, x.to(torch.float8_e4m3fn), 1.0)
+        with pytest.raises(TypeError, match="noise must be float32 or float64, got torch.bfloat16"):
+            etweedie.langevin_step(y, x.bfloat16(), y.bfloat16(), 0.1, 1.0)
+
+    def test_raw_op(self):
+        if "cpu" not in [b for b, _ in BACKEND_DEVICE]:
+            pytest.skip("compiled extension not available")
+        op = torch.ops.etweedie.et_score_fwd
+        y, x, one = torch.zeros(2, 4), torch.zeros(2, 3, 4), torch.ones(2)
+        with pytest.raises(RuntimeError, match="et_score: x must have y's dtype Float or be bfloat16 or float16, got Double"):
+            op(y, x.double(), one, one, one, 0)
+        with pytest.raises(RuntimeError, match="et_score: x must have y's dtype Float or be bfloat16 or float16, got Int"):
+            op(y, x.int(), one, one, one, 0)
+        with pytest.raises(RuntimeError, match="et_score: y must be float32 or float64, got BFloat16"):
+            op(y.bfloat16(), x.bfloat16(), one, one, one, 0)
+        s, m = op(y, x.bfloat16(), one, one, one, 0)
+        assert s.dtype == m.dtype == torch.float32
+        bwd = torch.ops.etweedie.et_score_bwd
+        grads = bwd(y, y, y, x.half(), one, one, one, 0, m, True, True, True, True, True)
+        assert grads[1].dtype == torch.float16 and grads[0].dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", ["isotropic", "block2"])
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+def test_opcheck_low_precision_draws(kind, x_dtype, seed):
+    if "cpu" not in [b for b, _ in BACKEND_DEVICE]:
+        pytest.skip("compiled extension not available")
+    from etweedie.ops._prep import canonicalize
+
+    y, x, beta, lam, metric = _inputs(seed, 3, 6, 4, kind)
+    m, _ = metric_to(metric, torch.float32)
+    c = canonicalize("et_score", y.float(), x.to(x_dtype), beta.float(), lam.float(), m)
+    args = [t.clone().requires_grad_() for t in (c.y, c.x, c.beta, c.lam, c.prec.contiguous())] + [c.kind]
+    torch.library.opcheck(torch.ops.etweedie.et_score_fwd.default, args)
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+def test_torch_compile_fullgraph_low_precision_draws(backend, device, seed):
+    y, x, beta, lam, metric = _inputs(seed, 4, 16, 6, "block2")
+    y, x = y.float().to(device).requires_grad_(), x.to(device, torch.bfloat16).requires_grad_()
+    m, _ = metric_to(metric, torch.float32, device)
+
+    def f(y, x):
+        return etweedie.et_score(y, x, 1.4, 1.8, m, backend=backend)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(y, x), f(y, x))
+    g1 = torch.autograd.grad(compiled(y, x).sum(), (y, x))
+    g2 = torch.autograd.grad(f(y, x).sum(), (y, x))
+    assert g1[1].dtype == torch.bfloat16
+    torch.testing.assert_close(g1, g2)

@@ -6,7 +6,16 @@ import pytest
 import torch
 
 import etweedie
-from conftest import BACKEND_DEVICE, BACKEND_IDS, assert_close_to_ref, gen, metric_to, random_metric
+from conftest import (
+    BACKEND_DEVICE,
+    BACKEND_IDS,
+    LOW_PRECISION,
+    LOW_PRECISION_IDS,
+    assert_close_to_ref,
+    gen,
+    metric_to,
+    random_metric,
+)
 
 
 def _inputs(seed, B, N, d, kind):
@@ -20,8 +29,10 @@ def _inputs(seed, B, N, d, kind):
     return y, x, xi, step, beta, lam, random_metric(kind, B, d, g)
 
 
-def _run(backend, device, dtype, args, metric):
-    leaves = [t.detach().to(device=device, dtype=dtype).clone().requires_grad_() for t in args]
+def _run(backend, device, dtype, args, metric, x_dtype=None):
+    """Step and gradients at dtype (the draws, args[1], at x_dtype when given: 16-bit draws)."""
+    leaves = [t.detach().to(device=device, dtype=dtype if i != 1 or x_dtype is None else x_dtype).clone().requires_grad_()
+              for i, t in enumerate(args)]
     m, p = metric_to(metric, dtype, device, requires_grad=True)
     out = etweedie.langevin_step(*leaves, metric=m, backend=backend)
     up = torch.cos(torch.arange(out.numel(), dtype=dtype, device=device)).reshape(out.shape)
@@ -91,3 +102,58 @@ def test_bad_input():
         etweedie.langevin_step(y, x, torch.zeros(2, 3, dtype=torch.int64), 0.1, 1.0)
     with pytest.raises(ValueError, match="batch shapes do not broadcast"):
         etweedie.langevin_step(y, x, torch.zeros(2, 3), torch.ones(4), 1.0)
+
+
+# ---------------------------------------------------------------------------- 16-bit draws
+# bfloat16/float16 draws with a float32 state (the sampler's bf16 mode): the step accumulates in
+# float32, returns float32, and gives ∂L/∂x in the draws' dtype (etweedie/ops/_prep.py).
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+@pytest.mark.parametrize("kind,beta", [("isotropic", None), ("block2", 1.0), ("diagonal", 2.0), ("dense", None)])
+def test_low_precision_draws_match_float64_reference(backend, device, x_dtype, kind, beta, seed):
+    y, x, xi, step, b, lam, metric = _inputs(seed, 4, 21, 6, kind)
+    if beta is not None:
+        b = torch.full_like(b, beta)
+    if kind != "dense":  # (dense: y and x are whitened by separate GEMMs, so a coincident draw is not exact)
+        y = y.to(x_dtype).double()  # queries on the 16-bit grid
+        x[:, 5] = y  # a draw exactly on its query
+    x16 = x.to(x_dtype)
+    out, gout = _run(backend, device, torch.float32, (y, x16, xi, step, b, lam), metric, x_dtype=x_dtype)
+    r32, g32 = _run("reference", "cpu", torch.float32, (y, x16, xi, step, b, lam), metric, x_dtype=x_dtype)
+    r64, g64 = _run("reference", "cpu", torch.float64, (y, x16.double(), xi, step, b, lam), metric)
+    assert out.dtype == torch.float32
+    assert_close_to_ref(out, r32, r64, name=f"langevin[{x_dtype} {kind}]", seed=seed)
+    for name, a, r, c in zip(["y", "x", "noise", "step", "beta", "lam", "metric"], gout, g32, g64):
+        assert a.dtype == (x_dtype if name == "x" else torch.float32), f"grad {name}: {a.dtype}"
+        assert_close_to_ref(a, r, c, name=f"grad {name}[{x_dtype} {kind}]", seed=seed, atol_scale=3e-5,
+                            rounded_to=x_dtype if name == "x" else None)
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+def test_low_precision_draws_broadcast_and_zero_size(backend, device, x_dtype, seed):
+    g = gen(seed)
+    y = torch.randn(5, 6, generator=g).to(device)
+    cloud = torch.randn(9, 6, generator=g).to(device, x_dtype)  # shared by every state (stride 0 over B)
+    xi = torch.randn(5, 6, generator=g).to(device)
+    got = etweedie.langevin_step(y, cloud, xi, 0.05, 1.4, backend=backend)
+    want = etweedie.langevin_step(y, cloud.float().expand(5, 9, 6), xi, 0.05, 1.4, backend=backend)
+    torch.testing.assert_close(got, want, msg=f"seed {seed}")
+    z = torch.zeros(0, 3, device=device)
+    out = etweedie.langevin_step(z, torch.zeros(0, 2, 3, device=device, dtype=x_dtype), z, 0.1, 1.2, backend=backend)
+    assert out.shape == (0, 3) and out.dtype == torch.float32
+
+
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+def test_opcheck_low_precision_draws(x_dtype, seed):
+    if "cpu" not in [b for b, _ in BACKEND_DEVICE]:
+        pytest.skip("compiled extension not available")
+    from etweedie.ops._prep import canonicalize
+
+    y, x, xi, step, beta, lam, metric = _inputs(seed, 3, 5, 4, "block2")
+    m, _ = metric_to(metric, torch.float32)
+    c = canonicalize("langevin_step", y.float(), x.to(x_dtype), beta.float(), lam.float(), m)
+    args = [t.clone().requires_grad_() for t in (c.y, c.x, xi.float(), step.float(), c.beta, c.lam, c.prec.contiguous())]
+    torch.library.opcheck(torch.ops.etweedie.langevin_step_fwd.default, args + [c.kind])

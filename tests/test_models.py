@@ -31,6 +31,24 @@ def test_shapes_every_variant(conditioning, output):
     assert out[:, 1:].sub(out[:, :1]).abs().amax() > 0
 
 
+@pytest.mark.parametrize("output", ["scaled_residual", "residual", "direct", "preconditioned"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sample_writes_16_bit_draws(output, dtype):
+    """sample(dtype=bf16/fp16): the same draws, rounded once to 16 bits by the output layer's
+    last operation (the form the score ops read without a cast pass)."""
+    model = small(output=output).eval()
+    y = torch.randn(5, 2, generator=gen(1))
+    with torch.no_grad():
+        full = model.sample(y, ETA, 6, generator=gen(2))
+        low = model.sample(y, ETA, 6, generator=gen(2), dtype=dtype)
+    assert low.dtype == dtype and low.shape == full.shape
+    info = torch.finfo(dtype)
+    # one rounding of (up to float32 rounding) the same value
+    assert ((low.float() - full).abs() <= info.eps * full.abs() + 1e-6).all()
+    with pytest.raises(TypeError, match="dtype must be None or a floating-point dtype"):
+        model.sample(y, ETA, 2, generator=gen(3), dtype=torch.int32)
+
+
 @pytest.mark.parametrize(
     "y_shape, eta_shape, batch",
     [

@@ -88,6 +88,40 @@ def test_bfloat16_forward_stays_close_to_float32_and_returns_float32():
         sample_langevin(_model(), y0, PATH, level_times(2), generator=torch.Generator(), capture="cuda_graph", **kw)
 
 
+def test_bfloat16_mode_hands_bf16_draws_to_the_step_without_a_cast(monkeypatch):
+    """precision="bfloat16": the posterior writes its draws in bf16 and langevin_step receives
+    exactly those tensors (no float32 copy in between); the chains and the result stay float32."""
+    import etweedie.sample as sampler
+
+    returned, stepped = [], []
+
+    class Recording:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def sample(self, y, eta, n, *, generator, dtype=None):
+            x = self.inner.sample(y, eta, n, generator=generator, dtype=dtype)
+            returned.append((x.dtype, x.data_ptr()))
+            return x
+
+    real_step = sampler.langevin_step
+
+    def spy(y, x, *args, **kwargs):
+        stepped.append((x.dtype, x.data_ptr()))
+        out = real_step(y, x, *args, **kwargs)
+        assert y.dtype == out.dtype == torch.float32
+        return out
+
+    monkeypatch.setattr(sampler, "langevin_step", spy)
+    y0 = torch.randn(6, DIM, generator=torch.Generator().manual_seed(5))
+    out = sample_langevin(Recording(_model()), y0, PATH, level_times(2), generator=torch.Generator().manual_seed(6),
+                          precision="bfloat16", **KW)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert len(stepped) == 3 + 2 and all(dt == torch.bfloat16 for dt, _ in stepped)
+    assert stepped == returned[: len(stepped)]  # the posterior's own bf16 tensors, not copies
+    assert returned[-1][0] == torch.float32  # the final draw is asked for in y0's dtype
+
+
 def test_static_update_on_buffers_equals_the_eager_update():
     """The body a CUDA graph captures, run eagerly on CPU, takes the sampler's eager steps."""
     times = level_times(2)

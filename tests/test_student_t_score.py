@@ -18,6 +18,8 @@ import etweedie
 from conftest import (
     BACKEND_DEVICE,
     BACKEND_IDS,
+    LOW_PRECISION,
+    LOW_PRECISION_IDS,
     TRITON_INTERPRETING,
     assert_close_to_ref,
     gen,
@@ -38,9 +40,10 @@ def _inputs(seed, B, N, d, kind, per_row=True):
     return y, x, c, metric
 
 
-def _run(backend, device, dtype, y, x, c, metric):
-    """Score and its gradients wrt y, x, c and the metric parameter at dtype."""
-    leaves = [t.detach().to(device=device, dtype=dtype).clone().requires_grad_() for t in (y, x, c)]
+def _run(backend, device, dtype, y, x, c, metric, x_dtype=None):
+    """Score and its gradients wrt y, x, c and the metric parameter at dtype (x at x_dtype when given)."""
+    leaves = [t.detach().to(device=device, dtype=dtype if i != 1 or x_dtype is None else x_dtype).clone().requires_grad_()
+              for i, t in enumerate((y, x, c))]
     m, p = metric_to(metric, dtype, device, requires_grad=True)
     s = etweedie.student_t_score(*leaves, metric=m, backend=backend)
     up = torch.linspace(-1, 1, s.numel(), dtype=dtype, device=device).reshape(s.shape)
@@ -130,6 +133,54 @@ def test_opcheck(kind, dtype, seed):
     torch.library.opcheck(torch.ops.etweedie.student_t_score_fwd.default, args)
 
 
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+@pytest.mark.parametrize("kind", ["none", "block2", "dense"])
+def test_low_precision_draws_match_float64_reference(backend, device, x_dtype, kind, seed):
+    """16-bit draws with float32 queries (the dtype rule of etweedie/ops/_prep.py): float32 sums
+    and score, ∂L/∂x in the draws' dtype; held to the float64 reference on the draws' exact values."""
+    y, x, c, metric = _inputs(seed, 3, 70, 42, kind)
+    x16 = x.to(x_dtype)
+    x16[:, 7] = y.to(x_dtype)  # a coincident draw
+    out, gout = _run(backend, device, torch.float32, y, x16, c, metric, x_dtype=x_dtype)
+    r32, g32 = _run("reference", "cpu", torch.float32, y, x16, c, metric, x_dtype=x_dtype)
+    r64, g64 = _run("reference", "cpu", torch.float64, y, x16.double(), c, metric)
+    assert out.dtype == torch.float32
+    assert_close_to_ref(out, r32, r64, name=f"score[{x_dtype} {kind}]", seed=seed)
+    for name, a, b, e in zip(["y", "x", "c", "metric"], gout, g32, g64):
+        assert a.dtype == (x_dtype if name == "x" else torch.float32), f"grad {name}: {a.dtype}"
+        assert_close_to_ref(a, b, e, name=f"grad {name}[{x_dtype} {kind}]", seed=seed, atol_scale=3e-5,
+                            rounded_to=x_dtype if name == "x" else None)
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+def test_low_precision_draws_broadcast_and_zero_size(backend, device, x_dtype, seed):
+    g = gen(seed)
+    x = torch.randn(1, 16, 10, generator=g).to(device, x_dtype).expand(6, 16, 10)  # stride 0 over B
+    y = torch.randn(10, 6, generator=g).t().to(device)  # non-contiguous
+    torch.testing.assert_close(etweedie.student_t_score(y, x, 6.0, backend=backend),
+                               etweedie.student_t_score(y, x.float(), 6.0, backend=backend), msg=f"seed {seed}")
+    z = torch.zeros(0, 3, device=device, requires_grad=True)
+    xz = torch.zeros(0, 4, 3, device=device, dtype=x_dtype, requires_grad=True)
+    s = etweedie.student_t_score(z, xz, 2.0, backend=backend)
+    gz, gx = torch.autograd.grad(s.sum(), (z, xz))
+    assert s.shape == (0, 3) and gx.shape == (0, 4, 3) and gx.dtype == x_dtype
+
+
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+def test_opcheck_low_precision_draws(x_dtype, seed):
+    if "cpu" not in [b for b, _ in BACKEND_DEVICE]:
+        pytest.skip("compiled extension not available")
+    from etweedie.ops._prep import canonicalize
+
+    y, x, c, metric = _inputs(seed, 3, 6, 4, "block2")
+    m, _ = metric_to(metric, torch.float32)
+    cn = canonicalize("student_t_score", y.float(), x.to(x_dtype), 2.0, 1.0, m)
+    args = [t.clone().requires_grad_() for t in (cn.y, cn.x, c.float(), cn.prec.contiguous())] + [cn.kind]
+    torch.library.opcheck(torch.ops.etweedie.student_t_score_fwd.default, args)
+
+
 def test_nan_propagates():
     """A NaN draw makes its row's score NaN (never a silent finite value); other rows stay finite."""
     if "cpu" not in [b for b, _ in BACKEND_DEVICE]:
@@ -152,8 +203,10 @@ def test_bad_input():
         etweedie.student_t_score(y, x, -1.0)
     with pytest.raises(ValueError, match="x must have shape"):
         etweedie.student_t_score(y, torch.zeros(2, 3, 5), 3.0)
-    with pytest.raises(TypeError, match="dtype"):
+    with pytest.raises(TypeError, match="x must have y's dtype torch.float32 or be bfloat16 or float16"):
         etweedie.student_t_score(y, x.double(), 3.0)
+    with pytest.raises(TypeError, match="y must be float32 or float64, got torch.bfloat16"):
+        etweedie.student_t_score(y.bfloat16(), x.bfloat16(), 3.0)
     with pytest.raises(ValueError, match="broadcast|enlarge"):
         etweedie.student_t_score(y, x, torch.full((3,), 3.0))
 
@@ -166,22 +219,27 @@ def test_raw_op_checks_every_argument():
     y, x, c, p = torch.zeros(2, 4), torch.zeros(2, 3, 4), torch.ones(2), torch.ones(2)
     bad = [
         ((y, x, c, p, 5), "unknown metric kind"),
-        ((y, x, c, torch.ones(2, 3, 3), 2), "block precision"),
-        ((y, x, c, torch.ones(2, 5), 1), "diagonal precision"),
-        ((y, x, torch.ones(3), p, 0), "c must be"),
-        ((y, torch.zeros(2, 3, 5), c, p, 0), "x must be"),
-        ((y, x.double(), c, p, 0), "dtype"),
+        ((y, x, c, torch.ones(2, 3, 3), 2), "block size k must be in \\[1, 4\\] and divide d = 4"),
+        ((y, x, c, torch.ones(2, 2, 3), 2), "a block precision must have shape"),
+        ((y, x, c, torch.ones(2, 5), 1), "a diagonal precision must have shape"),
+        ((y, x, torch.ones(3), p, 0), r"c must have shape \(B,\) = \(2\)"),
+        ((y, x, c, torch.ones(3), 0), r"an isotropic precision must have shape \(B,\) = \(2\)"),
+        ((y, torch.zeros(2, 3, 5), c, p, 0), r"x must have shape \(B, N, d\)"),
+        ((y, x.double(), c, p, 0), "x must have y's dtype Float or be bfloat16 or float16, got Double"),
+        ((y, x, c.double(), p, 0), "c must have y's dtype"),
         ((y.t(), x, c, p, 0), "y must be contiguous"),
         ((y, torch.zeros(2, 4, 3).transpose(1, 2), c, p, 0), "unit stride"),
-        ((y, torch.zeros(2, 0, 4), c, p, 0), "at least one posterior draw"),
-        ((y.int(), x, c, p, 0), "float32 or float64"),
+        ((y, torch.zeros(2, 0, 4), c, p, 0), "x must hold at least one posterior draw"),
+        ((y.int(), x, c, p, 0), "y must be float32 or float64"),
     ]
     for args, msg in bad:
         with pytest.raises(RuntimeError, match=msg):
             op(*args)
     bwd = torch.ops.etweedie.student_t_score_bwd
-    with pytest.raises(RuntimeError, match="grad must be"):
+    with pytest.raises(RuntimeError, match=r"student_t_score: grad must have shape \[2, 4\]"):
         bwd(torch.zeros(3, 4), y, y, x, c, p, 0, y, True, True, True, True)
+    with pytest.raises(RuntimeError, match="student_t_score: grad_m must have y's dtype"):
+        bwd(y, y.double(), y, x, c, p, 0, y, True, True, True, True)
 
 
 def test_former_import_path():
@@ -196,17 +254,20 @@ def test_former_import_path():
 
 def test_cuda_sources_layering():
     """The CUDA source compiles with plain nvcc (no torch headers); its launchers are defined
-    and instantiated for float and double; the binding registers both ops under CUDA."""
+    and instantiated for float and double, each with draws of its own dtype, bfloat16 or float16;
+    the binding registers both ops under CUDA."""
     cu = open(os.path.join(ROOT, "csrc", "cuda", "student_t_score_cuda.cu")).read()
     launch = open(os.path.join(ROOT, "csrc", "cuda", "student_t_score_launch.cuh")).read()
     bind = open(os.path.join(ROOT, "csrc", "cuda", "student_t_score_bindings.cpp")).read()
     for src in (cu, launch):
         includes = re.findall(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', src, re.M)
         assert not [h for h in includes if h.split("/")[0] in ("torch", "ATen", "c10")]
+    from test_cuda_sources import instantiations
+
+    want = {(t, x) for t in ("float", "double") for x in (t, "bf16", "fp16")}  # 16-bit draws of either
     for name in ("student_t_score_fwd_launch", "student_t_score_bwd_launch"):
         assert re.search(rf"cudaError_t\s+{name}\s*\(", launch)
-        assert re.search(rf"template\s+cudaError_t\s+{name}<T>", cu)
-    assert "ET_INSTANTIATE(float)" in cu and "ET_INSTANTIATE(double)" in cu
+        assert instantiations(cu, name) == want, name
     assert set(re.findall(r'm\.impl\("(\w+)"', bind)) == {"student_t_score_fwd", "student_t_score_bwd"}
 
 

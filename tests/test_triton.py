@@ -1,7 +1,8 @@
 """Triton kernels (etweedie.kernels) on CPU tensors under the Triton interpreter.
 
 Every kernel — et_score forward/backward, the fused Langevin step, the importance-sampling
-oracle — against the float64 reference (|out − ref64| ≤ 2|ref32 − ref64| + atol, outputs and
+oracle — against the float64 reference (the score kernels also with bfloat16/float16 draws,
+against the float64 reference on the draws' exact values) (|out − ref64| ≤ 2|ref32 − ref64| + atol, outputs and
 every gradient) on shapes that exercise the masks and several program blocks: d not a power
 of two, several coordinate chunks (block size lowered so that chunk edges cut through k×k
 metric blocks), N = 1, N spanning several draw tiles, stride-0 clouds and metrics.
@@ -17,6 +18,8 @@ import torch
 
 import etweedie
 from conftest import (
+    LOW_PRECISION,
+    LOW_PRECISION_IDS,
     TRITON_INTERPRETING,
     assert_close_to_ref,
     gen,
@@ -24,7 +27,7 @@ from conftest import (
     run_file_under_interpreter,
     skip_unless_interpreting,
 )
-from test_et_score import _check_against_reference, _inputs
+from test_et_score import _check_against_reference, _check_low_precision, _inputs
 from test_langevin_step import _inputs as _langevin_inputs, _run as _langevin_run
 
 # TRITON_INTERPRET=1 must be set at process start (tests/conftest.py): without it the cases
@@ -213,3 +216,80 @@ def test_host_functions_validate_canonical_arguments():
         tk.et_score_forward(y, x, one, one, torch.ones(2, 3, 3), 2)
     with pytest.raises(ValueError, match="x must be"):
         tk.et_score_forward(y, torch.zeros(2, 3, 5), one, one, one, 0)
+    with pytest.raises(ValueError, match="x must have y's dtype torch.float32 or be bfloat16 or float16"):
+        tk.et_score_forward(y, x.double(), one, one, one, 0)
+
+
+# ---------------------------------------------------------------------------- 16-bit draws
+
+
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+@pytest.mark.parametrize("kind", ["none", "diagonal", "block3", "dense"])
+def test_et_score_low_precision_draws(x_dtype, kind, seed):
+    y, x, beta, lam, metric = _inputs(seed, 3, 37, 12, kind)
+    _check_low_precision("triton", DEV, (y, x, beta, lam), metric, f"[{x_dtype} {kind}]", seed, x_dtype)
+
+
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+@pytest.mark.parametrize("kind", ["isotropic", "block3"])
+def test_et_score_low_precision_draws_several_chunks(x_dtype, kind, small_chunks, seed):
+    y, x, beta, lam, metric = _inputs(seed, 3, 19, 12, kind)
+    _check_low_precision("triton", DEV, (y, x, beta, lam), metric, f"[{x_dtype} {kind}, chunks of 8]", seed, x_dtype)
+
+
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+@pytest.mark.parametrize("beta", [1.0, 2.0])
+def test_et_score_low_precision_beta_and_coincident(x_dtype, beta, seed):
+    y, x, b, lam, metric = _inputs(seed, 3, 9, 6, "block2", beta=beta)
+    y = y.to(x_dtype).double()
+    x[:, ::3] = y.unsqueeze(1)
+    _check_low_precision("triton", DEV, (y, x, b, lam), metric, f" beta={beta} coincident", seed, x_dtype)
+
+
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+def test_low_precision_shared_cloud_zero_size_and_float64(x_dtype, seed):
+    g = gen(seed)
+    cloud = torch.randn(11, 6, generator=g).to(x_dtype)  # stride 0 over rows on the kernel path
+    y = torch.randn(5, 12, generator=g)[:, ::2]
+    torch.testing.assert_close(etweedie.et_score(y, cloud, 1.3, backend="triton"),
+                               etweedie.et_score(y, cloud, 1.3, backend="reference"))
+    z = torch.zeros(0, 5, requires_grad=True)
+    xz = torch.zeros(0, 7, 5, dtype=x_dtype, requires_grad=True)
+    gz, gx = torch.autograd.grad(etweedie.et_score(z, xz, 1.4, backend="triton").sum(), (z, xz))
+    assert gx.shape == xz.shape and gx.dtype == x_dtype
+    # float64 queries: float64 sums on the widened draws
+    y64, x16 = torch.randn(2, 3, dtype=torch.float64), torch.randn(2, 4, 3).to(x_dtype)
+    torch.testing.assert_close(etweedie.et_score(y64, x16, 1.2, backend="triton"),
+                               etweedie.et_score(y64, x16.double(), 1.2, backend="reference"), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+@pytest.mark.parametrize("kind", ["block2", "dense"])
+def test_langevin_step_low_precision_draws(x_dtype, kind, seed):
+    y, x, xi, step, beta, lam, metric = _langevin_inputs(seed, 3, 21, 6, kind)
+    x16 = x.to(x_dtype)
+    args = (y, x16, xi, step, beta, lam)
+    out, gout = _langevin_run("triton", DEV, torch.float32, args, metric, x_dtype=x_dtype)
+    r32, g32 = _langevin_run("reference", "cpu", torch.float32, args, metric, x_dtype=x_dtype)
+    r64, g64 = _langevin_run("reference", "cpu", torch.float64, (y, x16.double(), xi, step, beta, lam), metric)
+    assert_close_to_ref(out, r32, r64, name=f"langevin[{x_dtype} {kind}]", seed=seed)
+    for name, a, b, c in zip(["y", "x", "noise", "step", "beta", "lam", "metric"], gout, g32, g64):
+        assert a.dtype == (x_dtype if name == "x" else torch.float32)
+        assert_close_to_ref(a, b, c, name=f"grad {name}[{x_dtype} {kind}]", seed=seed, atol_scale=3e-5,
+                            rounded_to=x_dtype if name == "x" else None)
+
+
+def test_torch_compile_fullgraph_low_precision_draws(seed):
+    y, x, beta, lam, metric = _inputs(seed, 4, 16, 6, "block2")
+    y, x = y.float().requires_grad_(), x.bfloat16().requires_grad_()
+    m = etweedie.Metric(metric.kind, metric.param.float())
+
+    def f(y, x):
+        return etweedie.et_score(y, x, 1.4, 1.8, m, backend="triton")
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(y, x), f(y, x))
+    g1 = torch.autograd.grad(compiled(y, x).sum(), (y, x))
+    g2 = torch.autograd.grad(f(y, x).sum(), (y, x))
+    assert g1[1].dtype == torch.bfloat16
+    torch.testing.assert_close(g1, g2)

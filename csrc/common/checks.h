@@ -5,7 +5,8 @@
 // Python layer that builds canonical arguments (etweedie/ops/_prep.py).  So each entry checks
 // everything its kernel reads before touching a pointer: ranks, sizes against B, N, d, the
 // strides the kernels assume, the metric kind and its parameter shape (a block size k ≤ 4
-// dividing d), one dtype and one device for all tensors, and the scalar parameters.  A
+// dividing d), one dtype (the query's; the draws of the score ops may instead be bfloat16 or
+// float16) and one device for all tensors, and the scalar parameters.  A
 // violation is a c10::Error (RuntimeError in Python) naming the op, the argument, what was
 // expected and what was received — never an out-of-bounds read or a wrong result.
 //
@@ -36,6 +37,15 @@ inline void same_dtype_device(const char* op, const Named& ref, std::initializer
     TORCH_CHECK(t.second->device() == r.device(), op, ": ", t.first, " must be on ", ref.first, "'s device ",
                 r.device(), ", got ", t.second->device());
   }
+}
+
+// The posterior draws x of a score op: y's dtype, or bfloat16 / float16 (read in 16 bits and
+// widened to y's dtype as they are loaded: csrc/common/low_precision.h), on y's device.
+inline void draws(const char* op, const at::Tensor& y, const at::Tensor& x) {
+  const at::ScalarType t = x.scalar_type();
+  TORCH_CHECK(t == y.scalar_type() || t == at::kBFloat16 || t == at::kHalf, op, ": x must have y's dtype ",
+              y.scalar_type(), " or be bfloat16 or float16, got ", t);
+  TORCH_CHECK(x.device() == y.device(), op, ": x must be on y's device ", y.device(), ", got ", x.device());
 }
 
 // A per-row parameter (beta, lam, step): shape (B,), any stride.
@@ -75,12 +85,11 @@ inline void metric(const char* op, const at::Tensor& prec, int64_t kind, int64_t
 // (Stride rules apply to tensors the kernels read: an empty tensor is never dereferenced, and
 // torch calls every empty tensor contiguous whatever its strides.)
 //
-// Canonical arguments of the score ops (et_score, langevin_step): y (B, d) contiguous,
-// x (B, N, d) with unit stride over d (any stride over B and N: 0 = a broadcast cloud),
-// beta and lam (B,), prec as in metric().
-inline void score_args(const char* op, const at::Tensor& y, const at::Tensor& x, const at::Tensor& beta,
-                       const at::Tensor& lam, const at::Tensor& prec, int64_t kind) {
-  same_dtype_device(op, {"y", &y}, {{"x", &x}, {"beta", &beta}, {"lam", &lam}, {"prec", &prec}});
+// The query and its cloud, as every score op takes them: y (B, d) contiguous, x (B, N, d)
+// with unit stride over d (any stride over B and N: 0 = a broadcast cloud) and N >= 1 unless
+// the problem is empty; x's dtype as draws() allows.
+inline void query_cloud(const char* op, const at::Tensor& y, const at::Tensor& x) {
+  draws(op, y, x);
   TORCH_CHECK(y.dim() == 2, op, ": y must have shape (B, d), got ", y.sizes());
   TORCH_CHECK(y.is_contiguous(), op, ": y must be contiguous, got strides ", y.strides());
   const int64_t B = y.size(0), d = y.size(1);
@@ -88,9 +97,27 @@ inline void score_args(const char* op, const at::Tensor& y, const at::Tensor& x,
               d, "), got ", x.sizes());
   TORCH_CHECK(d <= 1 || x.numel() == 0 || x.stride(2) == 1, op, ": x must have unit stride over d, got strides ", x.strides());
   TORCH_CHECK(x.size(1) > 0 || B == 0 || d == 0, op, ": x must hold at least one posterior draw (N >= 1)");
+}
+
+// Canonical arguments of the score ops (et_score, langevin_step): query_cloud, beta and lam
+// (B,), prec as in metric().
+inline void score_args(const char* op, const at::Tensor& y, const at::Tensor& x, const at::Tensor& beta,
+                       const at::Tensor& lam, const at::Tensor& prec, int64_t kind) {
+  same_dtype_device(op, {"y", &y}, {{"beta", &beta}, {"lam", &lam}, {"prec", &prec}});
+  query_cloud(op, y, x);
+  const int64_t B = y.size(0), d = y.size(1);
   rows(op, "beta", beta, B);
   rows(op, "lam", lam, B);
   metric(op, prec, kind, B, d);
+}
+
+// Canonical arguments of student_t_score: query_cloud, the exponent c (B,), prec as in metric().
+inline void student_t_args(const char* op, const at::Tensor& y, const at::Tensor& x, const at::Tensor& c,
+                           const at::Tensor& prec, int64_t kind) {
+  same_dtype_device(op, {"y", &y}, {{"c", &c}, {"prec", &prec}});
+  query_cloud(op, y, x);
+  rows(op, "c", c, y.size(0));
+  metric(op, prec, kind, y.size(0), y.size(1));
 }
 
 // Canonical arguments of the pair ops (energy_score with the target as a one-point cloud,

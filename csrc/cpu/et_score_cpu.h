@@ -9,6 +9,9 @@
 //
 // Shapes (per row b): y (d), x (N, d) with row stride sxn and unit stride over d,
 // P the row's precision parameter.  Output m = (1/N) Σ w_i u_i and s = −λ P m.
+// Types: T (float or double) computes and accumulates; the draws are stored as X = T, bf16 or
+// fp16 and widened to T in the loops that read them (widen<T>, csrc/common/low_precision.h), so a
+// 16-bit cloud is read in 16 bits once, with no converted copy.
 #pragma once
 
 #include <algorithm>
@@ -26,46 +29,46 @@ constexpr int64_t kTile = 64;
 // ut[k * kTile + t] = y[k] − x_t[k] for the n points x_t = x + t·sx of a tile (d ≤ kSmallD).
 // Contiguous points with d ≤ 4 take an unrolled fixed-stride path (GCC turns it into shuffles);
 // the generic path loops k outside so the inner loop still runs over points.
-template <typename T, int D>
-inline void residual_tile_fixed(const T* y, const T* x, int64_t n, T* ut) {
+template <typename T, int D, typename X>
+inline void residual_tile_fixed(const T* y, const X* x, int64_t n, T* ut) {
 #pragma GCC unroll 4
   for (int k = 0; k < D; ++k) {
     const T yk = y[k];
 #pragma omp simd
-    for (int64_t t = 0; t < n; ++t) ut[k * kTile + t] = yk - x[t * D + k];
+    for (int64_t t = 0; t < n; ++t) ut[k * kTile + t] = yk - widen<T>(x[t * D + k]);
   }
 }
 
-template <typename T>
-inline void residual_tile(const T* y, const T* x, int64_t sx, int64_t n, int64_t d, T* ut) {
+template <typename T, typename X>
+inline void residual_tile(const T* y, const X* x, int64_t sx, int64_t n, int64_t d, T* ut) {
   if (sx == d) {
     switch (d) {
-      case 1: return residual_tile_fixed<T, 1>(y, x, n, ut);
-      case 2: return residual_tile_fixed<T, 2>(y, x, n, ut);
-      case 3: return residual_tile_fixed<T, 3>(y, x, n, ut);
-      case 4: return residual_tile_fixed<T, 4>(y, x, n, ut);
+      case 1: return residual_tile_fixed<T, 1, X>(y, x, n, ut);
+      case 2: return residual_tile_fixed<T, 2, X>(y, x, n, ut);
+      case 3: return residual_tile_fixed<T, 3, X>(y, x, n, ut);
+      case 4: return residual_tile_fixed<T, 4, X>(y, x, n, ut);
       default: break;
     }
   }
   for (int64_t k = 0; k < d; ++k) {
     const T yk = y[k];
-    for (int64_t t = 0; t < n; ++t) ut[k * kTile + t] = yk - x[t * sx + k];
+    for (int64_t t = 0; t < n; ++t) ut[k * kTile + t] = yk - widen<T>(x[t * sx + k]);
   }
 }
 
 // acc (length d) must be zeroed by the caller; on return acc = Σ_i w_i u_i.
-template <typename T, typename Prec>
-void et_score_accumulate(const Prec& prec, const T* y, const T* x, int64_t sxn, int64_t N, int64_t d,
+template <typename T, typename Prec, typename X>
+void et_score_accumulate(const Prec& prec, const T* y, const X* x, int64_t sxn, int64_t N, int64_t d,
                          T beta, T* acc) {
   if (d > kSmallD) {
     // Four draws per accumulation sweep: the draws are re-read from L1, and acc is loaded and
     // stored once per four draws instead of once per draw (the second pass is pure L1 traffic).
     int64_t i = 0;
     for (; i + 4 <= N; i += 4) {
-      const T* x0 = x + i * sxn;
-      const T* x1 = x0 + sxn;
-      const T* x2 = x1 + sxn;
-      const T* x3 = x2 + sxn;
+      const X* x0 = x + i * sxn;
+      const X* x1 = x0 + sxn;
+      const X* x2 = x1 + sxn;
+      const X* x3 = x2 + sxn;
       const T w0 = residual_weight(prec.quad(y, x0, d), beta);
       const T w1 = residual_weight(prec.quad(y, x1, d), beta);
       const T w2 = residual_weight(prec.quad(y, x2, d), beta);
@@ -73,15 +76,15 @@ void et_score_accumulate(const Prec& prec, const T* y, const T* x, int64_t sxn, 
 #pragma omp simd
       for (int64_t j = 0; j < d; ++j) {
         const T yj = y[j];
-        acc[j] += w0 * (yj - x0[j]) + w1 * (yj - x1[j]) + w2 * (yj - x2[j]) + w3 * (yj - x3[j]);
+        acc[j] += w0 * (yj - widen<T>(x0[j])) + w1 * (yj - widen<T>(x1[j])) + w2 * (yj - widen<T>(x2[j])) + w3 * (yj - widen<T>(x3[j]));
       }
     }
     for (; i < N; ++i) {
-      const T* xi = x + i * sxn;
+      const X* xi = x + i * sxn;
       const T w = residual_weight(prec.quad(y, xi, d), beta);
       if (w == T(0)) continue;
 #pragma omp simd
-      for (int64_t j = 0; j < d; ++j) acc[j] += w * (y[j] - xi[j]);
+      for (int64_t j = 0; j < d; ++j) acc[j] += w * (y[j] - widen<T>(xi[j]));
     }
     return;
   }
@@ -105,11 +108,11 @@ void et_score_accumulate(const Prec& prec, const T* y, const T* x, int64_t sxn, 
 }
 
 // m = acc/N and s = −λ P m for one row.
-template <typename T, typename Prec>
-void et_score_row(const Prec& prec, const T* y, const T* x, int64_t sxn, int64_t N, int64_t d, T beta, T lam,
+template <typename T, typename Prec, typename X>
+void et_score_row(const Prec& prec, const T* y, const X* x, int64_t sxn, int64_t N, int64_t d, T beta, T lam,
                   T* m, T* s) {
   std::fill(m, m + d, T(0));
-  et_score_accumulate<T, Prec>(prec, y, x, sxn, N, d, beta, m);
+  et_score_accumulate<T, Prec, X>(prec, y, x, sxn, N, d, beta, m);
   const T inv_n = T(1) / static_cast<T>(N);
 #pragma omp simd
   for (int64_t j = 0; j < d; ++j) m[j] *= inv_n;

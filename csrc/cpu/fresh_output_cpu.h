@@ -23,7 +23,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
+#include <type_traits>
 #include <vector>
+
+#include "../common/low_precision.h"
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -133,6 +136,25 @@ inline void stream_row(double* dst, const double* src, int64_t n) {
   }
 #endif
   for (; k < n; ++k) dst[k] = src[k];
+}
+
+// The same for an output in the draws' 16-bit format (∂L/∂x of bfloat16/float16 draws): src in
+// the compute type T, rounded once to X (csrc/common/low_precision.h), 16 values per 32-byte
+// streaming store.
+template <typename X, typename T, typename = std::enable_if_t<is_low_precision_v<X>>>
+inline void stream_row(X* dst, const T* src, int64_t n) {
+  int64_t k = 0;
+#if defined(__AVX__)
+  if ((reinterpret_cast<uintptr_t>(dst) & 31) == 0) {
+    for (; k + 16 <= n; k += 16) {
+      alignas(32) X packed[16];
+#pragma omp simd
+      for (int t = 0; t < 16; ++t) packed[t] = narrow<X>(src[k + t]);
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + k), _mm256_load_si256(reinterpret_cast<const __m256i*>(packed)));
+    }
+  }
+#endif
+  for (; k < n; ++k) dst[k] = narrow<X>(src[k]);
 }
 
 inline void stream_fence() {

@@ -1,8 +1,8 @@
 // CPU kernel of etweedie::langevin_step_fwd: the Energy-Tweedie score and the Langevin update
 //   y' = y + α s(y) + sqrt(2α) ξ
 // in one pass per row (the score row routine of et_score_cpu.h, then the O(d) update while the
-// row is hot).  Canonical inputs as et_score plus noise ξ (B, d) contiguous and step α (B,)
-// (any stride).  Returns (y', m) with m = (1/N) Σ w_i u_i saved for the backward, which
+// row is hot).  Canonical inputs as et_score (x in y's dtype, bfloat16 or float16) plus noise
+// ξ (B, d) contiguous and step α (B,) (any stride).  Returns (y', m) with m = (1/N) Σ w_i u_i saved for the backward, which
 // reuses et_score_bwd (etweedie/ops/langevin_step.py).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../common/checks.h"
+#include "../common/draws_dispatch.h"
 #include "et_score_cpu.h"
 
 namespace etweedie {
@@ -35,33 +36,36 @@ std::tuple<at::Tensor, at::Tensor> langevin_step_fwd_cpu(const at::Tensor& y, co
   if (B == 0 || d == 0) return {out, m};
   AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "langevin_step_fwd_cpu", [&] {
     using T = scalar_t;
-    const T* yp = y.data_ptr<T>();
-    const T* xp = x.data_ptr<T>();
-    const T* np = noise.data_ptr<T>();
-    const T* ap = step.data_ptr<T>();
-    const T* bp = beta.data_ptr<T>();
-    const T* lp = lam.data_ptr<T>();
-    const T* pp = prec.data_ptr<T>();
-    T* op = out.data_ptr<T>();
-    T* mp = m.data_ptr<T>();
-    const int64_t sxb = x.stride(0), sxn = x.stride(1), sa = step.stride(0), sb = beta.stride(0),
-                  sl = lam.stride(0), sp0 = prec.stride(0);
-    const int64_t kblock = kind == kBlock ? prec.size(1) : 0;
-    ET_DISPATCH_METRIC(kind, kblock, T, [&] {
-      at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
-        std::vector<T> s(d), pattern;
-        for (int64_t b = b0; b < b1; ++b) {
-          Prec P{pp + b * sp0};
-          prepare_row(P, pattern, d);
-          const T* yb = yp + b * d;
-          const T* nb = np + b * d;
-          T* ob = op + b * d;
-          et_score_row<T, Prec>(P, yb, xp + b * sxb, sxn, N, d, bp[b * sb], lp[b * sl], mp + b * d, s.data());
-          const T alpha = ap[b * sa];
-          const T diffusion = std::sqrt(T(2) * alpha);
-          _Pragma("omp simd")
-          for (int64_t j = 0; j < d; ++j) ob[j] = yb[j] + alpha * s[j] + diffusion * nb[j];
-        }
+    dispatch_draws<T>(x, [&](auto draw_type) {
+      using X = typename decltype(draw_type)::type;  // T, or bf16/fp16 widened to T as loaded
+      const T* yp = y.data_ptr<T>();
+      const X* xp = draws_data<X>(x);
+      const T* np = noise.data_ptr<T>();
+      const T* ap = step.data_ptr<T>();
+      const T* bp = beta.data_ptr<T>();
+      const T* lp = lam.data_ptr<T>();
+      const T* pp = prec.data_ptr<T>();
+      T* op = out.data_ptr<T>();
+      T* mp = m.data_ptr<T>();
+      const int64_t sxb = x.stride(0), sxn = x.stride(1), sa = step.stride(0), sb = beta.stride(0),
+                    sl = lam.stride(0), sp0 = prec.stride(0);
+      const int64_t kblock = kind == kBlock ? prec.size(1) : 0;
+      ET_DISPATCH_METRIC(kind, kblock, T, [&] {
+        at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+          std::vector<T> s(d), pattern;
+          for (int64_t b = b0; b < b1; ++b) {
+            Prec P{pp + b * sp0};
+            prepare_row(P, pattern, d);
+            const T* yb = yp + b * d;
+            const T* nb = np + b * d;
+            T* ob = op + b * d;
+            et_score_row<T, Prec, X>(P, yb, xp + b * sxb, sxn, N, d, bp[b * sb], lp[b * sl], mp + b * d, s.data());
+            const T alpha = ap[b * sa];
+            const T diffusion = std::sqrt(T(2) * alpha);
+            _Pragma("omp simd")
+            for (int64_t j = 0; j < d; ++j) ob[j] = yb[j] + alpha * s[j] + diffusion * nb[j];
+          }
+        });
       });
     });
   });

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../common/low_precision.h"
 #include "../common/macros.h"
 
 namespace etweedie {
@@ -21,21 +22,23 @@ template <typename T>
 struct RowPrec<T, kIsotropic, 0> {
   const T* p;
   // uᵀPu
-  T quad(const T* y, const T* x, int64_t d) const {
+  template <typename X>
+  T quad(const T* y, const X* x, int64_t d) const {
     T acc = 0;
 #pragma omp simd reduction(+ : acc)
     for (int64_t j = 0; j < d; ++j) {
-      const T u = y[j] - x[j];
+      const T u = y[j] - widen<T>(x[j]);
       acc += u * u;
     }
     return p[0] * acc;
   }
   // uᵀPu and h·u in one pass
-  void quad_dot(const T* y, const T* x, const T* h, int64_t d, T& q, T& hu) const {
+  template <typename X>
+  void quad_dot(const T* y, const X* x, const T* h, int64_t d, T& q, T& hu) const {
     T acc = 0, dot = 0;
 #pragma omp simd reduction(+ : acc, dot)
     for (int64_t j = 0; j < d; ++j) {
-      const T u = y[j] - x[j];
+      const T u = y[j] - widen<T>(x[j]);
       acc += u * u;
       dot += h[j] * u;
     }
@@ -49,26 +52,28 @@ struct RowPrec<T, kIsotropic, 0> {
     for (int64_t j = 0; j < d; ++j) out[j] = c * v[j];
   }
   // gy += a·h + c·P u ;  gx = −(a·h + c·P u)  (gx may be null)
-  void grad_u(const T* y, const T* x, const T* h, T a, T c, T* gy, T* gx, int64_t d) const {
+  template <typename X>
+  void grad_u(const T* y, const X* x, const T* h, T a, T c, T* gy, T* gx, int64_t d) const {
     const T cp = c * p[0];
     if (gx) {
 #pragma omp simd
       for (int64_t j = 0; j < d; ++j) {
-        const T g = a * h[j] + cp * (y[j] - x[j]);
+        const T g = a * h[j] + cp * (y[j] - widen<T>(x[j]));
         gy[j] += g;
         gx[j] = -g;
       }
     } else {
 #pragma omp simd
-      for (int64_t j = 0; j < d; ++j) gy[j] += a * h[j] + cp * (y[j] - x[j]);
+      for (int64_t j = 0; j < d; ++j) gy[j] += a * h[j] + cp * (y[j] - widen<T>(x[j]));
     }
   }
   // gP += c · (u uᵀ reduced to the parameter's shape)
-  void accum_outer(const T* y, const T* x, T c, T* gp, int64_t d) const {
+  template <typename X>
+  void accum_outer(const T* y, const X* x, T c, T* gp, int64_t d) const {
     T acc = 0;
 #pragma omp simd reduction(+ : acc)
     for (int64_t j = 0; j < d; ++j) {
-      const T u = y[j] - x[j];
+      const T u = y[j] - widen<T>(x[j]);
       acc += u * u;
     }
     gp[0] += c * acc;
@@ -98,20 +103,22 @@ struct RowPrec<T, kIsotropic, 0> {
 template <typename T>
 struct RowPrec<T, kDiagonal, 0> {
   const T* p;
-  T quad(const T* y, const T* x, int64_t d) const {
+  template <typename X>
+  T quad(const T* y, const X* x, int64_t d) const {
     T acc = 0;
 #pragma omp simd reduction(+ : acc)
     for (int64_t j = 0; j < d; ++j) {
-      const T u = y[j] - x[j];
+      const T u = y[j] - widen<T>(x[j]);
       acc += p[j] * u * u;
     }
     return acc;
   }
-  void quad_dot(const T* y, const T* x, const T* h, int64_t d, T& q, T& hu) const {
+  template <typename X>
+  void quad_dot(const T* y, const X* x, const T* h, int64_t d, T& q, T& hu) const {
     T acc = 0, dot = 0;
 #pragma omp simd reduction(+ : acc, dot)
     for (int64_t j = 0; j < d; ++j) {
-      const T u = y[j] - x[j];
+      const T u = y[j] - widen<T>(x[j]);
       acc += p[j] * u * u;
       dot += h[j] * u;
     }
@@ -122,23 +129,25 @@ struct RowPrec<T, kDiagonal, 0> {
 #pragma omp simd
     for (int64_t j = 0; j < d; ++j) out[j] = scale * p[j] * v[j];
   }
-  void grad_u(const T* y, const T* x, const T* h, T a, T c, T* gy, T* gx, int64_t d) const {
+  template <typename X>
+  void grad_u(const T* y, const X* x, const T* h, T a, T c, T* gy, T* gx, int64_t d) const {
     if (gx) {
 #pragma omp simd
       for (int64_t j = 0; j < d; ++j) {
-        const T g = a * h[j] + c * p[j] * (y[j] - x[j]);
+        const T g = a * h[j] + c * p[j] * (y[j] - widen<T>(x[j]));
         gy[j] += g;
         gx[j] = -g;
       }
     } else {
 #pragma omp simd
-      for (int64_t j = 0; j < d; ++j) gy[j] += a * h[j] + c * p[j] * (y[j] - x[j]);
+      for (int64_t j = 0; j < d; ++j) gy[j] += a * h[j] + c * p[j] * (y[j] - widen<T>(x[j]));
     }
   }
-  void accum_outer(const T* y, const T* x, T c, T* gp, int64_t d) const {
+  template <typename X>
+  void accum_outer(const T* y, const X* x, T c, T* gp, int64_t d) const {
 #pragma omp simd
     for (int64_t j = 0; j < d; ++j) {
-      const T u = y[j] - x[j];
+      const T u = y[j] - widen<T>(x[j]);
       gp[j] += c * u * u;
     }
   }
@@ -173,42 +182,45 @@ struct RowPrec<T, kBlock, K> {
       for (int o = 1; o < K; ++o) pat[o * d + j] = a + o < K ? p[a * K + a + o] + p[(a + o) * K + a] : T(0);
     }
   }
-  T quad_pattern(const T* y, const T* x, const T* h, int64_t d, T* hu_out) const {
+  template <typename X>
+  T quad_pattern(const T* y, const X* x, const T* h, int64_t d, T* hu_out) const {
     T acc = 0, dot = 0;
     const int64_t jmax = d - (K - 1);  // j + o < d for every offset o < K
 #pragma omp simd reduction(+ : acc, dot)
     for (int64_t j = 0; j < jmax; ++j) {
-      const T uj = y[j] - x[j];
+      const T uj = y[j] - widen<T>(x[j]);
       T sj = pat[j] * uj;
 #pragma GCC unroll 4
-      for (int o = 1; o < K; ++o) sj += pat[o * d + j] * (y[j + o] - x[j + o]);
+      for (int o = 1; o < K; ++o) sj += pat[o * d + j] * (y[j + o] - widen<T>(x[j + o]));
       acc += uj * sj;
       if (h) dot += h[j] * uj;
     }
     for (int64_t j = jmax < 0 ? 0 : jmax; j < d; ++j) {  // tail: out-of-row offsets have coefficient 0
-      const T uj = y[j] - x[j];
+      const T uj = y[j] - widen<T>(x[j]);
       T sj = pat[j] * uj;
-      for (int o = 1; j + o < d; ++o) sj += pat[o * d + j] * (y[j + o] - x[j + o]);
+      for (int o = 1; j + o < d; ++o) sj += pat[o * d + j] * (y[j + o] - widen<T>(x[j + o]));
       acc += uj * sj;
       if (h) dot += h[j] * uj;
     }
     if (hu_out) *hu_out = dot;
     return acc;
   }
-  T quad(const T* y, const T* x, int64_t d) const {
+  template <typename X>
+  T quad(const T* y, const X* x, int64_t d) const {
     if (pat) return quad_pattern(y, x, nullptr, d, nullptr);
     T acc = 0;
     const int64_t nb = d / K;
 #pragma omp simd reduction(+ : acc)
     for (int64_t t = 0; t < nb; ++t) {
       T u[K];
-      for (int a = 0; a < K; ++a) u[a] = y[t * K + a] - x[t * K + a];
+      for (int a = 0; a < K; ++a) u[a] = y[t * K + a] - widen<T>(x[t * K + a]);
       for (int a = 0; a < K; ++a)
         for (int b = 0; b < K; ++b) acc += u[a] * p[a * K + b] * u[b];
     }
     return acc;
   }
-  void quad_dot(const T* y, const T* x, const T* h, int64_t d, T& q, T& hu) const {
+  template <typename X>
+  void quad_dot(const T* y, const X* x, const T* h, int64_t d, T& q, T& hu) const {
     if (pat) {
       q = quad_pattern(y, x, h, d, &hu);
       return;
@@ -218,7 +230,7 @@ struct RowPrec<T, kBlock, K> {
 #pragma omp simd reduction(+ : acc, dot)
     for (int64_t t = 0; t < nb; ++t) {
       T u[K];
-      for (int a = 0; a < K; ++a) u[a] = y[t * K + a] - x[t * K + a];
+      for (int a = 0; a < K; ++a) u[a] = y[t * K + a] - widen<T>(x[t * K + a]);
       for (int a = 0; a < K; ++a) {
         dot += h[t * K + a] * u[a];
         for (int b = 0; b < K; ++b) acc += u[a] * p[a * K + b] * u[b];
@@ -236,14 +248,15 @@ struct RowPrec<T, kBlock, K> {
         out[t * K + a] = scale * acc;
       }
   }
-  void grad_u(const T* y, const T* x, const T* h, T a_, T c, T* gy, T* gx, int64_t d) const {
+  template <typename X>
+  void grad_u(const T* y, const X* x, const T* h, T a_, T c, T* gy, T* gx, int64_t d) const {
     if (gx)
-      grad_u_impl<true>(y, x, h, a_, c, gy, gx, d);
+      grad_u_impl<true, X>(y, x, h, a_, c, gy, gx, d);
     else
-      grad_u_impl<false>(y, x, h, a_, c, gy, gx, d);
+      grad_u_impl<false, X>(y, x, h, a_, c, gy, gx, d);
   }
-  template <bool WITH_X>
-  void grad_u_impl(const T* y, const T* x, const T* h, T a_, T c, T* gy, T* gx, int64_t d) const {
+  template <bool WITH_X, typename X>
+  void grad_u_impl(const T* y, const X* x, const T* h, T a_, T c, T* gy, T* gx, int64_t d) const {
     const int64_t nb = d / K;
     T pk[K * K];
     for (int e = 0; e < K * K; ++e) pk[e] = c * p[e];
@@ -251,7 +264,7 @@ struct RowPrec<T, kBlock, K> {
     for (int64_t t = 0; t < nb; ++t) {
       T u[K];
 #pragma GCC unroll 4
-      for (int a = 0; a < K; ++a) u[a] = y[t * K + a] - x[t * K + a];
+      for (int a = 0; a < K; ++a) u[a] = y[t * K + a] - widen<T>(x[t * K + a]);
 #pragma GCC unroll 4
       for (int a = 0; a < K; ++a) {
         T g = a_ * h[t * K + a];
@@ -262,12 +275,13 @@ struct RowPrec<T, kBlock, K> {
       }
     }
   }
-  void accum_outer(const T* y, const T* x, T c, T* gp, int64_t d) const {
+  template <typename X>
+  void accum_outer(const T* y, const X* x, T c, T* gp, int64_t d) const {
     T acc[K * K] = {};
     const int64_t nb = d / K;
     for (int64_t t = 0; t < nb; ++t) {
       T u[K];
-      for (int a = 0; a < K; ++a) u[a] = y[t * K + a] - x[t * K + a];
+      for (int a = 0; a < K; ++a) u[a] = y[t * K + a] - widen<T>(x[t * K + a]);
       for (int a = 0; a < K; ++a)
         for (int b = 0; b < K; ++b) acc[a * K + b] += u[a] * u[b];
     }

@@ -11,10 +11,11 @@
 // only when asked, into a buffer from the reuse pool of fresh_output_cpu.h (no fresh pages).
 //
 // Canonical inputs (etweedie/ops/student_t_score.py): y (B, d) contiguous; x (B, N, d) with any
-// strides over B and N (0 = a broadcast cloud) and unit stride over d; c (B,) any stride;
-// prec (B, *param) of metric kind 0/1/2 (block rows contiguous), any stride over B.  Every
-// argument is checked here (sizes, strides, dtypes, devices): the raw op never reads out of
-// bounds whatever it is given.
+// strides over B and N (0 = a broadcast cloud) and unit stride over d, in y's dtype or bfloat16 /
+// float16 (widened where loaded, ∂L/∂x rounded to x's dtype where stored, as in et_score_cpu.cpp);
+// c (B,) any stride; prec (B, *param) of metric kind 0/1/2 (block rows contiguous), any stride over B.  Every
+// argument is checked with the shared checks of csrc/common/checks.h (sizes, strides, dtypes,
+// devices; the same as the CUDA binding's): the raw op never reads out of bounds whatever it is given.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -23,6 +24,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "../common/checks.h"
+#include "../common/draws_dispatch.h"
 #include "../common/student_t_score.h"
 #include "et_score_cpu.h"
 #include "fresh_output_cpu.h"
@@ -34,72 +37,37 @@ namespace {
 
 constexpr const char* kOp = "student_t_score";
 
-void check_tensor_cpu(const at::Tensor& t, const char* name, const at::Tensor& y) {
-  TORCH_CHECK(t.defined(), kOp, ": ", name, " is an undefined tensor");
-  TORCH_CHECK(t.device().is_cpu(), kOp, ": ", name, " must be a CPU tensor, got device ", t.device());
-  TORCH_CHECK(t.scalar_type() == y.scalar_type(), kOp, ": ", name, " must have y's dtype ", y.scalar_type(), ", got ",
-              t.scalar_type());
-}
-
 void check_canonical(const at::Tensor& y, const at::Tensor& x, const at::Tensor& c, const at::Tensor& prec,
                      int64_t kind) {
-  TORCH_CHECK(y.defined() && y.device().is_cpu(), kOp, ": y must be a defined CPU tensor");
-  TORCH_CHECK(y.scalar_type() == at::kFloat || y.scalar_type() == at::kDouble, kOp,
-              ": y must be float32 or float64, got ", y.scalar_type());
-  check_tensor_cpu(x, "x", y);
-  check_tensor_cpu(c, "c", y);
-  check_tensor_cpu(prec, "prec", y);
-  TORCH_CHECK(y.dim() == 2 && y.is_contiguous(), kOp, ": y must be contiguous (B, d), got shape ", y.sizes(),
-              " and strides ", y.strides());
-  const int64_t B = y.size(0), d = y.size(1);
-  TORCH_CHECK(x.dim() == 3 && x.size(0) == B && x.size(2) == d, kOp, ": x must be (B, N, d) = (", B, ", N, ", d,
-              "), got ", x.sizes());
-  TORCH_CHECK(d <= 1 || x.numel() == 0 || x.stride(2) == 1, kOp, ": x must have unit stride over d, got strides ", x.strides());
-  TORCH_CHECK(x.stride(0) >= 0 && x.stride(1) >= 0, kOp, ": x must have non-negative strides, got ", x.strides());
-  TORCH_CHECK(c.dim() == 1 && c.size(0) == B && c.stride(0) >= 0, kOp, ": c must be (B,) = (", B, "), got ", c.sizes());
-  TORCH_CHECK(kind >= kIsotropic && kind <= kBlock, kOp, ": unknown metric kind ", kind, " (0, 1 or 2)");
-  const int64_t core = kind == kIsotropic ? 1 : (kind == kDiagonal ? 2 : 3);
-  TORCH_CHECK(prec.dim() == core && prec.size(0) == B && prec.stride(0) >= 0, kOp, ": prec has shape ", prec.sizes(),
-              ", which does not match metric kind ", kind, " for B = ", B);
-  if (kind == kDiagonal) {
-    TORCH_CHECK(prec.size(1) == d && (d <= 1 || prec.numel() == 0 || prec.stride(1) == 1), kOp,
-                ": diagonal precision must be (B, d) with unit stride over d, got ", prec.sizes(), " strides ",
-                prec.strides());
-  }
-  if (kind == kBlock) {
-    const int64_t k = prec.size(1);
-    TORCH_CHECK(prec.size(2) == k && k >= 1 && k <= 4 && d % k == 0, kOp,
-                ": block precision must be (B, k, k) with k <= 4 dividing d = ", d, ", got ", prec.sizes());
-    TORCH_CHECK(prec.numel() == 0 || (prec.stride(2) == 1 && prec.stride(1) == k), kOp, ": block precision rows must be contiguous, got strides ",
-                prec.strides());
-  }
+  checks::student_t_args(kOp, y, x, c, prec, kind);
 }
 
 int64_t block_of(const at::Tensor& prec, int64_t kind) { return kind == kBlock ? prec.size(1) : 0; }
 
 // acc (length d, zeroed by the caller) += Σ_i w_i u_i, w_i = 1/(1 + q_i).
-template <typename T, typename Prec>
-void student_t_accumulate(const Prec& P, const T* y, const T* x, int64_t sxn, int64_t N, int64_t d, T* acc) {
+template <typename T, typename Prec, typename X>
+void student_t_accumulate(const Prec& P, const T* y, const X* x, int64_t sxn, int64_t N, int64_t d, T* acc) {
   if (d > kSmallD) {
     int64_t i = 0;
     for (; i + 4 <= N; i += 4) {
-      const T* x0 = x + i * sxn;
-      const T* x1 = x0 + sxn;
-      const T* x2 = x1 + sxn;
-      const T* x3 = x2 + sxn;
+      const X* x0 = x + i * sxn;
+      const X* x1 = x0 + sxn;
+      const X* x2 = x1 + sxn;
+      const X* x3 = x2 + sxn;
       const T w0 = student_t_weight(P.quad(y, x0, d)), w1 = student_t_weight(P.quad(y, x1, d));
       const T w2 = student_t_weight(P.quad(y, x2, d)), w3 = student_t_weight(P.quad(y, x3, d));
 #pragma omp simd
       for (int64_t j = 0; j < d; ++j) {
         const T yj = y[j];
-        acc[j] += w0 * (yj - x0[j]) + w1 * (yj - x1[j]) + w2 * (yj - x2[j]) + w3 * (yj - x3[j]);
+        acc[j] += w0 * (yj - widen<T>(x0[j])) + w1 * (yj - widen<T>(x1[j])) + w2 * (yj - widen<T>(x2[j])) +
+                  w3 * (yj - widen<T>(x3[j]));
       }
     }
     for (; i < N; ++i) {
-      const T* xi = x + i * sxn;
+      const X* xi = x + i * sxn;
       const T w = student_t_weight(P.quad(y, xi, d));
 #pragma omp simd
-      for (int64_t j = 0; j < d; ++j) acc[j] += w * (y[j] - xi[j]);
+      for (int64_t j = 0; j < d; ++j) acc[j] += w * (y[j] - widen<T>(xi[j]));
     }
     return;
   }
@@ -124,32 +92,34 @@ std::tuple<at::Tensor, at::Tensor> student_t_score_fwd_cpu(const at::Tensor& y, 
                                                            const at::Tensor& c, const at::Tensor& prec, int64_t kind) {
   check_canonical(y, x, c, prec, kind);
   const int64_t B = y.size(0), N = x.size(1), d = y.size(1);
-  TORCH_CHECK(N > 0 || B == 0, kOp, ": need at least one posterior draw (N >= 1)");
   auto s = at::empty({B, d}, y.options());
   auto m = at::empty({B, d}, y.options());
   if (B == 0 || d == 0) return {s, m};
   AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "student_t_score_fwd_cpu", [&] {
     using T = scalar_t;
-    const T* yp = y.data_ptr<T>();
-    const T* xp = x.data_ptr<T>();
-    const T* cp = c.data_ptr<T>();
-    const T* pp = prec.data_ptr<T>();
-    T* sp = s.data_ptr<T>();
-    T* mp = m.data_ptr<T>();
-    const int64_t sxb = x.stride(0), sxn = x.stride(1), sc = c.stride(0), sp0 = prec.stride(0);
-    const T inv_n = T(1) / static_cast<T>(N);
-    ET_DISPATCH_METRIC(kind, block_of(prec, kind), T, [&] {
-      at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
-        std::vector<T> pattern;
-        for (int64_t b = b0; b < b1; ++b) {
-          Prec P{pp + b * sp0};
-          prepare_row(P, pattern, d);
-          T* mb = mp + b * d;
-          std::fill(mb, mb + d, T(0));
-          student_t_accumulate<T, Prec>(P, yp + b * d, xp + b * sxb, sxn, N, d, mb);
-          for (int64_t j = 0; j < d; ++j) mb[j] *= inv_n;
-          P.apply(mb, T(-2) * cp[b * sc], sp + b * d, d);
-        }
+    dispatch_draws<T>(x, [&](auto draw_type) {
+      using X = typename decltype(draw_type)::type;  // T, or bf16/fp16 widened to T as loaded
+      const T* yp = y.data_ptr<T>();
+      const X* xp = draws_data<X>(x);
+      const T* cp = c.data_ptr<T>();
+      const T* pp = prec.data_ptr<T>();
+      T* sp = s.data_ptr<T>();
+      T* mp = m.data_ptr<T>();
+      const int64_t sxb = x.stride(0), sxn = x.stride(1), sc = c.stride(0), sp0 = prec.stride(0);
+      const T inv_n = T(1) / static_cast<T>(N);
+      ET_DISPATCH_METRIC(kind, block_of(prec, kind), T, [&] {
+        at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+          std::vector<T> pattern;
+          for (int64_t b = b0; b < b1; ++b) {
+            Prec P{pp + b * sp0};
+            prepare_row(P, pattern, d);
+            T* mb = mp + b * d;
+            std::fill(mb, mb + d, T(0));
+            student_t_accumulate<T, Prec, X>(P, yp + b * d, xp + b * sxb, sxn, N, d, mb);
+            for (int64_t j = 0; j < d; ++j) mb[j] *= inv_n;
+            P.apply(mb, T(-2) * cp[b * sc], sp + b * d, d);
+          }
+        });
       });
     });
   });
@@ -161,75 +131,77 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> student_t_score_bwd_c
     const at::Tensor& grad, const at::Tensor& grad_m, const at::Tensor& y, const at::Tensor& x, const at::Tensor& c,
     const at::Tensor& prec, int64_t kind, const at::Tensor& m, bool need_y, bool need_x, bool need_c, bool need_prec) {
   check_canonical(y, x, c, prec, kind);
-  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&grad, "grad"}, {&grad_m, "grad_m"}, {&m, "m"}}) {
-    check_tensor_cpu(*t, name, y);
-    TORCH_CHECK(t->sizes() == y.sizes(), kOp, ": ", name, " must be (B, d) = ", y.sizes(), ", got ", t->sizes());
-  }
+  checks::same_dtype_device(kOp, {"y", &y}, {{"grad", &grad}, {"grad_m", &grad_m}, {"m", &m}});
+  checks::shape(kOp, "grad", grad, y.sizes());
+  checks::shape(kOp, "grad_m", grad_m, y.sizes());
+  checks::shape(kOp, "m", m, y.sizes());
   const int64_t B = y.size(0), N = x.size(1), d = y.size(1);
-  TORCH_CHECK(N > 0 || B == 0, kOp, ": need at least one posterior draw (N >= 1)");
   auto g = grad.contiguous();
   auto gm = grad_m.contiguous();
   auto mc = m.contiguous();
   auto empty = [&] { return at::empty({0}, y.options()); };
   auto gy = at::zeros({B, d}, y.options());  // always accumulated (Σ of the per-draw gradients)
-  auto gx = need_x ? reusable_empty({B, N, d}, y.options()) : empty();  // no fresh pages (fresh_output_cpu.h)
+  auto gx = need_x ? reusable_empty({B, N, d}, x.options()) : empty();  // x's dtype; no fresh pages (fresh_output_cpu.h)
   auto gc = need_c ? at::zeros({B}, y.options()) : empty();
   std::vector<int64_t> psize(prec.sizes().begin(), prec.sizes().end());
   auto gp = need_prec ? at::zeros(psize, y.options()) : empty();
   if (B > 0 && d > 0 && N > 0) {
     AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "student_t_score_bwd_cpu", [&] {
       using T = scalar_t;
-      const T* yp = y.data_ptr<T>();
-      const T* xp = x.data_ptr<T>();
-      const T* cp = c.data_ptr<T>();
-      const T* pp = prec.data_ptr<T>();
-      const T* gp_in = g.data_ptr<T>();
-      const T* gm_in = gm.data_ptr<T>();
-      const T* mp = mc.data_ptr<T>();
-      T* gyp = gy.data_ptr<T>();
-      T* gxp = need_x ? gx.data_ptr<T>() : nullptr;
-      T* gcp = need_c ? gc.data_ptr<T>() : nullptr;
-      T* gpp = need_prec ? gp.data_ptr<T>() : nullptr;
-      const int64_t sxb = x.stride(0), sxn = x.stride(1), sc = c.stride(0), sp0 = prec.stride(0);
-      const int64_t pstride = need_prec ? gp.numel() / B : 0;
-      const T inv_n = T(1) / static_cast<T>(N);
-      ET_DISPATCH_METRIC(kind, block_of(prec, kind), T, [&] {
-        at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
-          std::vector<T> h(d), pm(d), pattern, gxrow(gxp ? d : 0);
-          for (int64_t b = b0; b < b1; ++b) {
-            Prec P{pp + b * sp0};
-            prepare_row(P, pattern, d);
-            const T two_c = T(2) * cp[b * sc];
-            const T* yb = yp + b * d;
-            const T* gb_in = gp_in + b * d;
-            const T* gmb = gm_in + b * d;
-            const T* mb = mp + b * d;
-            T* gyb = gyp + b * d;
-            T* gpb = gpp ? gpp + b * pstride : nullptr;
-            P.apply(gb_in, -two_c, h.data(), d);  // h = −2c P g + g_m
-            for (int64_t j = 0; j < d; ++j) h[j] += gmb[j];
-            for (int64_t i = 0; i < N; ++i) {
-              const T* xi = xp + b * sxb + i * sxn;
-              T q, hu;
-              P.quad_dot(yb, xi, h.data(), d, q, hu);
-              const T w = student_t_weight(q);
-              const T cs = student_t_weight_slope(w) * hu;
-              // ∂L/∂x_i goes through an L1 row and out with streaming stores (written once, never re-read here)
-              P.grad_u(yb, xi, h.data(), w * inv_n, cs * inv_n, gyb, gxp ? gxrow.data() : nullptr, d);
-              if (gxp) stream_row(gxp + (b * N + i) * d, gxrow.data(), d);
-              if (gpb) P.accum_outer(yb, xi, T(0.5) * cs * inv_n, gpb, d);
-            }
-            if (gxp) stream_fence();
-            if (gcp || gpb) {
-              P.apply(mb, T(1), pm.data(), d);  // P m
-              if (gcp) {
-                T acc = 0;
-                for (int64_t j = 0; j < d; ++j) acc += gb_in[j] * pm[j];
-                gcp[b] = T(-2) * acc;  // ∂L/∂c = g·s/c = −2 g·Pm
+      dispatch_draws<T>(x, [&](auto draw_type) {
+        using X = typename decltype(draw_type)::type;
+        const T* yp = y.data_ptr<T>();
+        const X* xp = draws_data<X>(x);
+        const T* cp = c.data_ptr<T>();
+        const T* pp = prec.data_ptr<T>();
+        const T* gp_in = g.data_ptr<T>();
+        const T* gm_in = gm.data_ptr<T>();
+        const T* mp = mc.data_ptr<T>();
+        T* gyp = gy.data_ptr<T>();
+        X* gxp = need_x ? draws_data<X>(gx) : nullptr;
+        T* gcp = need_c ? gc.data_ptr<T>() : nullptr;
+        T* gpp = need_prec ? gp.data_ptr<T>() : nullptr;
+        const int64_t sxb = x.stride(0), sxn = x.stride(1), sc = c.stride(0), sp0 = prec.stride(0);
+        const int64_t pstride = need_prec ? gp.numel() / B : 0;
+        const T inv_n = T(1) / static_cast<T>(N);
+        ET_DISPATCH_METRIC(kind, block_of(prec, kind), T, [&] {
+          at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+            std::vector<T> h(d), pm(d), pattern, gxrow(gxp ? d : 0);
+            for (int64_t b = b0; b < b1; ++b) {
+              Prec P{pp + b * sp0};
+              prepare_row(P, pattern, d);
+              const T two_c = T(2) * cp[b * sc];
+              const T* yb = yp + b * d;
+              const T* gb_in = gp_in + b * d;
+              const T* gmb = gm_in + b * d;
+              const T* mb = mp + b * d;
+              T* gyb = gyp + b * d;
+              T* gpb = gpp ? gpp + b * pstride : nullptr;
+              P.apply(gb_in, -two_c, h.data(), d);  // h = −2c P g + g_m
+              for (int64_t j = 0; j < d; ++j) h[j] += gmb[j];
+              for (int64_t i = 0; i < N; ++i) {
+                const X* xi = xp + b * sxb + i * sxn;
+                T q, hu;
+                P.quad_dot(yb, xi, h.data(), d, q, hu);
+                const T w = student_t_weight(q);
+                const T cs = student_t_weight_slope(w) * hu;
+                // ∂L/∂x_i goes through an L1 row and out with streaming stores (written once, never re-read here)
+                P.grad_u(yb, xi, h.data(), w * inv_n, cs * inv_n, gyb, gxp ? gxrow.data() : nullptr, d);
+                if (gxp) stream_row(gxp + (b * N + i) * d, gxrow.data(), d);
+                if (gpb) P.accum_outer(yb, xi, T(0.5) * cs * inv_n, gpb, d);
               }
-              if (gpb) P.accum_outer2(gb_in, mb, -two_c, gpb, d);  // −2c g mᵀ
+              if (gxp) stream_fence();
+              if (gcp || gpb) {
+                P.apply(mb, T(1), pm.data(), d);  // P m
+                if (gcp) {
+                  T acc = 0;
+                  for (int64_t j = 0; j < d; ++j) acc += gb_in[j] * pm[j];
+                  gcp[b] = T(-2) * acc;  // ∂L/∂c = g·s/c = −2 g·Pm
+                }
+                if (gpb) P.accum_outer2(gb_in, mb, -two_c, gpb, d);  // −2c g mᵀ
+              }
             }
-          }
+          });
         });
       });
     });

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../common/checks.h"
+#include "../common/draws_dispatch.h"
 #include "launchers.cuh"
 
 namespace etweedie {
@@ -30,12 +31,13 @@ inline void check_launch(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
 }
 
-template <typename T>
-inline EtScoreArgs<T> row_args(const at::Tensor& y, const at::Tensor& x, const at::Tensor& beta, const at::Tensor& lam,
-                        const at::Tensor& prec, int64_t kind) {
-  EtScoreArgs<T> a{};
+// X: the draws' storage type (T, bf16 or fp16; dispatch_draws picks it from x's dtype).
+template <typename T, typename X>
+inline EtScoreArgs<T, X> row_args(const at::Tensor& y, const at::Tensor& x, const at::Tensor& beta,
+                                  const at::Tensor& lam, const at::Tensor& prec, int64_t kind) {
+  EtScoreArgs<T, X> a{};
   a.y = y.data_ptr<T>();
-  a.x = x.data_ptr<T>();
+  a.x = draws_data<X>(x);
   a.beta = beta.data_ptr<T>();
   a.lam = lam.data_ptr<T>();
   a.prec = prec.data_ptr<T>();

@@ -13,10 +13,13 @@ std::tuple<at::Tensor, at::Tensor> et_score_fwd_cuda(const at::Tensor& y, const 
   auto s = at::empty_like(y);
   auto m = at::empty_like(y);
   AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "et_score_fwd_cuda", [&] {
-    const auto a = row_args<scalar_t>(y, x, beta, lam, prec, kind);
-    check_launch(et_score_fwd_launch<scalar_t>(a, s.data_ptr<scalar_t>(), m.data_ptr<scalar_t>(),
-                                               c10::cuda::getCurrentCUDAStream()),
-                 "et_score");
+    using T = scalar_t;
+    dispatch_draws<T>(x, [&](auto draw_type) {
+      using X = typename decltype(draw_type)::type;  // T, or 16-bit draws widened where loaded
+      const auto a = row_args<T, X>(y, x, beta, lam, prec, kind);
+      check_launch(et_score_fwd_launch<T, X>(a, s.data_ptr<T>(), m.data_ptr<T>(), c10::cuda::getCurrentCUDAStream()),
+                   "et_score");
+    });
   });
   return {s, m};
 }
@@ -41,19 +44,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> et_score_
   const bool trivial = B == 0 || d == 0 || N == 0;
   auto alloc = [&](at::IntArrayRef size) { return trivial ? at::zeros(size, y.options()) : at::empty(size, y.options()); };
   auto gy = need_y ? alloc({B, d}) : empty();
-  auto gx = need_x ? alloc({B, N, d}) : empty();
+  auto gx = need_x ? (trivial ? at::zeros({B, N, d}, x.options()) : at::empty({B, N, d}, x.options())) : empty();  // x's dtype
   auto gb = need_beta ? alloc({B}) : empty();
   auto gl = need_lam ? alloc({B}) : empty();
   auto gp = need_prec ? alloc(prec.sizes()) : empty();
   if (!trivial) {
     AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "et_score_bwd_cuda", [&] {
       using T = scalar_t;
-      const auto a = row_args<T>(y, x, beta, lam, prec, kind);
-      check_launch(et_score_bwd_launch<T>(a, g.data_ptr<T>(), gm.data_ptr<T>(), mc.data_ptr<T>(),
-                                          need_y ? gy.data_ptr<T>() : nullptr, need_x ? gx.data_ptr<T>() : nullptr,
-                                          need_beta ? gb.data_ptr<T>() : nullptr, need_lam ? gl.data_ptr<T>() : nullptr,
-                                          need_prec ? gp.data_ptr<T>() : nullptr, c10::cuda::getCurrentCUDAStream()),
-                   "et_score_bwd");
+      dispatch_draws<T>(x, [&](auto draw_type) {
+        using X = typename decltype(draw_type)::type;
+        const auto a = row_args<T, X>(y, x, beta, lam, prec, kind);
+        check_launch(et_score_bwd_launch<T, X>(a, g.data_ptr<T>(), gm.data_ptr<T>(), mc.data_ptr<T>(),
+                                               need_y ? gy.data_ptr<T>() : nullptr, need_x ? draws_data<X>(gx) : nullptr,
+                                               need_beta ? gb.data_ptr<T>() : nullptr,
+                                               need_lam ? gl.data_ptr<T>() : nullptr,
+                                               need_prec ? gp.data_ptr<T>() : nullptr, c10::cuda::getCurrentCUDAStream()),
+                     "et_score_bwd");
+      });
     });
   }
   return {gy, gx, gb, gl, gp};

@@ -16,10 +16,10 @@
 namespace etweedie {
 namespace cuda {
 
-template <typename T, int KIND, int K>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_bwd_kernel(EtScoreArgs<T> a, const T* __restrict__ grad,
+template <typename T, typename X, int KIND, int K>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_bwd_kernel(EtScoreArgs<T, X> a, const T* __restrict__ grad,
                                                                  const T* __restrict__ grad_m, const T* __restrict__ m,
-                                                                 T* __restrict__ gy, T* __restrict__ gx,
+                                                                 T* __restrict__ gy, X* __restrict__ gx,
                                                                  T* __restrict__ gb, T* __restrict__ gl,
                                                                  T* __restrict__ gp) {
   constexpr int PS = KIND == kBlock ? K * K : 1;  // metric-gradient entries kept per warp
@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_bwd_kernel(EtSc
   __shared__ T scratch[kWarps];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const T* __restrict__ y = a.y + row * d;
-  const T* __restrict__ x = a.x + row * a.sxb;
+  const X* __restrict__ x = a.x + row * a.sxb;
   const T* __restrict__ g = grad + row * d;
   const T* __restrict__ mr = m + row * d;
   const RowPrec<T, KIND, K> P{a.prec + row * a.sp};
@@ -51,12 +51,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_bwd_kernel(EtSc
     const int n = static_cast<int>(N - i0 < kTile ? N - i0 : kTile);
     __syncthreads();  // h is ready / the previous tile's w, c are consumed
     for (int t = warp; t < n; t += kWarps) {
-      const T* __restrict__ xi = x + (i0 + t) * a.sxn;
+      const X* __restrict__ xi = x + (i0 + t) * a.sxn;
       T q = 0, hu = 0;
       T uu[PS] = {};
       for (int64_t j = lane; j < d; j += kWarp) {
-        const T u = y[j] - xi[j];
-        q += u * P.apply_at(j, [y, xi](int64_t c) { return y[c] - xi[c]; });
+        const T u = y[j] - widen<T>(xi[j]);
+        q += u * P.apply_at(j, [y, xi](int64_t c) { return y[c] - widen<T>(xi[c]); });
         hu += h[j] * u;
         if (need_prec && KIND == kIsotropic) uu[0] += u * u;
         if (need_prec && KIND == kBlock) {
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_bwd_kernel(EtSc
           for (int aa = 0; aa < K; ++aa)
             if (aa == ai) {
 #pragma unroll
-              for (int b = 0; b < K; ++b) uu[aa * K + b] += u * (y[base + b] - xi[base + b]);
+              for (int b = 0; b < K; ++b) uu[aa * K + b] += u * (y[base + b] - widen<T>(xi[base + b]));
             }
         }
       }
@@ -95,13 +95,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_bwd_kernel(EtSc
       T sum = 0, sdiag = 0;
 #pragma unroll 2
       for (int t = 0; t < n; ++t) {
-        const T* __restrict__ xt = x + (i0 + t) * a.sxn;
-        const T pu = P.apply_at(j, [y, xt](int64_t c) { return y[c] - xt[c]; });
+        const X* __restrict__ xt = x + (i0 + t) * a.sxn;
+        const T pu = P.apply_at(j, [y, xt](int64_t c) { return y[c] - widen<T>(xt[c]); });
         const T gu = (wt[t] * hj + ct[t] * pu) * inv_n;
         sum += gu;
-        if (gx) gx[(row * N + i0 + t) * d + j] = -gu;
+        if (gx) gx[(row * N + i0 + t) * d + j] = narrow<X>(-gu);  // x's type: rounded once
         if (KIND == kDiagonal && need_prec) {
-          const T u = y[j] - xt[j];
+          const T u = y[j] - widen<T>(xt[j]);
           sdiag += T(0.5) * ct[t] * inv_n * u * u;
         }
       }
@@ -151,13 +151,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_bwd_kernel(EtSc
   }
 }
 
-template <typename T>
-cudaError_t et_score_fwd_launch(const EtScoreArgs<T>& a, T* out, T* m, cudaStream_t stream) {
-  return et_score_fwd_dispatch<T, false>(a, out, m, stream);
+template <typename T, typename X>
+cudaError_t et_score_fwd_launch(const EtScoreArgs<T, X>& a, T* out, T* m, cudaStream_t stream) {
+  return et_score_fwd_dispatch<T, X, false>(a, out, m, stream);
 }
 
-template <typename T>
-cudaError_t et_score_bwd_launch(const EtScoreArgs<T>& a, const T* grad, const T* grad_m, const T* m, T* gy, T* gx,
+template <typename T, typename X>
+cudaError_t et_score_bwd_launch(const EtScoreArgs<T, X>& a, const T* grad, const T* grad_m, const T* m, T* gy, X* gx,
                                 T* gb, T* gl, T* gp, cudaStream_t stream) {
   if (a.B == 0 || a.d == 0) return cudaSuccess;
   if (a.N <= 0) return cudaErrorInvalidValue;
@@ -165,7 +165,7 @@ cudaError_t et_score_bwd_launch(const EtScoreArgs<T>& a, const T* grad, const T*
   const size_t smem = static_cast<size_t>(2 * a.d + diag + 2 * kTile) * sizeof(T);
   return dispatch_metric(a.kind, a.kblock, [&](auto kind_c, auto k_c) {
     constexpr int KIND = decltype(kind_c)::value, K = decltype(k_c)::value;
-    auto kernel = et_score_bwd_kernel<T, KIND, K>;
+    auto kernel = et_score_bwd_kernel<T, X, KIND, K>;
     if (smem > 48 * 1024) {
       const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(smem));
@@ -176,12 +176,17 @@ cudaError_t et_score_bwd_launch(const EtScoreArgs<T>& a, const T* grad, const T*
   });
 }
 
-#define ET_INSTANTIATE(T)                                                                                        \
-  template cudaError_t et_score_fwd_launch<T>(const EtScoreArgs<T>&, T*, T*, cudaStream_t);                     \
-  template cudaError_t et_score_bwd_launch<T>(const EtScoreArgs<T>&, const T*, const T*, const T*, T*, T*, T*, \
-                                              T*, T*, cudaStream_t);
-ET_INSTANTIATE(float)
-ET_INSTANTIATE(double)
+// X: the draws' storage (T itself, or 16-bit draws widened to T where loaded).
+#define ET_INSTANTIATE(T, X)                                                                                    \
+  template cudaError_t et_score_fwd_launch<T, X>(const EtScoreArgs<T, X>&, T*, T*, cudaStream_t);              \
+  template cudaError_t et_score_bwd_launch<T, X>(const EtScoreArgs<T, X>&, const T*, const T*, const T*, T*, X*, \
+                                                 T*, T*, T*, cudaStream_t);
+ET_INSTANTIATE(float, float)
+ET_INSTANTIATE(float, bf16)
+ET_INSTANTIATE(float, fp16)
+ET_INSTANTIATE(double, double)
+ET_INSTANTIATE(double, bf16)
+ET_INSTANTIATE(double, fp16)
 #undef ET_INSTANTIATE
 
 }  // namespace cuda

@@ -11,6 +11,9 @@
 // Σ_t w_t u_t[j] into a shared-memory row accumulator (coalesced again).  Each draw is read
 // twice from global memory, the second time mostly from L1/L2; nothing of size N·d is
 // written.  Shared memory: d + kTile values.  Forward and backward follow the same pattern.
+// Draws stored in 16 bits (X = bf16 / fp16, csrc/common/low_precision.h) are read as stored —
+// a warp's lanes load consecutive 2-byte values, 64 contiguous bytes per warp load — and
+// widened to T in registers; all sums are in T.
 // Indexing is int64 (row · stride products can exceed 2³¹).
 #pragma once
 
@@ -32,8 +35,8 @@ constexpr int kMinBlocks = 4;       // resident blocks per SM asked of ptxas (re
 // capped these kernels at 40–72 registers and spilled; asking for 4 resident blocks allows up
 // to 128 registers, removes the spills (benchmarks/ptxas_report.txt) and still keeps 16 warps
 // per SM in flight.
-template <typename T, int KIND, int K, bool LANGEVIN>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtScoreArgs<T> a, int64_t chunk, T* __restrict__ out,
+template <typename T, typename X, int KIND, int K, bool LANGEVIN>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtScoreArgs<T, X> a, int64_t chunk, T* __restrict__ out,
                                                                  T* __restrict__ m_out, int64_t n_per,
                                                                  T* __restrict__ ws) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -44,7 +47,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtSc
   T* wt = acc + chunk;                       // kTile weights
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const T* __restrict__ y = a.y + row * d;
-  const T* __restrict__ x = a.x + row * a.sxb;
+  const X* __restrict__ x = a.x + row * a.sxb;  // 16-bit draws: widened to T where loaded
   const RowPrec<T, KIND, K> P{a.prec + row * a.sp};
   const T beta = a.beta[row * a.sb], lam = a.lam[row * a.sl];
   // draws [n_lo, n_hi): all of them, or this block's range when the draws are split (ws != null)
@@ -55,10 +58,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtSc
     const int n = static_cast<int>(n_hi - i0 < kTile ? n_hi - i0 : kTile);
     __syncthreads();  // the previous tile's weights are consumed
     for (int t = warp; t < n; t += kWarps) {
-      const T* __restrict__ xi = x + (i0 + t) * a.sxn;
+      const X* __restrict__ xi = x + (i0 + t) * a.sxn;
       T q = 0;
       for (int64_t j = lane; j < d; j += kWarp)
-        q += (y[j] - xi[j]) * P.apply_at(j, [y, xi](int64_t c) { return y[c] - xi[c]; });
+        q += (y[j] - widen<T>(xi[j])) * P.apply_at(j, [y, xi](int64_t c) { return y[c] - widen<T>(xi[c]); });
       q = warp_sum(q);
       if (lane == 0) wt[t] = residual_weight(q, beta);
     }
@@ -67,7 +70,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtSc
       const T yj = y[j];
       T s = 0;
 #pragma unroll 4
-      for (int t = 0; t < n; ++t) s += wt[t] * (yj - x[(i0 + t) * a.sxn + j]);
+      for (int t = 0; t < n; ++t) s += wt[t] * (yj - widen<T>(x[(i0 + t) * a.sxn + j]));
       acc[j - j0] += s;
     }
   }
@@ -96,8 +99,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtSc
 // Finalize of the split-draw forward: m = (1/N) Σ_r ws[row, r], then s = −λ P m (and the
 // Langevin update), one block per row.  P m at j needs m on j's metric block, summed from ws
 // directly (nsplit·k loads of a small, L2-resident buffer).
-template <typename T, int KIND, int K, bool LANGEVIN>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_finalize_kernel(EtScoreArgs<T> a, int64_t nsplit,
+template <typename T, typename X, int KIND, int K, bool LANGEVIN>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_finalize_kernel(EtScoreArgs<T, X> a, int64_t nsplit,
                                                                          const T* __restrict__ ws,
                                                                          T* __restrict__ out, T* __restrict__ m_out) {
   const int64_t row = blockIdx.x, d = a.d;
@@ -137,8 +140,8 @@ inline int64_t draw_splits(int64_t B, int64_t N, int sms) {
   return want < most ? want : most;
 }
 
-template <typename T, bool LANGEVIN>
-cudaError_t et_score_fwd_dispatch(const EtScoreArgs<T>& a, T* out, T* m, cudaStream_t stream) {
+template <typename T, typename X, bool LANGEVIN>
+cudaError_t et_score_fwd_dispatch(const EtScoreArgs<T, X>& a, T* out, T* m, cudaStream_t stream) {
   if (a.B == 0 || a.d == 0) return cudaSuccess;
   if (a.N <= 0) return cudaErrorInvalidValue;
   // Coordinate chunks: enough blocks for ~2 per SM when rows are few and d is large.
@@ -165,7 +168,7 @@ cudaError_t et_score_fwd_dispatch(const EtScoreArgs<T>& a, T* out, T* m, cudaStr
   const size_t smem = static_cast<size_t>(chunk + kTile) * sizeof(T);
   return dispatch_metric(a.kind, a.kblock, [&](auto kind_c, auto k_c) {
     constexpr int KIND = decltype(kind_c)::value, K = decltype(k_c)::value;
-    auto kernel = et_score_fwd_kernel<T, KIND, K, LANGEVIN>;
+    auto kernel = et_score_fwd_kernel<T, X, KIND, K, LANGEVIN>;
     if (smem > 48 * 1024) {
       const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(smem));
@@ -182,7 +185,7 @@ cudaError_t et_score_fwd_dispatch(const EtScoreArgs<T>& a, T* out, T* m, cudaStr
     cudaError_t e = cudaGetLastError();
     if (nsplit > 1) {
       if (e == cudaSuccess) {
-        et_score_fwd_finalize_kernel<T, KIND, K, LANGEVIN>
+        et_score_fwd_finalize_kernel<T, X, KIND, K, LANGEVIN>
             <<<static_cast<unsigned>(a.B), kThreads, 0, stream>>>(a, nsplit, ws, out, m);
         e = cudaGetLastError();
       }

@@ -20,13 +20,16 @@ std::tuple<at::Tensor, at::Tensor> langevin_step_fwd_cuda(const at::Tensor& y, c
   auto out = at::empty_like(y);
   auto m = at::empty_like(y);
   AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "langevin_step_fwd_cuda", [&] {
-    auto a = row_args<scalar_t>(y, x, beta, lam, prec, kind);
-    a.noise = noise.data_ptr<scalar_t>();
-    a.step = step.data_ptr<scalar_t>();
-    a.sa = step.stride(0);
-    check_launch(langevin_step_fwd_launch<scalar_t>(a, out.data_ptr<scalar_t>(), m.data_ptr<scalar_t>(),
-                                                    c10::cuda::getCurrentCUDAStream()),
-                 "langevin_step");
+    using T = scalar_t;
+    dispatch_draws<T>(x, [&](auto draw_type) {
+      using X = typename decltype(draw_type)::type;  // T, or 16-bit draws widened where loaded
+      auto a = row_args<T, X>(y, x, beta, lam, prec, kind);
+      a.noise = noise.data_ptr<T>();
+      a.step = step.data_ptr<T>();
+      a.sa = step.stride(0);
+      check_launch(langevin_step_fwd_launch<T, X>(a, out.data_ptr<T>(), m.data_ptr<T>(), c10::cuda::getCurrentCUDAStream()),
+                   "langevin_step");
+    });
   });
   return {out, m};
 }

@@ -7,13 +7,21 @@
 namespace etweedie {
 namespace cuda {
 
-template <typename T>
-cudaError_t langevin_step_fwd_launch(const EtScoreArgs<T>& a, T* out, T* m, cudaStream_t stream) {
-  return et_score_fwd_dispatch<T, true>(a, out, m, stream);
+template <typename T, typename X>
+cudaError_t langevin_step_fwd_launch(const EtScoreArgs<T, X>& a, T* out, T* m, cudaStream_t stream) {
+  return et_score_fwd_dispatch<T, X, true>(a, out, m, stream);
 }
 
-template cudaError_t langevin_step_fwd_launch<float>(const EtScoreArgs<float>&, float*, float*, cudaStream_t);
-template cudaError_t langevin_step_fwd_launch<double>(const EtScoreArgs<double>&, double*, double*, cudaStream_t);
+// X: the draws' storage (T itself, or 16-bit draws widened to T where loaded).
+#define ET_INSTANTIATE(T, X) \
+  template cudaError_t langevin_step_fwd_launch<T, X>(const EtScoreArgs<T, X>&, T*, T*, cudaStream_t);
+ET_INSTANTIATE(float, float)
+ET_INSTANTIATE(float, bf16)
+ET_INSTANTIATE(float, fp16)
+ET_INSTANTIATE(double, double)
+ET_INSTANTIATE(double, bf16)
+ET_INSTANTIATE(double, fp16)
+#undef ET_INSTANTIATE
 
 }  // namespace cuda
 }  // namespace etweedie

@@ -8,19 +8,24 @@
 //   row stride sp and contiguous parameter dims; kind 0 isotropic, 1 diagonal, 2 block (k ≤ 4).
 // Outputs are contiguous.  Every launcher returns the launch's cudaError_t (cudaSuccess when
 // there is nothing to do) and never synchronizes.
+// The score launchers take the compute type T (float, double: y, the parameters, every output
+// but ∂L/∂x) and the draws' storage type X (T, bf16 or fp16: x and ∂L/∂x), instantiated for
+// X ∈ {T, bf16, fp16}; 16-bit draws are widened to T where they are loaded.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
+#include "../common/low_precision.h"  // bf16 / fp16: the 16-bit storage of low-precision draws
+
 namespace etweedie {
 namespace cuda {
 
-template <typename T>
+template <typename T, typename X = T>
 struct EtScoreArgs {
   const T* y;
-  const T* x;
+  const X* x;
   const T* beta;
   const T* lam;
   const T* prec;
@@ -32,16 +37,16 @@ struct EtScoreArgs {
 };
 
 // out = s = −λ P m (or, for langevin_step, y + α s + sqrt(2α) ξ) and m = (1/N) Σ w_i u_i, (B, d).
-template <typename T>
-cudaError_t et_score_fwd_launch(const EtScoreArgs<T>& a, T* out, T* m, cudaStream_t stream);
-template <typename T>
-cudaError_t langevin_step_fwd_launch(const EtScoreArgs<T>& a, T* out, T* m, cudaStream_t stream);
+template <typename T, typename X>
+cudaError_t et_score_fwd_launch(const EtScoreArgs<T, X>& a, T* out, T* m, cudaStream_t stream);
+template <typename T, typename X>
+cudaError_t langevin_step_fwd_launch(const EtScoreArgs<T, X>& a, T* out, T* m, cudaStream_t stream);
 
 // Gradients of et_score_fwd.  grad, grad_m, m: (B, d) contiguous.  Outputs (null = not
-// requested): gy (B, d), gx (B, N, d), gb (B,), gl (B,), gp (B, *param), all contiguous and
-// fully written (no zero-initialization needed).
-template <typename T>
-cudaError_t et_score_bwd_launch(const EtScoreArgs<T>& a, const T* grad, const T* grad_m, const T* m, T* gy, T* gx,
+// requested): gy (B, d), gx (B, N, d) in the draws' type, gb (B,), gl (B,), gp (B, *param), all
+// contiguous and fully written (no zero-initialization needed).
+template <typename T, typename X>
+cudaError_t et_score_bwd_launch(const EtScoreArgs<T, X>& a, const T* grad, const T* grad_m, const T* m, T* gy, X* gx,
                                 T* gb, T* gl, T* gp, cudaStream_t stream);
 
 // Importance-sampling oracle: y (Q, d), bank (M, d), prec (1, *param), all contiguous.

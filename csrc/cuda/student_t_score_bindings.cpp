@@ -12,38 +12,18 @@ namespace {
 
 constexpr const char* kOp = "student_t_score";
 
-void check_same(const at::Tensor& t, const char* name, const at::Tensor& y) {
-  TORCH_CHECK(t.defined(), kOp, ": ", name, " is an undefined tensor");
-  TORCH_CHECK(t.is_cuda() && t.device() == y.device(), kOp, ": ", name, " must be on y's CUDA device ", y.device(),
-              ", got ", t.device());
-  TORCH_CHECK(t.scalar_type() == y.scalar_type(), kOp, ": ", name, " must have y's dtype ", y.scalar_type(), ", got ",
-              t.scalar_type());
-}
-
 void check_canonical(const at::Tensor& y, const at::Tensor& x, const at::Tensor& c, const at::Tensor& prec,
                      int64_t kind) {
-  TORCH_CHECK(y.defined() && y.is_cuda(), kOp, ": y must be a defined CUDA tensor");
-  TORCH_CHECK(y.scalar_type() == at::kFloat || y.scalar_type() == at::kDouble, kOp,
-              ": y must be float32 or float64, got ", y.scalar_type());
-  check_same(x, "x", y);
-  check_same(c, "c", y);
-  check_same(prec, "prec", y);
-  TORCH_CHECK(y.dim() == 2 && y.is_contiguous(), kOp, ": y must be contiguous (B, d), got ", y.sizes());
-  const int64_t B = y.size(0), d = y.size(1);
-  TORCH_CHECK(x.dim() == 3 && x.size(0) == B && x.size(2) == d && (d <= 1 || x.numel() == 0 || x.stride(2) == 1) && x.stride(0) >= 0 &&
-                  x.stride(1) >= 0,
-              kOp, ": x must be (B, N, d) = (", B, ", N, ", d, ") with unit stride over d, got ", x.sizes(),
-              " strides ", x.strides());
-  TORCH_CHECK(c.dim() == 1 && c.size(0) == B && c.stride(0) >= 0, kOp, ": c must be (B,) = (", B, "), got ", c.sizes());
-  checks::metric(kOp, prec, kind, B, d);  // kind, shapes, block size and strides, as every op checks them
+  checks::student_t_args(kOp, y, x, c, prec, kind);  // the CPU kernel's checks (csrc/common/checks.h)
+  check_cuda(kOp, y);
 }
 
-template <typename T>
-StudentTArgs<T> args_of(const at::Tensor& y, const at::Tensor& x, const at::Tensor& c, const at::Tensor& prec,
-                        int64_t kind) {
-  StudentTArgs<T> a{};
+template <typename T, typename X>
+StudentTArgs<T, X> args_of(const at::Tensor& y, const at::Tensor& x, const at::Tensor& c, const at::Tensor& prec,
+                           int64_t kind) {
+  StudentTArgs<T, X> a{};
   a.y = y.data_ptr<T>();
-  a.x = x.data_ptr<T>();
+  a.x = draws_data<X>(x);
   a.c = c.data_ptr<T>();
   a.prec = prec.data_ptr<T>();
   a.B = y.size(0);
@@ -61,13 +41,16 @@ StudentTArgs<T> args_of(const at::Tensor& y, const at::Tensor& x, const at::Tens
 std::tuple<at::Tensor, at::Tensor> student_t_score_fwd_cuda(const at::Tensor& y, const at::Tensor& x,
                                                             const at::Tensor& c, const at::Tensor& prec, int64_t kind) {
   check_canonical(y, x, c, prec, kind);
-  TORCH_CHECK(x.size(1) > 0 || y.size(0) == 0, kOp, ": need at least one posterior draw (N >= 1)");
   const c10::cuda::CUDAGuard guard(y.device());
   auto s = at::empty_like(y);
   auto m = at::empty_like(y);
   AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "student_t_score_fwd_cuda", [&] {
-    check_launch(student_t_score_fwd_launch<scalar_t>(args_of<scalar_t>(y, x, c, prec, kind), s.data_ptr<scalar_t>(),
-                                                      m.data_ptr<scalar_t>(), c10::cuda::getCurrentCUDAStream()), kOp);
+    using T = scalar_t;
+    dispatch_draws<T>(x, [&](auto draw_type) {
+      using X = typename decltype(draw_type)::type;  // T, or 16-bit draws widened where loaded
+      check_launch(student_t_score_fwd_launch<T, X>(args_of<T, X>(y, x, c, prec, kind), s.data_ptr<T>(),
+                                                    m.data_ptr<T>(), c10::cuda::getCurrentCUDAStream()), kOp);
+    });
   });
   return {s, m};
 }
@@ -76,31 +59,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> student_t_score_bwd_c
     const at::Tensor& grad, const at::Tensor& grad_m, const at::Tensor& y, const at::Tensor& x, const at::Tensor& c,
     const at::Tensor& prec, int64_t kind, const at::Tensor& m, bool need_y, bool need_x, bool need_c, bool need_prec) {
   check_canonical(y, x, c, prec, kind);
-  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&grad, "grad"}, {&grad_m, "grad_m"}, {&m, "m"}}) {
-    check_same(*t, name, y);
-    TORCH_CHECK(t->sizes() == y.sizes(), kOp, ": ", name, " must be (B, d) = ", y.sizes(), ", got ", t->sizes());
-  }
+  checks::same_dtype_device(kOp, {"y", &y}, {{"grad", &grad}, {"grad_m", &grad_m}, {"m", &m}});
+  checks::shape(kOp, "grad", grad, y.sizes());
+  checks::shape(kOp, "grad_m", grad_m, y.sizes());
+  checks::shape(kOp, "m", m, y.sizes());
   const c10::cuda::CUDAGuard guard(y.device());
   auto g = grad.contiguous();
   auto gm = grad_m.contiguous();
   auto mc = m.contiguous();
   const int64_t B = y.size(0), N = x.size(1), d = y.size(1);
-  TORCH_CHECK(N > 0 || B == 0, kOp, ": need at least one posterior draw (N >= 1)");
   auto empty = [&] { return at::empty({0}, y.options()); };
   const bool trivial = B == 0 || d == 0;
   auto alloc = [&](at::IntArrayRef size) { return trivial ? at::zeros(size, y.options()) : at::empty(size, y.options()); };
   auto gy = need_y ? alloc({B, d}) : empty();
-  auto gx = need_x ? alloc({B, N, d}) : empty();
+  auto gx = need_x ? (trivial ? at::zeros({B, N, d}, x.options()) : at::empty({B, N, d}, x.options())) : empty();  // x's dtype
   auto gc = need_c ? alloc({B}) : empty();
   std::vector<int64_t> psize(prec.sizes().begin(), prec.sizes().end());
   auto gp = need_prec ? alloc(psize) : empty();
   if (!trivial) {
     AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "student_t_score_bwd_cuda", [&] {
       using T = scalar_t;
-      check_launch(student_t_score_bwd_launch<T>(
-          args_of<T>(y, x, c, prec, kind), g.data_ptr<T>(), gm.data_ptr<T>(), mc.data_ptr<T>(),
-          need_y ? gy.data_ptr<T>() : nullptr, need_x ? gx.data_ptr<T>() : nullptr, need_c ? gc.data_ptr<T>() : nullptr,
-          need_prec ? gp.data_ptr<T>() : nullptr, c10::cuda::getCurrentCUDAStream()), kOp);
+      dispatch_draws<T>(x, [&](auto draw_type) {
+        using X = typename decltype(draw_type)::type;
+        check_launch(student_t_score_bwd_launch<T, X>(
+            args_of<T, X>(y, x, c, prec, kind), g.data_ptr<T>(), gm.data_ptr<T>(), mc.data_ptr<T>(),
+            need_y ? gy.data_ptr<T>() : nullptr, need_x ? draws_data<X>(gx) : nullptr,
+            need_c ? gc.data_ptr<T>() : nullptr, need_prec ? gp.data_ptr<T>() : nullptr,
+            c10::cuda::getCurrentCUDAStream()), kOp);
+      });
     });
   }
   return {gy, gx, gc, gp};

@@ -24,16 +24,16 @@ namespace cuda {
 constexpr int kStTile = 64;
 constexpr int kStMinBlocks = 4;
 
-template <typename T, int KIND, int K>
+template <typename T, typename X, int KIND, int K>
 __global__ void __launch_bounds__(kThreads, kStMinBlocks)
-    student_t_fwd_kernel(StudentTArgs<T> a, T* __restrict__ s_out, T* __restrict__ m_out) {
+    student_t_fwd_kernel(StudentTArgs<T, X> a, T* __restrict__ s_out, T* __restrict__ m_out) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int64_t row = blockIdx.x, d = a.d, N = a.N;
   T* acc = reinterpret_cast<T*>(smem_raw);  // d: Σ w u, then m
   T* wt = acc + d;                          // kStTile weights
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const T* __restrict__ y = a.y + row * d;
-  const T* __restrict__ x = a.x + row * a.sxb;
+  const X* __restrict__ x = a.x + row * a.sxb;  // 16-bit draws: widened to T where loaded
   const RowPrec<T, KIND, K> P{a.prec + row * a.sp};
   const T two_c = T(2) * a.c[row * a.sc];
   for (int64_t j = threadIdx.x; j < d; j += kThreads) acc[j] = T(0);
@@ -41,10 +41,10 @@ __global__ void __launch_bounds__(kThreads, kStMinBlocks)
     const int n = static_cast<int>(N - i0 < kStTile ? N - i0 : kStTile);
     __syncthreads();
     for (int t = warp; t < n; t += kWarps) {
-      const T* __restrict__ xi = x + (i0 + t) * a.sxn;
+      const X* __restrict__ xi = x + (i0 + t) * a.sxn;
       T q = 0;
       for (int64_t j = lane; j < d; j += kWarp)
-        q += (y[j] - xi[j]) * P.apply_at(j, [y, xi](int64_t c) { return y[c] - xi[c]; });
+        q += (y[j] - widen<T>(xi[j])) * P.apply_at(j, [y, xi](int64_t c) { return y[c] - widen<T>(xi[c]); });
       q = warp_sum(q);
       if (lane == 0) wt[t] = student_t_weight(q);
     }
@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kThreads, kStMinBlocks)
       const T yj = y[j];
       T s = 0;
 #pragma unroll 4
-      for (int t = 0; t < n; ++t) s += wt[t] * (yj - x[(i0 + t) * a.sxn + j]);
+      for (int t = 0; t < n; ++t) s += wt[t] * (yj - widen<T>(x[(i0 + t) * a.sxn + j]));
       acc[j] += s;
     }
   }
@@ -67,10 +67,10 @@ __global__ void __launch_bounds__(kThreads, kStMinBlocks)
     s_out[row * d + j] = -two_c * P.apply_at(j, [acc](int64_t c) { return acc[c]; });
 }
 
-template <typename T, int KIND, int K>
+template <typename T, typename X, int KIND, int K>
 __global__ void __launch_bounds__(kThreads, kStMinBlocks)
-    student_t_bwd_kernel(StudentTArgs<T> a, const T* __restrict__ grad, const T* __restrict__ grad_m,
-                         const T* __restrict__ m, T* __restrict__ gy, T* __restrict__ gx, T* __restrict__ gc,
+    student_t_bwd_kernel(StudentTArgs<T, X> a, const T* __restrict__ grad, const T* __restrict__ grad_m,
+                         const T* __restrict__ m, T* __restrict__ gy, X* __restrict__ gx, T* __restrict__ gc,
                          T* __restrict__ gp) {
   constexpr int PS = KIND == kBlock ? K * K : 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(kThreads, kStMinBlocks)
   __shared__ T scratch[kWarps];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const T* __restrict__ y = a.y + row * d;
-  const T* __restrict__ x = a.x + row * a.sxb;
+  const X* __restrict__ x = a.x + row * a.sxb;
   const T* __restrict__ g = grad + row * d;
   const T* __restrict__ mr = m + row * d;
   const RowPrec<T, KIND, K> P{a.prec + row * a.sp};
@@ -100,12 +100,12 @@ __global__ void __launch_bounds__(kThreads, kStMinBlocks)
     const int n = static_cast<int>(N - i0 < kStTile ? N - i0 : kStTile);
     __syncthreads();
     for (int t = warp; t < n; t += kWarps) {
-      const T* __restrict__ xi = x + (i0 + t) * a.sxn;
+      const X* __restrict__ xi = x + (i0 + t) * a.sxn;
       T q = 0, hu = 0;
       T uu[PS] = {};
       for (int64_t j = lane; j < d; j += kWarp) {
-        const T u = y[j] - xi[j];
-        q += u * P.apply_at(j, [y, xi](int64_t c) { return y[c] - xi[c]; });
+        const T u = y[j] - widen<T>(xi[j]);
+        q += u * P.apply_at(j, [y, xi](int64_t c) { return y[c] - widen<T>(xi[c]); });
         hu += h[j] * u;
         if (need_prec && KIND == kIsotropic) uu[0] += u * u;
         if (need_prec && KIND == kBlock) {
@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kThreads, kStMinBlocks)
           for (int aa = 0; aa < K; ++aa)
             if (aa == ai) {
 #pragma unroll
-              for (int b = 0; b < K; ++b) uu[aa * K + b] += u * (y[base + b] - xi[base + b]);
+              for (int b = 0; b < K; ++b) uu[aa * K + b] += u * (y[base + b] - widen<T>(xi[base + b]));
             }
         }
       }
@@ -142,13 +142,13 @@ __global__ void __launch_bounds__(kThreads, kStMinBlocks)
       T sum = 0, sdiag = 0;
 #pragma unroll 2
       for (int t = 0; t < n; ++t) {
-        const T* __restrict__ xt = x + (i0 + t) * a.sxn;
-        const T pu = P.apply_at(j, [y, xt](int64_t c) { return y[c] - xt[c]; });
+        const X* __restrict__ xt = x + (i0 + t) * a.sxn;
+        const T pu = P.apply_at(j, [y, xt](int64_t c) { return y[c] - widen<T>(xt[c]); });
         const T gu = (wt[t] * hj + ct[t] * pu) * inv_n;
         sum += gu;
-        if (gx) gx[(row * N + i0 + t) * d + j] = -gu;
+        if (gx) gx[(row * N + i0 + t) * d + j] = narrow<X>(-gu);  // x's type: rounded once
         if (KIND == kDiagonal && need_prec) {
-          const T u = y[j] - xt[j];
+          const T u = y[j] - widen<T>(xt[j]);
           sdiag += T(0.5) * ct[t] * inv_n * u * u;
         }
       }
@@ -199,14 +199,14 @@ cudaError_t student_t_allow_smem(Kernel kernel, size_t smem) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
 }
 
-template <typename T>
-cudaError_t student_t_score_fwd_launch(const StudentTArgs<T>& a, T* s, T* m, cudaStream_t stream) {
+template <typename T, typename X>
+cudaError_t student_t_score_fwd_launch(const StudentTArgs<T, X>& a, T* s, T* m, cudaStream_t stream) {
   if (a.B == 0 || a.d == 0) return cudaSuccess;
   if (a.N <= 0 || a.B > 2147483647) return cudaErrorInvalidValue;
   const size_t smem = static_cast<size_t>(a.d + kStTile) * sizeof(T);
   return dispatch_metric(a.kind, a.kblock, [&](auto kind_c, auto k_c) {
     constexpr int KIND = decltype(kind_c)::value, K = decltype(k_c)::value;
-    auto kernel = student_t_fwd_kernel<T, KIND, K>;
+    auto kernel = student_t_fwd_kernel<T, X, KIND, K>;
     const cudaError_t e = student_t_allow_smem(kernel, smem);
     if (e != cudaSuccess) return e;
     kernel<<<static_cast<unsigned>(a.B), kThreads, smem, stream>>>(a, s, m);
@@ -214,16 +214,16 @@ cudaError_t student_t_score_fwd_launch(const StudentTArgs<T>& a, T* s, T* m, cud
   });
 }
 
-template <typename T>
-cudaError_t student_t_score_bwd_launch(const StudentTArgs<T>& a, const T* grad, const T* grad_m, const T* m, T* gy,
-                                       T* gx, T* gc, T* gp, cudaStream_t stream) {
+template <typename T, typename X>
+cudaError_t student_t_score_bwd_launch(const StudentTArgs<T, X>& a, const T* grad, const T* grad_m, const T* m, T* gy,
+                                       X* gx, T* gc, T* gp, cudaStream_t stream) {
   if (a.B == 0 || a.d == 0) return cudaSuccess;
   if (a.N <= 0 || a.B > 2147483647) return cudaErrorInvalidValue;
   const int64_t diag = (a.kind == kDiagonal && gp) ? a.d : 0;
   const size_t smem = static_cast<size_t>(2 * a.d + diag + 2 * kStTile) * sizeof(T);
   return dispatch_metric(a.kind, a.kblock, [&](auto kind_c, auto k_c) {
     constexpr int KIND = decltype(kind_c)::value, K = decltype(k_c)::value;
-    auto kernel = student_t_bwd_kernel<T, KIND, K>;
+    auto kernel = student_t_bwd_kernel<T, X, KIND, K>;
     const cudaError_t e = student_t_allow_smem(kernel, smem);
     if (e != cudaSuccess) return e;
     kernel<<<static_cast<unsigned>(a.B), kThreads, smem, stream>>>(a, grad, grad_m, m, gy, gx, gc, gp);
@@ -231,12 +231,17 @@ cudaError_t student_t_score_bwd_launch(const StudentTArgs<T>& a, const T* grad, 
   });
 }
 
-#define ET_INSTANTIATE(T)                                                                                          \
-  template cudaError_t student_t_score_fwd_launch<T>(const StudentTArgs<T>&, T*, T*, cudaStream_t);              \
-  template cudaError_t student_t_score_bwd_launch<T>(const StudentTArgs<T>&, const T*, const T*, const T*, T*, T*, \
-                                                     T*, T*, cudaStream_t);
-ET_INSTANTIATE(float)
-ET_INSTANTIATE(double)
+// X: the draws' storage (T itself, or 16-bit draws widened to T where loaded).
+#define ET_INSTANTIATE(T, X)                                                                                      \
+  template cudaError_t student_t_score_fwd_launch<T, X>(const StudentTArgs<T, X>&, T*, T*, cudaStream_t);        \
+  template cudaError_t student_t_score_bwd_launch<T, X>(const StudentTArgs<T, X>&, const T*, const T*, const T*, \
+                                                        T*, X*, T*, T*, cudaStream_t);
+ET_INSTANTIATE(float, float)
+ET_INSTANTIATE(float, bf16)
+ET_INSTANTIATE(float, fp16)
+ET_INSTANTIATE(double, double)
+ET_INSTANTIATE(double, bf16)
+ET_INSTANTIATE(double, fp16)
 #undef ET_INSTANTIATE
 
 }  // namespace cuda

@@ -68,6 +68,26 @@ def check_tensor(t, name: str, op: str) -> torch.Tensor:
     return t
 
 
+# The dtype rule of the score ops (et_score, langevin_step, student_t_score): the query y is
+# float32 or float64 and fixes the compute dtype; the posterior draws x have y's dtype or are
+# bfloat16 / float16.  16-bit draws are read as stored and widened to y's dtype inside the
+# kernels (no cast pass over the cloud); sums accumulate in y's dtype; the score and the
+# gradients of y, the noise and the parameters are in y's dtype, and the gradient of x is
+# computed in y's dtype and rounded once to x's dtype.
+LOW_PRECISION_DRAWS = (torch.bfloat16, torch.float16)
+
+
+def check_draws(x, y: torch.Tensor, op: str) -> torch.Tensor:
+    """The posterior draws x of a score op, by the dtype rule above (TypeError naming x otherwise)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != y.dtype and x.dtype not in LOW_PRECISION_DRAWS:
+        raise TypeError(
+            f"{op}: x must have y's dtype {y.dtype} or be bfloat16 or float16 (16-bit posterior draws), got {x.dtype}"
+        )
+    return x
+
+
 # Range checks of plain numbers run always.  Checks that must read a tensor's values run on CPU
 # tensors always, but on GPU tensors only with debug checks on (etweedie.set_debug): there each
 # would stall the host until the GPU catches up, once per call.
@@ -258,7 +278,9 @@ def float32_out_of_range(metric: Optional[Metric], *data: torch.Tensor) -> bool:
     """
     if not data or not isinstance(data[0], torch.Tensor) or data[0].dtype != torch.float32 or not value_checks(data[0]):
         return False
-    if any(not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.device != data[0].device for t in data):
+    # 16-bit draws of a float32 query are computed in float32 too (bfloat16 spans float32's range)
+    admitted = (torch.float32, *LOW_PRECISION_DRAWS)
+    if any(not isinstance(t, torch.Tensor) or t.dtype not in admitted or t.device != data[0].device for t in data):
         return False  # mismatched arguments: the op's own checks name them
     hi = 0.0
     for t in data:
@@ -290,7 +312,8 @@ def all_finite(*data: torch.Tensor) -> bool:
 
 
 def widen(t):
-    """float64 copy of a float32 tensor (differentiable: gradients flow back in float32)."""
+    """float64 copy of a float32 tensor (differentiable: gradients flow back in float32).  16-bit
+    draws are left as they are: the float64 kernels read them directly."""
     return t.double() if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t
 
 
@@ -370,13 +393,11 @@ class Canonical:
 def canonicalize(op: str, y, x, beta, lam, metric) -> Canonical:
     """Validate the arguments of a per-row op and bring them to the canonical form."""
     y = check_tensor(y, "y", op)
-    x = check_tensor(x, "x", op)
+    x = check_draws(x, y, op)
     if y.dim() < 1:
         raise ValueError(f"{op}: y must have shape (*batch, d), got a 0-d tensor")
     if x.dim() < 2:
         raise ValueError(f"{op}: x must have shape (*batch, N, d), got shape {tuple(x.shape)}")
-    if x.dtype != y.dtype:
-        raise TypeError(f"{op}: x must have y's dtype {y.dtype}, got {x.dtype}")
     if x.device != y.device:
         raise ValueError(f"{op}: x is on {x.device} but y is on {y.device}")
     d, N = y.shape[-1], x.shape[-2]
@@ -407,13 +428,15 @@ def whiten_dense(c: Canonical) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor
     """For a dense metric: (z_y, z_x, ones, L) with z = Lᵀu per row, P = L Lᵀ (one GEMM each).
 
     The kernels then run isotropically with unit precision; map a score back with ``s @ Lᵀ``.
+    The whitened draws are in y's dtype: 16-bit draws enter the GEMM widened (the GEMM writes a
+    new cloud in y's dtype anyway, so dense metrics do not keep the 16-bit byte count).
     """
     Lb = row_whitening_factor(c.metric, c.batch, c.y.dtype)
     if Lb.dim() == 2:
         zy, zx = c.y @ Lb, rows_matmul(c.x, Lb)
     else:
         zy = (c.y.unsqueeze(1) @ Lb).squeeze(1)
-        zx = c.x @ Lb
+        zx = c.x.to(c.y.dtype) @ Lb
     ones = torch.ones((), dtype=c.y.dtype, device=c.y.device).expand(c.y.shape[0])
     return zy.contiguous(), zx, ones, Lb
 
@@ -422,8 +445,8 @@ def rows_matmul(x: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
     """x @ L for x (B, N, d) and a shared L (d, d), keeping a broadcast cloud (stride 0 over B)
     a broadcast: the product of its one distinct row is expanded, not materialized B times."""
     if L.dim() == 2 and x.shape[0] > 1 and x.stride(0) == 0:
-        return (x[:1] @ L).expand(x.shape[0], *x.shape[1:])
-    return x @ L
+        return (x[:1].to(L.dtype) @ L).expand(x.shape[0], *x.shape[1:])
+    return x.to(L.dtype) @ L
 
 
 def unwhiten_score(s_iso: torch.Tensor, L: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ from ._prep import (
     DENSE,
     all_finite,
     canonicalize,
+    check_draws,
     check_tensor,
     float32_out_of_range,
     kernel_or_reference,
@@ -47,16 +48,19 @@ def et_score(
     """Energy-Tweedie score of the noisy marginal at y from posterior draws x.
 
     Args:
-        y: queries, ``(*batch, d)``, float32 or float64.
+        y: queries, ``(*batch, d)``, float32 or float64: the compute dtype.
         x: posterior draws, ``(*batch, N, d)`` (N ≥ 1); batch dims broadcast with y's, so one
-            cloud can serve many queries without a copy.
+            cloud can serve many queries without a copy.  y's dtype, or bfloat16 / float16: 16-bit
+            draws (e.g. a bf16 posterior's output) are read as stored and widened to y's dtype
+            inside the kernels, with float32 (float64) accumulation and no cast pass; their
+            gradient comes back in x's dtype.
         beta: tail exponent β ∈ (0, 2], float or tensor broadcasting to ``batch``.
         lam: rate λ > 0, float or tensor broadcasting to ``batch``.
         metric: noise geometry :class:`~etweedie.Metric` (None: Σ = I); may carry a batch.
         backend: ``None`` (automatic), ``"reference"``, ``"cpu"``, ``"cuda"`` or ``"triton"``.
 
     Returns:
-        the score, ``(*batch, d)``.  A draw equal to y contributes 0 (never NaN).  A 2-D ``x``
+        the score, ``(*batch, d)``, in y's dtype.  A draw equal to y contributes 0 (never NaN).  A 2-D ``x``
         of shape ``(N, d)`` is one cloud shared by every query (ordinary broadcasting of the
         batch dims); for one draw per query write ``x.unsqueeze(-2)`` (shape ``(B, 1, d)``).
         float32 inputs whose magnitudes would overflow or underflow the squared norms run in
@@ -69,7 +73,7 @@ def et_score(
         tensor([[0.5000, 1.0000]])
     """
     op = "et_score"
-    if float32_out_of_range(metric, check_tensor(y, "y", op), check_tensor(x, "x", op)):
+    if float32_out_of_range(metric, check_tensor(y, "y", op), check_draws(x, y, op)):
         return et_score(widen(y), widen(x), widen(beta), widen(lam), widen_metric(metric), backend=backend).float()
     c = canonicalize(op, y, x, beta, lam, metric)
     d = c.y.shape[-1]

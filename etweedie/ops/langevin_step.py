@@ -23,6 +23,7 @@ from ._prep import (
     broadcast_batch,
     all_finite,
     canonicalize,
+    check_draws,
     check_finite,
     check_positive,
     check_tensor,
@@ -54,14 +55,15 @@ def langevin_step(
     """One Langevin step ``y + step·s(y) + sqrt(2·step)·noise`` with the fused score.
 
     Args:
-        y: current states ``(*batch, d)``.
-        x: posterior draws at y, ``(*batch, N, d)``.
-        noise: standard normal ξ, shape of y (draw it with your own ``torch.Generator``).
+        y: current states ``(*batch, d)``, float32 or float64 (the compute dtype).
+        x: posterior draws at y, ``(*batch, N, d)``: y's dtype, or bfloat16 / float16 (read as
+            stored, accumulated in y's dtype; see :func:`etweedie.et_score`).
+        noise: standard normal ξ, shape and dtype of y (draw it with your own ``torch.Generator``).
         step: α > 0, float or tensor broadcasting to ``batch``.
         beta, lam, metric, backend: as in :func:`etweedie.et_score`.
 
     Returns:
-        the next states, ``(*batch, d)``.
+        the next states, ``(*batch, d)``, in y's dtype.
 
     Example::
 
@@ -70,7 +72,7 @@ def langevin_step(
         tensor([[0.5000, 0.5000]])
     """
     op = "langevin_step"
-    if float32_out_of_range(metric, check_tensor(y, "y", op), check_tensor(x, "x", op)):
+    if float32_out_of_range(metric, check_tensor(y, "y", op), check_draws(x, y, op)):
         return langevin_step(widen(y), widen(x), widen(noise), widen(step), widen(beta), widen(lam),
                              widen_metric(metric), backend=backend).float()
     c = canonicalize(op, y, x, beta, lam, metric)

@@ -8,7 +8,10 @@ Arguments are in the canonical per-row form of :mod:`etweedie.ops._prep`
 (y (B, d), x (B, N, d), beta/lam (B,), prec (B, *param), kind 0–3), so a reference
 result and a kernel result are compared on exactly the same inputs.  Conventions shared
 with the kernels: a draw with x_i == y contributes 0 to the score (w = 0), except for β = 2
-where w ≡ 1 keeps the Gaussian score linear; gradients there are finite.
+where w ≡ 1 keeps the Gaussian score linear; gradients there are finite.  16-bit draws
+(bfloat16/float16, the score ops' dtype rule in :mod:`etweedie.ops._prep`) are upcast to y's
+dtype first (exact), so the reference is the kernels' math on the draws' exact values; autograd
+returns their gradient in the draws' dtype.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ def _residual_weight(q: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
 
 def et_score_with_mean(y, x, beta, lam, prec, kind) -> Tuple[torch.Tensor, torch.Tensor]:
     """(s, m): s(y) = −λ P m, m = (1/N) Σ_i ‖y − x_i‖_P^{β−2} (y − x_i)."""
-    u = y.unsqueeze(1) - x  # (B, N, d): the buffer the fused kernel never writes
+    u = y.unsqueeze(1) - x.to(y.dtype)  # (B, N, d): the buffer the fused kernel never writes
     q = (u * apply_precision(prec, kind, u)).sum(-1)
     w = _residual_weight(q, beta)
     m = (w.unsqueeze(-1) * u).mean(1)
@@ -153,7 +156,7 @@ def student_t_kernel_score(samples, target, prec, kind, fair: bool = True) -> to
 
 def student_t_score(y, x, c, prec, kind) -> torch.Tensor:
     """−2c P (1/N) Σ_i (y − x_i) / (1 + ‖y − x_i‖_P²), shape (B, d); c (B,)."""
-    u = y.unsqueeze(1) - x
+    u = y.unsqueeze(1) - x.to(y.dtype)
     q = (u * apply_precision(prec, kind, u)).sum(-1)
     m = (u / (1 + q).unsqueeze(-1)).mean(1)
     return -2 * c.unsqueeze(-1) * apply_precision(prec, kind, m)

@@ -48,14 +48,15 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
 
     Args:
         y: queries ``(*batch, d)``, float32 or float64.
-        x: posterior draws ``(*batch, N, d)`` (N ≥ 1); batch dims broadcast with y's.
+        x: posterior draws ``(*batch, N, d)`` (N ≥ 1); batch dims broadcast with y's.  y's dtype,
+            or bfloat16 / float16 (the dtype rule of :func:`etweedie.et_score`).
         c: exponent of q(u) ∝ (1 + ‖u‖_P²)^{−c}, c > d/2; float or tensor broadcasting to
             ``batch`` (one per row).
         metric: :class:`~etweedie.Metric` (None: P = I); may carry a batch.
         backend: ``None`` (automatic), ``"reference"``, ``"cpu"``, ``"cuda"`` or ``"triton"``.
 
     Returns:
-        the score, ``(*batch, d)``.  A draw equal to y contributes 0.
+        the score, ``(*batch, d)``, in y's dtype.  A draw equal to y contributes 0.
 
     Example::
 

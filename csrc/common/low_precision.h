@@ -1,0 +1,141 @@
+// Low-precision posterior draws: the 16-bit storage formats the score kernels read x in
+// (bfloat16, IEEE float16) and their conversions, shared by the CPU and CUDA kernels.
+//
+// Dtype rule of the score ops (et_score, langevin_step, student_t_score): the query y is
+// float32 or float64 and fixes the compute type T; the draws x are T, bfloat16 or float16.
+// Every draw value is widened to T as it is loaded (exact: both formats are subsets of
+// float32) and all arithmetic and accumulation is in T; the outputs are T, and ∂L/∂x is
+// computed in T and rounded once to x's format (round to nearest even) when it is stored.
+// Reading x in 16 bits halves the bytes of the pass over the draws, which is what bounds the
+// score at MNIST sizes.
+//
+// Layout: the raw 16 bits, as torch stores c10::BFloat16 / c10::Half and CUDA stores
+// __nv_bfloat16 / __half, so a tensor's data pointer is reinterpreted, never converted.
+// The conversions are plain integer/float arithmetic with selects instead of branches, so
+// `#pragma omp simd` loops over them vectorize on the CPU (written from the IEEE 754 formats;
+// float16 subnormals handled without denormal arithmetic, so flush-to-zero modes do not
+// change them).  On CUDA, float16 uses the hardware conversion instructions.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "fastmath.h"  // float_bits / bits_float
+#include "macros.h"
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+namespace etweedie {
+
+struct bf16 {
+  uint16_t bits;
+};
+struct fp16 {
+  uint16_t bits;
+};
+
+template <typename X>
+constexpr bool is_low_precision_v = std::is_same_v<X, bf16> || std::is_same_v<X, fp16>;
+
+// ---------------------------------------------------------------------------- 16 bits -> float
+
+ET_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<int32_t>(static_cast<uint32_t>(h) << 16)); }
+
+ET_HD float fp16_to_float(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+  return __half2float(__ushort_as_half(h));
+#else
+  const uint32_t w = h;
+  const uint32_t sign = (w & 0x8000u) << 16;
+  const uint32_t em = (w & 0x7fffu) << 13;  // exponent and mantissa in float's positions
+  const uint32_t e = w & 0x7c00u;
+  // normal: rebias the exponent (15 -> 127); inf/NaN: exponent 31 -> 255, payload kept
+  const uint32_t rebiased = em + (112u << 23) + (e == 0x7c00u ? (112u << 23) : 0u);
+  // subnormal (and zero): m·2^-24 = (2^-14 + m·2^-24) − 2^-14, both normal floats, exact
+  const float sub = bits_float(static_cast<int32_t>(em + (113u << 23))) - 6.103515625e-05f;
+  const uint32_t mag = e == 0u ? static_cast<uint32_t>(float_bits(sub)) : rebiased;
+  return bits_float(static_cast<int32_t>(mag | sign));
+#endif
+}
+
+// ---------------------------------------------------------------------------- float -> 16 bits
+
+// Round to nearest even; NaN stays NaN (quiet, sign kept); overflow rounds to ±inf.
+ET_HD uint16_t float_to_bf16(float f) {
+#if defined(__CUDA_ARCH__)
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#else
+  const uint32_t b = static_cast<uint32_t>(float_bits(f));
+  const uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>(f != f ? ((b >> 16) | 0x40u) : rounded);
+#endif
+}
+
+// Round to nearest even; NaN -> quiet NaN, |f| beyond the largest float16 (after rounding) -> ±inf,
+// tiny values -> subnormals or ±0.
+ET_HD uint16_t float_to_fp16(float f) {
+#if defined(__CUDA_ARCH__)
+  return __half_as_ushort(__float2half_rn(f));
+#else
+  const uint32_t b = static_cast<uint32_t>(float_bits(f));
+  const uint32_t sign = (b >> 16) & 0x8000u;
+  const uint32_t a = b & 0x7fffffffu;  // |f|
+  // normal range: rebias (127 -> 15), add the rounding bias with the tie broken to even
+  const uint32_t normal = (a + (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
+  // below 2^-14: adding 0.5 aligns the float16 subnormal quantum (2^-24) with float's last
+  // mantissa bit, so the float addition rounds to nearest even for us
+  const float shifted = bits_float(static_cast<int32_t>(a)) + 0.5f;
+  const uint32_t subnormal = static_cast<uint32_t>(float_bits(shifted)) - 0x3f000000u;
+  uint32_t mag = a < 0x38800000u ? subnormal : normal;
+  mag = a >= 0x47800000u ? 0x7c00u : mag;  // ≥ 2^16: inf (values in [65520, 2^16) round up to it above)
+  mag = a > 0x7f800000u ? 0x7e00u : mag;   // NaN
+  return static_cast<uint16_t>(mag | sign);
+#endif
+}
+
+// ---------------------------------------------------------------------------- typed access
+
+// A draw value as the compute type T (exact).
+template <typename T>
+ET_HD T widen(T v) {
+  return v;
+}
+template <typename T>
+ET_HD T widen(bf16 v) {
+  return static_cast<T>(bf16_to_float(v.bits));
+}
+template <typename T>
+ET_HD T widen(fp16 v) {
+  return static_cast<T>(fp16_to_float(v.bits));
+}
+
+// v rounded to float "to odd" (toward zero, then the last bit set when inexact): rounding that
+// float to any format at least two bits narrower gives the correctly rounded result of v, so a
+// float64 value reaches 16 bits rounded once, not twice.
+ET_HD float round_to_odd_float(double v) {
+  float f = static_cast<float>(v);
+  const double back = static_cast<double>(f);
+  if (back == v || v != v) return f;
+  if ((back < 0 ? -back : back) > (v < 0 ? -v : v)) f = bits_float(float_bits(f) - 1);  // one ulp toward zero
+  return bits_float(float_bits(f) | 1);
+}
+
+ET_HD float narrowing_float(float v) { return v; }
+ET_HD float narrowing_float(double v) { return round_to_odd_float(v); }
+
+// A value of the compute type stored in the draws' format X (rounded once, to nearest even).
+template <typename X, typename T>
+ET_HD X narrow(T v) {
+  if constexpr (std::is_same_v<X, bf16>) {
+    return bf16{float_to_bf16(narrowing_float(v))};
+  } else if constexpr (std::is_same_v<X, fp16>) {
+    return fp16{float_to_fp16(narrowing_float(v))};
+  } else {
+    return static_cast<X>(v);
+  }
+}
+
+}  // namespace etweedie

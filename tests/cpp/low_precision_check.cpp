@@ -1,0 +1,69 @@
+// Driver for tests/test_low_precision.py: runs the conversions of csrc/common/low_precision.h on
+// raw binary input (stdin) and writes raw binary output (stdout); the test compares them with
+// torch's conversions and with exact rounding computed in Python.
+//
+//   low_precision_check widen        -> 65536 bf16->float32 bit patterns, then 65536 fp16->float32
+//   low_precision_check narrow32 n   <- n float32   -> n bf16 bit patterns, then n fp16 bit patterns
+//   low_precision_check narrow64 n   <- n float64   -> the same, rounded from float64 (narrow<X>(double))
+// The loops carry `#pragma omp simd`, as the kernels' loops do, so the vectorized code is what runs.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "low_precision.h"
+
+using etweedie::bf16;
+using etweedie::fp16;
+
+template <typename T>
+static bool read_all(std::vector<T>& v) {
+  return std::fread(v.data(), sizeof(T), v.size(), stdin) == v.size();
+}
+
+template <typename T>
+static void write_all(const std::vector<T>& v) {
+  std::fwrite(v.data(), sizeof(T), v.size(), stdout);
+}
+
+template <typename F>
+static void narrow_all(const std::vector<F>& in) {
+  const int64_t n = static_cast<int64_t>(in.size());
+  std::vector<uint16_t> b(n), h(n);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) b[i] = etweedie::narrow<bf16>(in[i]).bits;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) h[i] = etweedie::narrow<fp16>(in[i]).bits;
+  write_all(b);
+  write_all(h);
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2) return 2;
+  if (std::strcmp(argv[1], "widen") == 0) {
+    std::vector<uint32_t> b(65536), h(65536);
+#pragma omp simd
+    for (int i = 0; i < 65536; ++i) b[i] = etweedie::float_bits(etweedie::widen<float>(bf16{static_cast<uint16_t>(i)}));
+#pragma omp simd
+    for (int i = 0; i < 65536; ++i) h[i] = etweedie::float_bits(etweedie::widen<float>(fp16{static_cast<uint16_t>(i)}));
+    write_all(b);
+    write_all(h);
+    return 0;
+  }
+  if (argc < 3) return 2;
+  const size_t n = std::strtoull(argv[2], nullptr, 10);
+  if (std::strcmp(argv[1], "narrow32") == 0) {
+    std::vector<float> in(n);
+    if (!read_all(in)) return 3;
+    narrow_all(in);
+    return 0;
+  }
+  if (std::strcmp(argv[1], "narrow64") == 0) {
+    std::vector<double> in(n);
+    if (!read_all(in)) return 3;
+    narrow_all(in);
+    return 0;
+  }
+  return 2;
+}
