@@ -327,11 +327,19 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
       int e2 = 0;
       std::frexp(amax, &e2);
       const double su = std::ldexp(1.0, -e2);
+      // a power of two that float holds scales in float (the same single rounding as in double)
+      const bool su_float = e2 > -120 && e2 < 120;
+      const float suf = static_cast<float>(su);
       // 3. v = P'u', the norms and the coordinate-major panels of V (Gram form only)
       for (int64_t i = 0; i < n; ++i) {
         float* ui = U.data() + i * d;
+        if (su_float) {
 #pragma omp simd
-        for (int64_t k = 0; k < d; ++k) ui[k] = static_cast<float>(ui[k] * su);
+          for (int64_t k = 0; k < d; ++k) ui[k] *= suf;
+        } else {
+#pragma omp simd
+          for (int64_t k = 0; k < d; ++k) ui[k] = static_cast<float>(ui[k] * su);
+        }
         if (direct) continue;
         float* vi = V.data() + i * d;
         P.apply(ui, vi, d);
@@ -451,6 +459,8 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
         }
       }
       const double gscale = (gp ? static_cast<double>(gp[r]) : 1.0) * std::exp2(Kq * (hb - 1.0) + P.ep + e2);
+      const bool gscale_float = std::fabs(gscale) >= 1e-30 && std::fabs(gscale) <= 1e30;
+      const float gsf = static_cast<float>(gscale);
       for (int64_t i = 0; i < n; ++i) {
         float* out = i < M ? (gs_row ? gs_row + i * d : nullptr) : gt_row;
         if (out == nullptr) continue;
@@ -464,8 +474,13 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
         float rs = 0;
         for (int64_t j = 0; j < n; ++j) rs += Ci[j];
         const float* vi = V.data() + i * d;
+        if (gscale_float) {  // the scale-back in float where the factor is a normal float
 #pragma omp simd
-        for (int64_t k = 0; k < d; ++k) out[k] = static_cast<float>(gscale * (rs * vi[k] - cyi[k]));
+          for (int64_t k = 0; k < d; ++k) out[k] = gsf * (rs * vi[k] - cyi[k]);
+        } else {
+#pragma omp simd
+          for (int64_t k = 0; k < d; ++k) out[k] = static_cast<float>(gscale * (rs * vi[k] - cyi[k]));
+        }
       }
     }
   });
