@@ -131,7 +131,7 @@ def energy_score(
         ones = torch.ones((), dtype=xs.dtype, device=xs.device).expand(B)
         out = _kernel(name, zs, zt, betas, ones, 0, fair)
     else:
-        out = _kernel(name, xs, yt, betas, prec, kind, fair, fuse=not in_kernel)
+        out = _kernel(name, xs, yt, betas, prec, kind, fair)
     if in_kernel:  # the row kernel gave NaN rows for non-finite inputs itself
         return out.reshape(batch)
     return nan_rows(out, batch, (samples, 2), (target, 1)).reshape(batch)
@@ -160,19 +160,12 @@ def _gram_row_kernel(samples: torch.Tensor, beta: torch.Tensor, metric: Metric, 
     )
 
 
-def _kernel(name, samples, target, beta, prec, kind, fair, fuse: bool = True) -> torch.Tensor:
+def _kernel(name, samples, target, beta, prec, kind, fair) -> torch.Tensor:
     """Training (some input requires grad): one fused pass computes the value and the unit
     gradients, so backward only scales them; otherwise the forward-only op.  ``name`` is
-    "cpu"/"cuda" (the compiled op; the dispatcher picks the device's kernel) or "triton".
-
-    ``fuse=False`` (the CPU Gram-form row kernel): the forward-only op, and the backward op
-    recomputes the pairs with the upstream gradient.  There the fused op's backward costs more
-    than the recomputation: it multiplies the saved B·M·d unit gradient into a freshly
-    allocated tensor (first-touch page faults) after autograd has materialized zero gradients
-    of the same size for its unused outputs, while the backward kernel writes its result once
-    into reused memory (measured at B=64, M=32, d=784 and B=256, M=2: 15–20% faster)."""
+    "cpu"/"cuda" (the compiled op; the dispatcher picks the device's kernel) or "triton"."""
     tensors = (samples, target, beta, prec)
-    training = fuse and torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     if name == "triton":
         from ..kernels import energy_score as tk  # imports triton: only when asked for
 
