@@ -6,8 +6,8 @@
 //
 // One task per row.  The row's M draws and its target form one cloud of n = M + 1 points
 // (the target is point M: its pairs carry w_c, the draws' pairs w_w).  Per row:
-//   1. shifted centre: c = the mean of the n points (summed in float64), u_i = x_i − c — the
-//      pair distances are translation invariant, so an offset of 1e4 costs nothing;
+//   1. shifted centre: c = the mean of the n points, u_i = x_i − c — the pair distances are
+//      translation invariant, so an offset of 1e4 costs nothing;
 //   2. range: u and P are scaled by powers of two so that max|u| and max|P| lie in [½, 1)
 //      (exact in float), and the value and gradients are scaled back in float64 at the end —
 //      no overflow or underflow in the squared norms for clouds of any magnitude;
@@ -262,7 +262,6 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
     std::vector<float> U(n * d), V(direct ? 0 : n * d), panels(direct ? 0 : nbl * d * kGramNR),
         G(direct ? 0 : rows * ld), C(need_grad ? rows * ld : 0), cy(need_grad ? n * d : 0), nrm(n),
         wdiff(d), pw(d), centre(d), Ctail(need_grad ? kGramMR * ld : 0);
-    std::vector<double> acc(d);
     float q[kScoreGramMaxPoints], e[kScoreGramMaxPoints], sl[kScoreGramMaxPoints];
     bool exact[kScoreGramMaxPoints];
     float dots[kGramMR * kGramNR];
@@ -279,37 +278,31 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
       };
       const float be = bp[r * sb];
       const ScaledRowPrec P(pp + r * sp, kind, K, d);
-      // 1. the shifted centre (float64 sum, rounded to float) and the centred points
-      std::fill(acc.begin(), acc.end(), 0.0);
+      // 1. the shifted centre, Σ_i x_i/n in float (each term ≤ the largest float / n, so the sum
+      // does not overflow; any common centre preserves the distances exactly, its rounding only
+      // moves the origin of u by ~n·2⁻²⁴ of the points' magnitude), and the centred points
+      float* cen = centre.data();
+      std::fill(centre.begin(), centre.end(), 0.0f);
+      const float inv_n = 1.0f / static_cast<float>(n);
       for (int64_t i = 0; i < n; ++i) {
         const float* xi = point(i);
-        double* a = acc.data();
 #pragma omp simd
-        for (int64_t k = 0; k < d; ++k) a[k] += xi[k];
+        for (int64_t k = 0; k < d; ++k) cen[k] += xi[k] * inv_n;
       }
       bool finite = P.finite && std::isfinite(be);
       // a NaN or inf coordinate of any point makes its coordinate's sum non-finite (max() may drop a NaN)
-      double probe = 0;
-      {
-        const double* a = acc.data();
-        float* c = centre.data();
-        const double inv_n = 1.0 / static_cast<double>(n);
+      float probe = 0;
 #pragma omp simd reduction(+ : probe)
-        for (int64_t k = 0; k < d; ++k) {
-          probe += a[k] * 0.0;
-          c[k] = static_cast<float>(a[k] * inv_n);
-        }
-      }
-      finite = finite && probe == 0.0;
+      for (int64_t k = 0; k < d; ++k) probe += cen[k] * 0.0f;
+      finite = finite && probe == 0.0f;
       float amax = 0.0f;
       for (int64_t i = 0; i < n && finite; ++i) {
         const float* xi = point(i);
-        const float* c = centre.data();
         float* ui = U.data() + i * d;
         float m = 0.0f;
 #pragma omp simd reduction(max : m)
         for (int64_t k = 0; k < d; ++k) {
-          ui[k] = xi[k] - c[k];
+          ui[k] = xi[k] - cen[k];
           m = std::max(m, std::fabs(ui[k]));
         }
         if (!(m <= std::numeric_limits<float>::max())) finite = false;  // an overflowing difference
