@@ -210,6 +210,53 @@ struct ScaledRowPrec {
   }
 #endif
 
+  // u *= s (in place), v = P'u and returns uᵀv summed in float64 — in one pass over u for the
+  // 2×2 and 4×4 blocks (the training metric), else apply() and a second pass.
+  double scale_apply_norm(float* u, float* v, int64_t d, float s) const {
+#ifdef ETWEEDIE_GRAM_AVX2
+    if (kind == kBlock && (K == 2 || K == 4) && d % 8 == 0) {
+      __m256 coef[4];
+      for (int sft = 0; sft < K; ++sft) {
+        alignas(32) float cv[8];
+        for (int t = 0; t < 8; ++t) {
+          const int a = t % K, c = (a + sft) % K;
+          cv[t] = blk[a * K + c];
+        }
+        coef[sft] = _mm256_load_ps(cv);
+      }
+      const __m256 sv = _mm256_set1_ps(s);
+      __m256d n0 = _mm256_setzero_pd(), n1 = _mm256_setzero_pd();
+      for (int64_t k = 0; k < d; k += 8) {
+        const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(u + k), sv);
+        _mm256_storeu_ps(u + k, x);
+        __m256 acc = _mm256_mul_ps(coef[0], x);
+        if (K == 2) {
+          acc = _mm256_fmadd_ps(coef[1], _mm256_permute_ps(x, 0xB1), acc);
+        } else {
+          acc = _mm256_fmadd_ps(coef[1], _mm256_permute_ps(x, 0x39), acc);
+          acc = _mm256_fmadd_ps(coef[2], _mm256_permute_ps(x, 0x4E), acc);
+          acc = _mm256_fmadd_ps(coef[3], _mm256_permute_ps(x, 0x93), acc);
+        }
+        _mm256_storeu_ps(v + k, acc);
+        n0 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)),
+                             _mm256_cvtps_pd(_mm256_castps256_ps128(acc)), n0);
+        n1 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)),
+                             _mm256_cvtps_pd(_mm256_extractf128_ps(acc, 1)), n1);
+      }
+      alignas(32) double part[4];
+      _mm256_store_pd(part, _mm256_add_pd(n0, n1));
+      return (part[0] + part[1]) + (part[2] + part[3]);
+    }
+#endif
+#pragma omp simd
+    for (int64_t k = 0; k < d; ++k) u[k] *= s;
+    apply(u, v, d);
+    double acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t k = 0; k < d; ++k) acc += static_cast<double>(u[k]) * static_cast<double>(v[k]);
+    return acc;
+  }
+
   void apply(const float* u, float* v, int64_t d) const {
 #ifdef ETWEEDIE_GRAM_AVX2
     if (kind == kBlock && K == 2) return apply_block_avx2<2>(u, v, d);
@@ -326,6 +373,10 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
       // 3. v = P'u', the norms and the coordinate-major panels of V (Gram form only)
       for (int64_t i = 0; i < n; ++i) {
         float* ui = U.data() + i * d;
+        if (su_float && !direct) {
+          nrm[i] = static_cast<float>(P.scale_apply_norm(ui, V.data() + i * d, d, suf));
+          continue;
+        }
         if (su_float) {
 #pragma omp simd
           for (int64_t k = 0; k < d; ++k) ui[k] *= suf;
