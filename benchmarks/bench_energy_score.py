@@ -4,15 +4,15 @@ Workloads (the targets of benchmarks/RESULTS.md; ``quick`` shrinks B for smoke r
 in [1.2, 2) and a per-row 2×2 block metric I ⊗ S_b — the training setting, where every
 example carries its own noise tuple — and the fair pair term:
 
-    energy_score_784     B=64,  M=32, d=784    ≥ 4× faster than the eager reference
-    energy_score_784_m2  B=256, M=2,  d=784    ≥ 2×
-    energy_score_2       B=128, M=64, d=2      ≥ 5×
+    energy_score_784     B=64,  M=32, d=784    ≥ 4× faster than the eager reference and than cdist_mm
+    energy_score_784_m2  B=256, M=2,  d=784    ≥ 2× (both)
+    energy_score_2       B=128, M=64, d=2      ≥ 5× faster than the eager reference
 
 The reference (etweedie.ops.reference.energy_score) whitens per row and forms the pair
 distances with torch.cdist in its exact direct-difference mode.  The extra ``cdist_mm`` times
 what a user would write in plain eager PyTorch: whiten with the Cholesky factor of each row's
 block, ``torch.cdist`` in its default Gram (GEMM) mode, autograd for the gradient; the
-d = 784, M = 32 workload also has the target ≥ 4× faster than that.
+d = 784 workloads also have targets against that (≥ 4× at M = 32, ≥ 2× at M = 2).
 
     pytest benchmarks/bench_energy_score.py
 """
@@ -111,6 +111,8 @@ def energy_score_2(quick: bool = False) -> Case:
 CASES = (energy_score_784, energy_score_784_m2, energy_score_2)
 
 _NEED = {"energy_score_784": 4.0, "energy_score_784_m2": 2.0, "energy_score_2": 5.0}
+# against what a user would write: torch.cdist in its Gram (GEMM) mode + autograd
+_NEED_CDIST_MM = {"energy_score_784": 4.0, "energy_score_784_m2": 2.0}
 
 
 def targets(res: Dict[str, object]) -> List[object]:
@@ -118,11 +120,13 @@ def targets(res: Dict[str, object]) -> List[object]:
     from .table import Target, _speedup_target
 
     out = [_speedup_target(res, id, res[id].case.workload, "reference", need) for id, need in _NEED.items() if id in res]
-    if "energy_score_784" in res:
-        r = res["energy_score_784"]
+    for id, need in _NEED_CDIST_MM.items():
+        if id not in res or "cpu" not in res[id].timings:
+            continue
+        r = res[id]
         ours, mm = r.timings["cpu"].median_ms, r.extras["cdist_mm"].median_ms
-        out.append(Target(r.case.workload, "≥4× faster than eager cdist (Gram mode) + autograd",
-                          f"{mm / ours:.2f}× ({ours:.2f} vs {mm:.2f} ms)", mm / ours >= 4))
+        out.append(Target(r.case.workload, f"≥{need:g}× faster than eager cdist (Gram mode) + autograd",
+                          f"{mm / ours:.2f}× ({ours:.2f} vs {mm:.2f} ms)", mm / ours >= need))
     return out
 
 

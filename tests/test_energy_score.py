@@ -172,16 +172,23 @@ def _gram_rows_run(backend, dtype, samples, target, bt, metric, fair=True):
 @pytest.mark.parametrize("kind", ["none", "diagonal", "block2", "block4"])
 @pytest.mark.parametrize("beta", [1.0, 2.0, None], ids=["b1", "b2", "per-row"])
 @pytest.mark.parametrize("offset", [0.0, 1e3, 1e4], ids=["origin", "1e3", "1e4"])
-def test_cpu_score_gram_kernel(kind, beta, offset, seed):
-    """The CPU Gram-form row kernel (float32, d ≥ 64, many rows, gradients of the draws and the
-    target only: csrc/cpu/energy_score_gram_cpu.h) against the float64 reference, with clouds
-    offset from the origin, coincident draws, a draw on the target, per-row β and metric; the
+@pytest.mark.parametrize("M", [21, 3], ids=["gram", "direct"])
+def test_cpu_score_gram_kernel(kind, beta, offset, M, seed):
+    """The CPU Gram-form row kernel (float32, d ≥ 64, gradients of the draws and the target
+    only: csrc/cpu/energy_score_gram_cpu.h) against the float64 reference, with clouds offset
+    from the origin, coincident draws, a draw on the target, a close pair, per-row β and metric;
+    M = 21 (n = M + 1 = 22 spans two panels) and M = 3 (every pair in its exact form); the
     forward-only op and the separate backward op agree with the fused value-and-gradient op."""
-    B, M, d = 9, 21, 96  # B ≥ threads for up to 9 threads; n = M + 1 = 22 spans two panels
+    B, d = 9, 96
     samples, target, bt, metric = _inputs(seed, B, M, d, kind, beta=beta, offset=offset)
-    samples[:, 4] = samples[:, 2]
-    samples[:, 6] = target
-    samples[:, 9] = (samples[:, 8] + 1e-3).float().double()  # a close pair (float32-representable, like every input)
+    if M > 3:
+        samples[:, 4] = samples[:, 2]
+        samples[:, 6] = target
+        samples[:, 9] = (samples[:, 8] + 1e-3).float().double()  # a close pair (float32-representable, like every input)
+    else:
+        samples[:5, 1] = samples[:5, 0]
+        samples[3:, 2] = target[3:]
+        samples[6:, 0] = (samples[6:, 1] + 1e-3).float().double()
     for fair in (True, False):
         got = _gram_rows_run("cpu", torch.float32, samples, target, bt, metric, fair)
         r32 = _gram_rows_run("reference", torch.float32, samples, target, bt, metric, fair)
@@ -202,28 +209,38 @@ def test_cpu_score_gram_kernel(kind, beta, offset, seed):
 
 
 @pytest.mark.parametrize("scale", [1e-20, 1e20])
-def test_cpu_score_gram_kernel_scale(scale, seed):
-    """Clouds of magnitude 1e±20 in float32 (squared norms would leave float32's range without
-    the kernel's power-of-two rescaling): value and gradients match the float64 reference
-    computed on the unit-scale cloud and scaled analytically (ES ∝ s^β, ∂ES/∂x ∝ s^{β−1})."""
-    B, M, d, beta = 4, 17, 64, 1.4
+@pytest.mark.parametrize("B,M", [(4, 17), (1, 255), (3, 2), (2, 1)], ids=["gram", "max-draws", "m2", "m1"])
+def test_cpu_score_gram_kernel_scale(scale, B, M, seed):
+    """Clouds of magnitude 1e±20 in float32 (squared norms would leave float32's range
+    without the kernel's power-of-two rescaling; the op runs no float64 fallback on this path):
+    value and gradients match the float64 reference computed on the unit-scale cloud and scaled
+    analytically (ES ∝ s^β, ∂ES/∂x ∝ s^{β−1}).  The shapes are the corners of the kernel's
+    domain (1 and 255 draws, one row, the direct form at M = 1, 2), where the op's Python-side
+    choice to skip its range check must agree with the C++ kernel's applicability."""
+    d, beta, fair = 64, 1.4, M > 1
     samples, target, bt, metric = _inputs(seed, B, M, d, "block2", beta=beta)
-    samples[:, 3] = samples[:, 1]
-    r64 = _gram_rows_run("reference", torch.float64, samples, target, bt, metric)
-    got = _gram_rows_run("cpu", torch.float32, samples * scale, target * scale, bt, metric)
+    if M > 3:
+        samples[:, 3] = samples[:, 1]
+    r64 = _gram_rows_run("reference", torch.float64, samples, target, bt, metric, fair)
+    got = _gram_rows_run("cpu", torch.float32, samples * scale, target * scale, bt, metric, fair)
     for name, x, y, power in zip(["ES", "grad samples", "grad target"], got, r64, [beta, beta - 1, beta - 1]):
         want = y.detach() * scale**power
         err = float(((x.detach().double() - want).abs() / want.abs().max()).max())
-        assert err < 1e-5, f"{name} at scale {scale:g}: relative error {err:.2e} (seed {seed})"
+        assert err < 1e-5, f"{name} at scale {scale:g}, B={B} M={M}: relative error {err:.2e} (seed {seed})"
 
 
-def test_cpu_score_gram_kernel_nan():
-    """A NaN draw gives a NaN score and NaN gradients for its row only, never 0."""
-    samples, target, bt, metric = _inputs(0, 4, 20, 64, "isotropic", beta=1.0)
-    samples[1, 5, 7] = float("nan")
+@pytest.mark.parametrize("M", [20, 2])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_cpu_score_gram_kernel_nan(M, bad):
+    """A NaN or inf draw or target gives a NaN score and NaN gradients for its row only, never
+    0 or a finite value (the kernel's own NaN rows: the op runs no NaN-row pass here)."""
+    samples, target, bt, metric = _inputs(0, 4, M, 64, "block2", beta=1.0)
+    samples[1, M // 2, 7] = bad
+    target[2, 3] = bad
     out, gs, gt = _gram_rows_run("cpu", torch.float32, samples, target, bt, metric)
-    assert torch.isnan(out[1]) and torch.isnan(gs[1]).all() and torch.isnan(gt[1]).all()
-    keep = torch.tensor([0, 2, 3])
+    for r in (1, 2):
+        assert torch.isnan(out[r]) and torch.isnan(gs[r]).all() and torch.isnan(gt[r]).all()
+    keep = torch.tensor([0, 3])
     assert torch.isfinite(out[keep]).all() and torch.isfinite(gs[keep]).all() and torch.isfinite(gt[keep]).all()
 
 

@@ -463,9 +463,13 @@ inline bool energy_gram_forward(const at::Tensor& a, const at::Tensor& b, const 
 // no races, no atomics.  Both clouds' tasks visit nba + nbb panels: the static split is
 // balanced.  In centred coordinates (translation invariance) the result is exact to rounding.
 
-// out_t[k] += Σ_{j<nj} C[t·16 + j] · y_j[k] for the 4 rows t (y_j = Y + j·d, row-major).
-inline void gram_cy_4(const float* C, const float* Y, int64_t nj, int64_t d, float* out0, float* out1, float* out2,
-                      float* out3) {
+// out_t[k] += Σ_{j<nj} C[t·ldc + j] · y_j[k], k < d, for the 4 rows t (y_j = Y + j·ldy,
+// row-major): the second product of the Gram form (the gradient), shared by the
+// energy-distance tiles (ldc = 16, ldy = d) and the energy-score row kernel
+// (energy_score_gram_cpu.h: a block of d coordinates of rows ldy apart, so that the block of
+// every y_j stays in L1 across the groups of 4 rows).
+inline void gram_cy_4(const float* C, int64_t ldc, const float* Y, int64_t ldy, int64_t nj, int64_t d, float* out0,
+                      float* out1, float* out2, float* out3) {
   float* outs[4] = {out0, out1, out2, out3};
   int64_t k0 = 0;
 #ifdef ETWEEDIE_GRAM_AVX2
@@ -474,18 +478,18 @@ inline void gram_cy_4(const float* C, const float* Y, int64_t nj, int64_t d, flo
            a11 = _mm256_setzero_ps(), a20 = _mm256_setzero_ps(), a21 = _mm256_setzero_ps(),
            a30 = _mm256_setzero_ps(), a31 = _mm256_setzero_ps();
     for (int64_t j = 0; j < nj; ++j) {
-      const float* yj = Y + j * d + k0;
+      const float* yj = Y + j * ldy + k0;
       const __m256 y0 = _mm256_loadu_ps(yj), y1 = _mm256_loadu_ps(yj + 8);
       __m256 c = _mm256_broadcast_ss(C + j);
       a00 = _mm256_fmadd_ps(c, y0, a00);
       a01 = _mm256_fmadd_ps(c, y1, a01);
-      c = _mm256_broadcast_ss(C + kGramNR + j);
+      c = _mm256_broadcast_ss(C + ldc + j);
       a10 = _mm256_fmadd_ps(c, y0, a10);
       a11 = _mm256_fmadd_ps(c, y1, a11);
-      c = _mm256_broadcast_ss(C + 2 * kGramNR + j);
+      c = _mm256_broadcast_ss(C + 2 * ldc + j);
       a20 = _mm256_fmadd_ps(c, y0, a20);
       a21 = _mm256_fmadd_ps(c, y1, a21);
-      c = _mm256_broadcast_ss(C + 3 * kGramNR + j);
+      c = _mm256_broadcast_ss(C + 3 * ldc + j);
       a30 = _mm256_fmadd_ps(c, y0, a30);
       a31 = _mm256_fmadd_ps(c, y1, a31);
     }
@@ -498,10 +502,10 @@ inline void gram_cy_4(const float* C, const float* Y, int64_t nj, int64_t d, flo
   }
 #endif
   for (int t = 0; t < 4; ++t) {
-    const float* ct = C + t * kGramNR;
+    const float* ct = C + t * ldc;
     for (int64_t j = 0; j < nj; ++j) {
       const float c = ct[j];
-      const float* yj = Y + j * d;
+      const float* yj = Y + j * ldy;
       float* o = outs[t];
 #pragma omp simd
       for (int64_t k = k0; k < d; ++k) o[k] += c * yj[k];
@@ -547,7 +551,7 @@ inline void gram_grad_tile(const GramCloud& X, const GramCloud& Y, int64_t r, in
       [&](int64_t ii, int64_t nr) {
         std::fill(C + nr * kGramNR, C + kGramMR * kGramNR, 0.0f);  // rows past the block
         float* base = cy + (ii - v.i0) * d;
-        gram_cy_4(C, v.yr + v.j0 * d, v.nj, d, base, base + (nr > 1 ? d : 0), base + (nr > 2 ? 2 * d : 0),
+        gram_cy_4(C, kGramNR, v.yr + v.j0 * d, d, v.nj, d, base, base + (nr > 1 ? d : 0), base + (nr > 2 ? 2 * d : 0),
                   base + (nr > 3 ? 3 * d : 0));
       });
 }

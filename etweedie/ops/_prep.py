@@ -172,8 +172,13 @@ def _rounded(v: float, dtype: torch.dtype) -> float:
     return v
 
 
-def check_beta_lam(beta: torch.Tensor, lam: torch.Tensor, op: str) -> None:
+def check_beta(beta: torch.Tensor, op: str) -> None:
+    """Every value of the tensor β in (0, 2]."""
     _check_values(beta, _valid_beta, f"{op}: beta must lie in (0, 2]")
+
+
+def check_beta_lam(beta: torch.Tensor, lam: torch.Tensor, op: str) -> None:
+    check_beta(beta, op)
     check_positive(lam, "lam", op)
 
 

@@ -16,6 +16,7 @@ function has a cusp there and 0 is this package's convention (never NaN).
 from __future__ import annotations
 
 import math
+import os
 from typing import Optional
 
 import torch
@@ -28,7 +29,7 @@ from ._prep import (
     DENSE,
     as_param,
     broadcast_batch,
-    check_beta_lam,
+    check_beta,
     check_finite,
     check_metric,
     check_tensor,
@@ -79,9 +80,6 @@ def energy_score(
     """
     samples = check_tensor(samples, "samples", _OP)
     target = check_tensor(target, "target", _OP)
-    if float32_out_of_range(metric, samples, target):
-        return energy_score(widen(samples), widen(target), widen(beta), widen_metric(metric), fair=fair,
-                            backend=backend).float()
     if samples.dim() < 2:
         raise ValueError(f"{_OP}: samples must have shape (*batch, M, d), got shape {tuple(samples.shape)}")
     if target.dim() < 1:
@@ -97,27 +95,33 @@ def energy_score(
         raise ValueError(f"{_OP}: the dimension d must be >= 1, got samples of shape {tuple(samples.shape)}")
     if M == 0:
         raise ValueError(f"{_OP}: samples must hold at least one draw (M >= 1), got shape {tuple(samples.shape)}")
-    if fair and M < 2:
-        raise ValueError(f"{_OP}: fair=True needs M >= 2 samples per target, got M = {M} (use fair=False)")
     if not isinstance(fair, bool):
         raise TypeError(f"{_OP}: fair must be a bool, got {type(fair).__name__}")
-    beta = as_param(beta, "beta", _OP, samples)
-    check_beta_lam(beta, torch.ones((), dtype=samples.dtype), _OP)
+    if fair and M < 2:
+        raise ValueError(f"{_OP}: fair=True needs M >= 2 samples per target, got M = {M} (use fair=False)")
+    beta_t = as_param(beta, "beta", _OP, samples)  # a plain number is range-checked here
+    if isinstance(beta, torch.Tensor):
+        check_beta(beta_t, _OP)
     check_finite(_OP, samples=samples, target=target)
+    metric_in = metric
     metric = check_metric(metric, d, samples, _OP)
     batch = broadcast_batch(
-        _OP, samples=samples.shape[:-2], target=target.shape[:-1], beta=beta.shape, metric=metric.batch_shape
+        _OP, samples=samples.shape[:-2], target=target.shape[:-1], beta=beta_t.shape, metric=metric.batch_shape
     )
+    name = backends.resolve(_OP, samples.device, backend)
+    name = kernel_or_reference(_OP, name, backend, samples, target, beta_t, metric, reference_forward_mode=False)
+    in_kernel = name == "cpu" and _gram_row_kernel(samples, beta_t, metric, d)
+    if not in_kernel and float32_out_of_range(metric_in, samples, target):
+        return energy_score(widen(samples), widen(target), widen(beta), widen_metric(metric_in), fair=fair,
+                            backend=backend).float()
     B = math.prod(batch)
     xs = samples.expand(*batch, M, d).reshape(B, M, d)
     if d > 1 and xs.stride(-1) != 1:
         xs = xs.contiguous()
     yt = target.expand(*batch, d).reshape(B, d).contiguous()
-    betas = flat(beta, batch, ())
+    betas = flat(beta_t, batch, ())
     prec, kind = metric_param(metric, batch, d, samples.dtype, _OP)
 
-    name = backends.resolve(_OP, samples.device, backend)
-    name = kernel_or_reference(_OP, name, backend, samples, target, beta, metric, reference_forward_mode=False)
     if name == "reference":
         out = reference.energy_score(xs, yt, betas, prec, kind, fair)
     elif kind == DENSE:
@@ -128,7 +132,32 @@ def energy_score(
         out = _kernel(name, zs, zt, betas, ones, 0, fair)
     else:
         out = _kernel(name, xs, yt, betas, prec, kind, fair)
+    if in_kernel:  # the row kernel gave NaN rows for non-finite inputs itself
+        return out.reshape(batch)
     return nan_rows(out, batch, (samples, 2), (target, 1)).reshape(batch)
+
+
+# ETWEEDIE_CPU_GRAM=0 turns the C++ Gram-form kernels off (read once, as the extension does).
+_GRAM_ON = not os.environ.get("ETWEEDIE_CPU_GRAM", "").startswith("0")
+
+
+def _gram_row_kernel(samples: torch.Tensor, beta: torch.Tensor, metric: Metric, d: int) -> bool:
+    """Whether the CPU op runs its Gram-form row kernel (csrc/cpu/energy_score_gram_cpu.h; the
+    same conditions as its ``energy_score_gram_applicable``): float32, d ≥ 64, 1 ≤ M ≤ 255, no
+    gradient of β or of the metric asked, metric applied in-kernel (not dense).  That kernel
+    scales each row by powers of two (float32 data of any magnitude, no float64 fallback) and
+    returns NaN value and gradients for a row with a NaN or inf, so the op skips its own range
+    check and NaN-row pass — two full passes over the samples, a large share of a training
+    step at these sizes."""
+    params_grad = torch.is_grad_enabled() and (beta.requires_grad or metric.param.requires_grad)
+    return (
+        _GRAM_ON
+        and samples.dtype == torch.float32
+        and metric.kind != "dense"
+        and d >= 64
+        and 1 <= samples.shape[-2] <= 255
+        and not params_grad
+    )
 
 
 def _kernel(name, samples, target, beta, prec, kind, fair) -> torch.Tensor:

@@ -27,8 +27,13 @@ def fwd_grad_autograd_rules():
 
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(*output[1:], *inputs[:4])
+        # the unit-gradient outputs are never differentiated: no zero-filled (B, M, d) upstream
+        # gradients for them (backward reads the value's gradient only)
+        ctx.set_materialize_grads(False)
 
     def backward(ctx, grad, *_unused):
+        if grad is None:
+            return (None,) * 10
         gs, gt, gb, gp, *inputs = ctx.saved_tensors
         need = ctx.needs_input_grad
         grads = (
