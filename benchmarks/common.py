@@ -64,8 +64,12 @@ def time_calls(
     min_repeats: int = 5,
     max_repeats: int = 200,
     budget_s: float = 2.0,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Dict[str, Timing]:
-    """Median and p20/p80 wall time in ms (time.perf_counter) of each ``fns[name]()``.
+    """Median and p20/p80 time in ms of each ``fns[name]()``: wall time (``time.perf_counter``)
+    by default; ``clock=time.process_time`` counts the CPU time of all the process's threads
+    instead, which a descheduled thread does not inflate (with one thread it is the call's own
+    CPU time, the load-independent comparison on a shared machine).
 
     After ``warmup`` untimed calls, the first timed call of each function sizes its repeat
     count so that it takes about ``budget_s`` (between ``min_repeats`` and ``max_repeats``
@@ -79,16 +83,16 @@ def time_calls(
     times: Dict[str, List[float]] = {}
     repeats: Dict[str, int] = {}
     for name, fn in fns.items():
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times[name] = [time.perf_counter() - t0]
+        times[name] = [clock() - t0]
         repeats[name] = int(min(max_repeats, max(min_repeats, budget_s / max(times[name][0], 1e-9))))
     for r in range(1, max(repeats.values(), default=0)):
         for name, fn in fns.items():
             if r < repeats[name]:
-                t0 = time.perf_counter()
+                t0 = clock()
                 fn()
-                times[name].append(time.perf_counter() - t0)
+                times[name].append(clock() - t0)
     out = {}
     for name, ts in times.items():
         p20, p50, p80 = np.percentile(np.array(ts) * 1e3, [20, 50, 80])
@@ -277,10 +281,16 @@ def compiled_thunk(case: Case) -> tuple:
 
 
 def measure(
-    case: Case, *, compile: bool = True, budget_s: float = 2.0, stage: Callable[[str], None] = lambda s: None
+    case: Case,
+    *,
+    compile: bool = True,
+    budget_s: float = 2.0,
+    stage: Callable[[str], None] = lambda s: None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Result:
-    """Check the kernel, then time the three backends and the extras in this process."""
-    timing = {"budget_s": budget_s, **case.timing}
+    """Check the kernel, then time the three backends and the extras in this process
+    (``clock``: see :func:`time_calls`)."""
+    timing = {"budget_s": budget_s, "clock": clock, **case.timing}
     stage("check")
     case.check()
     thunks: Dict[str, Callable[[], object]] = {"cpu": case.kernel, "reference": case.baseline(case.reference_fn)}
