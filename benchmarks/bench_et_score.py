@@ -6,11 +6,12 @@ Workloads (the foundation issue's targets; ``quick`` shrinks B and N for smoke r
     et_score_block_784   B=64,   N=256, d=784, block metric I ⊗ S, S 2×2 SPD
     et_score_iso_2       B=4096, N=64,  d=2,   isotropic metric
     et_score_bwd_784     B=64,   N=256, d=784, forward + ∂/∂y, ∂/∂x (extra: forward alone)
-    et_score_iso_784_bf16, et_score_block_784_bf16, et_score_iso_784_fp16
+    et_score_iso_784_bf16, et_score_block_784_bf16, et_score_iso_784_fp16, et_score_block_784_fp16
                          the first two workloads with 16-bit draws (float32 y, float32 sums);
                          extra ``fp32 draws``: the float32 kernel on the same draws widened,
                          timed in the same rounds (the byte floor halves: the time should follow)
-    et_score_bwd_784_bf16  et_score_bwd_784 with bf16 draws (∂L/∂x written in bf16)
+    et_score_bwd_784_bf16, et_score_bwd_784_fp16
+                         et_score_bwd_784 with 16-bit draws (∂L/∂x written in their dtype)
 
 Draws are the query plus Gaussian scatter, like a denoising posterior around y; β = 1.4,
 λ = 1.8 (the paper's base tuple), so the kernel pays for the real power ‖u‖^{β−2}.
@@ -121,6 +122,12 @@ def et_score_iso_784_fp16(quick: bool = False) -> Case:
                         x_dtype=torch.float16)
 
 
+def et_score_block_784_fp16(quick: bool = False) -> Case:
+    B, N = (16, 64) if quick else (64, 256)
+    return forward_case("et_score_block_784_fp16", B, N, 784, etweedie.Metric.block(BLOCK_S), "block 2×2",
+                        x_dtype=torch.float16)
+
+
 def et_score_iso_2(quick: bool = False) -> Case:
     B = 512 if quick else 4096
     return forward_case("et_score_iso_2", B, 64, 2, etweedie.Metric.isotropic(0.5), "iso")
@@ -180,8 +187,13 @@ def et_score_bwd_784_bf16(quick: bool = False) -> Case:
     return et_score_bwd_784(quick, x_dtype=torch.bfloat16)
 
 
+def et_score_bwd_784_fp16(quick: bool = False) -> Case:
+    return et_score_bwd_784(quick, x_dtype=torch.float16)
+
+
 CASES = (et_score_iso_784, et_score_block_784, et_score_iso_2, et_score_bwd_784,
-         et_score_iso_784_bf16, et_score_block_784_bf16, et_score_iso_784_fp16, et_score_bwd_784_bf16)
+         et_score_iso_784_bf16, et_score_block_784_bf16, et_score_iso_784_fp16, et_score_block_784_fp16,
+         et_score_bwd_784_bf16, et_score_bwd_784_fp16)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -206,6 +218,7 @@ def test_et_score_bwd_784(benchmark, backend, quick):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("factory", [et_score_iso_784_bf16, et_score_block_784_bf16, et_score_iso_784_fp16,
-                                     et_score_bwd_784_bf16], ids=lambda f: f.__name__)
+                                     et_score_block_784_fp16, et_score_bwd_784_bf16, et_score_bwd_784_fp16],
+                         ids=lambda f: f.__name__)
 def test_et_score_16_bit_draws(benchmark, backend, factory, quick):
     run_benchmark(benchmark, factory(quick), backend)

@@ -2,8 +2,8 @@
 
 The fused step should cost little more than the score it contains: the extra
 ``et_score`` times ``etweedie.et_score`` alone on the same inputs in the same run, for the
-target langevin_step ≤ 1.2 × et_score.  ``langevin_step_784_bf16``: the same step on bf16
-draws (a bf16 posterior's output, float32 state); the extra ``fp32 draws`` times the float32
+target langevin_step ≤ 1.2 × et_score.  ``langevin_step_784_bf16`` (``_fp16``): the same step on 16-bit
+draws (a 16-bit posterior's output, float32 state); the extra ``fp32 draws`` times the float32
 step on the same draws widened, in the same rounds.
 
     pytest benchmarks/bench_langevin_step.py
@@ -29,7 +29,8 @@ def langevin_step_784(quick: bool = False, x_dtype=None) -> Case:
     y, x = draws(B, N, d)
     extras, note = {}, ""
     if x_dtype is not None:
-        id, note = f"{id}_bf16", f", {str(x_dtype).removeprefix('torch.')} draws"
+        id = f"{id}_{'bf16' if x_dtype == torch.bfloat16 else 'fp16'}"
+        note = f", {str(x_dtype).removeprefix('torch.')} draws"
         x = x.to(x_dtype)
         x32 = x.float()
         extras["fp32 draws"] = lambda: etweedie.langevin_step(y, x32, noise, STEP, BETA, LAM, metric, backend="cpu")
@@ -61,7 +62,11 @@ def langevin_step_784_bf16(quick: bool = False) -> Case:
     return langevin_step_784(quick, x_dtype=torch.bfloat16)
 
 
-CASES = (langevin_step_784, langevin_step_784_bf16)
+def langevin_step_784_fp16(quick: bool = False) -> Case:
+    return langevin_step_784(quick, x_dtype=torch.float16)
+
+
+CASES = (langevin_step_784, langevin_step_784_bf16, langevin_step_784_fp16)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -72,3 +77,8 @@ def test_langevin_step_784(benchmark, backend, quick):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_langevin_step_784_bf16(benchmark, backend, quick):
     run_benchmark(benchmark, langevin_step_784_bf16(quick), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_langevin_step_784_fp16(benchmark, backend, quick):
+    run_benchmark(benchmark, langevin_step_784_fp16(quick), backend)

@@ -155,7 +155,8 @@ def targets(res: Dict[str, Result], copy_gbps: float) -> List[Target]:
 
 
 LOW_PRECISION_CASES = ("et_score_iso_784_bf16", "et_score_block_784_bf16", "et_score_iso_784_fp16",
-                       "et_score_bwd_784_bf16", "langevin_step_784_bf16")
+                       "et_score_block_784_fp16", "et_score_bwd_784_bf16", "et_score_bwd_784_fp16",
+                       "langevin_step_784_bf16", "langevin_step_784_fp16")
 
 
 def low_precision_targets(res: Dict[str, Result], copy_gbps: float) -> List[Target]:

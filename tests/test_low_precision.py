@@ -2,7 +2,8 @@
 
 Widening (bfloat16/float16 -> float32) is checked on all 65,536 bit patterns against torch;
 narrowing (the ∂L/∂x store, round to nearest even) on fresh random float32 bit patterns against
-torch, and on float64 values — ties placed where rounding through float32 first would go
+torch — float16 both value by value and through the whole-row conversions (widen_row,
+narrow_row: the hardware F16C instructions where the build targets them), and on float64 values — ties placed where rounding through float32 first would go
 wrong — against exact rounding computed here with fractions.  The header is plain C++, so the
 check is a small program built with the extension's CPU flags (as tests/test_fastmath.py does).
 """
@@ -55,7 +56,8 @@ def _same_bits_or_both_nan(got: torch.Tensor, want: torch.Tensor) -> torch.Tenso
 def test_widen_every_bit_pattern(checker):
     out = torch.frombuffer(bytearray(_run(checker, ["widen"])), dtype=torch.float32)
     bits = torch.arange(65536, dtype=torch.int32).to(torch.int16)  # wraps to the 16-bit patterns
-    for k, dtype in enumerate((torch.bfloat16, torch.float16)):
+    # bf16 and fp16 value by value, then fp16 through widen_row (F16C where the build has it)
+    for k, dtype in enumerate((torch.bfloat16, torch.float16, torch.float16)):
         got = out[k * 65536 : (k + 1) * 65536]
         want = bits.view(dtype).float()
         bad = ~_same_bits_or_both_nan(got, want)
@@ -67,7 +69,8 @@ def _narrow(checker, values: torch.Tensor):
     raw = _run(checker, [mode, str(values.numel())], values.numpy().tobytes())
     out = torch.frombuffer(bytearray(raw), dtype=torch.int16)
     n = values.numel()
-    return out[:n].view(torch.bfloat16), out[n:].view(torch.float16)
+    rows = (out[2 * n :].view(torch.float16),) if values.dtype == torch.float32 else ()
+    return (out[:n].view(torch.bfloat16), out[n : 2 * n].view(torch.float16), *rows)
 
 
 def test_narrow_float32_matches_torch(checker):
@@ -77,8 +80,8 @@ def test_narrow_float32_matches_torch(checker):
                             3.3895314e38, 3.4e38, 2.0**-14, 2.0**-24, 2.0**-25, 1.5 * 2.0**-25, 2.0**-26,
                             1 + 2.0**-8, 1 + 3 * 2.0**-8, 1 + 2.0**-11, 1 + 3 * 2.0**-11, 1e-40, -1e-45])
     values = torch.cat([random_bits.view(torch.float32), special, -special])
-    got_b, got_h = _narrow(checker, values)
-    for got, dtype in ((got_b, torch.bfloat16), (got_h, torch.float16)):
+    got_b, got_h, got_h_rows = _narrow(checker, values)  # the last through narrow_row (F16C where built with it)
+    for got, dtype in ((got_b, torch.bfloat16), (got_h, torch.float16), (got_h_rows, torch.float16)):
         want = values.to(dtype)
         bad = ~_same_bits_or_both_nan(got, want)
         assert not bad.any(), f"{dtype}: {values[bad][:5].tolist()} -> {got[bad][:5].tolist()}, torch {want[bad][:5].tolist()}"

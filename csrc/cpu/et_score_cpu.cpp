@@ -5,8 +5,9 @@
 // strides over B and N (stride 0 = a broadcast cloud, never copied) and unit stride over d;
 // beta, lam (B,), prec (B, *param) with any stride over B (0 = shared metric).
 // x has y's dtype T or is bfloat16/float16: its values are widened to T where they are loaded
-// (csrc/common/low_precision.h), inside the same vectorized loops, and ∂L/∂x is rounded to x's
-// dtype where it is stored; no converted copy of x is ever made.
+// (csrc/common/low_precision.h), inside the same vectorized loops (float16 on F16C CPUs: a few
+// rows at a time through an L1 buffer, draw_rows_cpu.h), and ∂L/∂x is rounded to x's dtype
+// where it is stored; no converted copy of x is ever made.
 // Backward reads every draw once more and writes ∂L/∂x only when it is requested, into a fresh
 // buffer from the output pool of fresh_output_cpu.h (reused across calls, huge pages when new:
 // the first-touch page faults of a fresh 51 MB buffer cost several times the backward's arithmetic
@@ -155,6 +156,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> et_score_
         ET_DISPATCH_METRIC(kind, block_of(prec, kind), T, [&] {
           at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
             std::vector<T> h(d), pm(d), pattern, gxrow(gxp ? 4 * d : 0);
+            DrawRows<X> rows;  // float16 draws staged as float rows (draw_rows_cpu.h)
             for (int64_t b = b0; b < b1; ++b) {
               Prec P{pp + b * sp0};
               prepare_row(P, pattern, d);
@@ -169,16 +171,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> et_score_
               for (int64_t j = 0; j < d; ++j) h[j] += gmb[j];
               T gbeta = 0;
               int64_t i = 0;
+              using R = typename DrawRows<X>::Row;  // float16 rows staged as float (draw_rows_cpu.h)
               constexpr bool kElementwise = std::is_same_v<Prec, RowPrec<T, kIsotropic, 0>> ||
                                             std::is_same_v<Prec, RowPrec<T, kDiagonal, 0>>;
               if constexpr (kElementwise) {
                 // four draws at a time: q, h·u from memory, then one L1 pass for their gradients
                 constexpr bool kDiag = std::is_same_v<Prec, RowPrec<T, kDiagonal, 0>>;
                 for (; i + 4 <= N; i += 4) {
-                  const X* xs[4];
+                  const R* xs[4];
                   T aw[4], cw[4];
+                  int64_t sr;
+                  const R* staged = rows.stage(xp + b * sxb + i * sxn, sxn, 4, d, &sr);
                   for (int t = 0; t < 4; ++t) {
-                    xs[t] = xp + b * sxb + (i + t) * sxn;
+                    xs[t] = staged + t * sr;
                     T q, hu;
                     P.quad_dot(yb, xs[t], h.data(), d, q, hu);
                     const T w = residual_weight(q, be);
@@ -189,14 +194,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> et_score_
                     if (gpb) P.accum_outer(yb, xs[t], T(0.5) * c * inv_n, gpb, d);
                   }
                   T* r = gxp ? gxrow.data() : nullptr;
-                  grad_u_elementwise4<T, kDiag, X>(yb, xs[0], xs[1], xs[2], xs[3], h.data(), aw, cw, P.p, d, gyb, r,
+                  grad_u_elementwise4<T, kDiag, R>(yb, xs[0], xs[1], xs[2], xs[3], h.data(), aw, cw, P.p, d, gyb, r,
                                                    r ? r + d : nullptr, r ? r + 2 * d : nullptr,
                                                    r ? r + 3 * d : nullptr);
                   if (gxp) stream_row(gxp + (b * N + i) * d, gxrow.data(), 4 * d);
                 }
               }
               for (; i < N; ++i) {
-                const X* xi = xp + b * sxb + i * sxn;
+                int64_t sr;
+                const R* xi = rows.stage(xp + b * sxb + i * sxn, sxn, 1, d, &sr);
                 T q, hu;
                 P.quad_dot(yb, xi, h.data(), d, q, hu);
                 const T w = residual_weight(q, be);

@@ -11,13 +11,15 @@
 // P the row's precision parameter.  Output m = (1/N) Σ w_i u_i and s = −λ P m.
 // Types: T (float or double) computes and accumulates; the draws are stored as X = T, bf16 or
 // fp16 and widened to T in the loops that read them (widen<T>, csrc/common/low_precision.h), so a
-// 16-bit cloud is read in 16 bits once, with no converted copy.
+// 16-bit cloud is read in 16 bits once, with no converted copy of the cloud (float16 rows pass
+// through an L1 buffer on F16C CPUs: draw_rows_cpu.h).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 
 #include "../common/et_score.h"
+#include "draw_rows_cpu.h"
 #include "metric_cpu.h"
 
 namespace etweedie {
@@ -56,23 +58,27 @@ inline void residual_tile(const T* y, const X* x, int64_t sx, int64_t n, int64_t
   }
 }
 
-// acc (length d) must be zeroed by the caller; on return acc = Σ_i w_i u_i.
-template <typename T, typename Prec, typename X>
-void et_score_accumulate(const Prec& prec, const T* y, const X* x, int64_t sxn, int64_t N, int64_t d,
-                         T beta, T* acc) {
+// acc (length d) must be zeroed by the caller; on return acc = Σ_i w(q_i) u_i, u_i = y − x_i,
+// q_i = u_iᵀ P u_i, for a weight w(q) of the score (et_score: residual_weight, q^{β/2−1};
+// Student-t: 1/(1 + q)).  A draw of weight exactly 0 outside a four-draw sweep is skipped.
+template <typename T, typename Prec, typename X, typename Weight>
+void weighted_residual_sum(const Prec& prec, const T* y, const X* x, int64_t sxn, int64_t N, int64_t d,
+                           const Weight& weight, T* acc) {
   if (d > kSmallD) {
     // Four draws per accumulation sweep: the draws are re-read from L1, and acc is loaded and
     // stored once per four draws instead of once per draw (the second pass is pure L1 traffic).
-    int64_t i = 0;
+    using R = typename DrawRows<X>::Row;
+    DrawRows<X> rows;
+    int64_t i = 0, sr = 0;
     for (; i + 4 <= N; i += 4) {
-      const X* x0 = x + i * sxn;
-      const X* x1 = x0 + sxn;
-      const X* x2 = x1 + sxn;
-      const X* x3 = x2 + sxn;
-      const T w0 = residual_weight(prec.quad(y, x0, d), beta);
-      const T w1 = residual_weight(prec.quad(y, x1, d), beta);
-      const T w2 = residual_weight(prec.quad(y, x2, d), beta);
-      const T w3 = residual_weight(prec.quad(y, x3, d), beta);
+      const R* x0 = rows.stage(x + i * sxn, sxn, 4, d, &sr);
+      const R* x1 = x0 + sr;
+      const R* x2 = x1 + sr;
+      const R* x3 = x2 + sr;
+      const T w0 = weight(prec.quad(y, x0, d));
+      const T w1 = weight(prec.quad(y, x1, d));
+      const T w2 = weight(prec.quad(y, x2, d));
+      const T w3 = weight(prec.quad(y, x3, d));
 #pragma omp simd
       for (int64_t j = 0; j < d; ++j) {
         const T yj = y[j];
@@ -80,8 +86,8 @@ void et_score_accumulate(const Prec& prec, const T* y, const X* x, int64_t sxn, 
       }
     }
     for (; i < N; ++i) {
-      const X* xi = x + i * sxn;
-      const T w = residual_weight(prec.quad(y, xi, d), beta);
+      const R* xi = rows.stage(x + i * sxn, sxn, 1, d, &sr);
+      const T w = weight(prec.quad(y, xi, d));
       if (w == T(0)) continue;
 #pragma omp simd
       for (int64_t j = 0; j < d; ++j) acc[j] += w * (y[j] - widen<T>(xi[j]));
@@ -96,7 +102,7 @@ void et_score_accumulate(const Prec& prec, const T* y, const X* x, int64_t sxn, 
     residual_tile(y, x + i0 * sxn, sxn, n, d, ut);
     prec.quad_soa(ut, kTile, n, d, q);
 #pragma omp simd
-    for (int64_t t = 0; t < n; ++t) w[t] = residual_weight(q[t], beta);
+    for (int64_t t = 0; t < n; ++t) w[t] = weight(q[t]);
     for (int64_t j = 0; j < d; ++j) {
       const T* uj = ut + j * kTile;
       T a = 0;
@@ -107,12 +113,19 @@ void et_score_accumulate(const Prec& prec, const T* y, const X* x, int64_t sxn, 
   }
 }
 
+// The et_score weight w(q) = q^{β/2−1} (0 at q = 0) as weighted_residual_sum's functor.
+template <typename T>
+struct ResidualWeight {
+  T beta;
+  T operator()(T q) const { return residual_weight(q, beta); }
+};
+
 // m = acc/N and s = −λ P m for one row.
 template <typename T, typename Prec, typename X>
 void et_score_row(const Prec& prec, const T* y, const X* x, int64_t sxn, int64_t N, int64_t d, T beta, T lam,
                   T* m, T* s) {
   std::fill(m, m + d, T(0));
-  et_score_accumulate<T, Prec, X>(prec, y, x, sxn, N, d, beta, m);
+  weighted_residual_sum<T, Prec, X>(prec, y, x, sxn, N, d, ResidualWeight<T>{beta}, m);
   const T inv_n = T(1) / static_cast<T>(N);
 #pragma omp simd
   for (int64_t j = 0; j < d; ++j) m[j] *= inv_n;

@@ -3,10 +3,10 @@
 //
 //   s(y) = −2c P (1/N) Σ_i (y − x_i) / (1 + ‖y − x_i‖_P²)
 //
-// Same layout and memory trade-off as et_score (et_score_cpu.h): parallel over query rows with
-// at::parallel_for; each draw is read once in the forward (large d: q then the accumulation
-// while the draw sits in L1, four draws per sweep of the accumulator; small d: tiles of 64
-// draws in structure-of-arrays form so q, the weights and the sums vectorize across draws).
+// The forward is et_score's row sum with the Student-t weight (weighted_residual_sum,
+// et_score_cpu.h: each draw read once; large d: q then the accumulation while the draw sits in
+// L1, four draws per sweep; small d: tiles of 64 draws in structure-of-arrays form), parallel
+// over query rows with at::parallel_for.
 // Extra memory O(d) per thread.  The backward reads every draw once more and writes ∂L/∂x
 // only when asked, into a buffer from the reuse pool of fresh_output_cpu.h (no fresh pages).
 //
@@ -44,49 +44,11 @@ void check_canonical(const at::Tensor& y, const at::Tensor& x, const at::Tensor&
 
 int64_t block_of(const at::Tensor& prec, int64_t kind) { return kind == kBlock ? prec.size(1) : 0; }
 
-// acc (length d, zeroed by the caller) += Σ_i w_i u_i, w_i = 1/(1 + q_i).
-template <typename T, typename Prec, typename X>
-void student_t_accumulate(const Prec& P, const T* y, const X* x, int64_t sxn, int64_t N, int64_t d, T* acc) {
-  if (d > kSmallD) {
-    int64_t i = 0;
-    for (; i + 4 <= N; i += 4) {
-      const X* x0 = x + i * sxn;
-      const X* x1 = x0 + sxn;
-      const X* x2 = x1 + sxn;
-      const X* x3 = x2 + sxn;
-      const T w0 = student_t_weight(P.quad(y, x0, d)), w1 = student_t_weight(P.quad(y, x1, d));
-      const T w2 = student_t_weight(P.quad(y, x2, d)), w3 = student_t_weight(P.quad(y, x3, d));
-#pragma omp simd
-      for (int64_t j = 0; j < d; ++j) {
-        const T yj = y[j];
-        acc[j] += w0 * (yj - widen<T>(x0[j])) + w1 * (yj - widen<T>(x1[j])) + w2 * (yj - widen<T>(x2[j])) +
-                  w3 * (yj - widen<T>(x3[j]));
-      }
-    }
-    for (; i < N; ++i) {
-      const X* xi = x + i * sxn;
-      const T w = student_t_weight(P.quad(y, xi, d));
-#pragma omp simd
-      for (int64_t j = 0; j < d; ++j) acc[j] += w * (y[j] - widen<T>(xi[j]));
-    }
-    return;
-  }
-  T ut[kSmallD * kTile], q[kTile], w[kTile];
-  for (int64_t i0 = 0; i0 < N; i0 += kTile) {
-    const int64_t n = std::min(kTile, N - i0);
-    residual_tile(y, x + i0 * sxn, sxn, n, d, ut);
-    P.quad_soa(ut, kTile, n, d, q);
-#pragma omp simd
-    for (int64_t t = 0; t < n; ++t) w[t] = student_t_weight(q[t]);
-    for (int64_t j = 0; j < d; ++j) {
-      const T* uj = ut + j * kTile;
-      T a = 0;
-#pragma omp simd reduction(+ : a)
-      for (int64_t t = 0; t < n; ++t) a += w[t] * uj[t];
-      acc[j] += a;
-    }
-  }
-}
+// The Student-t weight w(q) = 1/(1 + q) as weighted_residual_sum's functor (et_score_cpu.h).
+template <typename T>
+struct StudentTWeight {
+  T operator()(T q) const { return student_t_weight(q); }
+};
 
 std::tuple<at::Tensor, at::Tensor> student_t_score_fwd_cpu(const at::Tensor& y, const at::Tensor& x,
                                                            const at::Tensor& c, const at::Tensor& prec, int64_t kind) {
@@ -115,7 +77,7 @@ std::tuple<at::Tensor, at::Tensor> student_t_score_fwd_cpu(const at::Tensor& y, 
             prepare_row(P, pattern, d);
             T* mb = mp + b * d;
             std::fill(mb, mb + d, T(0));
-            student_t_accumulate<T, Prec, X>(P, yp + b * d, xp + b * sxb, sxn, N, d, mb);
+            weighted_residual_sum<T, Prec, X>(P, yp + b * d, xp + b * sxb, sxn, N, d, StudentTWeight<T>{}, mb);
             for (int64_t j = 0; j < d; ++j) mb[j] *= inv_n;
             P.apply(mb, T(-2) * cp[b * sc], sp + b * d, d);
           }
@@ -167,6 +129,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> student_t_score_bwd_c
         ET_DISPATCH_METRIC(kind, block_of(prec, kind), T, [&] {
           at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
             std::vector<T> h(d), pm(d), pattern, gxrow(gxp ? d : 0);
+            DrawRows<X> rows;  // float16 draws staged as float rows (draw_rows_cpu.h)
             for (int64_t b = b0; b < b1; ++b) {
               Prec P{pp + b * sp0};
               prepare_row(P, pattern, d);
@@ -179,8 +142,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> student_t_score_bwd_c
               T* gpb = gpp ? gpp + b * pstride : nullptr;
               P.apply(gb_in, -two_c, h.data(), d);  // h = −2c P g + g_m
               for (int64_t j = 0; j < d; ++j) h[j] += gmb[j];
+              using R = typename DrawRows<X>::Row;  // float16 rows staged as float (draw_rows_cpu.h)
               for (int64_t i = 0; i < N; ++i) {
-                const X* xi = xp + b * sxb + i * sxn;
+                int64_t sr;
+                const R* xi = rows.stage(xp + b * sxb + i * sxn, sxn, 1, d, &sr);
                 T q, hu;
                 P.quad_dot(yb, xi, h.data(), d, q, hu);
                 const T w = student_t_weight(q);

@@ -2,14 +2,17 @@
 // raw binary input (stdin) and writes raw binary output (stdout); the test compares them with
 // torch's conversions and with exact rounding computed in Python.
 //
-//   low_precision_check widen        -> 65536 bf16->float32 bit patterns, then 65536 fp16->float32
-//   low_precision_check narrow32 n   <- n float32   -> n bf16 bit patterns, then n fp16 bit patterns
+//   low_precision_check widen        -> 65536 bf16->float32 bit patterns, then 65536 fp16->float32,
+//                                       then the fp16 ones again through widen_row (whole rows)
+//   low_precision_check narrow32 n   <- n float32   -> n bf16 bit patterns, then n fp16 bit patterns,
+//                                       then the fp16 ones again through narrow_row
 //   low_precision_check narrow64 n   <- n float64   -> the same, rounded from float64 (narrow<X>(double))
 // The loops carry `#pragma omp simd`, as the kernels' loops do, so the vectorized code is what runs.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <vector>
 
 #include "low_precision.h"
@@ -47,8 +50,14 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 65536; ++i) b[i] = etweedie::float_bits(etweedie::widen<float>(bf16{static_cast<uint16_t>(i)}));
 #pragma omp simd
     for (int i = 0; i < 65536; ++i) h[i] = etweedie::float_bits(etweedie::widen<float>(fp16{static_cast<uint16_t>(i)}));
+    // widen_row over rows of 1,000 values: the hardware path in blocks of 8 and the tail of each row
+    std::vector<float> hr(65536);
+    std::vector<fp16> all(65536);
+    for (int i = 0; i < 65536; ++i) all[i] = fp16{static_cast<uint16_t>(i)};
+    for (int i = 0; i < 65536; i += 1000) etweedie::widen_row(all.data() + i, std::min(1000, 65536 - i), hr.data() + i);
     write_all(b);
     write_all(h);
+    write_all(hr);
     return 0;
   }
   if (argc < 3) return 2;
@@ -57,6 +66,9 @@ int main(int argc, char** argv) {
     std::vector<float> in(n);
     if (!read_all(in)) return 3;
     narrow_all(in);
+    std::vector<fp16> hr(n);
+    for (size_t i = 0; i < n; i += 1000) etweedie::narrow_row(in.data() + i, std::min<size_t>(1000, n - i), hr.data() + i);
+    write_all(hr);
     return 0;
   }
   if (std::strcmp(argv[1], "narrow64") == 0) {
