@@ -82,6 +82,24 @@ def test_tiny_cpu_protocol_antithetic_variant(tmp_path, capsys):
     assert "--n-posterior must be >= 1" in capsys.readouterr().err
 
 
+def test_tiny_cpu_protocol_final_mean_variant(tmp_path, capsys):
+    """--final-average K: recorded in the parts, images differ from the single final draw's, a
+    folder of the other variant is refused, and K < 1 is a one-line error."""
+    _need_mnist()
+    from experiments.mnist import cpu_protocol
+
+    base = ["--posterior", "untrained:16", "--protocol", "tiny", "--paths", "mnist_joint", "--no-table", "--no-figures"]
+    mean, plain = tmp_path / "mean", tmp_path / "plain"
+    assert cpu_protocol.main([*base, "--out", str(mean), "--final-average", "8"]) == 0
+    assert json.loads((mean / "parts" / "mnist_joint_seed2718.json").read_text())["protocol"]["final_average"] == 8
+    assert cpu_protocol.main([*base, "--out", str(plain)]) == 0
+    assert not np.array_equal(np.load(mean / "parts" / "mnist_joint_seed2718.npy"),
+                              np.load(plain / "parts" / "mnist_joint_seed2718.npy"))
+    assert cpu_protocol.main([*base, "--out", str(mean)]) == 2  # the variant is part of a folder
+    assert cpu_protocol.main([*base, "--out", str(mean), "--final-average", "0"]) == 2
+    assert "--final-average must be >= 1" in capsys.readouterr().err
+
+
 def test_gpu_command_dry_run_packs_at_most_eight_small_files_and_resumes(tmp_path, capsys):
     _need_mnist()
     from experiments.mnist import gpu_sample

@@ -175,6 +175,31 @@ def test_callback_timer_first_level_steps_and_final_draw():
     assert 0 <= t["posterior_share"] <= 1 and t["chain_steps_per_s"] > 0
 
 
+def test_final_average_is_the_mean_of_k_draws_in_batches_of_n(seed):
+    """final_average=K: the final state is the mean of K posterior draws, drawn n_posterior at a
+    time from the same generator; K = 1 is bit for bit the single final draw."""
+    path, times = get_path("gaussian"), level_times(3)
+    y0 = torch.randn(6, 2, generator=gen(seed), dtype=torch.float64)
+    kw = dict(steps_per_level=2, n_posterior=4, step_scale=1e-4, disable=True)
+    plain = sample_langevin(KnownPosterior(), y0, path, times, generator=gen(seed + 1), **kw)
+    one = sample_langevin(KnownPosterior(), y0, path, times, generator=gen(seed + 1), final_average=1, **kw)
+    assert torch.equal(plain, one)
+
+    # replay: the chains without the final step, then the K = 10 draws as 4 + 4 + 2 from the same stream
+    g = gen(seed + 1)
+    chains = sample_langevin(KnownPosterior(), y0, path, times, generator=g, final_draw=False, **kw)
+    eta = path(times[-1:]).eta().expand(6, 5)
+    want = sum(KnownPosterior().sample(chains, eta, n, generator=g).sum(1) for n in (4, 4, 2)) / 10
+    post = _Recording()
+    got = sample_langevin(KnownPosterior(), y0, path, times, generator=gen(seed + 1), final_average=10, **kw)
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12), f"seed={seed}"
+    timer = ThroughputTimer()
+    sample_langevin(post, y0, path, times, generator=gen(seed + 1), final_average=10, timer=timer, **kw)
+    assert [c[2] for c in post.calls[-3:]] == [4, 4, 2] and timer.as_dict()["posterior_calls"] == 6 + 3
+    with pytest.raises(ValueError, match="final_average must be >= 1"):
+        sample_langevin(post, y0, path, times, generator=gen(), final_average=0, **kw)
+
+
 def test_bad_inputs_raise_named_errors():
     path, times = get_path("isotropic"), level_times(3)
     ok = dict(steps_per_level=1, n_posterior=2, step_scale=1e-5, generator=gen(), disable=True)

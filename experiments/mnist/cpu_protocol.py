@@ -7,10 +7,13 @@ Samples every (path, seed) part of :data:`experiments.mnist.sampling.CPU` into `
 Table mnist_quantitative (:mod:`experiments.mnist.sampling_table`) into ``table.md`` /
 ``table.json``, and draws the figures (:mod:`experiments.mnist.sampling_figures`).  Everything
 lands in ``--out``; ``--protocol tiny`` is the smoke size of the test suite.  The variance-reduced
-variant (antithetic posterior draws at a quarter of N) goes into its own folder:
+variant (antithetic posterior draws at a quarter of N) goes into its own folder, as does the
+variant whose final state is the mean of K posterior draws instead of one:
 
     python -m experiments.mnist.cpu_protocol --posterior mnist --antithetic --n-posterior 8 \
         --out experiments/mnist/results/cpu_antithetic
+    python -m experiments.mnist.cpu_protocol --posterior mnist --final-average 64 \
+        --out experiments/mnist/results/cpu_final_mean
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--antithetic", action="store_true",
                    help="antithetic posterior draws (the variance-reduced variant, e.g. --antithetic --n-posterior 8 "
                         "against the protocol's 32 independent draws)")
+    p.add_argument("--final-average", type=int, default=None,
+                   help="final state = the mean of K posterior draws at the last level (default 1: one draw, the paper's)")
     return p.parse_args(argv)
 
 
@@ -62,6 +67,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         protocol = dataclasses.replace(protocol, n_posterior=args.n_posterior)
     if args.antithetic:
         protocol = dataclasses.replace(protocol, antithetic=True)
+    if args.final_average is not None:
+        if args.final_average < 1:
+            print(f"cpu_protocol: error: --final-average must be >= 1, got {args.final_average}", file=sys.stderr)
+            return 2
+        protocol = dataclasses.replace(protocol, final_average=args.final_average)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     try:

@@ -62,7 +62,7 @@ def parse_args(argv=None):
                                            "--repeats 10 --rounds 1",
                    help="arguments of benchmarks/bench_mnist_sampler.py (posterior and device are added)")
     for name, kind in (("images-per-seed", int), ("levels", int), ("first-level-steps", int), ("steps-per-level", int),
-                       ("n-posterior", int), ("chunk-chains", int), ("step-fraction", float)):
+                       ("n-posterior", int), ("chunk-chains", int), ("step-fraction", float), ("final-average", int)):
         p.add_argument(f"--{name}", type=kind, default=None, help="override the protocol's value")
     p.add_argument("--precision", choices=("float32", "bfloat16"), default=None)
     p.add_argument("--capture", choices=("none", "cuda_graph", "compile"), default=None)
@@ -89,7 +89,7 @@ def _protocol(args) -> sampling.Protocol:
     protocol = sampling.TINY if args.dry_run else sampling.FULL
     changes = {}
     for field in ("images_per_seed", "levels", "first_level_steps", "steps_per_level", "n_posterior", "chunk_chains",
-                  "step_fraction", "precision"):
+                  "step_fraction", "final_average", "precision"):
         value = getattr(args, field)
         if value is not None:
             changes[field] = value

@@ -36,7 +36,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -88,6 +88,7 @@ class Protocol:
     capture: Optional[str] = None
     progress_rows: int = 7
     antithetic: bool = False
+    final_average: int = 1
     paths: Tuple[str, ...] = PATHS
     seeds: Tuple[int, ...] = SEEDS
 
@@ -110,6 +111,7 @@ class Protocol:
         return (f"{self.levels} levels r 2.63→0.197, {self.first_level_steps} + {self.steps_per_level} updates/level "
                 f"({self.updates_per_chain} per chain), N = {self.n_posterior}"
                 f"{' antithetic' if self.antithetic else ''}, δ = {self.step_fraction:g}, "
+                f"final {'draw' if self.final_average == 1 else f'mean of {self.final_average} draws'}, "
                 f"{len(self.seeds)} seeds × {self.images_per_seed} images")
 
 
@@ -171,8 +173,10 @@ def _comparable(protocol: Dict) -> Dict:
 def _finished_part(out_dir: Path, stem: str, protocol: Protocol) -> Dict:
     """A finished part's log; ValueError when it was sampled under other settings (a folder holds one protocol)."""
     log = json.loads((out_dir / f"{stem}.json").read_text())
-    if _comparable(log["protocol"]) != _comparable(asdict(protocol)):
-        diff = {k: (v, _comparable(asdict(protocol)).get(k)) for k, v in _comparable(log["protocol"]).items()
+    # a setting added after the part was sampled has its default there (e.g. final_average = 1)
+    saved = {**{f.name: f.default for f in fields(Protocol) if f.default is not MISSING}, **log["protocol"]}
+    if _comparable(saved) != _comparable(asdict(protocol)):
+        diff = {k: (v, _comparable(asdict(protocol)).get(k)) for k, v in _comparable(saved).items()
                 if _comparable(asdict(protocol)).get(k) != v}
         raise ValueError(f"{out_dir / stem}.json was sampled with other settings (saved, requested): {diff}; "
                          "use another output folder")
@@ -230,7 +234,7 @@ def run_part(
         chunk_chains=protocol.chunk_chains, center=center.to(device), device=device, callback=track,
         steps_per_level=protocol.steps_per_level, first_level_steps=protocol.first_level_steps,
         n_posterior=protocol.n_posterior, step_scale=protocol.step_scale, precision=protocol.precision,
-        antithetic=protocol.antithetic,
+        antithetic=protocol.antithetic, final_average=protocol.final_average,
         capture=protocol.capture if torch.device(device).type == "cuda" else None,
         disable=not progress, timer=timer if torch.device(device).type == "cpu" else None,
     )
