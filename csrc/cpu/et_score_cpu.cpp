@@ -36,41 +36,6 @@ void check_canonical(const at::Tensor& y, const at::Tensor& x, const at::Tensor&
 
 int64_t block_of(const at::Tensor& prec, int64_t kind) { return kind == kBlock ? prec.size(1) : 0; }
 
-// The backward's second pass over four draws x_0..3 (still in L1 from the first), for metrics
-// that act elementwise (isotropic: p[0]; diagonal: p[j]):  g_t = a_t h + c_t p ⊙ (y − x_t),
-// gy += Σ_t g_t and gx_t = −g_t (gx rows may be null).  gy, y and h are loaded once per four
-// draws instead of once per draw (the per-draw grad_u of metric_cpu.h), which is most of the
-// backward's arithmetic at large d.
-template <typename T, bool DIAG, typename X>
-void grad_u_elementwise4(const T* y, const X* x0, const X* x1, const X* x2, const X* x3, const T* h, const T* a,
-                         const T* c, const T* p, int64_t d, T* gy, T* gx0, T* gx1, T* gx2, T* gx3) {
-  if (gx0 != nullptr) {
-#pragma omp simd
-    for (int64_t j = 0; j < d; ++j) {
-      const T pj = DIAG ? p[j] : p[0];
-      const T yj = y[j], hj = h[j];
-      const T g0 = a[0] * hj + c[0] * pj * (yj - widen<T>(x0[j]));
-      const T g1 = a[1] * hj + c[1] * pj * (yj - widen<T>(x1[j]));
-      const T g2 = a[2] * hj + c[2] * pj * (yj - widen<T>(x2[j]));
-      const T g3 = a[3] * hj + c[3] * pj * (yj - widen<T>(x3[j]));
-      gy[j] += (g0 + g1) + (g2 + g3);
-      gx0[j] = -g0;
-      gx1[j] = -g1;
-      gx2[j] = -g2;
-      gx3[j] = -g3;
-    }
-    return;
-  }
-#pragma omp simd
-  for (int64_t j = 0; j < d; ++j) {
-    const T pj = DIAG ? p[j] : p[0];
-    const T yj = y[j];
-    gy[j] += (a[0] + a[1] + a[2] + a[3]) * h[j] +
-             pj * ((c[0] * (yj - widen<T>(x0[j])) + c[1] * (yj - widen<T>(x1[j]))) +
-                   (c[2] * (yj - widen<T>(x2[j])) + c[3] * (yj - widen<T>(x3[j]))));
-  }
-}
-
 std::tuple<at::Tensor, at::Tensor> et_score_fwd_cpu(const at::Tensor& y, const at::Tensor& x, const at::Tensor& beta,
                                                     const at::Tensor& lam, const at::Tensor& prec, int64_t kind) {
   check_canonical(y, x, beta, lam, prec, kind);
@@ -152,7 +117,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> et_score_
         const int64_t sxb = x.stride(0), sxn = x.stride(1), sb = beta.stride(0), sl = lam.stride(0),
                       sp0 = prec.stride(0);
         const int64_t pstride = need_prec ? gp.numel() / B : 0;
-        const T inv_n = T(1) / static_cast<T>(N);
         ET_DISPATCH_METRIC(kind, block_of(prec, kind), T, [&] {
           at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
             std::vector<T> h(d), pm(d), pattern, gxrow(gxp ? 4 * d : 0);
@@ -169,55 +133,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> et_score_
               P.apply(gb_in, -la, h.data(), d);  // h = −λ P g + g_m: the upstream gradient on m
               const T* gmb = gm_in + b * d;
               for (int64_t j = 0; j < d; ++j) h[j] += gmb[j];
-              T gbeta = 0;
-              int64_t i = 0;
-              using R = typename DrawRows<X>::Row;  // float16 rows staged as float (draw_rows_cpu.h)
-              constexpr bool kElementwise = std::is_same_v<Prec, RowPrec<T, kIsotropic, 0>> ||
-                                            std::is_same_v<Prec, RowPrec<T, kDiagonal, 0>>;
-              if constexpr (kElementwise) {
-                // four draws at a time: q, h·u from memory, then one L1 pass for their gradients
-                constexpr bool kDiag = std::is_same_v<Prec, RowPrec<T, kDiagonal, 0>>;
-                for (; i + 4 <= N; i += 4) {
-                  const R* xs[4];
-                  T aw[4], cw[4];
-                  int64_t sr;
-                  const R* staged = rows.stage(xp + b * sxb + i * sxn, sxn, 4, d, &sr);
-                  for (int t = 0; t < 4; ++t) {
-                    xs[t] = staged + t * sr;
-                    T q, hu;
-                    P.quad_dot(yb, xs[t], h.data(), d, q, hu);
-                    const T w = residual_weight(q, be);
-                    const T c = residual_weight_slope(q, w, be) * hu;
-                    aw[t] = w * inv_n;
-                    cw[t] = c * inv_n;
-                    if (gbp) gbeta += hu * w * half_log(q);
-                    if (gpb) P.accum_outer(yb, xs[t], T(0.5) * c * inv_n, gpb, d);
-                  }
-                  T* r = gxp ? gxrow.data() : nullptr;
-                  grad_u_elementwise4<T, kDiag, R>(yb, xs[0], xs[1], xs[2], xs[3], h.data(), aw, cw, P.p, d, gyb, r,
-                                                   r ? r + d : nullptr, r ? r + 2 * d : nullptr,
-                                                   r ? r + 3 * d : nullptr);
-                  if (gxp) stream_row(gxp + (b * N + i) * d, gxrow.data(), 4 * d);
-                }
-              }
-              for (; i < N; ++i) {
-                int64_t sr;
-                const R* xi = rows.stage(xp + b * sxb + i * sxn, sxn, 1, d, &sr);
-                T q, hu;
-                P.quad_dot(yb, xi, h.data(), d, q, hu);
-                const T w = residual_weight(q, be);
-                const T c = residual_weight_slope(q, w, be) * hu;
-                if (w == T(0) && c == T(0)) {  // coincident draw: contributes nothing
-                  if (gxp) std::fill(gxp + (b * N + i) * d, gxp + (b * N + i + 1) * d, narrow<X>(T(0)));
-                  continue;
-                }
-                // ∂L/∂x_i goes through an L1 row and out with streaming stores (written once, never re-read here)
-                P.grad_u(yb, xi, h.data(), w * inv_n, c * inv_n, gyb, gxp ? gxrow.data() : nullptr, d);
-                if (gxp) stream_row(gxp + (b * N + i) * d, gxrow.data(), d);
-                if (gbp) gbeta += hu * w * half_log(q);
-                if (gpb) P.accum_outer(yb, xi, T(0.5) * c * inv_n, gpb, d);
-              }
-              if (gbp) gbp[b] = gbeta * inv_n;
+              const T gbeta = weighted_residual_sum_bwd<T, Prec, X>(
+                  P, ResidualWeight<T>{be}, yb, xp + b * sxb, sxn, N, d, h.data(), gyb, gxp ? gxp + b * N * d : nullptr,
+                  gpb, gbp != nullptr, rows, gxrow.data());
+              if (gbp) gbp[b] = gbeta;
               if (gxp) stream_fence();
               if (glp || gpb) {
                 P.apply(mb, T(1), pm.data(), d);  // P m

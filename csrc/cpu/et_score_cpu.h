@@ -20,6 +20,7 @@
 
 #include "../common/et_score.h"
 #include "draw_rows_cpu.h"
+#include "fresh_output_cpu.h"
 #include "metric_cpu.h"
 
 namespace etweedie {
@@ -113,12 +114,114 @@ void weighted_residual_sum(const Prec& prec, const T* y, const X* x, int64_t sxn
   }
 }
 
-// The et_score weight w(q) = q^{β/2−1} (0 at q = 0) as weighted_residual_sum's functor.
+// The et_score weight w(q) = q^{β/2−1} (0 at q = 0) as the functor of weighted_residual_sum and
+// weighted_residual_sum_bwd (shape_term: this draw's part of ∂/∂β, summed then divided by N).
 template <typename T>
 struct ResidualWeight {
   T beta;
   T operator()(T q) const { return residual_weight(q, beta); }
+  T slope(T q, T w) const { return residual_weight_slope(q, w, beta); }
+  T shape_term(T q, T w, T hu) const { return hu * w * half_log(q); }
 };
+
+// The backward's second pass over four draws x_0..3 (still in L1 from the first), for metrics
+// that act elementwise (isotropic: p[0]; diagonal: p[j]):  g_t = a_t h + c_t p ⊙ (y − x_t),
+// gy += Σ_t g_t and gx_t = −g_t (gx rows may be null).  gy, y and h are loaded once per four
+// draws instead of once per draw (the per-draw grad_u of metric_cpu.h), which is most of the
+// backward's arithmetic at large d.
+template <typename T, bool DIAG, typename X>
+void grad_u_elementwise4(const T* y, const X* x0, const X* x1, const X* x2, const X* x3, const T* h, const T* a,
+                         const T* c, const T* p, int64_t d, T* gy, T* gx0, T* gx1, T* gx2, T* gx3) {
+  if (gx0 != nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) {
+      const T pj = DIAG ? p[j] : p[0];
+      const T yj = y[j], hj = h[j];
+      const T g0 = a[0] * hj + c[0] * pj * (yj - widen<T>(x0[j]));
+      const T g1 = a[1] * hj + c[1] * pj * (yj - widen<T>(x1[j]));
+      const T g2 = a[2] * hj + c[2] * pj * (yj - widen<T>(x2[j]));
+      const T g3 = a[3] * hj + c[3] * pj * (yj - widen<T>(x3[j]));
+      gy[j] += (g0 + g1) + (g2 + g3);
+      gx0[j] = -g0;
+      gx1[j] = -g1;
+      gx2[j] = -g2;
+      gx3[j] = -g3;
+    }
+    return;
+  }
+#pragma omp simd
+  for (int64_t j = 0; j < d; ++j) {
+    const T pj = DIAG ? p[j] : p[0];
+    const T yj = y[j];
+    gy[j] += (a[0] + a[1] + a[2] + a[3]) * h[j] +
+             pj * ((c[0] * (yj - widen<T>(x0[j])) + c[1] * (yj - widen<T>(x1[j]))) +
+                   (c[2] * (yj - widen<T>(x2[j])) + c[3] * (yj - widen<T>(x3[j]))));
+  }
+}
+
+// The draws' part of the backward of one query row, shared by et_score and student_t_score
+// (math: csrc/common/et_score.h): for m = (1/N) Σ_i w(q_i) u_i and the upstream gradient h on m
+// (h = −scale·P g + g_m, scale = λ or 2c),
+//   ∂L/∂u_i = (1/N) [ w_i h + c_i P u_i ],   c_i = slope(q_i, w_i) · (h·u_i),  slope = 2 dw/dq,
+// summed into gy, written to gx row i as −∂L/∂u_i (x's format, streamed; gx may be null), with
+// the metric's gradient Σ_i ½ c_i u_i u_iᵀ / N added to gp (may be null).  Returns the weight
+// parameter's gradient (1/N) Σ_i shape_term(q_i, w_i, h·u_i) (∂L/∂β for et_score) when
+// want_shape, else 0.  A draw with w = c = 0 (coincident, or q = ∞) contributes nothing and
+// gets a zero gradient row.  Isotropic and diagonal metrics take four draws per L1 pass
+// (grad_u_elementwise4).  rows and gxrow (4·d values) are the caller's per-thread scratch.
+//   Weight: T operator()(T q) -> w;  T slope(T q, T w);  T shape_term(T q, T w, T hu).
+template <typename T, typename Prec, typename X, typename Weight>
+T weighted_residual_sum_bwd(const Prec& P, const Weight& weight, const T* y, const X* x, int64_t sxn, int64_t N,
+                            int64_t d, const T* h, T* gy, X* gx, T* gp, bool want_shape, DrawRows<X>& rows,
+                            T* gxrow) {
+  using R = typename DrawRows<X>::Row;  // float16 rows staged as float (draw_rows_cpu.h)
+  const T inv_n = T(1) / static_cast<T>(N);
+  T gshape = 0;
+  int64_t i = 0, sr = 0;
+  constexpr bool kElementwise = std::is_same_v<Prec, RowPrec<T, kIsotropic, 0>> ||
+                                std::is_same_v<Prec, RowPrec<T, kDiagonal, 0>>;
+  if constexpr (kElementwise) {
+    // four draws at a time: q, h·u from memory, then one L1 pass for their gradients
+    constexpr bool kDiag = std::is_same_v<Prec, RowPrec<T, kDiagonal, 0>>;
+    for (; i + 4 <= N; i += 4) {
+      const R* xs[4];
+      T aw[4], cw[4];
+      const R* staged = rows.stage(x + i * sxn, sxn, 4, d, &sr);
+      for (int t = 0; t < 4; ++t) {
+        xs[t] = staged + t * sr;
+        T q, hu;
+        P.quad_dot(y, xs[t], h, d, q, hu);
+        const T w = weight(q);
+        const T c = weight.slope(q, w) * hu;
+        aw[t] = w * inv_n;
+        cw[t] = c * inv_n;
+        if (want_shape) gshape += weight.shape_term(q, w, hu);
+        if (gp) P.accum_outer(y, xs[t], T(0.5) * c * inv_n, gp, d);
+      }
+      T* r = gx ? gxrow : nullptr;
+      grad_u_elementwise4<T, kDiag, R>(y, xs[0], xs[1], xs[2], xs[3], h, aw, cw, P.p, d, gy, r, r ? r + d : nullptr,
+                                       r ? r + 2 * d : nullptr, r ? r + 3 * d : nullptr);
+      if (gx) stream_row(gx + i * d, gxrow, 4 * d);
+    }
+  }
+  for (; i < N; ++i) {
+    const R* xi = rows.stage(x + i * sxn, sxn, 1, d, &sr);
+    T q, hu;
+    P.quad_dot(y, xi, h, d, q, hu);
+    const T w = weight(q);
+    const T c = weight.slope(q, w) * hu;
+    if (w == T(0) && c == T(0)) {  // coincident draw (or q = ∞): contributes nothing
+      if (gx) std::fill(gx + i * d, gx + (i + 1) * d, narrow<X>(T(0)));
+      continue;
+    }
+    // ∂L/∂x_i goes through an L1 row and out with streaming stores (written once, never re-read here)
+    P.grad_u(y, xi, h, w * inv_n, c * inv_n, gy, gx ? gxrow : nullptr, d);
+    if (gx) stream_row(gx + i * d, gxrow, d);
+    if (want_shape) gshape += weight.shape_term(q, w, hu);
+    if (gp) P.accum_outer(y, xi, T(0.5) * c * inv_n, gp, d);
+  }
+  return gshape * inv_n;
+}
 
 // m = acc/N and s = −λ P m for one row.
 template <typename T, typename Prec, typename X>

@@ -7,8 +7,10 @@
 // et_score_cpu.h: each draw read once; large d: q then the accumulation while the draw sits in
 // L1, four draws per sweep; small d: tiles of 64 draws in structure-of-arrays form), parallel
 // over query rows with at::parallel_for.
-// Extra memory O(d) per thread.  The backward reads every draw once more and writes ∂L/∂x
-// only when asked, into a buffer from the reuse pool of fresh_output_cpu.h (no fresh pages).
+// Extra memory O(d) per thread.  The backward is et_score's as well (weighted_residual_sum_bwd,
+// with the Student-t weight and slope −2w²): it reads every draw once more (four per L1 pass
+// for isotropic and diagonal metrics) and writes ∂L/∂x only when asked, into a buffer from the
+// reuse pool of fresh_output_cpu.h (no fresh pages).
 //
 // Canonical inputs (etweedie/ops/student_t_score.py): y (B, d) contiguous; x (B, N, d) with any
 // strides over B and N (0 = a broadcast cloud) and unit stride over d, in y's dtype or bfloat16 /
@@ -44,10 +46,13 @@ void check_canonical(const at::Tensor& y, const at::Tensor& x, const at::Tensor&
 
 int64_t block_of(const at::Tensor& prec, int64_t kind) { return kind == kBlock ? prec.size(1) : 0; }
 
-// The Student-t weight w(q) = 1/(1 + q) as weighted_residual_sum's functor (et_score_cpu.h).
+// The Student-t weight w(q) = 1/(1 + q) as the functor of weighted_residual_sum and
+// weighted_residual_sum_bwd (et_score_cpu.h); it has no parameter of its own (c scales the score).
 template <typename T>
 struct StudentTWeight {
   T operator()(T q) const { return student_t_weight(q); }
+  T slope(T /*q*/, T w) const { return student_t_weight_slope(w); }
+  T shape_term(T, T, T) const { return T(0); }
 };
 
 std::tuple<at::Tensor, at::Tensor> student_t_score_fwd_cpu(const at::Tensor& y, const at::Tensor& x,
@@ -125,10 +130,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> student_t_score_bwd_c
         T* gpp = need_prec ? gp.data_ptr<T>() : nullptr;
         const int64_t sxb = x.stride(0), sxn = x.stride(1), sc = c.stride(0), sp0 = prec.stride(0);
         const int64_t pstride = need_prec ? gp.numel() / B : 0;
-        const T inv_n = T(1) / static_cast<T>(N);
         ET_DISPATCH_METRIC(kind, block_of(prec, kind), T, [&] {
           at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
-            std::vector<T> h(d), pm(d), pattern, gxrow(gxp ? d : 0);
+            std::vector<T> h(d), pm(d), pattern, gxrow(gxp ? 4 * d : 0);
             DrawRows<X> rows;  // float16 draws staged as float rows (draw_rows_cpu.h)
             for (int64_t b = b0; b < b1; ++b) {
               Prec P{pp + b * sp0};
@@ -142,19 +146,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> student_t_score_bwd_c
               T* gpb = gpp ? gpp + b * pstride : nullptr;
               P.apply(gb_in, -two_c, h.data(), d);  // h = −2c P g + g_m
               for (int64_t j = 0; j < d; ++j) h[j] += gmb[j];
-              using R = typename DrawRows<X>::Row;  // float16 rows staged as float (draw_rows_cpu.h)
-              for (int64_t i = 0; i < N; ++i) {
-                int64_t sr;
-                const R* xi = rows.stage(xp + b * sxb + i * sxn, sxn, 1, d, &sr);
-                T q, hu;
-                P.quad_dot(yb, xi, h.data(), d, q, hu);
-                const T w = student_t_weight(q);
-                const T cs = student_t_weight_slope(w) * hu;
-                // ∂L/∂x_i goes through an L1 row and out with streaming stores (written once, never re-read here)
-                P.grad_u(yb, xi, h.data(), w * inv_n, cs * inv_n, gyb, gxp ? gxrow.data() : nullptr, d);
-                if (gxp) stream_row(gxp + (b * N + i) * d, gxrow.data(), d);
-                if (gpb) P.accum_outer(yb, xi, T(0.5) * cs * inv_n, gpb, d);
-              }
+              weighted_residual_sum_bwd<T, Prec, X>(P, StudentTWeight<T>{}, yb, xp + b * sxb, sxn, N, d, h.data(), gyb,
+                                                    gxp ? gxp + b * N * d : nullptr, gpb, false, rows, gxrow.data());
               if (gxp) stream_fence();
               if (gcp || gpb) {
                 P.apply(mb, T(1), pm.data(), d);  // P m
