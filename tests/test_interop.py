@@ -25,7 +25,6 @@ from etweedie.data import EightGaussians
 from etweedie.interop import (
     GaussianDenoiser,
     KDiffusionDenoiser,
-    SamplerScore,
     load_k_diffusion_sampling,
     score_from_sampler,
     score_with_law,
