@@ -75,7 +75,9 @@ def preflight() -> Optional[str]:
 # ----------------------------------------------------------------------------- benchmarks
 
 def _workloads(quick: bool):
-    """(id, op, B, N, d, metric factory, backward?) — the issue-4 H100 target shapes (``--quick``: smaller)."""
+    """(id, op, B, N, d, metric factory, backward?, draws dtype) — the H100 target shapes (``--quick``:
+    smaller).  The draws dtype (None: the query's float32) is bfloat16/float16 for the 16-bit-draw
+    rows, each the float32 row of the same id without its suffix read in half the bytes."""
     import torch
 
     import etweedie
@@ -84,17 +86,26 @@ def _workloads(quick: bool):
     blockS = torch.tensor([[0.5, 0.3], [0.3, 0.5]])
     block = lambda dev: etweedie.Metric.block(blockS.to(dev))  # noqa: E731
     iso = lambda dev: etweedie.Metric.isotropic(0.5)  # noqa: E731
+    bf16, fp16 = torch.bfloat16, torch.float16
     return [
-        ("et_score_block_784", "et_score", 256 // s, 256, 784, block, False),
-        ("et_score_iso_784", "et_score", 256 // s, 256, 784, iso, False),
-        ("et_score_iso_2", "et_score", 16384 // s, 64, 2, lambda dev: None, False),
-        ("et_score_bwd_block_784", "et_score", 256 // s, 256, 784, block, True),
-        ("langevin_step_block_784", "langevin_step", 256 // s, 256, 784, block, False),
-        ("is_score_65k_x_160k", "is_score", 65536 // (4 * s), 160_000, 2, block, False),
+        ("et_score_block_784", "et_score", 256 // s, 256, 784, block, False, None),
+        ("et_score_iso_784", "et_score", 256 // s, 256, 784, iso, False, None),
+        ("et_score_iso_2", "et_score", 16384 // s, 64, 2, lambda dev: None, False, None),
+        ("et_score_bwd_block_784", "et_score", 256 // s, 256, 784, block, True, None),
+        ("langevin_step_block_784", "langevin_step", 256 // s, 256, 784, block, False, None),
+        # 16-bit posterior draws (float32 query and sums): the bytes halve, the time should follow
+        ("et_score_iso_784_bf16", "et_score", 256 // s, 256, 784, iso, False, bf16),
+        ("et_score_block_784_bf16", "et_score", 256 // s, 256, 784, block, False, bf16),
+        ("et_score_iso_784_fp16", "et_score", 256 // s, 256, 784, iso, False, fp16),
+        ("langevin_step_block_784_bf16", "langevin_step", 256 // s, 256, 784, block, False, bf16),
+        # the fused Student-t score (c > d/2), forward and fwd+bwd
+        ("student_t_score_block_784", "student_t_score", 256 // s, 256, 784, block, False, None),
+        ("student_t_score_bwd_block_784", "student_t_score", 256 // s, 256, 784, block, True, None),
+        ("is_score_65k_x_160k", "is_score", 65536 // (4 * s), 160_000, 2, block, False, None),
         # energy_score fwd+bwd (training shape of the paper's MNIST model): target ≥ 5× eager
-        ("energy_score_bwd_block_784", "energy_score", 256 // s, 32, 784, block, True),
+        ("energy_score_bwd_block_784", "energy_score", 256 // s, 32, 784, block, True, None),
         # energy_distance n = m = 65,536 in 2-d: target ≥ 10× a chunked eager reference, O(n·d) memory
-        ("energy_distance_65k_2", "energy_distance", 1, 65536 // s, 2, lambda dev: None, False),
+        ("energy_distance_65k_2", "energy_distance", 1, 65536 // s, 2, lambda dev: None, False, None),
     ]
 
 
@@ -103,6 +114,7 @@ def _workloads(quick: bool):
 TIMED_BACKENDS = {
     "et_score": ("reference", "compile", "cuda", "cuda:nosplit", "triton", "triton:nosplit"),
     "langevin_step": ("reference", "compile", "cuda", "cuda:nosplit", "triton", "triton:nosplit"),
+    "student_t_score": ("reference", "compile", "cuda", "triton"),
     "is_score": ("reference", "cuda", "triton"),
     "energy_score": ("reference", "compile", "cuda", "triton"),
     "energy_distance": ("reference", "cuda", "triton"),
@@ -126,8 +138,12 @@ def chunked_energy_distance(a, b, beta: float = 1.0, chunk: int = 4096):
 _SPLIT_ENV = {"cuda": "ETWEEDIE_CUDA_SPLIT", "triton": "ETWEEDIE_TRITON_SPLIT"}
 
 
-def _thunk(op: str, backend: str, dev, dtype, B: int, N: int, d: int, metric_fn, backward: bool, seed: int = 0):
-    """(callable, bytes that must move) for one workload on one backend ("compile" wraps the reference)."""
+def _thunk(op: str, backend: str, dev, dtype, B: int, N: int, d: int, metric_fn, backward: bool,
+           draws_dtype=None, seed: int = 0):
+    """(callable, bytes that must move) for one workload on one backend ("compile" wraps the reference).
+
+    ``draws_dtype``: the posterior draws stored in bfloat16/float16 (et_score, langevin_step,
+    student_t_score), the query in ``dtype``; the float64 check then reads the same rounded draws."""
     import torch
 
     import etweedie
@@ -166,10 +182,23 @@ def _thunk(op: str, backend: str, dev, dtype, B: int, N: int, d: int, metric_fn,
             fn = lambda: etweedie.energy_distance(a, b, 1.0, backend=be)  # noqa: E731
         return fn, 2 * a.numel() * a.element_size()
     y = torch.randn(B, d, generator=g)
-    x = (y.unsqueeze(1) + 0.5 * torch.randn(B, N, d, generator=g)).to(dev, dtype)
+    x = y.unsqueeze(1) + 0.5 * torch.randn(B, N, d, generator=g)
+    x = x.to(dev, draws_dtype) if draws_dtype is not None else x.to(dev, dtype)
     y = y.to(dev, dtype)
-    nbytes = (x.numel() + 2 * y.numel()) * x.element_size()
-    if op == "langevin_step":
+    nbytes = x.numel() * x.element_size() + 2 * y.numel() * y.element_size()
+    if op == "student_t_score":
+        c = 0.5 * d + 8.0  # the Student-t law needs c > d/2
+        if backward:
+            yr, xr = y.clone().requires_grad_(), x.clone().requires_grad_()
+
+            def fn():
+                s = etweedie.student_t_score(yr, xr, c, metric, backend=be)
+                return torch.autograd.grad(s.sum(), (yr, xr))[1]
+
+            nbytes = 3 * nbytes
+        else:
+            fn = lambda: etweedie.student_t_score(y, x, c, metric, backend=be)  # noqa: E731
+    elif op == "langevin_step":
         xi = torch.randn(B, d, generator=g).to(dev, dtype)
         fn = lambda: etweedie.langevin_step(y, x, xi, 0.01, 1.4, 1.8, metric, backend=be)  # noqa: E731
         nbytes += xi.numel() * xi.element_size()
@@ -241,12 +270,12 @@ def gpu_benchmarks(log: Log, quick: bool, only: Optional[List[str]] = None) -> L
     copy_bw = copy_bandwidth_gbs()
     log(f"  measured copy bandwidth: {copy_bw:.0f} GB/s ({torch.cuda.get_device_name()})")
     rows = []
-    for wid, op, B, N, d, metric_fn, backward in _workloads(quick):
+    for wid, op, B, N, d, metric_fn, backward, draws_dtype in _workloads(quick):
         if only and not any(o in wid for o in only):
             continue
         # correctness first: float32 kernels against the float64 reference (on a small slice)
         small = (min(B, 8), min(N, 512), d)
-        ref_fn, _ = _thunk(op, "reference", "cpu", torch.float64, *small, metric_fn, backward)
+        ref_fn, _ = _thunk(op, "reference", "cpu", torch.float64, *small, metric_fn, backward, draws_dtype)
         ref = ref_fn().double().cpu()
         base = comp = None
         for backend in TIMED_BACKENDS[op]:
@@ -262,12 +291,12 @@ def gpu_benchmarks(log: Log, quick: bool, only: Optional[List[str]] = None) -> L
                 os.environ[env_name] = "0"
             try:
                 if backend != "compile":
-                    chk_fn, _ = _thunk(op, backend, dev, torch.float32, *small, metric_fn, backward)
+                    chk_fn, _ = _thunk(op, backend, dev, torch.float32, *small, metric_fn, backward, draws_dtype)
                     out = chk_fn().double().cpu()
                     err = float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
                     row["max_rel_err"] = err
                     row["correct"] = err < 1e-3
-                fn, nbytes = _thunk(op, backend, dev, torch.float32, B, N, d, metric_fn, backward)
+                fn, nbytes = _thunk(op, backend, dev, torch.float32, B, N, d, metric_fn, backward, draws_dtype)
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 before = torch.cuda.memory_allocated()
@@ -292,6 +321,20 @@ def gpu_benchmarks(log: Log, quick: bool, only: Optional[List[str]] = None) -> L
             log(f"  {wid:<24} {backend:<9} " + (row.get("error") or f"{row['median_ms']:.3f} ms, "
                 f"{row['GB/s']:.0f} GB/s, rel err {row.get('max_rel_err', float('nan')):.1e}"))
     return rows
+
+
+def low_precision_ratios(rows: List[dict]) -> List[str]:
+    """For each 16-bit-draw row, its time against the float32 row of the same workload and
+    backend (target ≤ 0.6×: the bytes halve, the time should follow)."""
+    ms = {(r["workload"], r["backend"]): r["median_ms"] for r in rows if "median_ms" in r}
+    out = []
+    for (wid, backend), t in ms.items():
+        for suffix in ("_bf16", "_fp16"):
+            base = ms.get((wid[: -len(suffix)], backend)) if wid.endswith(suffix) else None
+            if base:
+                out.append(f"{wid} {backend}: {t:.3f} ms vs float32 draws {base:.3f} ms = {t / base:.2f}×"
+                           f" ({'met' if t / base <= 0.6 else 'missed'}: ≤ 0.6×)")
+    return out
 
 
 def format_table(rows: List[dict]) -> str:
@@ -376,6 +419,9 @@ def main(argv=None) -> int:
         failed.append("gpu benchmarks")
     table = format_table(rows)
     log("\n" + table)
+    results["low_precision_ratios"] = low_precision_ratios(rows)
+    for line in results["low_precision_ratios"]:
+        log("  " + line)
     save()
 
     if not args.skip_tests:
