@@ -17,7 +17,6 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <type_traits>
 #include <vector>
 
 #include "../common/checks.h"

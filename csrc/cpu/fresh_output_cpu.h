@@ -148,13 +148,7 @@ inline void stream_row(X* dst, const T* src, int64_t n) {
   if ((reinterpret_cast<uintptr_t>(dst) & 31) == 0) {
 #if ETWEEDIE_HW_HALF
     if constexpr (std::is_same_v<X, fp16> && std::is_same_v<T, float>) {
-      // F16C: two 8-value conversions joined in registers (through a stack buffer, the 32-byte
-      // load of two 16-byte stores would stall on store forwarding)
-      for (; k + 16 <= n; k += 16) {
-        const __m128i lo = _mm256_cvtps_ph(_mm256_loadu_ps(src + k), _MM_FROUND_TO_NEAREST_INT);
-        const __m128i hi = _mm256_cvtps_ph(_mm256_loadu_ps(src + k + 8), _MM_FROUND_TO_NEAREST_INT);
-        _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + k), _mm256_set_m128i(hi, lo));
-      }
+      for (; k + 16 <= n; k += 16) _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + k), narrow16_fp16(src + k));
     }
 #endif
     for (; k + 16 <= n; k += 16) {
