@@ -186,32 +186,22 @@ def _thunk(op: str, backend: str, dev, dtype, B: int, N: int, d: int, metric_fn,
     x = x.to(dev, draws_dtype) if draws_dtype is not None else x.to(dev, dtype)
     y = y.to(dev, dtype)
     nbytes = x.numel() * x.element_size() + 2 * y.numel() * y.element_size()
-    if op == "student_t_score":
-        c = 0.5 * d + 8.0  # the Student-t law needs c > d/2
-        if backward:
-            yr, xr = y.clone().requires_grad_(), x.clone().requires_grad_()
-
-            def fn():
-                s = etweedie.student_t_score(yr, xr, c, metric, backend=be)
-                return torch.autograd.grad(s.sum(), (yr, xr))[1]
-
-            nbytes = 3 * nbytes
-        else:
-            fn = lambda: etweedie.student_t_score(y, x, c, metric, backend=be)  # noqa: E731
-    elif op == "langevin_step":
+    if op == "langevin_step":
         xi = torch.randn(B, d, generator=g).to(dev, dtype)
         fn = lambda: etweedie.langevin_step(y, x, xi, 0.01, 1.4, 1.8, metric, backend=be)  # noqa: E731
         nbytes += xi.numel() * xi.element_size()
-    elif backward:
-        yr, xr = y.clone().requires_grad_(), x.clone().requires_grad_()
-
-        def fn():
-            s = etweedie.et_score(yr, xr, 1.4, 1.8, metric, backend=be)
-            return torch.autograd.grad(s.sum(), (yr, xr))[1]
-
-        nbytes = 3 * nbytes  # forward reads x; backward reads x again and writes ∂x
     else:
-        fn = lambda: etweedie.et_score(y, x, 1.4, 1.8, metric, backend=be)  # noqa: E731
+        if op == "student_t_score":
+            c = 0.5 * d + 8.0  # the Student-t law needs c > d/2
+            score = lambda y, x: etweedie.student_t_score(y, x, c, metric, backend=be)  # noqa: E731
+        else:
+            score = lambda y, x: etweedie.et_score(y, x, 1.4, 1.8, metric, backend=be)  # noqa: E731
+        if backward:
+            yr, xr = y.clone().requires_grad_(), x.clone().requires_grad_()
+            fn = lambda: torch.autograd.grad(score(yr, xr).sum(), (yr, xr))[1]  # noqa: E731
+            nbytes = 3 * nbytes  # forward reads x; backward reads x again and writes ∂x
+        else:
+            fn = lambda: score(y, x)  # noqa: E731
     if compiled:
         fn = torch.compile(fn, dynamic=False)
     return fn, nbytes
