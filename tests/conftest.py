@@ -83,6 +83,24 @@ def assert_close_to_ref(out, ref32, ref64, *, name: str, seed: int, atol_scale: 
     )
 
 
+def assert_low_precision_close(out, grads, refs32, refs64, grad_names, *, what: str, x_dtype, seed: int,
+                               y_dtype=torch.float32):
+    """A call with 16-bit draws x against the reference on the same rounded draws: the output is
+    in y's dtype and within :func:`assert_close_to_ref` of the float64 reference, every gradient
+    is in its input's dtype (x's for ∂L/∂x, rounded once to it) and within the bound as well.
+    ``refs32``/``refs64``: (output, gradients) of the reference in y's dtype and in float64;
+    ``what``: the output's name with its tag, e.g. ``"score[torch.bfloat16 block2]"``."""
+    (out32, grads32), (out64, grads64) = refs32, refs64
+    tag = what[what.index("["):] if "[" in what else ""
+    assert out.dtype == y_dtype, f"{what}: dtype {out.dtype}, expected {y_dtype}"
+    assert_close_to_ref(out, out32, out64, name=what, seed=seed)
+    for name, a, b, c in zip(grad_names, grads, grads32, grads64):
+        want = x_dtype if name == "x" else y_dtype
+        assert a.dtype == want, f"grad {name}{tag}: dtype {a.dtype}, expected {want}"
+        assert_close_to_ref(a, b, c, name=f"grad {name}{tag}", seed=seed, atol_scale=3e-5,
+                            rounded_to=x_dtype if name == "x" else None)
+
+
 def random_metric(kind: str, B: int, d: int, g: torch.Generator, dtype=torch.float64, per_row: bool = True):
     """A random SPD metric of the given kind; per-row (batch B) or shared."""
     shape = (B,) if per_row else ()

@@ -12,6 +12,7 @@ from conftest import (
     LOW_PRECISION,
     LOW_PRECISION_IDS,
     assert_close_to_ref,
+    assert_low_precision_close,
     gen,
     metric_to,
     random_metric,
@@ -123,12 +124,8 @@ def test_low_precision_draws_match_float64_reference(backend, device, x_dtype, k
     out, gout = _run(backend, device, torch.float32, (y, x16, xi, step, b, lam), metric, x_dtype=x_dtype)
     r32, g32 = _run("reference", "cpu", torch.float32, (y, x16, xi, step, b, lam), metric, x_dtype=x_dtype)
     r64, g64 = _run("reference", "cpu", torch.float64, (y, x16.double(), xi, step, b, lam), metric)
-    assert out.dtype == torch.float32
-    assert_close_to_ref(out, r32, r64, name=f"langevin[{x_dtype} {kind}]", seed=seed)
-    for name, a, r, c in zip(["y", "x", "noise", "step", "beta", "lam", "metric"], gout, g32, g64):
-        assert a.dtype == (x_dtype if name == "x" else torch.float32), f"grad {name}: {a.dtype}"
-        assert_close_to_ref(a, r, c, name=f"grad {name}[{x_dtype} {kind}]", seed=seed, atol_scale=3e-5,
-                            rounded_to=x_dtype if name == "x" else None)
+    assert_low_precision_close(out, gout, (r32, g32), (r64, g64), ["y", "x", "noise", "step", "beta", "lam", "metric"],
+                               what=f"langevin[{x_dtype} {kind}]", x_dtype=x_dtype, seed=seed)
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)

@@ -22,6 +22,7 @@ from conftest import (
     LOW_PRECISION_IDS,
     TRITON_INTERPRETING,
     assert_close_to_ref,
+    assert_low_precision_close,
     gen,
     metric_to,
     random_metric,
@@ -145,12 +146,8 @@ def test_low_precision_draws_match_float64_reference(backend, device, x_dtype, k
     out, gout = _run(backend, device, torch.float32, y, x16, c, metric, x_dtype=x_dtype)
     r32, g32 = _run("reference", "cpu", torch.float32, y, x16, c, metric, x_dtype=x_dtype)
     r64, g64 = _run("reference", "cpu", torch.float64, y, x16.double(), c, metric)
-    assert out.dtype == torch.float32
-    assert_close_to_ref(out, r32, r64, name=f"score[{x_dtype} {kind}]", seed=seed)
-    for name, a, b, e in zip(["y", "x", "c", "metric"], gout, g32, g64):
-        assert a.dtype == (x_dtype if name == "x" else torch.float32), f"grad {name}: {a.dtype}"
-        assert_close_to_ref(a, b, e, name=f"grad {name}[{x_dtype} {kind}]", seed=seed, atol_scale=3e-5,
-                            rounded_to=x_dtype if name == "x" else None)
+    assert_low_precision_close(out, gout, (r32, g32), (r64, g64), ["y", "x", "c", "metric"],
+                               what=f"score[{x_dtype} {kind}]", x_dtype=x_dtype, seed=seed)
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)

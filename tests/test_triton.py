@@ -22,12 +22,13 @@ from conftest import (
     LOW_PRECISION_IDS,
     TRITON_INTERPRETING,
     assert_close_to_ref,
+    assert_low_precision_close,
     gen,
     random_metric,
     run_file_under_interpreter,
     skip_unless_interpreting,
 )
-from test_et_score import _check_against_reference, _check_low_precision, _inputs
+from test_et_score import _check_against_reference, _check_compile_fullgraph_low_precision, _check_low_precision, _inputs
 from test_langevin_step import _inputs as _langevin_inputs, _run as _langevin_run
 
 # TRITON_INTERPRET=1 must be set at process start (tests/conftest.py): without it the cases
@@ -272,24 +273,9 @@ def test_langevin_step_low_precision_draws(x_dtype, kind, seed):
     out, gout = _langevin_run("triton", DEV, torch.float32, args, metric, x_dtype=x_dtype)
     r32, g32 = _langevin_run("reference", "cpu", torch.float32, args, metric, x_dtype=x_dtype)
     r64, g64 = _langevin_run("reference", "cpu", torch.float64, (y, x16.double(), xi, step, beta, lam), metric)
-    assert_close_to_ref(out, r32, r64, name=f"langevin[{x_dtype} {kind}]", seed=seed)
-    for name, a, b, c in zip(["y", "x", "noise", "step", "beta", "lam", "metric"], gout, g32, g64):
-        assert a.dtype == (x_dtype if name == "x" else torch.float32)
-        assert_close_to_ref(a, b, c, name=f"grad {name}[{x_dtype} {kind}]", seed=seed, atol_scale=3e-5,
-                            rounded_to=x_dtype if name == "x" else None)
+    assert_low_precision_close(out, gout, (r32, g32), (r64, g64), ["y", "x", "noise", "step", "beta", "lam", "metric"],
+                               what=f"langevin[{x_dtype} {kind}]", x_dtype=x_dtype, seed=seed)
 
 
 def test_torch_compile_fullgraph_low_precision_draws(seed):
-    y, x, beta, lam, metric = _inputs(seed, 4, 16, 6, "block2")
-    y, x = y.float().requires_grad_(), x.bfloat16().requires_grad_()
-    m = etweedie.Metric(metric.kind, metric.param.float())
-
-    def f(y, x):
-        return etweedie.et_score(y, x, 1.4, 1.8, m, backend="triton")
-
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
-    torch.testing.assert_close(compiled(y, x), f(y, x))
-    g1 = torch.autograd.grad(compiled(y, x).sum(), (y, x))
-    g2 = torch.autograd.grad(f(y, x).sum(), (y, x))
-    assert g1[1].dtype == torch.bfloat16
-    torch.testing.assert_close(g1, g2)
+    _check_compile_fullgraph_low_precision("triton", DEV, seed)
