@@ -642,7 +642,7 @@ def sample_langevin(
         timer.callback_s += callback_s
         timer.total_s += clock.now() - start
         timer.chain_steps += chains * n_updates
-        timer.posterior_calls += (n_updates + (-(-final_average // n_posterior) if final_draw else 0)) * len(chunks)
+        timer.posterior_calls += (n_updates + (math.ceil(final_average / n_posterior) if final_draw else 0)) * len(chunks)
         timer.chains += chains
         timer.levels += schedule.numel()
     return y.reshape(shape)

@@ -166,10 +166,10 @@ def _clean_draw_p_value(samples: torch.Tensor, seed: int, permutations: int = 99
 
     If the samples are draws of the data law, the two sets are exchangeable and p is uniform, so
     ``p > 1e-3`` fails an exact sampler one run in a thousand whatever the data.  (A tolerance of
-    null mean + 3 sd over fresh clean sets failed far more often: the null ED is skewed — a
-    weighted χ² of the eight mode counts — and one seed in about fifty of an exact posterior's
-    samples lies beyond it, e.g. mode counts with χ²₇ = 16.2.)  All relabellings come from one
-    2n × 2n distance matrix: the within sums are zᵀDz, so a batch of them is one matrix product.
+    null mean + 3 sd over fresh clean sets has no such rate: the null ED is skewed — about a
+    weighted χ² of the eight mode counts — so its tail beyond mean + 3 sd holds one to two percent, and
+    an unlucky draw of the mode counts failed CI.)  All relabellings come from one 2n × 2n
+    distance matrix: the within sums are zᵀDz, so a batch of them is one matrix product.
     """
     n = samples.shape[0]
     g = gen(seed)
