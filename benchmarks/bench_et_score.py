@@ -17,9 +17,16 @@ Draws are the query plus Gaussian scatter, like a denoising posterior around y; 
 λ = 1.8 (the paper's base tuple), so the kernel pays for the real power ‖u‖^{β−2}.
 
     pytest benchmarks/bench_et_score.py
+
+The raw backward op (``etweedie::et_score_bwd`` on canonical tensors, no Python wrapper) by draws
+dtype, with and without ∂L/∂x, in interleaved rounds (what the 16-bit draws cost the backward):
+
+    python -m benchmarks.bench_et_score --raw-backward --threads 1
 """
 
 from __future__ import annotations
+
+from typing import Dict
 
 import pytest
 import torch
@@ -28,7 +35,7 @@ import etweedie
 from etweedie.ops import reference
 from etweedie.ops._prep import canonicalize
 
-from .common import BACKENDS, Case, check_close, copy_thunk, run_benchmark
+from .common import BACKENDS, Case, Timing, check_close, copy_thunk, run_benchmark, set_threads, time_calls
 
 BETA, LAM = 1.4, 1.8
 BLOCK_S = torch.tensor([[0.5, 0.3], [0.3, 0.5]])  # SPD, correlated pixel pairs
@@ -222,3 +229,44 @@ def test_et_score_bwd_784(benchmark, backend, quick):
                          ids=lambda f: f.__name__)
 def test_et_score_16_bit_draws(benchmark, backend, factory, quick):
     run_benchmark(benchmark, factory(quick), backend)
+
+
+def raw_backward_times(B: int = 64, N: int = 256, d: int = 784, rounds: int = 25) -> Dict[str, Timing]:
+    """Median ms of ``torch.ops.etweedie.et_score_bwd`` (isotropic metric, ∂/∂y; ∂/∂y and ∂/∂x)
+    for float32, bfloat16 and float16 draws of the same values, timed in interleaved rounds."""
+    y, x = draws(B, N, d)
+    g = torch.randn(B, d, generator=torch.Generator().manual_seed(1))
+    gm = torch.zeros(B, d)
+    beta, lam, prec = torch.full((B,), BETA), torch.full((B,), LAM), torch.full((B,), 2.0)
+    fns = {}
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        xd = x.to(dtype)
+        _, m = torch.ops.etweedie.et_score_fwd(y, xd, beta, lam, prec, 0)
+        for need_x in (False, True):
+            fns[f"{name} {'dy+dx' if need_x else 'dy'}"] = (
+                lambda xd=xd, m=m, need_x=need_x: torch.ops.etweedie.et_score_bwd(
+                    g, gm, y, xd, beta, lam, prec, 0, m, True, need_x, False, False, False))
+    return time_calls(fns, warmup=2, min_repeats=rounds, max_repeats=rounds, budget_s=0.0)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_et_score", description=__doc__.splitlines()[0])
+    p.add_argument("--raw-backward", action="store_true", help="time the raw backward op by draws dtype")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=25)
+    args = p.parse_args(argv)
+    if not args.raw_backward:
+        p.error("nothing to do: pass --raw-backward (the workloads run under benchmarks.table or pytest)")
+    set_threads(args.threads)
+    print(f"et_score_bwd 64 × 256 × 784, isotropic, {torch.get_num_threads()} thread(s), {args.rounds} interleaved rounds")
+    print("| draws | gradients | median ms (p20–p80) |\n|---|---|---|")
+    for key, t in raw_backward_times(rounds=args.rounds).items():
+        dtype, grads = key.split()
+        print(f"| {dtype} | {grads} | {t} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
