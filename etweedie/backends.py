@@ -182,6 +182,8 @@ def resolve(op: str, device: torch.device, backend: Optional[str] = None, *, sup
             return "cpu"
         return "reference" if device.type == "cpu" else _auto_gpu(supported)
     want = requested(backend)
+    if want is None:
+        return _automatic(device.type, supported, os.environ.get("TRITON_INTERPRET"))
     status = available()
     if want is not None:
         ok, why = status[want]
@@ -196,7 +198,14 @@ def resolve(op: str, device: torch.device, backend: Optional[str] = None, *, sup
         if want == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise BackendUnavailable(f"{op}: backend 'triton' needs CUDA tensors or TRITON_INTERPRET=1, got device {device}")
         return want
-    order = ("cpu",) if device.type == "cpu" else ("cuda", "triton")
+
+
+@functools.lru_cache(maxsize=None)
+def _automatic(device_type: str, supported: Tuple[str, ...], triton_interpret: Optional[str]) -> str:
+    """The automatic choice for a device type (fixed for the process, given TRITON_INTERPRET):
+    computed once, as every op call asks for it."""
+    status = dict(_available_cached(triton_interpret))
+    order = ("cpu",) if device_type == "cpu" else ("cuda", "triton")
     for name in order:
         if name in supported and status[name][0]:
             return name

@@ -53,9 +53,12 @@ except ImportError:  # pragma: no cover - older torch
 def _cacheable(p: torch.Tensor) -> bool:
     """Whether a value derived from ``p`` may be reused by later calls: a plain eager tensor with
     no autograd of any kind (no grad, no forward-mode tangent, no functorch transform) and
-    outside inference mode (an inference tensor cannot enter a later autograd graph)."""
+    outside inference mode (an inference tensor cannot enter a later autograd graph) and CUDA
+    graph capture."""
     if p.requires_grad or _is_compiling() or torch.is_inference_mode_enabled() or p.is_inference():
         return False
+    if p.is_cuda and torch.cuda.is_current_stream_capturing():
+        return False  # computed inside a CUDA graph capture: its value exists only once the graph runs
     if _functorch_wrapped(p):
         return False
     return fwAD.unpack_dual(p).tangent is None

@@ -366,7 +366,10 @@ class _StaticUpdate:
     def _body(self) -> None:
         x = _posterior_draws(self.posterior, self.y, self.eta, self.n, self.generator, self.options, self.autocast_dtype)
         xi = torch.randn(self.y.shape, generator=self.generator, dtype=self.y.dtype, device=self.y.device)
-        y_next = langevin_step(self.y, x, xi, self.alpha, self.beta, self.lam, Metric(self.metric_kind, self.metric_param))
+        # trusted: the buffer holds a validated metric's parameter (set_level); validating it again
+        # would read values back to the host, which a CUDA graph capture does not allow
+        metric = Metric.trusted(self.metric_kind, self.metric_param)
+        y_next = langevin_step(self.y, x, xi, self.alpha, self.beta, self.lam, metric)
         self.first_draw.copy_(x[:, 0, :])  # in y's dtype (copy_ widens 16-bit draws)
         self.y.copy_(y_next)
 

@@ -23,7 +23,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 from .. import backends
-from ..geometry import Metric
+from ..geometry import Metric, _functorch_wrapped
 from ..rules import pairwise
 from ..rules.common import BLOCK, DENSE, DIAGONAL, ISOTROPIC  # noqa: F401 (the canonical kinds, re-exported)
 _KIND = {"isotropic": ISOTROPIC, "diagonal": DIAGONAL, "block": BLOCK, "dense": DENSE}
@@ -104,11 +104,34 @@ def value_checks(t: torch.Tensor) -> bool:
     return not _is_compiling() and (t.device.type == "cpu" or _DEBUG["on"])
 
 
+_CONSTANTS: dict = {}
+
+
+def constant(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 0-d tensor holding ``value``, made once per (value, dtype, device) and reused: the ops
+    turn their float parameters (β, λ, step, the default metric's 1) into tensors on every call,
+    which on a GPU is a fill kernel per parameter.  The tensors never leave the ops (they enter
+    the kernels as stride-0 views), so sharing them is safe.  Not cached while a CUDA stream is
+    being captured: a tensor filled inside a capture holds its value only once the graph runs.
+    """
+    key = (value, dtype, device)
+    t = _CONSTANTS.get(key)
+    if t is not None:
+        return t
+    t = torch.full((), value, dtype=dtype, device=device)
+    if _is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return t
+    if len(_CONSTANTS) >= 256:
+        _CONSTANTS.clear()
+    _CONSTANTS[key] = t
+    return t
+
+
 def as_param(value, name: str, op: str, like: torch.Tensor) -> torch.Tensor:
     """A per-row scalar parameter (β, λ, step) as a tensor of like's dtype and device.
 
     A plain number is range-checked here (rules in ``_SCALAR_RULES``) and becomes a 0-d tensor
-    filled on the device (no host-to-device copy).
+    on the device (:func:`constant`: no host-to-device copy, made once per value).
     """
     if isinstance(value, torch.Tensor):
         if not value.is_floating_point():
@@ -123,7 +146,9 @@ def as_param(value, name: str, op: str, like: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"{op}: {name} must {rule[1]}, got {float(value):.6g}")
     if rule is not None and not rule[0](_rounded(float(value), like.dtype)):
         raise ValueError(f"{op}: {name} = {float(value):.6g} is not representable in {like.dtype} (it rounds to 0 or inf)")
-    return torch.full((), float(value), dtype=like.dtype, device=like.device)
+    if _is_compiling():
+        return torch.full((), float(value), dtype=like.dtype, device=like.device)
+    return constant(float(value), like.dtype, like.device)
 
 
 def check_positive(t: torch.Tensor, name: str, op: str) -> None:
@@ -190,7 +215,8 @@ def check_metric(metric: Optional[Metric], d: int, like: torch.Tensor, op: str) 
     and round only the result, so that a near-singular Σ is not inverted in float32.
     """
     if metric is None:
-        return Metric.trusted("isotropic", torch.ones((), dtype=like.dtype, device=like.device))
+        one = torch.ones((), dtype=like.dtype, device=like.device) if _is_compiling() else constant(1.0, like.dtype, like.device)
+        return Metric.trusted("isotropic", one)
     if not isinstance(metric, Metric):
         raise TypeError(f"{op}: metric must be an etweedie.Metric or None, got {type(metric).__name__}")
     if metric.param.device != like.device:
@@ -246,12 +272,24 @@ def metric_param(metric: Metric, batch: torch.Size, d: int, dtype: Optional[torc
     over rows.
     """
     kind = _KIND[metric.kind]
-    p = _finite_param(metric.precision_param(), dtype or metric.dtype, op, "precision")
-    core = tuple(p.shape[len(metric.batch_shape) :])
-    prec = flat(p.contiguous(), batch, core)
+    return prec_rows(precision_of(metric, dtype or metric.dtype, op), len(metric.batch_shape), kind, batch), kind
+
+
+def prec_rows(p: torch.Tensor, metric_batch_dims: int, kind: int, batch: torch.Size) -> torch.Tensor:
+    """A precision parameter (*metric_batch, *param) as (B, *param), a diagonal or block row
+    contiguous (see :func:`metric_param`)."""
+    prec = flat(p.contiguous(), batch, tuple(p.shape[metric_batch_dims:]))
     if kind in (DIAGONAL, BLOCK) and not prec[:1].is_contiguous():
         prec = prec.contiguous()
-    return prec, kind
+    return prec
+
+
+def precision_of(metric: Metric, dtype: torch.dtype, op: str = "metric") -> torch.Tensor:
+    """The metric's precision parameter (*metric_batch, *param) in ``dtype``, checked finite
+    (:func:`_finite_param`); remembered by the metric with the parameter itself
+    (``Metric._cached``), so a metric reused across calls is rounded and checked once."""
+    key = ("precision", dtype, _DEBUG["on"])
+    return metric._cached(key, lambda: _finite_param(metric.precision_param(), dtype, op, "precision").contiguous())
 
 
 def row_whitening_factor(metric: Metric, batch: torch.Size, dtype: Optional[torch.dtype] = None,
@@ -281,39 +319,60 @@ def float32_out_of_range(metric: Optional[Metric], *data: torch.Tensor) -> bool:
     rows.  Checked where value checks run (CPU tensors, or with debug checks on); a GPU float32
     call without debug checks trusts the range (no host sync).
     """
-    if not data or not isinstance(data[0], torch.Tensor) or data[0].dtype != torch.float32 or not value_checks(data[0]):
-        return False
+    return scan(metric, *data, finite=False)[0]
+
+
+def scan(metric: Optional[Metric], *data: torch.Tensor, finite: bool = True) -> Tuple[bool, bool]:
+    """(:func:`float32_out_of_range`, :func:`all_finite`) of the data from one min/max pass over
+    each tensor: the per-row ops need both, and two separate passes would cost a second reduction
+    and host read per tensor on every CPU call.  ``finite=False``: only the range question (the
+    second answer is then True), with no pass at all unless the data are float32."""
+    f32 = bool(data) and isinstance(data[0], torch.Tensor) and data[0].dtype == torch.float32 and value_checks(data[0])
     # 16-bit draws of a float32 query are computed in float32 too (bfloat16 spans float32's range)
     admitted = (torch.float32, *LOW_PRECISION_DRAWS)
-    if any(not isinstance(t, torch.Tensor) or t.dtype not in admitted or t.device != data[0].device for t in data):
-        return False  # mismatched arguments: the op's own checks name them
-    hi = 0.0
-    for t in data:
-        if t.numel():
-            lo_hi = torch.aminmax(t.detach())
-            hi = max(hi, -float(lo_hi.min), float(lo_hi.max))
+    if f32 and any(not isinstance(t, torch.Tensor) or t.dtype not in admitted or t.device != data[0].device for t in data):
+        f32 = False  # mismatched arguments: the op's own checks name them
+    if not (f32 or finite):
+        return False, True
+    extremes = [e for e in map(_extremes, data) if e is not None]
+    all_fin = all(math.isfinite(lo) and math.isfinite(hi) for lo, hi in extremes)
+    if not f32:
+        return False, all_fin
+    hi = max((max(-lo, hi) for lo, hi in extremes), default=0.0)
+    return _out_of_range(metric, hi), all_fin
+
+
+def _extremes(t) -> Optional[Tuple[float, float]]:
+    """(min, max) of a tensor where value checks run and it has values; None otherwise."""
+    if not isinstance(t, torch.Tensor) or not t.numel() or not value_checks(t):
+        return None
+    lo, hi = torch.aminmax(t.detach())
+    return float(lo), float(hi)
+
+
+def _out_of_range(metric: Optional[Metric], hi: float) -> bool:
+    """Whether float32 data whose largest magnitude is ``hi`` leaves the kernels' safe range."""
     if hi == 0.0 or not math.isfinite(hi):
         return False  # all zero, or inf/NaN that propagate anyway
     v_lo = 1.0
     if isinstance(metric, Metric) and metric.param.numel():
-        p = metric.param.detach()
-        var = torch.diagonal(p, dim1=-2, dim2=-1) if metric.kind in ("block", "dense") else p
-        v_lo = float(var.amin())
+        v_lo = metric._cached("smallest variance", lambda: _smallest_variance(metric))
         if not (v_lo > 0 and math.isfinite(v_lo)):
             return False
     z_hi = hi / math.sqrt(v_lo)  # the largest whitened magnitude
     return z_hi > _F32_HI or z_hi < _F32_LO
 
 
+def _smallest_variance(metric: Metric) -> float:
+    p = metric.param.detach()
+    var = torch.diagonal(p, dim1=-2, dim2=-1) if metric.kind in ("block", "dense") else p
+    return float(var.amin())
+
+
 def all_finite(*data: torch.Tensor) -> bool:
     """False when an input holds NaN or inf (one min/max pass, where value checks run; True
     otherwise, e.g. on GPU without debug checks: no host sync)."""
-    for t in data:
-        if isinstance(t, torch.Tensor) and t.numel() and value_checks(t):
-            lo_hi = torch.aminmax(t.detach())
-            if not (math.isfinite(float(lo_hi.min)) and math.isfinite(float(lo_hi.max))):
-                return False
-    return True
+    return scan(None, *data)[1]
 
 
 def widen(t):
@@ -384,6 +443,21 @@ def kernel_or_reference(op: str, name: str, backend, *tensors, reference_forward
 
 
 @dataclass
+class RowArgs:
+    """The validated arguments of a per-row op in their broadcastable shapes (nothing expanded):
+    what both the Python canonical form (:func:`shape_rows`) and the C++ front ops
+    (``torch.ops.etweedie.<op>``, :func:`front`) start from."""
+    y: torch.Tensor  # (*, d)
+    x: torch.Tensor  # (*, N, d)
+    beta: torch.Tensor  # broadcasts to batch
+    lam: torch.Tensor  # broadcasts to batch
+    prec: torch.Tensor  # (*metric_batch, *param) in y's dtype: the metric's precision parameter
+    kind: int
+    batch: torch.Size
+    metric: Metric
+
+
+@dataclass
 class Canonical:
     y: torch.Tensor  # (B, d)
     x: torch.Tensor  # (B, N, d)
@@ -395,8 +469,8 @@ class Canonical:
     metric: Metric
 
 
-def canonicalize(op: str, y, x, beta, lam, metric) -> Canonical:
-    """Validate the arguments of a per-row op and bring them to the canonical form."""
+def rows_args(op: str, y, x, beta, lam, metric) -> RowArgs:
+    """Validate the arguments of a per-row op and resolve its broadcast batch."""
     y = check_tensor(y, "y", op)
     x = check_draws(x, y, op)
     if y.dim() < 1:
@@ -412,21 +486,59 @@ def canonicalize(op: str, y, x, beta, lam, metric) -> Canonical:
         raise ValueError(f"{op}: the dimension d must be >= 1, got y of shape {tuple(y.shape)}")
     if N == 0:
         raise ValueError(f"{op}: x must hold at least one posterior draw (N >= 1), got shape {tuple(x.shape)}")
-    beta = as_param(beta, "beta", op, y)
-    lam = as_param(lam, "lam", op, y)
+    beta_t = as_param(beta, "beta", op, y)
+    lam_t = as_param(lam, "lam", op, y)
     check_finite(op, y=y, x=x)
-    check_beta_lam(beta, lam, op)
+    # a parameter given as a number was range-checked by as_param; a tensor's values are checked here
+    if isinstance(beta, torch.Tensor):
+        check_beta(beta_t, op)
+    if isinstance(lam, torch.Tensor):
+        check_positive(lam_t, "lam", op)
+    default = metric is None
     metric = check_metric(metric, d, y, op)
     batch = broadcast_batch(
-        op, y=y.shape[:-1], x=x.shape[:-2], beta=beta.shape, lam=lam.shape, metric=metric.batch_shape
+        op, y=y.shape[:-1], x=x.shape[:-2], beta=beta_t.shape, lam=lam_t.shape, metric=metric.batch_shape
     )
+    prec = metric.param if default else precision_of(metric, y.dtype, op)  # Σ = I: P = I, the same 1
+    return RowArgs(y, x, beta_t, lam_t, prec, _KIND[metric.kind], batch, metric)
+
+
+def shape_rows(a: RowArgs) -> Canonical:
+    """The canonical form of validated arguments (what the C++ front ops build in one call)."""
+    batch, d, N = a.batch, a.y.shape[-1], a.x.shape[-2]
     B = math.prod(batch)
-    yc = y.expand(tuple(batch) + (d,)).reshape(B, d).contiguous()
-    xc = x.expand(tuple(batch) + (N, d)).reshape(B, N, d)
+    yc = a.y.expand(tuple(batch) + (d,)).reshape(B, d).contiguous()
+    xc = a.x.expand(tuple(batch) + (N, d)).reshape(B, N, d)
     if d > 1 and xc.stride(-1) != 1:
         xc = xc.contiguous()
-    prec, kind = metric_param(metric, batch, d, y.dtype, op)
-    return Canonical(yc, xc, flat(beta, batch, ()), flat(lam, batch, ()), prec, kind, batch, metric)
+    prec = prec_rows(a.prec, len(a.metric.batch_shape), a.kind, batch)
+    return Canonical(yc, xc, flat(a.beta, batch, ()), flat(a.lam, batch, ()), prec, a.kind, batch, a.metric)
+
+
+def canonicalize(op: str, y, x, beta, lam, metric) -> Canonical:
+    """Validate the arguments of a per-row op and bring them to the canonical form."""
+    return shape_rows(rows_args(op, y, x, beta, lam, metric))
+
+
+def _front_ops() -> bool:
+    return all(backends._has_op(name, "CompositeImplicitAutograd") for name in ("et_score", "langevin_step"))
+
+
+# The C++ front ops (csrc/front/): absent from an extension built before they existed.
+_FRONT = backends._EXT_OK and _front_ops()
+
+
+def front(name: str, a: RowArgs, *tensors) -> bool:
+    """Whether the per-row op runs through its C++ front op (``torch.ops.etweedie.<op>``: the
+    canonical form and the kernel call in one C++ call) rather than :func:`shape_rows` in Python.
+
+    Eager calls of the compiled backends ("cpu", "cuda") with a diagonal, block or isotropic metric.
+    torch.compile traces the Python form (the front ops are opaque to it), and functorch-wrapped
+    arguments take it too; dense metrics are whitened in Python either way.
+    """
+    if not _FRONT or name not in ("cpu", "cuda") or a.kind == DENSE or _is_compiling():
+        return False
+    return not any(isinstance(t, torch.Tensor) and _functorch_wrapped(t) for t in (a.y, a.x, a.beta, a.lam, a.prec, *tensors))
 
 
 def whiten_dense(c: Canonical) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

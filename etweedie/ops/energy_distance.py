@@ -24,18 +24,19 @@ from ._prep import (
     DENSE,
     as_param,
     broadcast_batch,
-    check_beta_lam,
+    check_beta,
     check_finite,
     check_metric,
     check_tensor,
     flat,
-    float32_out_of_range,
     kernel_or_reference,
     metric_param,
     nan_rows,
     register_pairwise_op,
     row_whitening_factor,
     rows_matmul,
+    scan,
+    value_checks,
     widen,
     widen_metric,
 )
@@ -76,7 +77,8 @@ def energy_distance(
     """
     a = check_tensor(a, "a", _OP)
     b = check_tensor(b, "b", _OP)
-    if float32_out_of_range(metric, a, b):
+    out_of_range, finite = scan(metric, a, b)
+    if out_of_range:
         return energy_distance(widen(a), widen(b), widen(beta), widen_metric(metric), unbiased=unbiased,
                                backend=backend).float()
     for name, t in (("a", a), ("b", b)):
@@ -99,8 +101,10 @@ def energy_distance(
             f"{_OP}: {'unbiased=True needs n >= 2 and m >= 2' if unbiased else 'both clouds need a point'}, "
             f"got n = {n}, m = {m}"
         )
-    beta = as_param(beta, "beta", _OP, a)
-    check_beta_lam(beta, torch.ones((), dtype=a.dtype), _OP)
+    beta_t = as_param(beta, "beta", _OP, a)  # a plain number is range-checked here
+    if isinstance(beta, torch.Tensor):
+        check_beta(beta_t, _OP)
+    beta = beta_t
     check_finite(_OP, a=a, b=b)
     metric = check_metric(metric, d, a, _OP)
     batch = broadcast_batch(_OP, a=a.shape[:-2], b=b.shape[:-2], beta=beta.shape, metric=metric.batch_shape)
@@ -123,6 +127,8 @@ def energy_distance(
         out = _kernel(name, rows_matmul(ac, Lb), rows_matmul(bc, Lb), betas, ones, 0, unbiased)
     else:
         out = _kernel(name, ac, bc, betas, prec, kind, unbiased)
+    if finite and value_checks(a):
+        return out.reshape(batch)  # checked finite: no NaN rows to restore
     return nan_rows(out, batch, (a, 2), (b, 2)).reshape(batch)
 
 

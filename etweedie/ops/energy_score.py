@@ -34,13 +34,14 @@ from ._prep import (
     check_metric,
     check_tensor,
     flat,
-    float32_out_of_range,
     kernel_or_reference,
     metric_param,
     nan_rows,
     register_pairwise_op,
     row_whitening_factor,
     rows_matmul,
+    scan,
+    value_checks,
     widen,
     widen_metric,
 )
@@ -111,7 +112,8 @@ def energy_score(
     name = backends.resolve(_OP, samples.device, backend)
     name = kernel_or_reference(_OP, name, backend, samples, target, beta_t, metric, reference_forward_mode=False)
     in_kernel = name == "cpu" and _gram_row_kernel(samples, beta_t, metric, d)
-    if not in_kernel and float32_out_of_range(metric_in, samples, target):
+    out_of_range, finite = (False, True) if in_kernel else scan(metric_in, samples, target)
+    if out_of_range:
         return energy_score(widen(samples), widen(target), widen(beta), widen_metric(metric_in), fair=fair,
                             backend=backend).float()
     B = math.prod(batch)
@@ -132,7 +134,8 @@ def energy_score(
         out = _kernel(name, zs, zt, betas, ones, 0, fair)
     else:
         out = _kernel(name, xs, yt, betas, prec, kind, fair)
-    if in_kernel:  # the row kernel gave NaN rows for non-finite inputs itself
+    if in_kernel or (finite and value_checks(samples)):
+        # the row kernel gave NaN rows for non-finite inputs itself; or the inputs were checked finite
         return out.reshape(batch)
     return nan_rows(out, batch, (samples, 2), (target, 1)).reshape(batch)
 

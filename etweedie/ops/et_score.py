@@ -20,15 +20,16 @@ from ..rules.et_score import autograd_rules, fake_bwd, fake_fwd
 from . import reference
 from ._prep import (
     DENSE,
-    all_finite,
-    canonicalize,
     check_draws,
     check_tensor,
-    float32_out_of_range,
+    front,
     kernel_or_reference,
+    nan_rows,
+    rows_args,
+    scan,
+    shape_rows,
     unwhiten_score,
     whiten_dense,
-    nan_rows,
     widen,
     widen_metric,
 )
@@ -73,23 +74,29 @@ def et_score(
         tensor([[0.5000, 1.0000]])
     """
     op = "et_score"
-    if float32_out_of_range(metric, check_tensor(y, "y", op), check_draws(x, y, op)):
+    y = check_tensor(y, "y", op)
+    out_of_range, finite = scan(metric, y, check_draws(x, y, op))
+    if out_of_range:
         return et_score(widen(y), widen(x), widen(beta), widen(lam), widen_metric(metric), backend=backend).float()
-    c = canonicalize(op, y, x, beta, lam, metric)
-    d = c.y.shape[-1]
-    name = backends.resolve(op, c.y.device, backend)
+    a = rows_args(op, y, x, beta, lam, metric)
+    d = y.shape[-1]
+    name = backends.resolve(op, y.device, backend)
     name = kernel_or_reference(op, name, backend, y, x, beta, lam, metric)
-    if name == "reference":
-        s = reference.et_score(c.y, c.x, c.beta, c.lam, c.prec, c.kind)
-    elif c.kind == DENSE:
-        zy, zx, ones, L = whiten_dense(c)
-        s = unwhiten_score(_kernel(name, zy, zx, c.beta, c.lam, ones, 0), L)
+    if front(name, a):
+        s = torch.ops.etweedie.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
     else:
-        s = _kernel(name, c.y, c.x, c.beta, c.lam, c.prec, c.kind)
-    if not all_finite(y, x):
+        c = shape_rows(a)
+        if name == "reference":
+            s = reference.et_score(c.y, c.x, c.beta, c.lam, c.prec, c.kind)
+        elif c.kind == DENSE:
+            zy, zx, ones, L = whiten_dense(c)
+            s = unwhiten_score(_kernel(name, zy, zx, c.beta, c.lam, ones, 0), L)
+        else:
+            s = _kernel(name, c.y, c.x, c.beta, c.lam, c.prec, c.kind)
+    if not finite:
         # an infinite draw has no finite limit in the sum (‖u‖^{β−1} grows without bound)
-        s = nan_rows(s.reshape(-1, d), c.batch, (y, 1), (x, 2))
-    return s.reshape(*c.batch, d)
+        s = nan_rows(s.reshape(-1, d), a.batch, (y, 1), (x, 2))
+    return s.reshape(*a.batch, d)
 
 
 def _kernel(name, y, x, beta, lam, prec, kind) -> torch.Tensor:

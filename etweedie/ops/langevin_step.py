@@ -21,16 +21,17 @@ from ._prep import (
     DENSE,
     as_param,
     broadcast_batch,
-    all_finite,
-    canonicalize,
     check_draws,
     check_finite,
     check_positive,
     check_tensor,
     flat,
-    float32_out_of_range,
+    front,
     kernel_or_reference,
     nan_rows,
+    rows_args,
+    scan,
+    shape_rows,
     unwhiten_score,
     whiten_dense,
     widen,
@@ -72,39 +73,46 @@ def langevin_step(
         tensor([[0.5000, 0.5000]])
     """
     op = "langevin_step"
-    if float32_out_of_range(metric, check_tensor(y, "y", op), check_draws(x, y, op)):
+    y = check_tensor(y, "y", op)
+    out_of_range, finite = scan(metric, y, check_draws(x, y, op))
+    if out_of_range:
         return langevin_step(widen(y), widen(x), widen(noise), widen(step), widen(beta), widen(lam),
                              widen_metric(metric), backend=backend).float()
-    c = canonicalize(op, y, x, beta, lam, metric)
+    a = rows_args(op, y, x, beta, lam, metric)
     noise = check_tensor(noise, "noise", op)
     if noise.shape != y.shape:
         raise ValueError(f"{op}: noise must have y's shape {tuple(y.shape)}, got {tuple(noise.shape)}")
     if noise.dtype != y.dtype or noise.device != y.device:
         raise TypeError(f"{op}: noise must match y's dtype/device ({y.dtype}, {y.device}), got ({noise.dtype}, {noise.device})")
-    step = as_param(step, "step", op, y)
-    check_positive(step, "step", op)
+    step_t = as_param(step, "step", op, y)
+    if isinstance(step, torch.Tensor):  # a number was range-checked by as_param
+        check_positive(step_t, "step", op)
     check_finite(op, noise=noise)
-    batch = broadcast_batch(op, batch=c.batch, step=step.shape)
-    if batch != c.batch:
-        raise ValueError(f"{op}: step of shape {tuple(step.shape)} does not broadcast to the batch {tuple(c.batch)}")
-    d = c.y.shape[-1]
-    xi = flat(noise, c.batch, (d,)).contiguous()
-    alpha = flat(step, c.batch, ())
-    name = backends.resolve(op, c.y.device, backend)
+    batch = broadcast_batch(op, batch=a.batch, step=step_t.shape)
+    if batch != a.batch:
+        raise ValueError(f"{op}: step of shape {tuple(step_t.shape)} does not broadcast to the batch {tuple(a.batch)}")
+    d = y.shape[-1]
+    name = backends.resolve(op, y.device, backend)
     name = kernel_or_reference(op, name, backend, y, x, noise, step, beta, lam, metric)
-    if name == "reference":
-        out = reference.langevin_step(c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
-    elif c.kind == DENSE:
-        # The update lives in the original space: whitened score kernel, then the update.
-        zy, zx, ones, L = whiten_dense(c)
-        s = unwhiten_score(_score_kernel(name, zy, zx, c.beta, c.lam, ones, 0), L)
-        a = alpha.unsqueeze(-1)
-        out = c.y + a * s + torch.sqrt(2 * a) * xi
+    if front(name, a, noise, step_t):
+        out = torch.ops.etweedie.langevin_step(a.y, a.x, noise, step_t, a.beta, a.lam, a.prec, a.kind, a.batch)
     else:
-        out = _kernel(name, c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
-    if not all_finite(y, x):
-        out = nan_rows(out.reshape(-1, d), c.batch, (y, 1), (x, 2))
-    return out.reshape(*c.batch, d)
+        c = shape_rows(a)
+        xi = flat(noise, c.batch, (d,)).contiguous()
+        alpha = flat(step_t, c.batch, ())
+        if name == "reference":
+            out = reference.langevin_step(c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
+        elif c.kind == DENSE:
+            # The update lives in the original space: whitened score kernel, then the update.
+            zy, zx, ones, L = whiten_dense(c)
+            s = unwhiten_score(_score_kernel(name, zy, zx, c.beta, c.lam, ones, 0), L)
+            al = alpha.unsqueeze(-1)
+            out = c.y + al * s + torch.sqrt(2 * al) * xi
+        else:
+            out = _kernel(name, c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
+    if not finite:
+        out = nan_rows(out.reshape(-1, d), a.batch, (y, 1), (x, 2))
+    return out.reshape(*a.batch, d)
 
 
 def _kernel(name, y, x, noise, step, beta, lam, prec, kind) -> torch.Tensor:

@@ -26,10 +26,12 @@ from . import reference
 from ._prep import (
     DENSE,
     as_param,
-    canonicalize,
     check_tensor,
     flat,
     float32_out_of_range,
+    front,
+    rows_args,
+    shape_rows,
     unwhiten_score,
     value_checks,
     whiten_dense,
@@ -70,18 +72,21 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
     cv = as_param(c, "c", _OP, y)
     if isinstance(x, torch.Tensor) and y.dim() == 1 and x.dim() == 2 and cv.dim() == 0:
         return student_t_score(y.unsqueeze(0), x.unsqueeze(0), cv, metric, backend=backend)[0]  # one unbatched query
-    cn = canonicalize(_OP, y, x, 2.0, 1.0, metric)
-    d = cn.y.shape[-1]
+    a = rows_args(_OP, y, x, 2.0, 1.0, metric)  # β and λ unused: the shared validation of y, x, metric
+    d = y.shape[-1]
     if cv.numel() and value_checks(cv) and not bool(((cv > d / 2) & torch.isfinite(cv)).all()):
         raise ValueError(f"{_OP}: c must be > d/2 = {d / 2:g} and finite (Student-t integrability), got {cv.min().item():.6g}")
     try:
-        batch = torch.broadcast_shapes(cn.batch, cv.shape)
+        batch = torch.broadcast_shapes(a.batch, cv.shape)
     except RuntimeError:
-        raise ValueError(f"{_OP}: c of shape {tuple(cv.shape)} does not broadcast to batch {tuple(cn.batch)}") from None
-    if batch != cn.batch:
-        raise ValueError(f"{_OP}: c of shape {tuple(cv.shape)} would enlarge the batch {tuple(cn.batch)}")
+        raise ValueError(f"{_OP}: c of shape {tuple(cv.shape)} does not broadcast to batch {tuple(a.batch)}") from None
+    if batch != a.batch:
+        raise ValueError(f"{_OP}: c of shape {tuple(cv.shape)} would enlarge the batch {tuple(a.batch)}")
+    name = backends.resolve(_OP, y.device, backend, supported=_SUPPORTED)
+    if _FRONT and front(name, a, cv):
+        return torch.ops.etweedie.student_t_score(a.y, a.x, cv, a.prec, a.kind, a.batch)
+    cn = shape_rows(a)
     cf = flat(cv, cn.batch, ())
-    name = backends.resolve(_OP, cn.y.device, backend, supported=_SUPPORTED)
     if name == "reference":
         s = reference.student_t_score(cn.y, cn.x, cf, cn.prec, cn.kind)
     elif cn.kind == DENSE:
@@ -117,6 +122,9 @@ _SUPPORTED = tuple(
     b for b in backends.BACKENDS
     if b not in ("cpu", "cuda") or backends._has_op("student_t_score_fwd", "CPU" if b == "cpu" else "CUDA")
 )
+
+# Its C++ front op (csrc/front/student_t_score_front.cpp), absent from an older extension.
+_FRONT = backends._has_op("student_t_score", "CompositeImplicitAutograd")
 
 if _HAS_CPU:
     _register()

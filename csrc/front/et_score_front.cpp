@@ -1,0 +1,34 @@
+// etweedie::et_score: the canonical form and the et_score_fwd call in one C++ entry
+// (csrc/front/rows_front.h; the Python op etweedie/ops/et_score.py calls it in eager mode).
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "rows_front.h"
+
+namespace etweedie {
+namespace front {
+namespace {
+
+using Fwd = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                               const at::Tensor&, const at::Tensor&, int64_t);
+
+at::Tensor et_score_rows(const at::Tensor& y, const at::Tensor& x, const at::Tensor& beta, const at::Tensor& lam,
+                         const at::Tensor& prec, int64_t kind, at::IntArrayRef batch) {
+  static const auto fwd = kernel<Fwd>("etweedie::et_score_fwd");
+  auto run = [&] {
+    Rows r = rows(y, x, batch);
+    at::Tensor s = std::get<0>(fwd.call(r.y, r.x, flat(beta, batch, r.B, {}), flat(lam, batch, r.B, {}),
+                                        prec_rows(prec, kind, batch, r.B), kind));
+    return s.reshape(joined(batch, {r.d}));
+  };
+  if (needs_autograd({&y, &x, &beta, &lam, &prec})) return run();
+  at::AutoDispatchBelowAutograd below;
+  return run();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(etweedie, CompositeImplicitAutograd, m) { m.impl("et_score", &et_score_rows); }
+
+}  // namespace front
+}  // namespace etweedie

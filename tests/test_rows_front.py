@@ -1,0 +1,224 @@
+"""The C++ front ops of the per-row ops (csrc/front/, ``torch.ops.etweedie.{et_score,
+langevin_step, student_t_score}``): the canonical form built in one C++ call.
+
+They must build exactly what the Python canonical form (``_prep.shape_rows``) builds, so a call
+through the front equals the kernel on the Python canonical tensors bit for bit — over broadcast
+batches, shared and per-row metrics of every kernel kind, non-contiguous and transposed inputs,
+16-bit draws, zero-size batches — and its gradients equal theirs.  Without a gradient to record
+they call the kernel below autograd; with one they record the same graph.  The public ops take
+the front in eager mode on the compiled backends, and the Python form under torch.compile.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import etweedie
+from etweedie.ops import _prep
+
+from conftest import gen, random_metric
+
+pytestmark = pytest.mark.skipif(not _prep._FRONT, reason="compiled extension with the front ops not available")
+
+OPS = torch.ops.etweedie
+# the op modules (etweedie.ops.<op> is the function itself)
+MODULES = {name: importlib.import_module(f"etweedie.ops.{name}") for name in ("et_score", "langevin_step", "student_t_score")}
+STUDENT_T_FRONT = MODULES["student_t_score"]._FRONT
+
+
+def _case(seed: int, layout: str, kind: str, x_dtype=torch.float32, dtype=torch.float32):
+    """(y, x, beta, lam, metric) of one broadcast layout."""
+    g = gen(seed)
+    d, N = 4, 5
+    if layout == "plain":  # (B, d), (B, N, d), per-row β and λ
+        y, x = torch.randn(3, d, generator=g), torch.randn(3, N, d, generator=g)
+        beta, lam, mb = 0.5 + 1.5 * torch.rand(3, generator=g), 0.5 + torch.rand(3, generator=g), 3
+    elif layout == "shared_cloud":  # one (N, d) cloud for (2, 3) queries, scalar β and λ tensors
+        y, x = torch.randn(2, 3, d, generator=g), torch.randn(N, d, generator=g)
+        beta, lam, mb = torch.tensor(1.3), torch.tensor(0.7), 0
+    elif layout == "noncontiguous":  # strided queries, draws transposed in memory (stride over d ≠ 1)
+        y = torch.randn(3, 2 * d, generator=g)[:, ::2]
+        x = torch.randn(3, d, N, generator=g).transpose(1, 2)
+        beta, lam, mb = 1.7, 0.9, 3
+    elif layout == "broadcast_batch":  # y (2, 1, d) against x (3, N, d): batch (2, 3), β per column
+        y, x = torch.randn(2, 1, d, generator=g), torch.randn(3, N, d, generator=g)
+        beta, lam, mb = 0.5 + 1.5 * torch.rand(3, generator=g), 1.0, 0
+    elif layout == "empty":
+        y, x = torch.randn(0, d, generator=g), torch.randn(0, N, d, generator=g)
+        beta, lam, mb = 1.5, 1.0, 0
+    else:
+        raise ValueError(layout)
+    metric = random_metric(kind, mb, d, g, per_row=mb > 0) if kind != "none" else None
+    cast = (lambda t: t.to(dtype) if isinstance(t, torch.Tensor) else t)
+    if metric is not None:
+        metric = etweedie.Metric(metric.kind, metric.param.to(dtype))
+    return cast(y), x.to(x_dtype if x_dtype != torch.float32 else dtype), cast(beta), cast(lam), metric
+
+
+LAYOUTS = ["plain", "shared_cloud", "noncontiguous", "broadcast_batch", "empty"]
+KINDS = ["none", "isotropic", "diagonal", "block2"]
+
+
+def _python_form(y, x, beta, lam, metric):
+    """The Python canonical form and the validated arguments the front op starts from."""
+    a = _prep.rows_args("et_score", y, x, beta, lam, metric)
+    return a, _prep.shape_rows(a)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_et_score_front_equals_python_form(layout, kind, x_dtype, seed):
+    y, x, beta, lam, metric = _case(seed, layout, kind, x_dtype)
+    a, c = _python_form(y, x, beta, lam, metric)
+    got = OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
+    want = OPS.et_score_fwd(c.y, c.x, c.beta, c.lam, c.prec, c.kind)[0].reshape(*a.batch, y.shape[-1])
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert torch.equal(got, want), f"{layout}/{kind}: front differs from the Python form (seed {seed})"
+
+
+@pytest.mark.parametrize("layout", ["plain", "shared_cloud", "noncontiguous", "broadcast_batch"])
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "block2"])
+def test_et_score_front_gradients_equal_python_form(layout, kind, seed):
+    y0, x0, beta0, lam0, metric0 = _case(seed, layout, kind, dtype=torch.float64)
+    leaves = {}
+
+    def run(through_front: bool):
+        y = y0.clone().requires_grad_()
+        x = x0.clone().requires_grad_()
+        beta = beta0.clone().requires_grad_() if isinstance(beta0, torch.Tensor) else beta0
+        lam = lam0.clone().requires_grad_() if isinstance(lam0, torch.Tensor) else lam0
+        p = metric0.param.clone().requires_grad_()
+        metric = etweedie.Metric(metric0.kind, p)
+        a, c = _python_form(y, x, beta, lam, metric)
+        if through_front:
+            s = OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
+        else:
+            s = OPS.et_score_fwd(c.y, c.x, c.beta, c.lam, c.prec, c.kind)[0].reshape(*a.batch, y.shape[-1])
+        assert s.grad_fn is not None
+        w = torch.randn(s.shape, generator=gen(seed + 1), dtype=s.dtype)
+        wrt = [t for t in (y, x, beta, lam, p) if isinstance(t, torch.Tensor)]
+        leaves[through_front] = torch.autograd.grad((s * w).sum(), wrt)
+        return s
+
+    torch.testing.assert_close(run(True), run(False), rtol=0, atol=0)
+    for g1, g2 in zip(leaves[True], leaves[False]):
+        torch.testing.assert_close(g1, g2, rtol=0, atol=0, msg=f"{layout}/{kind}: gradients differ (seed {seed})")
+
+
+@pytest.mark.parametrize("layout", ["plain", "shared_cloud", "noncontiguous", "broadcast_batch", "empty"])
+@pytest.mark.parametrize("kind", ["none", "diagonal", "block2"])
+def test_langevin_step_front_equals_python_form(layout, kind, seed):
+    y, x, beta, lam, metric = _case(seed, layout, kind)
+    noise = torch.randn(y.shape, generator=gen(seed + 2))
+    step = 0.5 + torch.rand(y.shape[:-1], generator=gen(seed + 3)) if layout == "plain" else 0.05
+    a = _prep.rows_args("langevin_step", y, x, beta, lam, metric)
+    step_t = _prep.as_param(step, "step", "langevin_step", y)
+    got = OPS.langevin_step(a.y, a.x, noise, step_t, a.beta, a.lam, a.prec, a.kind, a.batch)
+    c = _prep.shape_rows(a)
+    d = y.shape[-1]
+    want = OPS.langevin_step_fwd(c.y, c.x, _prep.flat(noise, c.batch, (d,)).contiguous(), _prep.flat(step_t, c.batch, ()),
+                                 c.beta, c.lam, c.prec, c.kind)[0].reshape(*a.batch, d)
+    assert torch.equal(got, want), f"{layout}/{kind}: front differs from the Python form (seed {seed})"
+
+
+@pytest.mark.parametrize("layout", ["plain", "shared_cloud", "broadcast_batch"])
+@pytest.mark.parametrize("kind", ["none", "diagonal", "block2"])
+def test_student_t_score_front_equals_python_form(layout, kind, seed):
+    if not STUDENT_T_FRONT:
+        pytest.skip("extension without the student_t_score front op")
+    y, x, _, _, metric = _case(seed, layout, kind)
+    a = _prep.rows_args("student_t_score", y, x, 2.0, 1.0, metric)
+    c_param = torch.full(y.shape[:-1], 3.5) if layout == "plain" else torch.tensor(4.0)
+    got = OPS.student_t_score(a.y, a.x, c_param, a.prec, a.kind, a.batch)
+    cn = _prep.shape_rows(a)
+    want = OPS.student_t_score_fwd(cn.y, cn.x, _prep.flat(c_param, cn.batch, ()), cn.prec, cn.kind)[0]
+    assert torch.equal(got, want.reshape(*a.batch, y.shape[-1]))
+
+
+def test_front_skips_autograd_only_when_nothing_needs_a_gradient(seed):
+    y, x, beta, lam, metric = _case(seed, "plain", "block2")
+    a = _prep.rows_args("et_score", y, x, beta, lam, metric)
+    s = OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
+    assert s.grad_fn is None and not s.requires_grad
+    yg = y.clone().requires_grad_()
+    a = _prep.rows_args("et_score", yg, x, beta, lam, metric)
+    s = OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
+    assert s.requires_grad and s.grad_fn is not None
+    with torch.no_grad():
+        s = OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
+    assert not s.requires_grad
+    with torch.inference_mode():
+        s = OPS.et_score(y, x, a.beta.detach(), a.lam, a.prec, a.kind, a.batch)
+    assert s.is_inference()
+
+
+def test_public_ops_take_the_front_in_eager_mode(monkeypatch, seed):
+    """The fast path is what runs: with the Python canonical form disabled the compiled backend's
+    eager calls still work (and the reference, which needs it, does not)."""
+    y, x, beta, lam, metric = _case(seed, "plain", "block2")
+    want = etweedie.et_score(y, x, beta, lam, metric, backend="cpu")
+    want_step = etweedie.langevin_step(y, x, torch.zeros_like(y), 0.1, beta, lam, metric, backend="cpu")
+
+    def refuse(a):
+        raise AssertionError("the Python canonical form ran")
+
+    monkeypatch.setattr(_prep, "shape_rows", refuse)
+    for mod in MODULES.values():
+        monkeypatch.setattr(mod, "shape_rows", refuse)
+    assert torch.equal(etweedie.et_score(y, x, beta, lam, metric, backend="cpu"), want)
+    step = etweedie.langevin_step(y, x, torch.zeros_like(y), 0.1, beta, lam, metric, backend="cpu")
+    assert torch.equal(step, want_step)
+    yg = y.clone().requires_grad_()
+    etweedie.et_score(yg, x, beta, lam, metric, backend="cpu").sum().backward()
+    assert yg.grad is not None and torch.isfinite(yg.grad).all()
+    if STUDENT_T_FRONT:
+        etweedie.student_t_score(y, x, 3.0, metric, backend="cpu")
+    with pytest.raises(AssertionError, match="Python canonical form"):
+        etweedie.et_score(y, x, beta, lam, metric, backend="reference")
+    dense = random_metric("dense", 0, y.shape[-1], gen(seed), dtype=torch.float32, per_row=False)
+    with pytest.raises(AssertionError, match="Python canonical form"):
+        etweedie.et_score(y, x, beta, lam, dense, backend="cpu")  # dense metrics are whitened in Python
+
+
+def test_front_is_not_used_under_compile_or_functorch(seed):
+    y, x, beta, lam, metric = _case(seed, "plain", "diagonal")
+    a = _prep.rows_args("et_score", y, x, beta, lam, metric)
+    assert _prep.front("cpu", a) and not _prep.front("reference", a) and not _prep.front("triton", a)
+    seen = []
+
+    def probe(y):
+        seen.append(_prep.front("cpu", _prep.rows_args("et_score", y, x, beta, lam, metric)))
+        return y * 2
+
+    torch.func.vjp(probe, y)
+    torch.compile(probe, fullgraph=True, backend="eager")(y)
+    assert seen == [False, False]
+
+
+def test_front_op_rejects_a_bad_kind_by_name():
+    y, x = torch.randn(2, 4), torch.randn(2, 3, 4)
+    one = torch.ones(())
+    with pytest.raises(RuntimeError, match="metric kind must be 0, 1 or 2"):
+        OPS.et_score(y, x, one, one, one, 3, [2])
+    with pytest.raises(RuntimeError):
+        OPS.et_score(y, x, one, one, one, 0, [5])  # a batch the inputs do not broadcast to
+
+
+def test_float_parameters_are_made_once(seed):
+    """Numbers given for β, λ and step become one cached 0-d tensor each (no fill per call)."""
+    y, x, _, _, _ = _case(seed, "plain", "none")
+    a1 = _prep.rows_args("et_score", y, x, 1.25, 0.75, None)
+    a2 = _prep.rows_args("et_score", y, x, 1.25, 0.75, None)
+    assert a1.beta is a2.beta and a1.lam is a2.lam and a1.prec is a2.prec
+    assert float(a1.beta) == 1.25 and float(a1.lam) == 0.75 and float(a1.prec) == 1.0
+    assert a1.beta.shape == () and not a1.beta.requires_grad
+    with pytest.raises(ValueError, match="beta must lie in"):
+        _prep.rows_args("et_score", y, x, 2.5, 1.0, None)
+    with pytest.raises(ValueError, match="beta must lie in"):
+        _prep.rows_args("et_score", y, x, torch.tensor([1.0, 2.5, 1.0]), 1.0, None)
+    with pytest.raises(ValueError, match="lam must be > 0"):
+        _prep.rows_args("et_score", y, x, 1.0, torch.tensor(-1.0), None)
