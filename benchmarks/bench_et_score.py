@@ -2,8 +2,8 @@
 
 Workloads (the foundation issue's targets; ``quick`` shrinks B and N for smoke runs):
 
-    et_score_iso_784     B=64,   N=256, d=784, isotropic metric (extras: 256 MiB copy, x.sum())
-    et_score_block_784   B=64,   N=256, d=784, block metric I ⊗ S, S 2×2 SPD
+    et_score_iso_784     B=64,   N=256, d=784, isotropic metric (extras: 256 MiB copy, x.sum(), raw op)
+    et_score_block_784   B=64,   N=256, d=784, block metric I ⊗ S, S 2×2 SPD (extra: raw op)
     et_score_iso_2       B=4096, N=64,  d=2,   isotropic metric
     et_score_bwd_784     B=64,   N=256, d=784, forward + ∂/∂y, ∂/∂x (extra: forward alone)
     et_score_iso_784_bf16, et_score_block_784_bf16, et_score_iso_784_fp16, et_score_block_784_fp16
@@ -59,10 +59,14 @@ def to64(args) -> tuple:
     return tuple(a.detach().double() if isinstance(a, torch.Tensor) else a for a in args)
 
 
-def forward_case(id: str, B: int, N: int, d: int, metric, label: str, extras=None, x_dtype=None) -> Case:
+def forward_case(id: str, B: int, N: int, d: int, metric, label: str, extras=None, x_dtype=None,
+                 raw: bool = False) -> Case:
     """``extras(x)``, if given, returns more thunks to time in the same rounds.  ``x_dtype``
     (bfloat16/float16): the draws are stored in it (y stays float32), the reference runs on the
-    same 16-bit draws, and the extra ``fp32 draws`` times the float32 kernel on them widened."""
+    same 16-bit draws, and the extra ``fp32 draws`` times the float32 kernel on them widened.
+    ``raw``: the extra ``raw op`` times ``torch.ops.etweedie.et_score_fwd`` on the canonical
+    tensors (no Python wrapper, no checks): the public op's time minus it is what the wrapper and
+    its checks cost at this size."""
     y, x = draws(B, N, d)
     if x_dtype is not None:
         x = x.to(x_dtype)
@@ -72,6 +76,10 @@ def forward_case(id: str, B: int, N: int, d: int, metric, label: str, extras=Non
                             **(more(x) if more else {})}
         label = f"{label}, {str(x_dtype).removeprefix('torch.')} draws"
     args = canonical_args(y, x, metric)
+    if raw:
+        more_raw = extras
+        extras = lambda x: {"raw op": lambda: torch.ops.etweedie.et_score_fwd(*args),  # noqa: E731
+                            **(more_raw(x) if more_raw else {})}
 
     def kernel():
         return etweedie.et_score(y, x, BETA, LAM, metric, backend="cpu")
@@ -100,7 +108,7 @@ def et_score_iso_784(quick: bool = False) -> Case:
     copy, copy_bytes = copy_thunk(64 if quick else 256)
     case = forward_case(
         "et_score_iso_784", B, N, 784, etweedie.Metric.isotropic(0.5), "iso",
-        extras=lambda x: {"copy": copy, "x.sum()": lambda: x.sum()},
+        extras=lambda x: {"copy": copy, "x.sum()": lambda: x.sum()}, raw=True,
     )
     case.meta["copy_bytes"] = copy_bytes
     return case
@@ -108,7 +116,7 @@ def et_score_iso_784(quick: bool = False) -> Case:
 
 def et_score_block_784(quick: bool = False) -> Case:
     B, N = (16, 64) if quick else (64, 256)
-    return forward_case("et_score_block_784", B, N, 784, etweedie.Metric.block(BLOCK_S), "block 2×2")
+    return forward_case("et_score_block_784", B, N, 784, etweedie.Metric.block(BLOCK_S), "block 2×2", raw=True)
 
 
 def et_score_iso_784_bf16(quick: bool = False) -> Case:

@@ -12,8 +12,10 @@ Two regimes, timed in one process:
   the part of the host path a GPU call pays, measurable here without a GPU.
 
 Each row is the median µs per call over ``--repeats`` calls (p20–p80 over 7 rounds), beside the
-raw ``torch.ops.etweedie.*`` call with the canonical tensors prepared in advance; the difference
-is the wrapper's cost.  A metric is built once and reused, as a sampler reuses a level's metric.
+raw ``torch.ops.etweedie.*_fwd`` call with the canonical tensors prepared in advance (the
+difference is the wrapper's cost) and, for the per-row ops, the C++ front op the wrapper ends in
+(``torch.ops.etweedie.<op>``: canonical form and kernel call in one C++ call, csrc/front/).  A
+metric is built once and reused, as a sampler reuses a level's metric.
 """
 
 from __future__ import annotations
@@ -54,14 +56,19 @@ def cases():
     one, beta = torch.ones(1), torch.full((1,), 1.5)
     prec_b = torch.linalg.inv(block.param).contiguous().expand(1, 2, 2)
     ops = torch.ops.etweedie
+    b0, one0, step0, p_b = torch.tensor(1.5), torch.tensor(1.0), torch.tensor(step), prec_b[0].contiguous()
+    has_front = hasattr(ops, "et_score") and hasattr(ops, "langevin_step")
     return [
-        ("et_score iso", lambda: etweedie.et_score(y, x, 1.5), lambda: ops.et_score_fwd(y, x, beta, one, one, 0)),
+        ("et_score iso", lambda: etweedie.et_score(y, x, 1.5), lambda: ops.et_score_fwd(y, x, beta, one, one, 0),
+         (lambda: ops.et_score(y, x, b0, one0, one0, 0, [1])) if has_front else None),
         ("et_score block", lambda: etweedie.et_score(y, x, 1.5, 1.0, block),
-         lambda: ops.et_score_fwd(y, x, beta, one, prec_b, 2)),
+         lambda: ops.et_score_fwd(y, x, beta, one, prec_b, 2),
+         (lambda: ops.et_score(y, x, b0, one0, p_b, 2, [1])) if has_front else None),
         ("langevin_step block", lambda: etweedie.langevin_step(y, x, noise, step, 1.5, 1.0, block),
-         lambda: ops.langevin_step_fwd(y, x, noise, torch.full((1,), step), beta, one, prec_b, 2)),
+         lambda: ops.langevin_step_fwd(y, x, noise, torch.full((1,), step), beta, one, prec_b, 2),
+         (lambda: ops.langevin_step(y, x, noise, step0, b0, one0, p_b, 2, [1])) if has_front else None),
         ("energy_score block", lambda: etweedie.energy_score(x, y, 1.5, block),
-         lambda: ops.energy_score_fwd(x, y, beta, prec_b, 2, True)),
+         lambda: ops.energy_score_fwd(x, y, beta, prec_b, 2, True), None),
     ]
 
 
@@ -77,21 +84,25 @@ def main(argv=None) -> int:
     try:
         for regime in ("cpu", "gpu-like"):
             _prep.value_checks = real_checks if regime == "cpu" else (lambda t: False)
-            for name, wrapped, raw in cases():
+            for name, wrapped, raw, front in cases():
                 torch.testing.assert_close(wrapped().reshape(-1), raw()[0].reshape(-1) if isinstance(raw(), tuple)
                                            else raw().reshape(-1))
+                if front is not None:
+                    torch.testing.assert_close(wrapped().reshape(-1), front().reshape(-1))
                 w = _per_call_us(wrapped, args.repeats)
                 r = _per_call_us(raw, args.repeats)
+                f = _per_call_us(front, args.repeats)[0] if front is not None else None
                 rows.append(dict(op=name, regime=regime, wrapper_us=w[0], wrapper_p20=w[1], wrapper_p80=w[2],
-                                 raw_us=r[0], overhead_us=w[0] - r[0]))
+                                 raw_us=r[0], front_us=f, overhead_us=w[0] - r[0]))
     finally:
         _prep.value_checks = real_checks
     print(f"host cost per call, {torch.get_num_threads()} thread(s), torch {torch.__version__}, etweedie {etweedie.__version__}")
-    print("| op | regime | wrapper µs (p20–p80) | raw op µs | wrapper overhead µs |")
-    print("|---|---|---|---|---|")
+    print("| op | regime | wrapper µs (p20–p80) | raw op µs | front op µs | wrapper overhead µs |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
+        front = "—" if r["front_us"] is None else f"{r['front_us']:.0f}"
         print(f"| {r['op']} | {r['regime']} | {r['wrapper_us']:.0f} ({r['wrapper_p20']:.0f}–{r['wrapper_p80']:.0f}) "
-              f"| {r['raw_us']:.0f} | {r['overhead_us']:.0f} |")
+              f"| {r['raw_us']:.0f} | {front} | {r['overhead_us']:.0f} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

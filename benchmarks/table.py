@@ -114,6 +114,13 @@ def targets(res: Dict[str, Result], copy_gbps: float) -> List[Target]:
     if "et_score_block_784" in res:
         r = res["et_score_block_784"]
         out.append(_speedup_target(res, r.case.id, r.case.workload, "compile", 20))
+    for id in ("et_score_iso_784", "et_score_block_784"):
+        # what the public op adds to its kernel at this size: validation, canonical form, checks
+        if id in res and "raw op" in res[id].extras:
+            r = res[id]
+            pub, raw = r.timings["cpu"].median_ms, r.extras["raw op"].median_ms
+            out.append(Target(r.case.workload, "public op ≤ 1.1× the raw kernel op (wrapper and range checks)",
+                              f"{pub / raw:.2f}× ({pub:.2f} ms vs raw `et_score_fwd` {raw:.2f} ms)", pub <= 1.1 * raw))
     if "et_score_iso_2" in res:
         r = res["et_score_iso_2"]
         out.append(_speedup_target(res, r.case.id, r.case.workload, "compile", 5))

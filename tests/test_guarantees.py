@@ -118,6 +118,79 @@ def test_float32_extreme_magnitudes(backend, device):
                                        msg=f"energy_distance {scale}")
 
 
+@needs_cpu
+@pytest.mark.parametrize("d", [2, 40], ids=["small-d", "large-d"])
+def test_cpu_kernel_flags_rows_out_of_range(d):
+    """The CPU score kernels check every draw's squared norm (q_in_range, csrc/common/et_score.h):
+    a float32 q that overflows or underflows, or a NaN, flags its row with NaN in the raw op —
+    and only that row; an exact coincidence is not flagged."""
+    from etweedie.ops import _prep
+
+    if not _prep._CPU_RANGE_FLAGS:
+        pytest.skip("extension built without the in-kernel range flags")
+    g = _g(11)
+    B, N = 6, 9  # N not a multiple of 4: the four-draw sweep and the single-draw tail both run
+    y = torch.randn(B, d, generator=g)
+    x = y.unsqueeze(1) + torch.randn(B, N, d, generator=g)
+    x[1, 2] = 1e30  # q overflows
+    y[2:4] = 0.0  # (a small offset from a query of order 1 would round away in float32)
+    x[2, 8] = 1e-30  # q underflows to 0 for a distinct draw
+    x[3, 0] = 1e-19  # q = 1e-38·d: normal, but below 2^-64
+    x[4, 5] = NAN
+    x[5, 3] = y[5]  # an exact coincidence: in range
+    one = torch.ones(B)
+    for op in ("et_score", "langevin"):
+        if op == "et_score":
+            s, m = torch.ops.etweedie.et_score_fwd(y, x, 1.3 * one, one, one[:1].expand(B), 0)
+        else:
+            s, m = torch.ops.etweedie.langevin_step_fwd(y, x, torch.zeros_like(y), 0.1 * one, 1.3 * one, one,
+                                                        one[:1].expand(B), 0)
+        flagged = torch.isnan(s).all(1)
+        assert flagged.tolist() == [False, True, True, True, True, False], op
+        assert torch.isfinite(s[~flagged]).all() and torch.isnan(m[flagged]).all()
+
+
+@needs_cpu
+@pytest.mark.parametrize("d", [2, 40], ids=["small-d", "large-d"])
+def test_float32_call_mixing_magnitudes_is_right_on_cpu(d):
+    """One call with rows at 1e-25, 1 and 1e25: rows 10^50 apart, beyond the host check's reach,
+    right on the CPU kernels' path (the flagged call reruns in float64)."""
+    g = _g(12)
+    scale = torch.tensor([1e-25, 1.0, 1e25]).repeat_interleave(2).reshape(6, 1)
+    y = torch.randn(6, d, generator=g) * scale
+    x = y.unsqueeze(1) + torch.randn(6, 7, d, generator=g) * scale.unsqueeze(1)
+    for beta in (0.7, 2.0):
+        ref = etweedie.et_score(y.double(), x.double(), beta, backend="reference")
+        out = etweedie.et_score(y, x, beta, backend="cpu")
+        torch.testing.assert_close(out.double(), ref.float().double(), rtol=1e-4, atol=0, msg=f"et_score beta {beta}")
+        xi = torch.randn(y.shape, generator=g) * scale
+        ref = etweedie.langevin_step(y.double(), x.double(), xi.double(), 0.01, beta, backend="reference")
+        out = etweedie.langevin_step(y, x, xi, 0.01, beta, backend="cpu")
+        torch.testing.assert_close(out.double(), ref.float().double(), rtol=1e-4, atol=0, msg=f"langevin beta {beta}")
+
+
+@needs_cpu
+def test_cpu_score_ops_make_no_host_range_pass(monkeypatch):
+    """et_score and langevin_step on the CPU backend leave the range to the kernel: no min/max
+    pass over the draws (it cost as much as the kernel); the reference still makes it."""
+    from etweedie.ops import _prep
+
+    if not _prep._CPU_RANGE_FLAGS:
+        pytest.skip("extension built without the in-kernel range flags")
+    y, x = torch.randn(3, 5, generator=_g(13)), torch.randn(3, 4, 5, generator=_g(14))
+
+    def no_pass(t):
+        raise AssertionError("a min/max pass over the inputs ran")
+
+    monkeypatch.setattr(_prep, "_extremes", no_pass)
+    etweedie.et_score(y, x, 1.2, backend="cpu")
+    etweedie.langevin_step(y, x, torch.zeros_like(y), 0.1, 1.2, backend="cpu")
+    yg = y.clone().requires_grad_()
+    etweedie.et_score(yg, x, 1.2, backend="cpu").sum().backward()
+    with pytest.raises(AssertionError, match="min/max pass"):
+        etweedie.et_score(y, x, 1.2, backend="reference")
+
+
 @pytest.mark.parametrize("backend,device", ALL, ids=ALL_IDS)
 def test_float32_is_score_far_query(backend, device):
     law = etweedie.GeneralizedGaussian(1.5)

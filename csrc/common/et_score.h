@@ -33,6 +33,15 @@ ET_HD T half_log(T q) {
   return q > T(0) ? T(0.5) * fast_log(q > T(0) ? q : T(1)) : T(0);
 }
 
+// The squared norms a kernel computes accurately, forward and backward.  float32: q in
+// [2^-64, 2^100] — the backward's slope (β−2) q^{(β−4)/2} stays below float32's largest value
+// for q ≥ 2^-64, and sums of N·d terms of size q stay finite for q ≤ 2^100.  float64: every
+// normal q.  q = 0 is in range only for a draw equal to y (coincident); a NaN or inf in the
+// inputs gives a q out of range.  The CPU kernels flag a row with a draw out of range by writing
+// NaN into it, and the op reruns such a float32 call in float64 (etweedie/ops/et_score.py).
+ET_HD bool q_in_range(float q) { return q >= 0x1p-64f && q <= 0x1p100f; }
+ET_HD bool q_in_range(double q) { return q >= 2.2250738585072014e-308 && q <= 1.7976931348623157e308; }
+
 // −(λ/β)‖u‖_P^β from q = ‖u‖²_P: the log of the unnormalized generalized-Gaussian density.
 template <typename T>
 ET_HD T gg_log_kernel(T q, T beta, T lam) {

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "../common/et_score.h"
 #include "draw_rows_cpu.h"
@@ -59,12 +60,26 @@ inline void residual_tile(const T* y, const X* x, int64_t sx, int64_t n, int64_t
   }
 }
 
+// Whether a draw with squared norm q is one the kernel computes accurately (q_in_range,
+// csrc/common/et_score.h), or the query itself (q = 0 with every coordinate equal).
+template <typename T, typename R>
+inline bool draw_in_range(T q, const T* y, const R* x, int64_t d) {
+  if (q_in_range(q)) return true;
+  if (q != T(0)) return false;
+  for (int64_t j = 0; j < d; ++j) {
+    if (y[j] != widen<T>(x[j])) return false;  // q underflowed to 0 for a distinct draw
+  }
+  return true;
+}
+
 // acc (length d) must be zeroed by the caller; on return acc = Σ_i w(q_i) u_i, u_i = y − x_i,
 // q_i = u_iᵀ P u_i, for a weight w(q) of the score (et_score: residual_weight, q^{β/2−1};
 // Student-t: 1/(1 + q)).  A draw of weight exactly 0 outside a four-draw sweep is skipped.
+// Returns whether every draw was in range (draw_in_range): false flags the row (see q_in_range).
 template <typename T, typename Prec, typename X, typename Weight>
-void weighted_residual_sum(const Prec& prec, const T* y, const X* x, int64_t sxn, int64_t N, int64_t d,
+bool weighted_residual_sum(const Prec& prec, const T* y, const X* x, int64_t sxn, int64_t N, int64_t d,
                            const Weight& weight, T* acc) {
+  bool in_range = true;
   if (d > kSmallD) {
     // Four draws per accumulation sweep: the draws are re-read from L1, and acc is loaded and
     // stored once per four draws instead of once per draw (the second pass is pure L1 traffic).
@@ -76,10 +91,12 @@ void weighted_residual_sum(const Prec& prec, const T* y, const X* x, int64_t sxn
       const R* x1 = x0 + sr;
       const R* x2 = x1 + sr;
       const R* x3 = x2 + sr;
-      const T w0 = weight(prec.quad(y, x0, d));
-      const T w1 = weight(prec.quad(y, x1, d));
-      const T w2 = weight(prec.quad(y, x2, d));
-      const T w3 = weight(prec.quad(y, x3, d));
+      const T q0 = prec.quad(y, x0, d), q1 = prec.quad(y, x1, d), q2 = prec.quad(y, x2, d), q3 = prec.quad(y, x3, d);
+      if (!(q_in_range(q0) && q_in_range(q1) && q_in_range(q2) && q_in_range(q3))) {
+        in_range = in_range && draw_in_range(q0, y, x0, d) && draw_in_range(q1, y, x1, d) &&
+                   draw_in_range(q2, y, x2, d) && draw_in_range(q3, y, x3, d);
+      }
+      const T w0 = weight(q0), w1 = weight(q1), w2 = weight(q2), w3 = weight(q3);
 #pragma omp simd
       for (int64_t j = 0; j < d; ++j) {
         const T yj = y[j];
@@ -88,12 +105,14 @@ void weighted_residual_sum(const Prec& prec, const T* y, const X* x, int64_t sxn
     }
     for (; i < N; ++i) {
       const R* xi = rows.stage(x + i * sxn, sxn, 1, d, &sr);
-      const T w = weight(prec.quad(y, xi, d));
+      const T qi = prec.quad(y, xi, d);
+      in_range = in_range && draw_in_range(qi, y, xi, d);
+      const T w = weight(qi);
       if (w == T(0)) continue;
 #pragma omp simd
       for (int64_t j = 0; j < d; ++j) acc[j] += w * (y[j] - widen<T>(xi[j]));
     }
-    return;
+    return in_range;
   }
   // Small d: residuals of a tile transposed to structure-of-arrays so that q, the weights and
   // the accumulation all vectorize across draws.
@@ -102,6 +121,15 @@ void weighted_residual_sum(const Prec& prec, const T* y, const X* x, int64_t sxn
     const int64_t n = std::min(kTile, N - i0);
     residual_tile(y, x + i0 * sxn, sxn, n, d, ut);
     prec.quad_soa(ut, kTile, n, d, q);
+    int all_in = 1;
+#pragma omp simd reduction(& : all_in)
+    for (int64_t t = 0; t < n; ++t) all_in &= static_cast<int>(q_in_range(q[t]));
+    for (int64_t t = 0; !all_in && in_range && t < n; ++t) {
+      if (q_in_range(q[t])) continue;
+      bool same = q[t] == T(0);  // coincident only if every residual coordinate is exactly 0
+      for (int64_t k = 0; same && k < d; ++k) same = ut[k * kTile + t] == T(0);
+      in_range = same;
+    }
 #pragma omp simd
     for (int64_t t = 0; t < n; ++t) w[t] = weight(q[t]);
     for (int64_t j = 0; j < d; ++j) {
@@ -112,6 +140,7 @@ void weighted_residual_sum(const Prec& prec, const T* y, const X* x, int64_t sxn
       acc[j] += a;
     }
   }
+  return in_range;
 }
 
 // The et_score weight w(q) = q^{β/2−1} (0 at q = 0) as the functor of weighted_residual_sum and
@@ -223,12 +252,17 @@ T weighted_residual_sum_bwd(const Prec& P, const Weight& weight, const T* y, con
   return gshape * inv_n;
 }
 
-// m = acc/N and s = −λ P m for one row.
+// m = acc/N and s = −λ P m for one row; a row with a draw out of range (draw_in_range) is
+// flagged with NaN in m and s.
 template <typename T, typename Prec, typename X>
 void et_score_row(const Prec& prec, const T* y, const X* x, int64_t sxn, int64_t N, int64_t d, T beta, T lam,
                   T* m, T* s) {
   std::fill(m, m + d, T(0));
-  weighted_residual_sum<T, Prec, X>(prec, y, x, sxn, N, d, ResidualWeight<T>{beta}, m);
+  if (!weighted_residual_sum<T, Prec, X>(prec, y, x, sxn, N, d, ResidualWeight<T>{beta}, m)) {
+    std::fill(m, m + d, std::numeric_limits<T>::quiet_NaN());
+    std::fill(s, s + d, std::numeric_limits<T>::quiet_NaN());
+    return;
+  }
   const T inv_n = T(1) / static_cast<T>(N);
 #pragma omp simd
   for (int64_t j = 0; j < d; ++j) m[j] *= inv_n;

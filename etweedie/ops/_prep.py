@@ -334,12 +334,20 @@ def scan(metric: Optional[Metric], *data: torch.Tensor, finite: bool = True) -> 
         f32 = False  # mismatched arguments: the op's own checks name them
     if not (f32 or finite):
         return False, True
-    extremes = [e for e in map(_extremes, data) if e is not None]
-    all_fin = all(math.isfinite(lo) and math.isfinite(hi) for lo, hi in extremes)
+    extremes = [(t, e) for t, e in zip(data, map(_extremes, data)) if e is not None]
+    all_fin = all(math.isfinite(lo) and math.isfinite(hi) for _, (lo, hi) in extremes)
     if not f32:
         return False, all_fin
-    hi = max((max(-lo, hi) for lo, hi in extremes), default=0.0)
+    # the largest finite magnitude: a NaN or inf in one row must not hide the range of the others
+    # (those rows still need float64; the NaN/inf rows become NaN either way)
+    hi = max((max(-lo, hi) if math.isfinite(lo) and math.isfinite(hi) else _finite_abs_max(t)
+              for t, (lo, hi) in extremes), default=0.0)
     return _out_of_range(metric, hi), all_fin
+
+
+def _finite_abs_max(t: torch.Tensor) -> float:
+    """max |t| over t's finite values (0 if none): a second pass, only for data holding NaN/inf."""
+    return float(t.detach().float().abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).max())
 
 
 def _extremes(t) -> Optional[Tuple[float, float]]:
@@ -526,6 +534,35 @@ def _front_ops() -> bool:
 
 # The C++ front ops (csrc/front/): absent from an extension built before they existed.
 _FRONT = backends._EXT_OK and _front_ops()
+
+
+def _probe_cpu_range_flags() -> bool:
+    """Whether the CPU et_score kernel flags a row whose squared norms leave its accurate range
+    with NaN (csrc/common/et_score.h, q_in_range): one call on a float32 draw whose q overflows
+    (an extension built before the flags returns a finite value there)."""
+    try:
+        y, x, one = torch.zeros(1, 1), torch.full((1, 1, 1), 1e30), torch.ones(1)
+        return bool(torch.isnan(torch.ops.etweedie.et_score_fwd(y, x, one, one, one, 0)[0]).all())
+    except Exception:  # pragma: no cover - a broken extension: the host checks then run as before
+        return False
+
+
+_CPU_RANGE_FLAGS = backends._EXT_OK and backends._has_op("et_score_fwd", "CPU") and _probe_cpu_range_flags()
+
+
+def kernel_checks_range(name: str) -> bool:
+    """Whether the kernel of backend ``name`` checks the range itself, so that the op skips its
+    min/max pass over the inputs: the CPU kernels of et_score and langevin_step flag every row
+    with a draw out of their accurate range — a NaN or inf, a float32 squared norm that over- or
+    underflows — with NaN (q_in_range, csrc/common/et_score.h), and the op reruns a flagged
+    float32 call in float64 (:func:`flagged`).  The other backends rely on :func:`scan`."""
+    return name == "cpu" and _CPU_RANGE_FLAGS
+
+
+def flagged(out: torch.Tensor) -> bool:
+    """Whether a CPU kernel flagged rows of ``out`` (NaN, or any non-finite value: an overflowing
+    result also reruns in float64); read where value checks run (no GPU sync)."""
+    return value_checks(out) and out.numel() > 0 and not bool(torch.isfinite(out).all())
 
 
 def front(name: str, a: RowArgs, *tensors) -> bool:

@@ -22,7 +22,9 @@ from ._prep import (
     DENSE,
     check_draws,
     check_tensor,
+    flagged,
     front,
+    kernel_checks_range,
     kernel_or_reference,
     nan_rows,
     rows_args,
@@ -75,13 +77,17 @@ def et_score(
     """
     op = "et_score"
     y = check_tensor(y, "y", op)
-    out_of_range, finite = scan(metric, y, check_draws(x, y, op))
-    if out_of_range:
-        return et_score(widen(y), widen(x), widen(beta), widen(lam), widen_metric(metric), backend=backend).float()
+    check_draws(x, y, op)
     a = rows_args(op, y, x, beta, lam, metric)
     d = y.shape[-1]
     name = backends.resolve(op, y.device, backend)
     name = kernel_or_reference(op, name, backend, y, x, beta, lam, metric)
+    in_kernel = kernel_checks_range(name)
+    finite = True
+    if not in_kernel:
+        out_of_range, finite = scan(metric, y, x)
+        if out_of_range:
+            return _widened(y, x, beta, lam, metric, backend)
     if front(name, a):
         s = torch.ops.etweedie.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
     else:
@@ -93,10 +99,20 @@ def et_score(
             s = unwhiten_score(_kernel(name, zy, zx, c.beta, c.lam, ones, 0), L)
         else:
             s = _kernel(name, c.y, c.x, c.beta, c.lam, c.prec, c.kind)
+    if in_kernel and flagged(s):
+        # rows the kernel could not compute accurately in float32 (or non-finite inputs)
+        if y.dtype == torch.float32:
+            return _widened(y, x, beta, lam, metric, backend)
+        finite = scan(None, y, x)[1]
     if not finite:
         # an infinite draw has no finite limit in the sum (‖u‖^{β−1} grows without bound)
         s = nan_rows(s.reshape(-1, d), a.batch, (y, 1), (x, 2))
     return s.reshape(*a.batch, d)
+
+
+def _widened(y, x, beta, lam, metric, backend) -> torch.Tensor:
+    """The call in float64, rounded to float32 (an honest inf where the result does not fit)."""
+    return et_score(widen(y), widen(x), widen(beta), widen(lam), widen_metric(metric), backend=backend).float()
 
 
 def _kernel(name, y, x, beta, lam, prec, kind) -> torch.Tensor:

@@ -25,8 +25,10 @@ from ._prep import (
     check_finite,
     check_positive,
     check_tensor,
+    flagged,
     flat,
     front,
+    kernel_checks_range,
     kernel_or_reference,
     nan_rows,
     rows_args,
@@ -74,10 +76,7 @@ def langevin_step(
     """
     op = "langevin_step"
     y = check_tensor(y, "y", op)
-    out_of_range, finite = scan(metric, y, check_draws(x, y, op))
-    if out_of_range:
-        return langevin_step(widen(y), widen(x), widen(noise), widen(step), widen(beta), widen(lam),
-                             widen_metric(metric), backend=backend).float()
+    check_draws(x, y, op)
     a = rows_args(op, y, x, beta, lam, metric)
     noise = check_tensor(noise, "noise", op)
     if noise.shape != y.shape:
@@ -94,6 +93,12 @@ def langevin_step(
     d = y.shape[-1]
     name = backends.resolve(op, y.device, backend)
     name = kernel_or_reference(op, name, backend, y, x, noise, step, beta, lam, metric)
+    in_kernel = kernel_checks_range(name)
+    finite = True
+    if not in_kernel:
+        out_of_range, finite = scan(metric, y, x)
+        if out_of_range:
+            return _widened(y, x, noise, step, beta, lam, metric, backend)
     if front(name, a, noise, step_t):
         out = torch.ops.etweedie.langevin_step(a.y, a.x, noise, step_t, a.beta, a.lam, a.prec, a.kind, a.batch)
     else:
@@ -110,9 +115,20 @@ def langevin_step(
             out = c.y + al * s + torch.sqrt(2 * al) * xi
         else:
             out = _kernel(name, c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
+    if in_kernel and flagged(out):
+        # rows the kernel could not compute accurately in float32 (or non-finite inputs)
+        if y.dtype == torch.float32:
+            return _widened(y, x, noise, step, beta, lam, metric, backend)
+        finite = scan(None, y, x)[1]
     if not finite:
         out = nan_rows(out.reshape(-1, d), a.batch, (y, 1), (x, 2))
     return out.reshape(*a.batch, d)
+
+
+def _widened(y, x, noise, step, beta, lam, metric, backend) -> torch.Tensor:
+    """The step in float64, rounded to float32."""
+    return langevin_step(widen(y), widen(x), widen(noise), widen(step), widen(beta), widen(lam),
+                         widen_metric(metric), backend=backend).float()
 
 
 def _kernel(name, y, x, noise, step, beta, lam, prec, kind) -> torch.Tensor:
