@@ -21,9 +21,7 @@ at::Tensor et_score_rows(const at::Tensor& y, const at::Tensor& x, const at::Ten
                                         prec_rows(prec, kind, batch, r.B), kind));
     return s.reshape(joined(batch, {r.d}));
   };
-  if (needs_autograd({&y, &x, &beta, &lam, &prec})) return run();
-  at::AutoDispatchBelowAutograd below;
-  return run();
+  return with_autograd_if_needed({&y, &x, &beta, &lam, &prec}, run);
 }
 
 }  // namespace

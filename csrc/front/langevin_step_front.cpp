@@ -24,9 +24,7 @@ at::Tensor langevin_step_rows(const at::Tensor& y, const at::Tensor& x, const at
                                           flat(lam, batch, r.B, {}), prec_rows(prec, kind, batch, r.B), kind));
     return out.reshape(joined(batch, {r.d}));
   };
-  if (needs_autograd({&y, &x, &noise, &step, &beta, &lam, &prec})) return run();
-  at::AutoDispatchBelowAutograd below;
-  return run();
+  return with_autograd_if_needed({&y, &x, &noise, &step, &beta, &lam, &prec}, run);
 }
 
 }  // namespace

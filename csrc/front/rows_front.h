@@ -76,6 +76,15 @@ inline bool needs_autograd(std::initializer_list<const at::Tensor*> inputs) {
   return false;
 }
 
+// run() — the canonical form and the kernel call — with autograd recording only when it is needed
+// (below the autograd key otherwise, as the op's own autograd kernel would run it).
+template <typename Run>
+at::Tensor with_autograd_if_needed(std::initializer_list<const at::Tensor*> inputs, const Run& run) {
+  if (needs_autograd(inputs)) return run();
+  at::AutoDispatchBelowAutograd below;
+  return run();
+}
+
 // The registered op etweedie::<name>, typed, looked up once.
 template <typename Signature>
 c10::TypedOperatorHandle<Signature> kernel(const char* name) {

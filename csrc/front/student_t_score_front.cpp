@@ -21,9 +21,7 @@ at::Tensor student_t_score_rows(const at::Tensor& y, const at::Tensor& x, const 
         fwd.call(r.y, r.x, flat(c, batch, r.B, {}), prec_rows(prec, kind, batch, r.B), kind));
     return s.reshape(joined(batch, {r.d}));
   };
-  if (needs_autograd({&y, &x, &c, &prec})) return run();
-  at::AutoDispatchBelowAutograd below;
-  return run();
+  return with_autograd_if_needed({&y, &x, &c, &prec}, run);
 }
 
 }  // namespace
