@@ -29,6 +29,7 @@ TORCH_LIBRARY(etweedie, m) {
   // -> (score, posterior_mean, ess) of the importance-sampling oracle over a clean bank.
   m.def("is_score_fwd(Tensor y, Tensor bank, float beta, float lam, Tensor prec, int kind) -> (Tensor, Tensor, Tensor)");
   // -> (s, m): the Student-t score s = −2c P m, m = (1/N) Σ_i (y − x_i)/(1 + ‖y − x_i‖²_P) (saved for backward).
+  // CPU kernel: rows with a draw out of range are NaN, as for et_score_fwd.
   m.def("student_t_score_fwd(Tensor y, Tensor x, Tensor c, Tensor prec, int kind) -> (Tensor, Tensor)");
   // Upstream gradients of both outputs -> (grad_y, grad_x, grad_c, grad_prec); empty if not requested.
   m.def(

@@ -121,12 +121,13 @@ def test_float32_extreme_magnitudes(backend, device):
 @needs_cpu
 @pytest.mark.parametrize("d", [2, 40], ids=["small-d", "large-d"])
 def test_cpu_kernel_flags_rows_out_of_range(d):
-    """The CPU score kernels check every draw's squared norm (q_in_range, csrc/common/et_score.h):
+    """The CPU score kernels (et_score, langevin_step, student_t_score) check every draw's squared
+    norm (q_in_range, csrc/common/et_score.h):
     a float32 q that overflows or underflows, or a NaN, flags its row with NaN in the raw op —
     and only that row; an exact coincidence is not flagged."""
     from etweedie.ops import _prep
 
-    if not _prep._CPU_RANGE_FLAGS:
+    if not _prep._CPU_RANGE_FLAGS["et_score"]:
         pytest.skip("extension built without the in-kernel range flags")
     g = _g(11)
     B, N = 6, 9  # N not a multiple of 4: the four-draw sweep and the single-draw tail both run
@@ -139,12 +140,15 @@ def test_cpu_kernel_flags_rows_out_of_range(d):
     x[4, 5] = NAN
     x[5, 3] = y[5]  # an exact coincidence: in range
     one = torch.ones(B)
-    for op in ("et_score", "langevin"):
+    ops = ["et_score", "langevin"] + (["student_t"] if _prep._CPU_RANGE_FLAGS["student_t_score"] else [])
+    for op in ops:
         if op == "et_score":
             s, m = torch.ops.etweedie.et_score_fwd(y, x, 1.3 * one, one, one[:1].expand(B), 0)
-        else:
+        elif op == "langevin":
             s, m = torch.ops.etweedie.langevin_step_fwd(y, x, torch.zeros_like(y), 0.1 * one, 1.3 * one, one,
                                                         one[:1].expand(B), 0)
+        else:
+            s, m = torch.ops.etweedie.student_t_score_fwd(y, x, (d + 1.0) * one, one[:1].expand(B), 0)
         flagged = torch.isnan(s).all(1)
         assert flagged.tolist() == [False, True, True, True, True, False], op
         assert torch.isfinite(s[~flagged]).all() and torch.isnan(m[flagged]).all()
@@ -167,15 +171,19 @@ def test_float32_call_mixing_magnitudes_is_right_on_cpu(d):
         ref = etweedie.langevin_step(y.double(), x.double(), xi.double(), 0.01, beta, backend="reference")
         out = etweedie.langevin_step(y, x, xi, 0.01, beta, backend="cpu")
         torch.testing.assert_close(out.double(), ref.float().double(), rtol=1e-4, atol=0, msg=f"langevin beta {beta}")
+    ref = etweedie.student_t_score(y.double(), x.double(), d + 1.0, backend="reference")
+    out = etweedie.student_t_score(y, x, d + 1.0, backend="cpu")
+    torch.testing.assert_close(out.double(), ref.float().double(), rtol=1e-4, atol=0, msg="student_t_score")
 
 
 @needs_cpu
 def test_cpu_score_ops_make_no_host_range_pass(monkeypatch):
-    """et_score and langevin_step on the CPU backend leave the range to the kernel: no min/max
-    pass over the draws (it cost as much as the kernel); the reference still makes it."""
+    """et_score, langevin_step and student_t_score on the CPU backend leave the range to the
+    kernel: no min/max pass over the draws (it cost as much as the kernel); the reference still
+    makes it."""
     from etweedie.ops import _prep
 
-    if not _prep._CPU_RANGE_FLAGS:
+    if not _prep._CPU_RANGE_FLAGS["et_score"]:
         pytest.skip("extension built without the in-kernel range flags")
     y, x = torch.randn(3, 5, generator=_g(13)), torch.randn(3, 4, 5, generator=_g(14))
 
@@ -187,6 +195,8 @@ def test_cpu_score_ops_make_no_host_range_pass(monkeypatch):
     etweedie.langevin_step(y, x, torch.zeros_like(y), 0.1, 1.2, backend="cpu")
     yg = y.clone().requires_grad_()
     etweedie.et_score(yg, x, 1.2, backend="cpu").sum().backward()
+    if _prep._CPU_RANGE_FLAGS["student_t_score"]:
+        etweedie.student_t_score(y, x, 4.0, backend="cpu")
     with pytest.raises(AssertionError, match="min/max pass"):
         etweedie.et_score(y, x, 1.2, backend="reference")
 

@@ -24,6 +24,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "../common/checks.h"
@@ -82,8 +83,13 @@ std::tuple<at::Tensor, at::Tensor> student_t_score_fwd_cpu(const at::Tensor& y, 
             prepare_row(P, pattern, d);
             T* mb = mp + b * d;
             std::fill(mb, mb + d, T(0));
-            // the range flag is unused: student_t_score checks the float32 range on the host
-            (void)weighted_residual_sum<T, Prec, X>(P, yp + b * d, xp + b * sxb, sxn, N, d, StudentTWeight<T>{}, mb);
+            if (!weighted_residual_sum<T, Prec, X>(P, yp + b * d, xp + b * sxb, sxn, N, d, StudentTWeight<T>{}, mb)) {
+              // a draw out of range (q_in_range, csrc/common/et_score.h): a NaN row, which the op
+              // reruns in float64 (etweedie/ops/student_t_score.py)
+              std::fill(mb, mb + d, std::numeric_limits<T>::quiet_NaN());
+              std::fill(sp + b * d, sp + (b + 1) * d, std::numeric_limits<T>::quiet_NaN());
+              continue;
+            }
             for (int64_t j = 0; j < d; ++j) mb[j] *= inv_n;
             P.apply(mb, T(-2) * cp[b * sc], sp + b * d, d);
           }

@@ -536,27 +536,35 @@ def _front_ops() -> bool:
 _FRONT = backends._EXT_OK and _front_ops()
 
 
-def _probe_cpu_range_flags() -> bool:
-    """Whether the CPU et_score kernel flags a row whose squared norms leave its accurate range
-    with NaN (csrc/common/et_score.h, q_in_range): one call on a float32 draw whose q overflows
-    (an extension built before the flags returns a finite value there)."""
+def _probe_cpu_range_flags(op: str) -> bool:
+    """Whether the CPU kernel of ``op`` (et_score_fwd, student_t_score_fwd) flags a row whose
+    squared norms leave its accurate range with NaN (csrc/common/et_score.h, q_in_range): one
+    call on a float32 draw whose q overflows (an extension built before the flags returns a
+    finite value there)."""
+    if not (backends._EXT_OK and backends._has_op(op, "CPU")):
+        return False
+    y, x, one = torch.zeros(1, 1), torch.full((1, 1, 1), 1e30), torch.ones(1)
+    args = (y, x, one, one, one, 0) if op == "et_score_fwd" else (y, x, one, one, 0)
     try:
-        y, x, one = torch.zeros(1, 1), torch.full((1, 1, 1), 1e30), torch.ones(1)
-        return bool(torch.isnan(torch.ops.etweedie.et_score_fwd(y, x, one, one, one, 0)[0]).all())
+        return bool(torch.isnan(getattr(torch.ops.etweedie, op)(*args)[0]).all())
     except Exception:  # pragma: no cover - a broken extension: the host checks then run as before
         return False
 
 
-_CPU_RANGE_FLAGS = backends._EXT_OK and backends._has_op("et_score_fwd", "CPU") and _probe_cpu_range_flags()
+# The ops whose CPU kernels flag out-of-range rows (langevin_step_fwd shares et_score's row kernel).
+_CPU_RANGE_FLAGS = {op: _probe_cpu_range_flags(f"{fwd}_fwd")
+                    for op, fwd in (("et_score", "et_score"), ("langevin_step", "et_score"),
+                                    ("student_t_score", "student_t_score"))}
 
 
-def kernel_checks_range(name: str) -> bool:
-    """Whether the kernel of backend ``name`` checks the range itself, so that the op skips its
-    min/max pass over the inputs: the CPU kernels of et_score and langevin_step flag every row
-    with a draw out of their accurate range — a NaN or inf, a float32 squared norm that over- or
-    underflows — with NaN (q_in_range, csrc/common/et_score.h), and the op reruns a flagged
-    float32 call in float64 (:func:`flagged`).  The other backends rely on :func:`scan`."""
-    return name == "cpu" and _CPU_RANGE_FLAGS
+def kernel_checks_range(name: str, op: str = "et_score") -> bool:
+    """Whether backend ``name``'s kernel of ``op`` checks the range itself, so that the op skips
+    its min/max pass over the inputs: the CPU kernels of et_score, langevin_step and
+    student_t_score flag every row with a draw out of their accurate range — a NaN or inf, a
+    float32 squared norm that over- or underflows — with NaN (q_in_range,
+    csrc/common/et_score.h), and the op reruns a flagged float32 call in float64
+    (:func:`flagged`).  The other backends rely on :func:`scan`."""
+    return name == "cpu" and _CPU_RANGE_FLAGS.get(op, False)
 
 
 def flagged(out: torch.Tensor) -> bool:

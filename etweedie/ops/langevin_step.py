@@ -93,7 +93,7 @@ def langevin_step(
     d = y.shape[-1]
     name = backends.resolve(op, y.device, backend)
     name = kernel_or_reference(op, name, backend, y, x, noise, step, beta, lam, metric)
-    in_kernel = kernel_checks_range(name)
+    in_kernel = kernel_checks_range(name, op)
     finite = True
     if not in_kernel:
         out_of_range, finite = scan(metric, y, x)

@@ -27,9 +27,11 @@ from ._prep import (
     DENSE,
     as_param,
     check_tensor,
+    flagged,
     flat,
     float32_out_of_range,
     front,
+    kernel_checks_range,
     rows_args,
     shape_rows,
     unwhiten_score,
@@ -66,9 +68,6 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
         tensor([[1.]])
     """
     y = check_tensor(y, "y", _OP)
-    if isinstance(x, torch.Tensor) and float32_out_of_range(metric, y, x):
-        # float32 norms of these magnitudes over/underflow: compute in float64, round the result
-        return student_t_score(widen(y), widen(x), widen(c), widen_metric(metric), backend=backend).float()
     cv = as_param(c, "c", _OP, y)
     if isinstance(x, torch.Tensor) and y.dim() == 1 and x.dim() == 2 and cv.dim() == 0:
         return student_t_score(y.unsqueeze(0), x.unsqueeze(0), cv, metric, backend=backend)[0]  # one unbatched query
@@ -83,18 +82,30 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
     if batch != a.batch:
         raise ValueError(f"{_OP}: c of shape {tuple(cv.shape)} would enlarge the batch {tuple(a.batch)}")
     name = backends.resolve(_OP, y.device, backend, supported=_SUPPORTED)
+    in_kernel = kernel_checks_range(name, _OP)
+    if not in_kernel and float32_out_of_range(metric, y, x):
+        # float32 norms of these magnitudes over/underflow: compute in float64, round the result
+        return _widened(y, x, c, metric, backend)
     if _FRONT and front(name, a, cv):
-        return torch.ops.etweedie.student_t_score(a.y, a.x, cv, a.prec, a.kind, a.batch)
-    cn = shape_rows(a)
-    cf = flat(cv, cn.batch, ())
-    if name == "reference":
-        s = reference.student_t_score(cn.y, cn.x, cf, cn.prec, cn.kind)
-    elif cn.kind == DENSE:
-        zy, zx, ones, L = whiten_dense(cn)  # P = L Lᵀ: the isotropic kernel on z = Lᵀu, then s = L s_z
-        s = unwhiten_score(_kernel(name, zy, zx, cf, ones, 0), L)
+        s = torch.ops.etweedie.student_t_score(a.y, a.x, cv, a.prec, a.kind, a.batch)
     else:
-        s = _kernel(name, cn.y, cn.x, cf, cn.prec, cn.kind)
-    return s.reshape(*cn.batch, d)
+        cn = shape_rows(a)
+        cf = flat(cv, cn.batch, ())
+        if name == "reference":
+            s = reference.student_t_score(cn.y, cn.x, cf, cn.prec, cn.kind)
+        elif cn.kind == DENSE:
+            zy, zx, ones, L = whiten_dense(cn)  # P = L Lᵀ: the isotropic kernel on z = Lᵀu, then s = L s_z
+            s = unwhiten_score(_kernel(name, zy, zx, cf, ones, 0), L)
+        else:
+            s = _kernel(name, cn.y, cn.x, cf, cn.prec, cn.kind)
+    if in_kernel and y.dtype == torch.float32 and flagged(s):
+        return _widened(y, x, c, metric, backend)  # rows the CPU kernel flagged (NaN/inf, over/underflow)
+    return s.reshape(*a.batch, d)
+
+
+def _widened(y, x, c, metric, backend) -> torch.Tensor:
+    """The call in float64, rounded to float32."""
+    return student_t_score(widen(y), widen(x), widen(c), widen_metric(metric), backend=backend).float()
 
 
 def _kernel(name, y, x, c, prec, kind) -> torch.Tensor:
