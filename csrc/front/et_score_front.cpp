@@ -1,6 +1,5 @@
 // etweedie::et_score: the canonical form and the et_score_fwd call in one C++ entry
 // (csrc/front/rows_front.h; the Python op etweedie/ops/et_score.py calls it in eager mode).
-#include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include "rows_front.h"

@@ -1,6 +1,5 @@
 // etweedie::langevin_step: the canonical form and the langevin_step_fwd call in one C++ entry
 // (csrc/front/rows_front.h; the Python op etweedie/ops/langevin_step.py calls it in eager mode).
-#include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include "rows_front.h"

@@ -1,6 +1,5 @@
 // etweedie::student_t_score: the canonical form and the student_t_score_fwd call in one C++ entry
 // (csrc/front/rows_front.h; the Python op etweedie/ops/student_t_score.py calls it in eager mode).
-#include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include "rows_front.h"
