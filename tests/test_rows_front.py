@@ -21,12 +21,12 @@ from etweedie.ops import _prep
 
 from conftest import gen, random_metric
 
-pytestmark = pytest.mark.skipif(not _prep._FRONT, reason="compiled extension with the front ops not available")
+pytestmark = pytest.mark.skipif(not _prep._FRONT["et_score"], reason="compiled extension with the front ops not available")
 
 OPS = torch.ops.etweedie
 # the op modules (etweedie.ops.<op> is the function itself)
 MODULES = {name: importlib.import_module(f"etweedie.ops.{name}") for name in ("et_score", "langevin_step", "student_t_score")}
-STUDENT_T_FRONT = MODULES["student_t_score"]._FRONT
+STUDENT_T_FRONT = _prep._FRONT["student_t_score"]
 
 
 def _case(seed: int, layout: str, kind: str, x_dtype=torch.float32, dtype=torch.float32):
@@ -187,11 +187,11 @@ def test_public_ops_take_the_front_in_eager_mode(monkeypatch, seed):
 def test_front_is_not_used_under_compile_or_functorch(seed):
     y, x, beta, lam, metric = _case(seed, "plain", "diagonal")
     a = _prep.rows_args("et_score", y, x, beta, lam, metric)
-    assert _prep.front("cpu", a) and not _prep.front("reference", a) and not _prep.front("triton", a)
+    assert _prep.front("et_score", "cpu", a) and not _prep.front("et_score", "reference", a) and not _prep.front("et_score", "triton", a)
     seen = []
 
     def probe(y):
-        seen.append(_prep.front("cpu", _prep.rows_args("et_score", y, x, beta, lam, metric)))
+        seen.append(_prep.front("et_score", "cpu", _prep.rows_args("et_score", y, x, beta, lam, metric)))
         return y * 2
 
     torch.func.vjp(probe, y)

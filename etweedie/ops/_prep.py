@@ -114,12 +114,14 @@ def constant(value: float, dtype: torch.dtype, device: torch.device) -> torch.Te
     the kernels as stride-0 views), so sharing them is safe.  Not cached while a CUDA stream is
     being captured: a tensor filled inside a capture holds its value only once the graph runs.
     """
+    if _is_compiling():
+        return torch.full((), value, dtype=dtype, device=device)  # a graph constant, not a cached tensor
     key = (value, dtype, device)
     t = _CONSTANTS.get(key)
     if t is not None:
         return t
     t = torch.full((), value, dtype=dtype, device=device)
-    if _is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return t
     if len(_CONSTANTS) >= 256:
         _CONSTANTS.clear()
@@ -146,8 +148,6 @@ def as_param(value, name: str, op: str, like: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"{op}: {name} must {rule[1]}, got {float(value):.6g}")
     if rule is not None and not rule[0](_rounded(float(value), like.dtype)):
         raise ValueError(f"{op}: {name} = {float(value):.6g} is not representable in {like.dtype} (it rounds to 0 or inf)")
-    if _is_compiling():
-        return torch.full((), float(value), dtype=like.dtype, device=like.device)
     return constant(float(value), like.dtype, like.device)
 
 
@@ -215,8 +215,7 @@ def check_metric(metric: Optional[Metric], d: int, like: torch.Tensor, op: str) 
     and round only the result, so that a near-singular Σ is not inverted in float32.
     """
     if metric is None:
-        one = torch.ones((), dtype=like.dtype, device=like.device) if _is_compiling() else constant(1.0, like.dtype, like.device)
-        return Metric.trusted("isotropic", one)
+        return Metric.trusted("isotropic", constant(1.0, like.dtype, like.device))
     if not isinstance(metric, Metric):
         raise TypeError(f"{op}: metric must be an etweedie.Metric or None, got {type(metric).__name__}")
     if metric.param.device != like.device:
@@ -323,7 +322,7 @@ def float32_out_of_range(metric: Optional[Metric], *data: torch.Tensor) -> bool:
 
 
 def scan(metric: Optional[Metric], *data: torch.Tensor, finite: bool = True) -> Tuple[bool, bool]:
-    """(:func:`float32_out_of_range`, :func:`all_finite`) of the data from one min/max pass over
+    """(:func:`float32_out_of_range`, whether every input is free of NaN/inf) of the data from one min/max pass over
     each tensor: the per-row ops need both, and two separate passes would cost a second reduction
     and host read per tensor on every CPU call.  ``finite=False``: only the range question (the
     second answer is then True), with no pass at all unless the data are float32."""
@@ -375,12 +374,6 @@ def _smallest_variance(metric: Metric) -> float:
     p = metric.param.detach()
     var = torch.diagonal(p, dim1=-2, dim2=-1) if metric.kind in ("block", "dense") else p
     return float(var.amin())
-
-
-def all_finite(*data: torch.Tensor) -> bool:
-    """False when an input holds NaN or inf (one min/max pass, where value checks run; True
-    otherwise, e.g. on GPU without debug checks: no host sync)."""
-    return scan(None, *data)[1]
 
 
 def widen(t):
@@ -528,12 +521,9 @@ def canonicalize(op: str, y, x, beta, lam, metric) -> Canonical:
     return shape_rows(rows_args(op, y, x, beta, lam, metric))
 
 
-def _front_ops() -> bool:
-    return all(backends._has_op(name, "CompositeImplicitAutograd") for name in ("et_score", "langevin_step"))
-
-
-# The C++ front ops (csrc/front/): absent from an extension built before they existed.
-_FRONT = backends._EXT_OK and _front_ops()
+# The C++ front ops (csrc/front/) this extension has (none in one built before they existed).
+_FRONT = {op: backends._EXT_OK and backends._has_op(op, "CompositeImplicitAutograd")
+          for op in ("et_score", "langevin_step", "student_t_score")}
 
 
 def _probe_cpu_range_flags(op: str) -> bool:
@@ -567,24 +557,49 @@ def kernel_checks_range(name: str, op: str = "et_score") -> bool:
     return name == "cpu" and _CPU_RANGE_FLAGS.get(op, False)
 
 
+def range_guarded(op: str, name: str, metric, y: torch.Tensor, x: torch.Tensor, batch: torch.Size, run):
+    """``run()`` — the per-row op's output, (*batch, d) — under the float32 range and NaN rules,
+    or None when the call must be rerun in float64 (and rounded).
+
+    Where the kernel checks the range itself (:func:`kernel_checks_range`) nothing reads the
+    inputs first: a flagged output (:func:`flagged`) reruns a float32 call, and a float64 one
+    gets NaN rows for its non-finite inputs.  Elsewhere one min/max pass (:func:`scan`) decides
+    both before the run.  Rows whose inputs hold NaN or inf come back NaN (:func:`nan_rows`: the
+    et_score weight treats a NaN distance like a coincident draw)."""
+    in_kernel = kernel_checks_range(name, op)
+    finite = True
+    if not in_kernel:
+        out_of_range, finite = scan(metric, y, x)
+        if out_of_range:
+            return None
+    out = run()
+    if in_kernel and flagged(out):
+        if y.dtype == torch.float32:
+            return None  # rows the kernel could not compute accurately in float32 (or non-finite inputs)
+        finite = scan(None, y, x)[1]
+    if not finite:
+        out = nan_rows(out.reshape(-1, y.shape[-1]), batch, (y, 1), (x, 2)).reshape(out.shape)
+    return out
+
+
 def flagged(out: torch.Tensor) -> bool:
     """Whether a CPU kernel flagged rows of ``out`` (NaN rows), or ``out`` holds another non-finite
     value (an overflowing result also reruns in float64); read where value checks run (no GPU
     sync).  One sum: NaN and inf propagate through it (a sum that overflows from finite values
     also reads as flagged, and the float64 rerun is then merely unneeded), and unlike
-    ``isfinite(out).all()`` it allocates no mask (measured 0.22 ms at 64 × 784 on one thread)."""
+    ``isfinite(out).all()`` it allocates no mask."""
     return value_checks(out) and out.numel() > 0 and not math.isfinite(float(out.sum()))
 
 
-def front(name: str, a: RowArgs, *tensors) -> bool:
-    """Whether the per-row op runs through its C++ front op (``torch.ops.etweedie.<op>``: the
-    canonical form and the kernel call in one C++ call) rather than :func:`shape_rows` in Python.
+def front(op: str, name: str, a: RowArgs, *tensors) -> bool:
+    """Whether the per-row op ``op`` runs through its C++ front op (``torch.ops.etweedie.<op>``:
+    the canonical form and the kernel call in one C++ call) rather than :func:`shape_rows`.
 
     Eager calls of the compiled backends ("cpu", "cuda") with a diagonal, block or isotropic metric.
     torch.compile traces the Python form (the front ops are opaque to it), and functorch-wrapped
     arguments take it too; dense metrics are whitened in Python either way.
     """
-    if not _FRONT or name not in ("cpu", "cuda") or a.kind == DENSE or _is_compiling():
+    if not _FRONT.get(op, False) or name not in ("cpu", "cuda") or a.kind == DENSE or _is_compiling():
         return False
     return not any(isinstance(t, torch.Tensor) and _functorch_wrapped(t) for t in (a.y, a.x, a.beta, a.lam, a.prec, *tensors))
 

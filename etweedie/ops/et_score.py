@@ -20,15 +20,10 @@ from ..rules.et_score import autograd_rules, fake_bwd, fake_fwd
 from . import reference
 from ._prep import (
     DENSE,
-    check_draws,
-    check_tensor,
-    flagged,
     front,
-    kernel_checks_range,
     kernel_or_reference,
-    nan_rows,
+    range_guarded,
     rows_args,
-    scan,
     shape_rows,
     unwhiten_score,
     whiten_dense,
@@ -76,38 +71,26 @@ def et_score(
         tensor([[0.5000, 1.0000]])
     """
     op = "et_score"
-    y = check_tensor(y, "y", op)
-    check_draws(x, y, op)
     a = rows_args(op, y, x, beta, lam, metric)
-    d = y.shape[-1]
-    name = backends.resolve(op, y.device, backend)
+    name = backends.resolve(op, a.y.device, backend)
     name = kernel_or_reference(op, name, backend, y, x, beta, lam, metric)
-    in_kernel = kernel_checks_range(name, op)
-    finite = True
-    if not in_kernel:
-        out_of_range, finite = scan(metric, y, x)
-        if out_of_range:
-            return _widened(y, x, beta, lam, metric, backend)
-    if front(name, a):
-        s = torch.ops.etweedie.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
-    else:
+
+    def run():
+        if front(op, name, a):
+            return torch.ops.etweedie.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
         c = shape_rows(a)
         if name == "reference":
-            s = reference.et_score(c.y, c.x, c.beta, c.lam, c.prec, c.kind)
-        elif c.kind == DENSE:
+            return reference.et_score(c.y, c.x, c.beta, c.lam, c.prec, c.kind)
+        if c.kind == DENSE:
             zy, zx, ones, L = whiten_dense(c)
-            s = unwhiten_score(_kernel(name, zy, zx, c.beta, c.lam, ones, 0), L)
-        else:
-            s = _kernel(name, c.y, c.x, c.beta, c.lam, c.prec, c.kind)
-    if in_kernel and flagged(s):
-        # rows the kernel could not compute accurately in float32 (or non-finite inputs)
-        if y.dtype == torch.float32:
-            return _widened(y, x, beta, lam, metric, backend)
-        finite = scan(None, y, x)[1]
-    if not finite:
-        # an infinite draw has no finite limit in the sum (‖u‖^{β−1} grows without bound)
-        s = nan_rows(s.reshape(-1, d), a.batch, (y, 1), (x, 2))
-    return s.reshape(*a.batch, d)
+            return unwhiten_score(_kernel(name, zy, zx, c.beta, c.lam, ones, 0), L)
+        return _kernel(name, c.y, c.x, c.beta, c.lam, c.prec, c.kind)
+
+    # an infinite draw has no finite limit in the sum (‖u‖^{β−1} grows without bound): NaN rows
+    s = range_guarded(op, name, metric, a.y, a.x, a.batch, run)
+    if s is None:
+        return _widened(y, x, beta, lam, metric, backend)
+    return s.reshape(*a.batch, a.y.shape[-1])
 
 
 def _widened(y, x, beta, lam, metric, backend) -> torch.Tensor:

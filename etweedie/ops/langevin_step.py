@@ -21,18 +21,14 @@ from ._prep import (
     DENSE,
     as_param,
     broadcast_batch,
-    check_draws,
     check_finite,
     check_positive,
     check_tensor,
-    flagged,
     flat,
     front,
-    kernel_checks_range,
     kernel_or_reference,
-    nan_rows,
+    range_guarded,
     rows_args,
-    scan,
     shape_rows,
     unwhiten_score,
     whiten_dense,
@@ -75,8 +71,6 @@ def langevin_step(
         tensor([[0.5000, 0.5000]])
     """
     op = "langevin_step"
-    y = check_tensor(y, "y", op)
-    check_draws(x, y, op)
     a = rows_args(op, y, x, beta, lam, metric)
     noise = check_tensor(noise, "noise", op)
     if noise.shape != y.shape:
@@ -93,35 +87,26 @@ def langevin_step(
     d = y.shape[-1]
     name = backends.resolve(op, y.device, backend)
     name = kernel_or_reference(op, name, backend, y, x, noise, step, beta, lam, metric)
-    in_kernel = kernel_checks_range(name, op)
-    finite = True
-    if not in_kernel:
-        out_of_range, finite = scan(metric, y, x)
-        if out_of_range:
-            return _widened(y, x, noise, step, beta, lam, metric, backend)
-    if front(name, a, noise, step_t):
-        out = torch.ops.etweedie.langevin_step(a.y, a.x, noise, step_t, a.beta, a.lam, a.prec, a.kind, a.batch)
-    else:
+
+    def run():
+        if front(op, name, a, noise, step_t):
+            return torch.ops.etweedie.langevin_step(a.y, a.x, noise, step_t, a.beta, a.lam, a.prec, a.kind, a.batch)
         c = shape_rows(a)
         xi = flat(noise, c.batch, (d,)).contiguous()
         alpha = flat(step_t, c.batch, ())
         if name == "reference":
-            out = reference.langevin_step(c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
-        elif c.kind == DENSE:
+            return reference.langevin_step(c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
+        if c.kind == DENSE:
             # The update lives in the original space: whitened score kernel, then the update.
             zy, zx, ones, L = whiten_dense(c)
             s = unwhiten_score(_score_kernel(name, zy, zx, c.beta, c.lam, ones, 0), L)
             al = alpha.unsqueeze(-1)
-            out = c.y + al * s + torch.sqrt(2 * al) * xi
-        else:
-            out = _kernel(name, c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
-    if in_kernel and flagged(out):
-        # rows the kernel could not compute accurately in float32 (or non-finite inputs)
-        if y.dtype == torch.float32:
-            return _widened(y, x, noise, step, beta, lam, metric, backend)
-        finite = scan(None, y, x)[1]
-    if not finite:
-        out = nan_rows(out.reshape(-1, d), a.batch, (y, 1), (x, 2))
+            return c.y + al * s + torch.sqrt(2 * al) * xi
+        return _kernel(name, c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
+
+    out = range_guarded(op, name, metric, a.y, a.x, a.batch, run)
+    if out is None:
+        return _widened(y, x, noise, step, beta, lam, metric, backend)
     return out.reshape(*a.batch, d)
 
 

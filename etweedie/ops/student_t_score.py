@@ -27,11 +27,9 @@ from ._prep import (
     DENSE,
     as_param,
     check_tensor,
-    flagged,
     flat,
-    float32_out_of_range,
     front,
-    kernel_checks_range,
+    range_guarded,
     rows_args,
     shape_rows,
     unwhiten_score,
@@ -82,24 +80,22 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
     if batch != a.batch:
         raise ValueError(f"{_OP}: c of shape {tuple(cv.shape)} would enlarge the batch {tuple(a.batch)}")
     name = backends.resolve(_OP, y.device, backend, supported=_SUPPORTED)
-    in_kernel = kernel_checks_range(name, _OP)
-    if not in_kernel and float32_out_of_range(metric, y, x):
-        # float32 norms of these magnitudes over/underflow: compute in float64, round the result
-        return _widened(y, x, c, metric, backend)
-    if _FRONT and front(name, a, cv):
-        s = torch.ops.etweedie.student_t_score(a.y, a.x, cv, a.prec, a.kind, a.batch)
-    else:
+
+    def run():
+        if front(_OP, name, a, cv):
+            return torch.ops.etweedie.student_t_score(a.y, a.x, cv, a.prec, a.kind, a.batch)
         cn = shape_rows(a)
         cf = flat(cv, cn.batch, ())
         if name == "reference":
-            s = reference.student_t_score(cn.y, cn.x, cf, cn.prec, cn.kind)
-        elif cn.kind == DENSE:
+            return reference.student_t_score(cn.y, cn.x, cf, cn.prec, cn.kind)
+        if cn.kind == DENSE:
             zy, zx, ones, L = whiten_dense(cn)  # P = L Lᵀ: the isotropic kernel on z = Lᵀu, then s = L s_z
-            s = unwhiten_score(_kernel(name, zy, zx, cf, ones, 0), L)
-        else:
-            s = _kernel(name, cn.y, cn.x, cf, cn.prec, cn.kind)
-    if in_kernel and y.dtype == torch.float32 and flagged(s):
-        return _widened(y, x, c, metric, backend)  # rows the CPU kernel flagged (NaN/inf, over/underflow)
+            return unwhiten_score(_kernel(name, zy, zx, cf, ones, 0), L)
+        return _kernel(name, cn.y, cn.x, cf, cn.prec, cn.kind)
+
+    s = range_guarded(_OP, name, metric, a.y, a.x, a.batch, run)
+    if s is None:  # float32 norms that over/underflow: compute in float64, round the result
+        return _widened(y, x, c, metric, backend)
     return s.reshape(*a.batch, d)
 
 
@@ -133,9 +129,6 @@ _SUPPORTED = tuple(
     b for b in backends.BACKENDS
     if b not in ("cpu", "cuda") or backends._has_op("student_t_score_fwd", "CPU" if b == "cpu" else "CUDA")
 )
-
-# Its C++ front op (csrc/front/student_t_score_front.cpp), absent from an older extension.
-_FRONT = backends._has_op("student_t_score", "CompositeImplicitAutograd")
 
 if _HAS_CPU:
     _register()
