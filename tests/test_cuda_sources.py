@@ -87,10 +87,11 @@ def _bindings():
 def test_bindings_register_the_defined_ops():
     header = _read("csrc", "cuda", "bindings.h")
     assert '#include "launchers.cuh"' in header and '#include "../common/checks.h"' in header
+    assert "#define ET_CUDA_LIBRARY_IMPL(m) TORCH_LIBRARY_IMPL(etweedie, CUDA, m)" in header
     impl = set()
     for name in _bindings():
         src = _read("csrc", "cuda", name)
-        assert "TORCH_LIBRARY_IMPL(etweedie, CUDA, m)" in src, name
+        assert "ET_CUDA_LIBRARY_IMPL(m)" in src, name  # TORCH_LIBRARY_IMPL(etweedie, CUDA, m) (bindings.h)
         assert '#include "bindings.h"' in src or '#include "energy_bindings.h"' in src, name
         own = set(re.findall(r'm\.impl\("(\w+)"', src))
         stem = name.removesuffix("_bindings.cpp")

@@ -21,10 +21,20 @@
 namespace etweedie {
 namespace cuda {
 
+// The host SIMT emulator of the tests (tests/simt) builds these same bindings with g++ over CPU
+// tensors and registers them in its own namespace, etweedie_simt.
+#if !defined(ETWEEDIE_SIMT)
+#define ET_CUDA_LIBRARY_IMPL(m) TORCH_LIBRARY_IMPL(etweedie, CUDA, m)
+constexpr c10::DeviceType kKernelDevice = c10::DeviceType::CUDA;
+#else
+#define ET_CUDA_LIBRARY_IMPL(m) TORCH_LIBRARY_IMPL(etweedie_simt, CPU, m)
+constexpr c10::DeviceType kKernelDevice = c10::DeviceType::CPU;
+#endif
+
 // The CUDA kernels read every tensor through raw device pointers: all of them on one GPU
 // (checks::same_dtype_device already tied them to the first tensor's device).
 inline void check_cuda(const char* op, const at::Tensor& t) {
-  TORCH_CHECK(t.is_cuda(), op, ": the CUDA kernel needs CUDA tensors, got device ", t.device());
+  TORCH_CHECK(t.device().type() == kKernelDevice, op, ": the CUDA kernel needs CUDA tensors, got device ", t.device());
 }
 
 inline void check_launch(cudaError_t err, const char* op) {

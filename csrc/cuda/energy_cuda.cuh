@@ -317,13 +317,12 @@ cudaError_t launch_pairs(const PairLaunch<T>& a, cudaStream_t stream) {
   if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
   const unsigned grid = static_cast<unsigned>(blocks);
   switch (a.d <= kSmallMaxD ? a.d : 0) {
-    case 1: energy_small_kernel<T, 1, GRAD><<<grid, kThreads, 0, stream>>>(a); break;
-    case 2: energy_small_kernel<T, 2, GRAD><<<grid, kThreads, 0, stream>>>(a); break;
-    case 3: energy_small_kernel<T, 3, GRAD><<<grid, kThreads, 0, stream>>>(a); break;
-    case 4: energy_small_kernel<T, 4, GRAD><<<grid, kThreads, 0, stream>>>(a); break;
-    default: energy_large_kernel<T, GRAD><<<grid, kThreads, 0, stream>>>(a); break;
+    case 1: return launch(energy_small_kernel<T, 1, GRAD>, grid, kThreads, 0, stream, a);
+    case 2: return launch(energy_small_kernel<T, 2, GRAD>, grid, kThreads, 0, stream, a);
+    case 3: return launch(energy_small_kernel<T, 3, GRAD>, grid, kThreads, 0, stream, a);
+    case 4: return launch(energy_small_kernel<T, 4, GRAD>, grid, kThreads, 0, stream, a);
+    default: return launch(energy_large_kernel<T, GRAD>, grid, kThreads, 0, stream, a);
   }
-  return cudaGetLastError();
 }
 
 // Both launches and the final reduction for weights (w_cross, w_a, w_c); see launchers.cuh.
@@ -387,9 +386,8 @@ cudaError_t energy_pairs_run(const EnergyArgs<T>& e, double w_cross, double w_a,
   if (sums) {
     const int threads = 128;
     const unsigned blocks = static_cast<unsigned>((e.B + threads - 1) / threads);
-    energy_finish_kernel<T><<<blocks, threads, 0, stream>>>(part_a, nt_a, run_c ? part_c : nullptr, nt_c, e.B, w_cross,
-                                                            w_a, w_c, e.grad, e.sg, value, gbeta);
-    err = cudaGetLastError();
+    err = launch(energy_finish_kernel<T>, blocks, threads, 0, stream, part_a, nt_a, run_c ? part_c : nullptr, nt_c, e.B,
+                 w_cross, w_a, w_c, e.grad, e.sg, value, gbeta);
   }
   return err;
 }

@@ -34,7 +34,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_distance_bwd_c
 }  // namespace cuda
 }  // namespace etweedie
 
-TORCH_LIBRARY_IMPL(etweedie, CUDA, m) {
+ET_CUDA_LIBRARY_IMPL(m) {
   m.impl("energy_distance_fwd", &etweedie::cuda::energy_distance_fwd_cuda);
   m.impl("energy_distance_bwd", &etweedie::cuda::energy_distance_bwd_cuda);
 }

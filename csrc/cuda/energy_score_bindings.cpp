@@ -49,7 +49,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_sc
 }  // namespace cuda
 }  // namespace etweedie
 
-TORCH_LIBRARY_IMPL(etweedie, CUDA, m) {
+ET_CUDA_LIBRARY_IMPL(m) {
   m.impl("energy_score_fwd", &etweedie::cuda::energy_score_fwd_cuda);
   m.impl("energy_score_bwd", &etweedie::cuda::energy_score_bwd_cuda);
   m.impl("energy_score_fwd_grad", &etweedie::cuda::energy_score_fwd_grad_cuda);

@@ -70,7 +70,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> et_score_
 }  // namespace cuda
 }  // namespace etweedie
 
-TORCH_LIBRARY_IMPL(etweedie, CUDA, m) {
+ET_CUDA_LIBRARY_IMPL(m) {
   m.impl("et_score_fwd", &etweedie::cuda::et_score_fwd_cuda);
   m.impl("et_score_bwd", &etweedie::cuda::et_score_bwd_cuda);
 }

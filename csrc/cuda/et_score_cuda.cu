@@ -23,7 +23,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_bwd_kernel(EtSc
                                                                  T* __restrict__ gb, T* __restrict__ gl,
                                                                  T* __restrict__ gp) {
   constexpr int PS = KIND == kBlock ? K * K : 1;  // metric-gradient entries kept per warp
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  ET_DYNAMIC_SHARED(smem_raw);
   const int64_t row = blockIdx.x, d = a.d, N = a.N;
   T* h = reinterpret_cast<T*>(smem_raw);  // d
   T* gacc = h + d;                         // d: ∂L/∂y
@@ -171,8 +171,7 @@ cudaError_t et_score_bwd_launch(const EtScoreArgs<T, X>& a, const T* grad, const
                                                    static_cast<int>(smem));
       if (err != cudaSuccess) return err;
     }
-    kernel<<<static_cast<unsigned>(a.B), kThreads, smem, stream>>>(a, grad, grad_m, m, gy, gx, gb, gl, gp);
-    return cudaGetLastError();
+    return launch(kernel, static_cast<unsigned>(a.B), kThreads, smem, stream, a, grad, grad_m, m, gy, gx, gb, gl, gp);
   });
 }
 

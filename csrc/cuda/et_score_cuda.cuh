@@ -39,7 +39,7 @@ template <typename T, typename X, int KIND, int K, bool LANGEVIN>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtScoreArgs<T, X> a, int64_t chunk, T* __restrict__ out,
                                                                  T* __restrict__ m_out, int64_t n_per,
                                                                  T* __restrict__ ws) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  ET_DYNAMIC_SHARED(smem_raw);
   const int64_t row = blockIdx.x, d = a.d, N = a.N;
   const int64_t j0 = static_cast<int64_t>(blockIdx.y) * chunk;  // this block's coordinates [j0, j1)
   const int64_t j1 = j0 + chunk < d ? j0 + chunk : d;
@@ -181,13 +181,11 @@ cudaError_t et_score_fwd_dispatch(const EtScoreArgs<T, X>& a, T* out, T* m, cuda
       if (e != cudaSuccess) return e;
     }
     const dim3 grid(static_cast<unsigned>(a.B), static_cast<unsigned>(nch), static_cast<unsigned>(nsplit));
-    kernel<<<grid, kThreads, smem, stream>>>(a, chunk, out, m, n_per, ws);
-    cudaError_t e = cudaGetLastError();
+    cudaError_t e = launch(kernel, grid, kThreads, smem, stream, a, chunk, out, m, n_per, ws);
     if (nsplit > 1) {
       if (e == cudaSuccess) {
-        et_score_fwd_finalize_kernel<T, X, KIND, K, LANGEVIN>
-            <<<static_cast<unsigned>(a.B), kThreads, 0, stream>>>(a, nsplit, ws, out, m);
-        e = cudaGetLastError();
+        e = launch(et_score_fwd_finalize_kernel<T, X, KIND, K, LANGEVIN>, static_cast<unsigned>(a.B), kThreads, 0,
+                   stream, a, nsplit, ws, out, m);
       }
       const cudaError_t f = cudaFreeAsync(ws, stream);
       if (e == cudaSuccess) e = f;

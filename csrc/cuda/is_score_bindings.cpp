@@ -31,6 +31,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> is_score_fwd_cuda(const at::Tenso
 }  // namespace cuda
 }  // namespace etweedie
 
-TORCH_LIBRARY_IMPL(etweedie, CUDA, m) {
+ET_CUDA_LIBRARY_IMPL(m) {
   m.impl("is_score_fwd", &etweedie::cuda::is_score_fwd_cuda);
 }

@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) is_score_kernel(const T* __restrict_
                                                              const T* __restrict__ prec, int64_t M, int64_t d, T beta,
                                                              T lam, T* __restrict__ score, T* __restrict__ mean,
                                                              T* __restrict__ ess) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  ET_DYNAMIC_SHARED(smem_raw);
   T* acc_r = reinterpret_cast<T*>(smem_raw);  // d: Σ e r P u
   T* acc_u = acc_r + d;                        // d: Σ e u
   T* logw = acc_u + d;                         // kPointTile
@@ -177,9 +177,8 @@ cudaError_t is_score_fwd_launch(const T* y, const T* bank, const T* prec, int64_
     constexpr int KIND = decltype(kind_c)::value, K = decltype(k_c)::value;
     if (d <= kSmallD) {
       const unsigned blocks = static_cast<unsigned>((Q + kThreads - 1) / kThreads);
-      is_score_small_d_kernel<T, KIND, K><<<blocks, kThreads, 0, stream>>>(y, bank, prec, Q, M, static_cast<int>(d),
-                                                                           beta, lam, score, mean, ess);
-      return cudaGetLastError();
+      return launch(is_score_small_d_kernel<T, KIND, K>, blocks, kThreads, 0, stream, y, bank, prec, Q, M,
+                    static_cast<int>(d), beta, lam, score, mean, ess);
     }
     const size_t smem = static_cast<size_t>(2 * d + 2 * kPointTile) * sizeof(T);
     auto kernel = is_score_kernel<T, KIND, K>;
@@ -188,8 +187,8 @@ cudaError_t is_score_fwd_launch(const T* y, const T* bank, const T* prec, int64_
                                                    static_cast<int>(smem));
       if (err != cudaSuccess) return err;
     }
-    kernel<<<static_cast<unsigned>(Q), kThreads, smem, stream>>>(y, bank, prec, M, d, beta, lam, score, mean, ess);
-    return cudaGetLastError();
+    return launch(kernel, static_cast<unsigned>(Q), kThreads, smem, stream, y, bank, prec, M, d, beta, lam, score, mean,
+                  ess);
   });
 }
 

@@ -38,6 +38,6 @@ std::tuple<at::Tensor, at::Tensor> langevin_step_fwd_cuda(const at::Tensor& y, c
 }  // namespace cuda
 }  // namespace etweedie
 
-TORCH_LIBRARY_IMPL(etweedie, CUDA, m) {
+ET_CUDA_LIBRARY_IMPL(m) {
   m.impl("langevin_step_fwd", &etweedie::cuda::langevin_step_fwd_cuda);
 }

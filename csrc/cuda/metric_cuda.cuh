@@ -18,6 +18,19 @@
 namespace etweedie {
 namespace cuda {
 
+// kernel<<<grid, block, smem, stream>>>(args...) and the launch's error: the one spelling of a launch
+// in csrc/cuda, so that the host SIMT emulator of the tests (tests/simt/simt.h, which defines its
+// own launch and ET_DYNAMIC_SHARED) compiles and runs these same sources with g++.
+#if !defined(ETWEEDIE_SIMT)
+template <typename... P, typename... A>
+cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, A... args) {
+  kernel<<<grid, block, smem, stream>>>(args...);
+  return cudaGetLastError();
+}
+// A kernel's dynamic shared memory, 16-byte aligned.
+#define ET_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 constexpr int kWarp = 32;
 constexpr int kThreads = 128;  // threads per block of the row kernels (4 warps)
 constexpr int kWarps = kThreads / kWarp;

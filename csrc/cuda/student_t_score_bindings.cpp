@@ -96,7 +96,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> student_t_score_bwd_c
 }  // namespace cuda
 }  // namespace etweedie
 
-TORCH_LIBRARY_IMPL(etweedie, CUDA, m) {
+ET_CUDA_LIBRARY_IMPL(m) {
   m.impl("student_t_score_fwd", &etweedie::cuda::student_t_score_fwd_cuda);
   m.impl("student_t_score_bwd", &etweedie::cuda::student_t_score_bwd_cuda);
 }

@@ -27,7 +27,7 @@ constexpr int kStMinBlocks = 4;
 template <typename T, typename X, int KIND, int K>
 __global__ void __launch_bounds__(kThreads, kStMinBlocks)
     student_t_fwd_kernel(StudentTArgs<T, X> a, T* __restrict__ s_out, T* __restrict__ m_out) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  ET_DYNAMIC_SHARED(smem_raw);
   const int64_t row = blockIdx.x, d = a.d, N = a.N;
   T* acc = reinterpret_cast<T*>(smem_raw);  // d: Σ w u, then m
   T* wt = acc + d;                          // kStTile weights
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreads, kStMinBlocks)
                          const T* __restrict__ m, T* __restrict__ gy, X* __restrict__ gx, T* __restrict__ gc,
                          T* __restrict__ gp) {
   constexpr int PS = KIND == kBlock ? K * K : 1;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  ET_DYNAMIC_SHARED(smem_raw);
   const int64_t row = blockIdx.x, d = a.d, N = a.N;
   T* h = reinterpret_cast<T*>(smem_raw);  // d
   T* gacc = h + d;                         // d: ∂L/∂y
@@ -209,8 +209,7 @@ cudaError_t student_t_score_fwd_launch(const StudentTArgs<T, X>& a, T* s, T* m, 
     auto kernel = student_t_fwd_kernel<T, X, KIND, K>;
     const cudaError_t e = student_t_allow_smem(kernel, smem);
     if (e != cudaSuccess) return e;
-    kernel<<<static_cast<unsigned>(a.B), kThreads, smem, stream>>>(a, s, m);
-    return cudaGetLastError();
+    return launch(kernel, static_cast<unsigned>(a.B), kThreads, smem, stream, a, s, m);
   });
 }
 
@@ -226,8 +225,7 @@ cudaError_t student_t_score_bwd_launch(const StudentTArgs<T, X>& a, const T* gra
     auto kernel = student_t_bwd_kernel<T, X, KIND, K>;
     const cudaError_t e = student_t_allow_smem(kernel, smem);
     if (e != cudaSuccess) return e;
-    kernel<<<static_cast<unsigned>(a.B), kThreads, smem, stream>>>(a, grad, grad_m, m, gy, gx, gc, gp);
-    return cudaGetLastError();
+    return launch(kernel, static_cast<unsigned>(a.B), kThreads, smem, stream, a, grad, grad_m, m, gy, gx, gc, gp);
   });
 }
 
