@@ -110,10 +110,12 @@ def _workloads(quick: bool):
 
 
 # backends timed per op; "compile" is torch.compile of the eager reference; "<b>:nosplit" is
-# backend b with the split-draw forward turned off (ETWEEDIE_CUDA_SPLIT / ETWEEDIE_TRITON_SPLIT=0)
+# backend b with the split-draw forward turned off (ETWEEDIE_CUDA_SPLIT / ETWEEDIE_TRITON_SPLIT=0);
+# "cuda:tiled" is the CUDA forward without its single-pass packet kernels (ETWEEDIE_CUDA_PACKET=0),
+# the A/B of the 16-byte-load kernel against the tiled one it replaces
 TIMED_BACKENDS = {
-    "et_score": ("reference", "compile", "cuda", "cuda:nosplit", "triton", "triton:nosplit"),
-    "langevin_step": ("reference", "compile", "cuda", "cuda:nosplit", "triton", "triton:nosplit"),
+    "et_score": ("reference", "compile", "cuda", "cuda:tiled", "cuda:nosplit", "triton", "triton:nosplit"),
+    "langevin_step": ("reference", "compile", "cuda", "cuda:tiled", "cuda:nosplit", "triton", "triton:nosplit"),
     "student_t_score": ("reference", "compile", "cuda", "triton"),
     "is_score": ("reference", "cuda", "triton"),
     "energy_score": ("reference", "compile", "cuda", "triton"),
@@ -135,7 +137,9 @@ def chunked_energy_distance(a, b, beta: float = 1.0, chunk: int = 4096):
         return total
 
     return (2 * pair_sum(a, b) / (n * m) - pair_sum(a, a) / (n * (n - 1)) - pair_sum(b, b) / (m * (m - 1))).to(a.dtype)
-_SPLIT_ENV = {"cuda": "ETWEEDIE_CUDA_SPLIT", "triton": "ETWEEDIE_TRITON_SPLIT"}
+# the environment switch that turns a backend variant's feature off
+_VARIANT_ENV = {"cuda:nosplit": "ETWEEDIE_CUDA_SPLIT", "triton:nosplit": "ETWEEDIE_TRITON_SPLIT",
+                "cuda:tiled": "ETWEEDIE_CUDA_PACKET"}
 
 
 def _thunk(op: str, backend: str, dev, dtype, B: int, N: int, d: int, metric_fn, backward: bool,
@@ -276,7 +280,7 @@ def gpu_benchmarks(log: Log, quick: bool, only: Optional[List[str]] = None) -> L
                 row["error"] = f"unavailable: {status[base_be][1]}"
                 rows.append(row)
                 continue
-            env_name = _SPLIT_ENV.get(base_be) if backend.endswith(":nosplit") else None
+            env_name = _VARIANT_ENV.get(backend)
             if env_name:
                 os.environ[env_name] = "0"
             try:

@@ -127,10 +127,11 @@ def _tol(dtype, xdtype):
     return (2e-5, 2e-5) if dtype == torch.float32 else (1e-11, 1e-11)
 
 
-SHAPES = [  # (B, N, d, sms): plain rows, draws split over blocks, coordinates split over blocks
+SHAPES = [  # (B, N, d, sms): plain rows, draws split over blocks, coordinates split over blocks, MNIST rows
     (5, 70, 12, 2),
     (3, 70, 12, 132),
     (2, 5, 300, 132),
+    (2, 40, 784, 2),
 ]
 
 
@@ -163,6 +164,68 @@ def test_et_score_and_langevin_match_cpu(simt, gen, dtype, xdtype, kind, k, B, N
     g_cpu = torch.ops.etweedie.et_score_bwd(grad, grad_m, y, x, beta, lam, prec, kind, m_cpu, True, True, True, True, True)
     for a, b, name in zip(g_sim, g_cpu, ("grad_y", "grad_x", "grad_beta", "grad_lam", "grad_prec")):
         _close(a, b, name, rtol * 10, gtol if name == "grad_x" else rtol * 10)
+
+
+# Which forward kernel a shape gets (csrc/cuda/et_score_cuda.cuh, et_score_fwd_dispatch): the
+# wide packet kernel (16-byte loads) where d is a multiple of the 16-byte packet, the narrow one
+# (scalar or one-metric-block loads) for short rows, the tiled kernel otherwise; a finalize kernel
+# after a draw split (rows fewer than SMs).
+KERNEL_CHOICE = [
+    # B, N, d, draws, kind, k, sms, kernels launched
+    (3, 64, 784, torch.float32, 0, 0, 2, ["packet_kernel<float, float, 0, 1, false, true>"]),
+    (3, 64, 784, torch.bfloat16, 2, 2, 2, ["packet_kernel<float, etweedie::bf16, 2, 2, false, true>"]),
+    (3, 64, 384, torch.float64, 1, 0, 2, ["packet_kernel<double, double, 1, 1, false, true>"]),
+    (3, 64, 784, torch.float64, 1, 0, 2, ["et_score_fwd_kernel<double, double, 1, 1, false>"]),  # over 384 doubles
+    (3, 64, 1280, torch.bfloat16, 0, 0, 2, ["packet_kernel<float, etweedie::bf16, 0, 1, false, true>"]),
+    (3, 64, 1296, torch.float16, 0, 0, 2, ["et_score_fwd_kernel<float, etweedie::fp16, 0, 1, false>"]),
+    (3, 64, 2, torch.float32, 0, 0, 2, ["packet_kernel<float, float, 0, 1, false, false>"]),
+    (3, 64, 6, torch.float16, 2, 3, 2, ["packet_kernel<float, etweedie::fp16, 2, 3, false, false>"]),
+    (3, 64, 6, torch.float32, 2, 3, 132, ["packet_kernel<float, float, 2, 3, false, false>", "finalize_kernel"]),
+    (2, 8, 1030, torch.float32, 0, 0, 132, ["et_score_fwd_kernel<float, float, 0, 1, false>"]),  # d % 4 != 0, long
+    (2, 8, 2052, torch.float32, 0, 0, 132, ["et_score_fwd_kernel<float, float, 0, 1, false>"]),  # over 1024 floats
+]
+
+
+@pytest.mark.parametrize("B, N, d, xdtype, kind, k, sms, kernels", KERNEL_CHOICE)
+def test_forward_kernel_choice(simt, gen, B, N, d, xdtype, kind, k, sms, kernels):
+    simt_build.configure(sms=sms, seed=gen.initial_seed())
+    dtype = torch.float64 if xdtype == torch.float64 else torch.float32
+    y, x, beta, lam, prec = _rows(B, N, d, kind, k, dtype, xdtype, gen)
+    simt.launched()
+    got = simt.et_score_fwd(y, x, beta, lam, prec, kind)
+    log = simt.launched()
+    assert len(log) == len(kernels) and all(want in line for want, line in zip(kernels, log)), log
+    rtol = _tol(dtype, xdtype)[0]
+    for a, b in zip(got, torch.ops.etweedie.et_score_fwd(y, x, beta, lam, prec, kind)):
+        _close(a, b, "et_score_fwd", rtol, rtol)
+
+
+@pytest.mark.parametrize("offset, kernel", [(1, "false, false>"), (2, "false, false>"), (4, "false, true>")])
+def test_packets_need_aligned_draws(simt, gen, offset, kernel):
+    """Draws that start off a 16-byte boundary (a view into a larger buffer) do not get the wide
+    kernel's vector loads (which would fault on a GPU; the emulator checks every vector load)."""
+    simt_build.configure(sms=2, seed=gen.initial_seed())
+    B, N, d = 3, 20, 16
+    y, _, beta, lam, prec = _rows(B, N, d, 0, 0, torch.float32, torch.float32, gen)
+    x = torch.randn(B * N * d + offset, generator=gen)[offset:].view(B, N, d)
+    simt.launched()
+    got = simt.et_score_fwd(y, x, beta, lam, prec, 0)
+    assert kernel in simt.launched()[0]
+    for a, b in zip(got, torch.ops.etweedie.et_score_fwd(y, x, beta, lam, prec, 0)):
+        _close(a, b, "et_score_fwd", 2e-5, 2e-5)
+
+
+def test_packet_kernels_can_be_turned_off(simt, gen, monkeypatch):
+    """ETWEEDIE_CUDA_PACKET=0 (A/B timing in benchmarks) gives the tiled kernel, same results."""
+    simt_build.configure(sms=2, seed=gen.initial_seed())
+    y, x, beta, lam, prec = _rows(3, 20, 16, 2, 2, torch.float32, torch.float32, gen)
+    on = simt.et_score_fwd(y, x, beta, lam, prec, 2)
+    monkeypatch.setenv("ETWEEDIE_CUDA_PACKET", "0")
+    simt.launched()
+    off = simt.et_score_fwd(y, x, beta, lam, prec, 2)
+    assert "et_score_fwd_kernel<" in simt.launched()[0]
+    for a, b in zip(on, off):
+        _close(a, b, "packet vs tiled", 2e-5, 2e-5)
 
 
 @pytest.mark.parametrize("case", ["shared_x", "shared_params", "coincident_beta1", "coincident_beta2", "one_draw",

@@ -1,7 +1,13 @@
 // CUDA kernels of the Energy-Tweedie score, shared by et_score_cuda.cu (score) and
 // langevin_step_cuda.cu (score + Langevin update).  Math: csrc/common/et_score.h.
 //
-// Work split: one block of kThreads threads per query row (forward: per row and chunk of
+// Two forward kernels; et_score_fwd_dispatch picks one per call:
+//   - the packet kernel (et_score_fwd_packet_kernel, below): one pass over the draws in 16-byte
+//     loads, each draw held in registers for both of its uses.  Used wherever a row fits it (d a
+//     multiple of the packet and at most 256 packets, or short rows of at most 32 metric blocks).
+//   - the tiled kernel (et_score_fwd_kernel), for the other rows (long rows that are not a
+//     multiple of the packet, d over 1024 float32 values):
+// Work split of the tiled kernel: one block of kThreads threads per query row (forward: per row and chunk of
 // coordinates when there are too few rows to fill the GPU — each block then recomputes q over
 // all of d and accumulates only its chunk, whose length is a multiple of the metric block k so
 // that s = −λ P m stays local to the block).  The row's draws are processed in
@@ -96,6 +102,180 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtSc
   }
 }
 
+// ---------------------------------------------------------------------------- single-pass forward
+//
+// The "packet" forward: each draw is read from global memory exactly once, in packets of E
+// consecutive values (16-byte vector loads for the wide kernel: 4 floats, 2 doubles or 8 16-bit
+// values), and kept in registers for both of its uses — q = uᵀPu and the weighted sum Σ w u.
+//   - A warp's lanes form groups of L lanes (L a power of two, 32 for rows of 32 packets or
+//     more); a group holds one draw, lane l of the group owning the packets l, l + L, …
+//     (nv ≤ VMAX of them), so a warp works on 32/L draws at once and the loads of a draw are
+//     contiguous across the group's lanes.  q is summed over the group's lanes by shuffles.
+//   - The metric block (K ≤ 4, K | E) lies inside one packet, so P u is applied in registers from
+//     the K×K entries held by every thread: no gathers, no shared memory in the draw loop.
+//   - Each lane accumulates Σ w u for its packets in registers; at the end the groups of a warp
+//     are summed by shuffles and the warps of the block through shared memory (warps × d
+//     values), in a fixed order (deterministic), then m = Σ/N and s = −λ P m.
+//   - One block per row (and per draw range when rows are fewer than SMs, the split of
+//     draw_splits with the same finalize kernel); the block's warps (1–8) are chosen by shape:
+//     enough warps in all to fill the GPU, no more warps than a row's draws keep busy.
+// WIDE: E = 16 bytes of X and VMAX = 8 (rows up to 256 packets: d ≤ 1024 float32 / 2048 16-bit
+// / 512 float64 values), or E = the metric block (1 for isotropic and diagonal metrics) and
+// VMAX = 1 (rows of at most 32 packets, d not a multiple of the 16-byte packet: the tiny-d case).
+// The launcher checks the alignment a vector packet needs (x, and its strides, multiples of the
+// packet's bytes) and otherwise uses et_score_fwd_kernel above.
+// VMAX: as many packets per lane as keep the sums and the draw's raw packets within 64 (float32
+// query) or 48 (float64) of the 128 registers a thread gets at two 256-thread blocks per SM (y is
+// read from shared memory; ptxas reports no spills, benchmarks/ptxas_report.txt): 8 for float32
+// draws (d up to 1024), 5 for 16-bit draws of a float32 query (d ≤ 1280), 6 for float64 draws
+// (d ≤ 384), 2 for 16-bit draws of a float64 query (d ≤ 512).
+template <typename T, typename X, int KIND, int K, bool WIDE>
+struct PacketShape {
+  static constexpr int E = WIDE ? 16 / static_cast<int>(sizeof(X)) : (KIND == kBlock ? K : 1);
+  static constexpr int kRegsPerPacket = E * static_cast<int>(sizeof(T) + sizeof(X)) / 4;
+  static constexpr int kRegs = sizeof(T) == 4 ? 64 : 48;
+  static constexpr int VMAX = WIDE ? (kRegs / kRegsPerPacket > 1 ? kRegs / kRegsPerPacket : 1) : 1;
+  // the wide packet must hold whole metric blocks
+  static constexpr bool kFits = !WIDE || KIND != kBlock || E % K == 0;
+};
+
+constexpr int kPacketMaxWarps = 8;
+
+// uᵀPu over one packet (coordinates j0 … j0 + E − 1); the isotropic p is applied by the caller.
+template <typename T, int KIND, int K, int E>
+__device__ __forceinline__ T packet_quad(const T (&u)[E], const T* __restrict__ pdiag, const T (&pk)[K * K], int64_t j0) {
+  T q = 0;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    if (KIND == kIsotropic) {
+      q += u[e] * u[e];
+    } else if (KIND == kDiagonal) {
+      q += pdiag[j0 + e] * u[e] * u[e];
+    } else {
+      const int ai = e % K, base = e - ai;
+      T pu = 0;
+#pragma unroll
+      for (int b = 0; b < K; ++b) pu += pk[ai * K + b] * u[base + b];
+      q += u[e] * pu;
+    }
+  }
+  return q;
+}
+
+template <typename T, typename X, int KIND, int K, bool LANGEVIN, bool WIDE>
+__global__ void __launch_bounds__(kPacketMaxWarps * kWarp, WIDE || sizeof(T) == 8 ? 2 : 4)
+    et_score_fwd_packet_kernel(EtScoreArgs<T, X> a, int lanes, int nv, T* __restrict__ out, T* __restrict__ m_out,
+                               int64_t n_per, T* __restrict__ ws) {
+  constexpr int E = PacketShape<T, X, KIND, K, WIDE>::E, VMAX = PacketShape<T, X, KIND, K, WIDE>::VMAX;
+  constexpr int KK = KIND == kBlock ? K : 1;
+  ET_DYNAMIC_SHARED(smem_raw);
+  T* part = reinterpret_cast<T*>(smem_raw);  // [warps][d]: each warp's Σ w u
+  T* ys = part + static_cast<int64_t>(blockDim.x / kWarp) * a.d;  // [d]: the query row
+  const int64_t row = blockIdx.x, d = a.d, N = a.N, packets = d / E;
+  const int warps = static_cast<int>(blockDim.x) / kWarp, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int L = lanes, l = lane % L;
+  const int group = warp * (kWarp / L) + lane / L, groups = warps * (kWarp / L);
+  const T* __restrict__ y = a.y + row * d;
+  const X* __restrict__ x = a.x + row * a.sxb;
+  const T* __restrict__ prec = a.prec + row * a.sp;
+  T pk[KK * KK];
+#pragma unroll
+  for (int e = 0; e < KK * KK; ++e) pk[e] = KIND == kBlock ? prec[e] : T(0);
+  const T piso = KIND == kIsotropic ? prec[0] : T(1);
+  const T beta = a.beta[row * a.sb], lam = a.lam[row * a.sl];
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ys[j] = y[j];
+  T acc[VMAX][E];
+#pragma unroll
+  for (int v = 0; v < VMAX; ++v)
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[v][e] = T(0);
+  __syncthreads();  // ys is written
+  // draws [n_lo, n_hi): all of them, or this block's range when the draws are split (ws != null);
+  // every lane runs the same number of iterations (the shuffles need the whole warp)
+  const int64_t n_lo = static_cast<int64_t>(blockIdx.z) * n_per;
+  const int64_t n_hi = n_lo + n_per < N ? n_lo + n_per : N;
+  for (int64_t i0 = n_lo; i0 < n_hi; i0 += groups) {
+    const int64_t i = i0 + group;
+    const bool valid = i < n_hi;
+    const X* __restrict__ xi = x + (valid ? i : n_lo) * a.sxn;
+    // the draw's packets, as stored (16-bit draws take half the registers); all loads first
+    Packet<X, E> xr[VMAX];
+#pragma unroll
+    for (int v = 0; v < VMAX; ++v) {
+      const int64_t p = l + static_cast<int64_t>(L) * v;
+      xr[v] = valid && v < nv && p < packets ? load_packet<X, E>(xi + p * E) : Packet<X, E>{};
+    }
+    T q = 0;
+#pragma unroll
+    for (int v = 0; v < VMAX; ++v) {
+      const int64_t p = l + static_cast<int64_t>(L) * v;
+      if (v < nv && p < packets) {
+        const Packet<T, E> yp = load_packet<T, E>(ys + p * E);
+        T u[E];
+#pragma unroll
+        for (int e = 0; e < E; ++e) u[e] = valid ? yp.v[e] - widen<T>(xr[v].v[e]) : T(0);
+        q += packet_quad<T, KIND, KK, E>(u, prec, pk, p * E);
+      }
+    }
+    for (int o = L / 2; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+    if (valid) {
+      const T w = residual_weight(piso * q, beta);
+#pragma unroll
+      for (int v = 0; v < VMAX; ++v) {
+        const int64_t p = l + static_cast<int64_t>(L) * v;
+        if (v < nv && p < packets) {
+          const Packet<T, E> yp = load_packet<T, E>(ys + p * E);
+#pragma unroll
+          for (int e = 0; e < E; ++e) acc[v][e] += w * (yp.v[e] - widen<T>(xr[v].v[e]));
+        }
+      }
+    }
+  }
+  // the warp's groups, then the block's warps
+#pragma unroll
+  for (int v = 0; v < VMAX; ++v)
+#pragma unroll
+    for (int e = 0; e < E; ++e)
+      for (int o = kWarp / 2; o >= L; o >>= 1) acc[v][e] += __shfl_xor_sync(0xffffffffu, acc[v][e], o);
+  if (lane < L) {
+#pragma unroll
+    for (int v = 0; v < VMAX; ++v) {
+      const int64_t p = l + static_cast<int64_t>(L) * v;
+      if (v < nv && p < packets)
+#pragma unroll
+        for (int e = 0; e < E; ++e) part[warp * d + p * E + e] = acc[v][e];
+    }
+  }
+  __syncthreads();
+  if (ws != nullptr) {  // split draws: this range's Σ w u; the finalize kernel adds the ranges
+    T* __restrict__ dst = ws + (row * gridDim.z + blockIdx.z) * d;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+      T sum = 0;
+      for (int w = 0; w < warps; ++w) sum += part[w * d + j];
+      dst[j] = sum;
+    }
+    return;
+  }
+  const T inv_n = T(1) / static_cast<T>(N);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {  // column j is read and written by thread j only
+    T sum = 0;
+    for (int w = 0; w < warps; ++w) sum += part[w * d + j];
+    part[j] = sum * inv_n;
+    m_out[row * d + j] = sum * inv_n;
+  }
+  __syncthreads();  // s needs m at the other coordinates of j's block
+  T alpha = 0, diffusion = 0;
+  if (LANGEVIN) {
+    alpha = a.step[row * a.sa];
+    diffusion = sqrt(T(2) * alpha);
+  }
+  const RowPrec<T, KIND, K> P{prec};
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const T s = -lam * P.apply_at(j, [part](int64_t c) { return part[c]; });
+    out[row * d + j] = LANGEVIN ? y[j] + alpha * s + diffusion * a.noise[row * d + j] : s;
+  }
+}
+
 // Finalize of the split-draw forward: m = (1/N) Σ_r ws[row, r], then s = −λ P m (and the
 // Langevin update), one block per row.  P m at j needs m on j's metric block, summed from ws
 // directly (nsplit·k loads of a small, L2-resident buffer).
@@ -140,11 +320,54 @@ inline int64_t draw_splits(int64_t B, int64_t N, int sms) {
   return want < most ? want : most;
 }
 
+// ETWEEDIE_CUDA_PACKET=0 in the environment turns the packet kernels off (A/B timing, bisecting).
+inline bool packet_kernels_enabled() {
+  const char* flag = std::getenv("ETWEEDIE_CUDA_PACKET");  // read per launch: A/B timing in one process
+  return flag == nullptr || flag[0] != '0';
+}
+
+// Whether x's draw rows can be read in packets of E values of X: d a multiple of E and, for a
+// vector packet, x and both of its strides aligned to the packet's bytes.
+template <typename T, typename X, int E>
+bool packets_fit(const EtScoreArgs<T, X>& a) {
+  if (a.d % E != 0) return false;
+  if (!kPacketIsVector<X, E>) return true;
+  constexpr int64_t bytes = E * static_cast<int64_t>(sizeof(X));
+  return reinterpret_cast<uintptr_t>(a.x) % bytes == 0 && (a.sxn * static_cast<int64_t>(sizeof(X))) % bytes == 0 &&
+         (a.sxb * static_cast<int64_t>(sizeof(X))) % bytes == 0;
+}
+
+// The packet kernel's launch shape for a row of `packets` packets: lanes per draw, packets per
+// lane, warps per block.  warps: doubled while the blocks in all hold fewer than 16 warps per SM
+// (the resident warps of a 128-register kernel) and the block's draw groups are fewer than its
+// draws; then halved while the shared buffers ([warps][d] sums and the query row) exceed 48 KiB.
+struct PacketPlan {
+  int lanes, nv, warps;
+};
+template <typename T>
+PacketPlan packet_plan(int64_t packets, int64_t blocks, int64_t n_per, int64_t d, int sms) {
+  PacketPlan p{1, 1, 1};
+  if (packets >= kWarp) {
+    p.lanes = kWarp;
+    p.nv = static_cast<int>((packets + kWarp - 1) / kWarp);
+  } else {
+    while (p.lanes < packets) p.lanes *= 2;
+  }
+  const int64_t groups_per_warp = kWarp / p.lanes;
+  while (p.warps < kPacketMaxWarps && blocks * p.warps < static_cast<int64_t>(sms) * 16 &&
+         p.warps * groups_per_warp < n_per)
+    p.warps *= 2;
+  while (p.warps > 1 && (p.warps + 1) * d * static_cast<int64_t>(sizeof(T)) > 48 * 1024) p.warps /= 2;
+  return p;
+}
+
+// Forward of et_score and langevin_step: the packet kernel (wide, else narrow) where the row fits
+// it, else the tiled kernel (coordinate chunks for few long rows); rows fewer than SMs are split
+// over draw ranges (draw_splits) and finished by the finalize kernel.
 template <typename T, typename X, bool LANGEVIN>
 cudaError_t et_score_fwd_dispatch(const EtScoreArgs<T, X>& a, T* out, T* m, cudaStream_t stream) {
   if (a.B == 0 || a.d == 0) return cudaSuccess;
   if (a.N <= 0) return cudaErrorInvalidValue;
-  // Coordinate chunks: enough blocks for ~2 per SM when rows are few and d is large.
   int device = 0, sms = 1;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -156,37 +379,58 @@ cudaError_t et_score_fwd_dispatch(const EtScoreArgs<T, X>& a, T* out, T* m, cuda
     nsplit = (a.N + n_per - 1) / n_per;  // no empty range
   }
   if (nsplit > 65535) return cudaErrorInvalidConfiguration;
-  int64_t nch = 1;
-  if (nsplit == 1 && a.d > 2 * kMinChunk && a.B < 2 * sms) {
-    const int64_t want = (2 * sms + a.B - 1) / a.B, most = a.d / kMinChunk;
-    nch = want < most ? want : most;
-  }
-  int64_t chunk = (a.d + nch - 1) / nch;
-  chunk = (chunk + k - 1) / k * k;  // whole metric blocks per chunk
-  nch = (a.d + chunk - 1) / chunk;
-  if (nch > 65535) return cudaErrorInvalidConfiguration;
-  const size_t smem = static_cast<size_t>(chunk + kTile) * sizeof(T);
+  const bool packets_on = packet_kernels_enabled();
   return dispatch_metric(a.kind, a.kblock, [&](auto kind_c, auto k_c) {
     constexpr int KIND = decltype(kind_c)::value, K = decltype(k_c)::value;
-    auto kernel = et_score_fwd_kernel<T, X, KIND, K, LANGEVIN>;
-    if (smem > 48 * 1024) {
-      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem));
-      if (e != cudaSuccess) return e;
-    }
+    constexpr int EW = PacketShape<T, X, KIND, K, true>::E, EN = PacketShape<T, X, KIND, K, false>::E;
+    constexpr bool kWideFits = PacketShape<T, X, KIND, K, true>::kFits;
+    const bool wide = kWideFits && packets_on && packets_fit<T, X, EW>(a) &&
+                      a.d / EW <= kWarp * PacketShape<T, X, KIND, K, true>::VMAX;
+    const bool narrow = !wide && packets_on && packets_fit<T, X, EN>(a) && a.d / EN <= kWarp;
     T* ws = nullptr;  // (B, nsplit, d) partial sums, stream-ordered (no device-wide sync)
     if (nsplit > 1) {
       const cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&ws),
                                             static_cast<size_t>(a.B * nsplit * a.d) * sizeof(T), stream);
       if (e != cudaSuccess) return e;
     }
-    const dim3 grid(static_cast<unsigned>(a.B), static_cast<unsigned>(nch), static_cast<unsigned>(nsplit));
-    cudaError_t e = launch(kernel, grid, kThreads, smem, stream, a, chunk, out, m, n_per, ws);
-    if (nsplit > 1) {
+    const dim3 rows(static_cast<unsigned>(a.B), 1, static_cast<unsigned>(nsplit));
+    cudaError_t e = cudaSuccess;
+    if (wide || narrow) {
+      const PacketPlan p = packet_plan<T>(a.d / (wide ? EW : EN), a.B * nsplit, n_per, a.d, sms);
+      const size_t smem = static_cast<size_t>(p.warps + 1) * a.d * sizeof(T);
+      const dim3 block(static_cast<unsigned>(p.warps * kWarp));
+      if constexpr (kWideFits) {
+        if (wide)
+          e = launch(et_score_fwd_packet_kernel<T, X, KIND, K, LANGEVIN, true>, rows, block, smem, stream, a, p.lanes,
+                     p.nv, out, m, n_per, ws);
+      }
+      if (!wide)
+        e = launch(et_score_fwd_packet_kernel<T, X, KIND, K, LANGEVIN, false>, rows, block, smem, stream, a, p.lanes,
+                   p.nv, out, m, n_per, ws);
+    } else {
+      // Coordinate chunks: enough blocks for ~2 per SM when rows are few and d is large.
+      int64_t nch = 1;
+      if (nsplit == 1 && a.d > 2 * kMinChunk && a.B < 2 * sms) {
+        const int64_t want = (2 * sms + a.B - 1) / a.B, most = a.d / kMinChunk;
+        nch = want < most ? want : most;
+      }
+      int64_t chunk = (a.d + nch - 1) / nch;
+      chunk = (chunk + k - 1) / k * k;  // whole metric blocks per chunk
+      nch = (a.d + chunk - 1) / chunk;
+      const size_t smem = static_cast<size_t>(chunk + kTile) * sizeof(T);
+      auto kernel = et_score_fwd_kernel<T, X, KIND, K, LANGEVIN>;
+      if (nch > 65535) e = cudaErrorInvalidConfiguration;
+      if (e == cudaSuccess && smem > 48 * 1024)
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
       if (e == cudaSuccess) {
+        const dim3 grid(static_cast<unsigned>(a.B), static_cast<unsigned>(nch), static_cast<unsigned>(nsplit));
+        e = launch(kernel, grid, kThreads, smem, stream, a, chunk, out, m, n_per, ws);
+      }
+    }
+    if (nsplit > 1) {
+      if (e == cudaSuccess)
         e = launch(et_score_fwd_finalize_kernel<T, X, KIND, K, LANGEVIN>, static_cast<unsigned>(a.B), kThreads, 0,
                    stream, a, nsplit, ws, out, m);
-      }
       const cudaError_t f = cudaFreeAsync(ws, stream);
       if (e == cudaSuccess) e = f;
     }

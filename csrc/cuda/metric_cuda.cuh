@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "../common/et_score.h"
@@ -52,6 +53,56 @@ struct RowPrec {
   }
   static constexpr int param_size() { return KIND == kBlock ? K * K : 1; }
 };
+
+// E consecutive values of X, loaded together (load_packet).
+template <typename X, int E>
+struct Packet {
+  X v[E];
+};
+
+template <int BYTES>
+struct VecWord {};
+template <>
+struct VecWord<16> {
+  using type = uint4;
+};
+template <>
+struct VecWord<8> {
+  using type = uint2;
+};
+template <>
+struct VecWord<4> {
+  using type = unsigned;
+};
+template <>
+struct VecWord<2> {
+  using type = unsigned short;
+};
+
+// Whether load_packet<X, E> is one vector load (E·sizeof(X) = 2, 4, 8 or 16 bytes, the address
+// aligned to it) rather than E scalar loads.
+template <typename X, int E>
+constexpr bool kPacketIsVector = E * sizeof(X) == 2 || E * sizeof(X) == 4 || E * sizeof(X) == 8 || E * sizeof(X) == 16;
+
+// The E values of X at p: one 16-byte (or 8/4/2-byte) load where kPacketIsVector — p aligned to
+// the packet's size, which the launchers check before choosing a kernel that loads packets.
+template <typename X, int E>
+__device__ __forceinline__ Packet<X, E> load_packet(const X* __restrict__ p) {
+  Packet<X, E> r;
+  if constexpr (kPacketIsVector<X, E>) {
+    constexpr int kBytes = E * static_cast<int>(sizeof(X));
+#if defined(ETWEEDIE_SIMT)
+    simt::check_aligned(p, kBytes);
+#endif
+    using W = typename VecWord<kBytes>::type;
+    const W w = *reinterpret_cast<const W*>(p);
+    memcpy(&r, &w, kBytes);
+  } else {
+#pragma unroll
+    for (int e = 0; e < E; ++e) r.v[e] = p[e];
+  }
+  return r;
+}
 
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {

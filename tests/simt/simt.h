@@ -26,6 +26,8 @@
 #define ETWEEDIE_SIMT 1
 #endif
 
+#include <cxxabi.h>
+#include <dlfcn.h>
 #include <math.h>  // the float overloads of sqrt/exp/… in the global namespace, as in device code
 #include <ucontext.h>
 
@@ -113,11 +115,25 @@ struct Launch {
   std::string failure;
   std::string kernel;
   std::map<const void*, int> smem_attr;  // cudaFuncAttributeMaxDynamicSharedMemorySize per kernel
+  std::vector<std::string> log;           // "kernel<template args> grid=(x,y,z) block=n smem=bytes" per launch
   cudaError_t last_error = cudaSuccess;
 };
 inline Launch& launch_state() {
   static Launch s;
   return s;
+}
+
+// The kernel's name with its template arguments, e.g. "etweedie::cuda::et_score_fwd_kernel<float, …>".
+inline std::string kernel_name(const void* fn) {
+  Dl_info info;
+  if (dladdr(fn, &info) == 0 || info.dli_sname == nullptr) return "?";
+  int status = 0;
+  char* full = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
+  std::string name = status == 0 && full ? full : info.dli_sname;
+  std::free(full);
+  if (name.rfind("void ", 0) == 0) name = name.substr(5);
+  const size_t paren = name.find('(');
+  return paren == std::string::npos ? name : name.substr(0, paren);
 }
 
 inline unsigned char* dynamic_shared() { return launch_state().dynamic_smem.data(); }
@@ -369,6 +385,9 @@ cudaError_t launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cud
     const auto it = s.smem_attr.find(reinterpret_cast<const void*>(kernel));
     if (it == s.smem_attr.end() || static_cast<size_t>(it->second) < smem) return cudaErrorInvalidValue;
   }
+  s.log.push_back(simt::kernel_name(reinterpret_cast<const void*>(kernel)) + " grid=(" + std::to_string(grid.x) + "," +
+                  std::to_string(grid.y) + "," + std::to_string(grid.z) + ") block=" + std::to_string(threads) +
+                  " smem=" + std::to_string(smem));
   s.body = [&] { kernel(static_cast<P>(args)...); };
   s.exchange.assign(16 * threads, 0);
   uint64_t rng = simt::config().seed;
