@@ -12,9 +12,10 @@
 
 TORCH_LIBRARY(etweedie, m) {
   // -> (s, m): the score s = −λ P m and the weighted mean residual m (saved for backward).
-  // CPU kernel (and langevin_step_fwd's): a row with a draw whose q = ‖y − x_i‖²_P is out of the
-  // range it computes accurately (q_in_range, csrc/common/et_score.h: NaN/inf inputs, float32
-  // over/underflow) comes back as NaN in both outputs; the Python op then reruns in float64.
+  // CPU and CUDA kernels (and langevin_step_fwd's): a row with a draw whose q = ‖y − x_i‖²_P is out
+  // of the range they compute accurately (q_in_range, csrc/common/et_score.h: NaN/inf inputs,
+  // float32 over/underflow) comes back as NaN in both outputs; on CPU tensors the Python op then
+  // reruns in float64.
   m.def("et_score_fwd(Tensor y, Tensor x, Tensor beta, Tensor lam, Tensor prec, int kind) -> (Tensor, Tensor)");
   // Upstream gradients of both outputs -> (grad_y, grad_x, grad_beta, grad_lam, grad_prec);
   // an unrequested gradient is an empty tensor.

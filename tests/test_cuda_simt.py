@@ -228,6 +228,35 @@ def test_packet_kernels_can_be_turned_off(simt, gen, monkeypatch):
         _close(a, b, "packet vs tiled", 2e-5, 2e-5)
 
 
+@pytest.mark.parametrize("d, packet", [(16, "1"), (16, "0"), (6, "1"), (300, "0")])
+@pytest.mark.parametrize("sms", [2, 4, 132])  # rows as they are, split by coordinates (tiled), split by draws
+def test_out_of_range_rows_are_flagged_like_cpu(simt, gen, monkeypatch, d, packet, sms):
+    """A row with a draw whose float32 q is out of range (an inf draw, a distinct draw 1e-21 away,
+    a row at 1e26) comes back NaN from the CUDA kernels as from the CPU kernel; an exactly
+    coincident draw and ordinary rows do not."""
+    monkeypatch.setenv("ETWEEDIE_CUDA_PACKET", packet)
+    simt_build.configure(sms=sms, seed=gen.initial_seed())
+    B, N = 6, 40
+    y, x, beta, lam, prec = _rows(B, N, d, 2, 2, torch.float32, torch.float32, gen)
+    x[1, 7, 3] = float("inf")
+    y[2, 0] = 0.0
+    x[2, 11] = y[2]
+    x[2, 11, 0] = 1e-21  # distinct from y, q ≈ 1e-42: below float32's range
+    x[3, 5] = y[3]       # exact coincidence: in range
+    y[4] *= 1e26
+    x[4] *= 1e26         # q ≈ 1e52 > 2^100
+    bad = torch.tensor([False, True, True, False, True, False])
+    want = torch.ops.etweedie.et_score_fwd(y, x, beta, lam, prec, 2)
+    got = simt.et_score_fwd(y, x, beta, lam, prec, 2)
+    noise = torch.randn(B, d, generator=gen)
+    step = torch.full((B,), 0.01)
+    got_l = simt.langevin_step_fwd(y, x, noise, step, beta, lam, prec, 2)
+    for out in (*want, *got, *got_l):
+        assert torch.equal(out.isnan().all(1), bad) and not out[~bad].isnan().any()
+    for a, b in zip(got, want):
+        _close(a[~bad], b[~bad], "in-range rows", 2e-5, 2e-5)
+
+
 @pytest.mark.parametrize("case", ["shared_x", "shared_params", "coincident_beta1", "coincident_beta2", "one_draw",
                                   "far_from_origin", "empty_rows"])
 @pytest.mark.parametrize("sms", [2, 132])

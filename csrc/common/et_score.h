@@ -37,10 +37,18 @@ ET_HD T half_log(T q) {
 // [2^-64, 2^100] — the backward's slope (β−2) q^{(β−4)/2} stays below float32's largest value
 // for q ≥ 2^-64, and sums of N·d terms of size q stay finite for q ≤ 2^100.  float64: every
 // normal q.  q = 0 is in range only for a draw equal to y (coincident); a NaN or inf in the
-// inputs gives a q out of range.  The CPU kernels flag a row with a draw out of range by writing
-// NaN into it, and the op reruns such a float32 call in float64 (etweedie/ops/et_score.py).
+// inputs gives a q out of range.  The kernels flag a row with a draw out of range by writing NaN
+// into it; on the CPU the op reruns such a float32 call in float64 (etweedie/ops/et_score.py), on
+// a GPU the NaN row is returned (a rerun would need a device sync).
 ET_HD bool q_in_range(float q) { return q >= 0x1p-64f && q <= 0x1p100f; }
 ET_HD bool q_in_range(double q) { return q >= 2.2250738585072014e-308 && q <= 1.7976931348623157e308; }
+
+// The value a kernel writes into a flagged row (host and device; no numeric_limits, which is not
+// callable from device code).
+template <typename T>
+ET_HD T flagged_value() {
+  return static_cast<T>(bits_float(0x7fc00000));  // quiet NaN
+}
 
 // −(λ/β)‖u‖_P^β from q = ‖u‖²_P: the log of the unnormalized generalized-Gaussian density.
 template <typename T>

@@ -59,6 +59,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtSc
   // draws [n_lo, n_hi): all of them, or this block's range when the draws are split (ws != null)
   const int64_t n_lo = static_cast<int64_t>(blockIdx.z) * n_per;
   const int64_t n_hi = n_lo + n_per < N ? n_lo + n_per : N;
+  __shared__ int row_flag;  // a draw of the row is out of range (q_in_range, not y itself): NaN outputs
+  if (threadIdx.x == 0) row_flag = 0;
   for (int64_t j = j0 + threadIdx.x; j < j1; j += kThreads) acc[j - j0] = T(0);
   for (int64_t i0 = n_lo; i0 < n_hi; i0 += kTile) {
     const int n = static_cast<int>(n_hi - i0 < kTile ? n_hi - i0 : kTile);
@@ -69,6 +71,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtSc
       for (int64_t j = lane; j < d; j += kWarp)
         q += (y[j] - widen<T>(xi[j])) * P.apply_at(j, [y, xi](int64_t c) { return y[c] - widen<T>(xi[c]); });
       q = warp_sum(q);
+      if (!q_in_range(q)) {  // out of range unless the draw is y itself (each lane checks its coordinates)
+        bool differs = q != T(0);
+        for (int64_t j = lane; !differs && j < d; j += kWarp) differs = y[j] != widen<T>(xi[j]);
+        if (differs) row_flag = 1;
+      }
       if (lane == 0) wt[t] = residual_weight(q, beta);
     }
     __syncthreads();
@@ -80,14 +87,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtSc
       acc[j - j0] += s;
     }
   }
+  // every write of row_flag precedes the __syncthreads after its tile's q phase
+  const bool flagged = row_flag != 0;
   if (ws != nullptr) {  // split draws: this range's Σ w u for the chunk; the finalize kernel adds
     T* __restrict__ part = ws + (row * gridDim.z + blockIdx.z) * d;
-    for (int64_t j = j0 + threadIdx.x; j < j1; j += kThreads) part[j] = acc[j - j0];
+    for (int64_t j = j0 + threadIdx.x; j < j1; j += kThreads) part[j] = flagged ? flagged_value<T>() : acc[j - j0];
     return;
   }
   const T inv_n = T(1) / static_cast<T>(N);
   for (int64_t j = j0 + threadIdx.x; j < j1; j += kThreads) {
-    acc[j - j0] *= inv_n;
+    acc[j - j0] = flagged ? flagged_value<T>() : acc[j - j0] * inv_n;
     m_out[row * d + j] = acc[j - j0];
   }
   __syncthreads();  // s needs m at the other coordinates of j's block
@@ -183,6 +192,9 @@ __global__ void __launch_bounds__(kPacketMaxWarps * kWarp, WIDE || sizeof(T) == 
   for (int e = 0; e < KK * KK; ++e) pk[e] = KIND == kBlock ? prec[e] : T(0);
   const T piso = KIND == kIsotropic ? prec[0] : T(1);
   const T beta = a.beta[row * a.sb], lam = a.lam[row * a.sl];
+  __shared__ int row_flag;  // a draw of the row is out of range: NaN outputs
+  if (threadIdx.x == 0) row_flag = 0;
+  bool out_of_range = false;  // this lane's share of the check
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ys[j] = y[j];
   T acc[VMAX][E];
 #pragma unroll
@@ -218,6 +230,19 @@ __global__ void __launch_bounds__(kPacketMaxWarps * kWarp, WIDE || sizeof(T) == 
       }
     }
     for (int o = L / 2; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+    if (valid && !q_in_range(piso * q)) {  // out of range unless the draw is y itself (each lane
+      bool differs = piso * q != T(0);     // checks its own packets)
+#pragma unroll
+      for (int v = 0; v < VMAX; ++v) {
+        const int64_t p = l + static_cast<int64_t>(L) * v;
+        if (v < nv && p < packets) {
+          const Packet<T, E> yp = load_packet<T, E>(ys + p * E);
+#pragma unroll
+          for (int e = 0; e < E; ++e) differs = differs || yp.v[e] != widen<T>(xr[v].v[e]);
+        }
+      }
+      out_of_range = out_of_range || differs;
+    }
     if (valid) {
       const T w = residual_weight(piso * q, beta);
 #pragma unroll
@@ -246,13 +271,15 @@ __global__ void __launch_bounds__(kPacketMaxWarps * kWarp, WIDE || sizeof(T) == 
         for (int e = 0; e < E; ++e) part[warp * d + p * E + e] = acc[v][e];
     }
   }
+  if (out_of_range) row_flag = 1;
   __syncthreads();
+  const bool flagged = row_flag != 0;
   if (ws != nullptr) {  // split draws: this range's Σ w u; the finalize kernel adds the ranges
     T* __restrict__ dst = ws + (row * gridDim.z + blockIdx.z) * d;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
       T sum = 0;
       for (int w = 0; w < warps; ++w) sum += part[w * d + j];
-      dst[j] = sum;
+      dst[j] = flagged ? flagged_value<T>() : sum;
     }
     return;
   }
@@ -260,8 +287,8 @@ __global__ void __launch_bounds__(kPacketMaxWarps * kWarp, WIDE || sizeof(T) == 
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {  // column j is read and written by thread j only
     T sum = 0;
     for (int w = 0; w < warps; ++w) sum += part[w * d + j];
-    part[j] = sum * inv_n;
-    m_out[row * d + j] = sum * inv_n;
+    part[j] = flagged ? flagged_value<T>() : sum * inv_n;
+    m_out[row * d + j] = part[j];
   }
   __syncthreads();  // s needs m at the other coordinates of j's block
   T alpha = 0, diffusion = 0;
