@@ -18,9 +18,11 @@ Work split: one program per (query row, chunk of BLOCK_D coordinates); it loops 
 draws in tiles of BLOCK_N.  q_i needs every coordinate, so with several chunks each program
 recomputes the tile's q over all of d (cheap next to reading the draws) and then accumulates
 only its own coordinates; with one chunk (d ≤ BLOCK_D, the common case) it reads each draw once.
-P u is formed in registers from "shifted" loads: for a block metric the coordinate j needs
+P u is formed in registers: in the forward, for a block metric with k a power of two, from the
+draw tile itself viewed as (BLOCK_N, BLOCK_D/k, k) and contracted with the k×k block (the draws
+are loaded once); otherwise (k = 3, and the backward) from "shifted" loads: the coordinate j needs
 u at j − j%k + b for b < k, loaded as a (BLOCK_N, BLOCK_D, KP) tile (KP = next power of two
-≥ k; KP = 1 for isotropic and diagonal metrics), so P is never materialized and
+≥ k; KP = 1 for isotropic and diagonal metrics).  P is never materialized and
 s = −λ (1/N) Σ w_i P u_i needs no cross-chunk exchange.  Gradients of the metric (and λ) are
 reduced per chunk into small partial buffers that the host sums (no atomics).
 Indexing is int64 (row offsets, draw offsets); no GPU is queried at import time.
@@ -200,6 +202,31 @@ def _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K: tl.
     return u, pu, u3
 
 
+@triton.jit
+def _residual_pu(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K: tl.constexpr, KIND: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IN_REGISTERS: tl.constexpr):
+    """u = y − x_n and P u (BLOCK_N, BLOCK_D), 0 where masked, for the forward.
+
+    IN_REGISTERS (a block metric with k a power of two): P u is formed from u itself, viewed as
+    (BLOCK_N, BLOCK_D/k, k) and contracted with the k×k block; the draws are loaded once.  Otherwise
+    (k = 3, isotropic, diagonal) through _residual_tile, whose block path loads the draws a second
+    time at the shifted columns."""
+    if IN_REGISTERS:
+        mask_d = cols < d
+        mask = mask_n[:, None] & mask_d[None, :]
+        yv = tl.load(y_row + cols, mask=mask_d, other=0.0)
+        xv = _widen(tl.load(x_row + offs_n[:, None] * sxn + cols[None, :], mask=mask, other=0.0), yv.dtype)
+        u = tl.where(mask, yv[None, :] - xv, 0.0)
+        a = tl.arange(0, K)
+        pk = tl.load(p_row + a[:, None] * K + a[None, :])  # (k, k), row-major
+        u3 = tl.reshape(u, (BLOCK_N, BLOCK_D // K, K))
+        pu3 = tl.sum(u3[:, :, None, :] * pk[None, None, :, :], axis=3)
+        return u, tl.reshape(pu3, (BLOCK_N, BLOCK_D))
+    else:
+        u, pu, _u3 = _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND)
+        return u, pu
+
+
 # ----------------------------------------------------------------------------- forward
 
 # N is read as a runtime value; without do_not_specialize, compiled Triton would turn N == 1 into
@@ -212,7 +239,7 @@ def _et_score_forward_kernel(
     N, d, sxb, sxn, sb, sl, sp, sa, n_per, nsplit,
     KIND: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ONE_CHUNK: tl.constexpr, LANGEVIN: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, IN_REGISTERS: tl.constexpr,
 ):
     """out = s (or, with LANGEVIN, y + α s + sqrt(2α) ξ) and m for one row's coordinate chunk.
 
@@ -236,15 +263,18 @@ def _et_score_forward_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N).to(tl.int64)
         mask_n = offs_n < n_hi
         if ONE_CHUNK:
-            u, pu, u3 = _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND)
+            u, pu = _residual_pu(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND, BLOCK_N, BLOCK_D,
+                                 IN_REGISTERS)
             q = tl.sum(u * pu, axis=1)
         else:
             q = tl.zeros([BLOCK_N], dtype=y_ptr.dtype.element_ty)
             for c0 in range(0, d, BLOCK_D):
                 cc = c0 + tl.arange(0, BLOCK_D)
-                uc, puc, _u3 = _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cc, kk, d, K, KIND)
+                uc, puc = _residual_pu(y_row, x_row, p_row, offs_n, mask_n, sxn, cc, kk, d, K, KIND, BLOCK_N, BLOCK_D,
+                                       IN_REGISTERS)
                 q += tl.sum(uc * puc, axis=1)
-            u, pu, u3 = _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND)
+            u, pu = _residual_pu(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND, BLOCK_N, BLOCK_D,
+                                 IN_REGISTERS)
         w = tl.where(mask_n, _residual_weight(q, beta), 0.0)
         acc_u += tl.sum(w[:, None] * u, axis=0)
         acc_pu += tl.sum(w[:, None] * pu, axis=0)
@@ -306,6 +336,14 @@ def check_canonical(op: str, y, x, beta, lam, prec, kind: int):
     return prec
 
 
+def _block_in_registers(kind: int, KP: int, k: int, BLOCK_D: int) -> bool:
+    """Whether the forward applies a block metric to the draws' own registers (_residual_pu): k a
+    power of two and every coordinate chunk made of whole k×k blocks;
+    ETWEEDIE_TRITON_BLOCK_IN_REGISTERS=0 turns it off (A/B timing in gpu_check)."""
+    return (kind == 2 and k == KP and BLOCK_D % k == 0
+            and os.environ.get("ETWEEDIE_TRITON_BLOCK_IN_REGISTERS", "1") != "0")
+
+
 def _launch_forward(y, x, beta, lam, prec, kind, noise=None, step=None):
     B, d = y.shape
     N = x.shape[1]
@@ -324,7 +362,8 @@ def _launch_forward(y, x, beta, lam, prec, kind, noise=None, step=None):
         N, d, x.stride(0), x.stride(1), beta.stride(0), lam.stride(0), prec.stride(0),
         step.stride(0) if langevin else 0, per, S,
         KIND=kind, K=_block_k(prec, kind), KP=KP, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
-        ONE_CHUNK=nch == 1, LANGEVIN=langevin, SPLIT=S > 1, num_warps=8 if BLOCK_D * BLOCK_N * KP >= 4096 else 4,
+        ONE_CHUNK=nch == 1, LANGEVIN=langevin, SPLIT=S > 1, IN_REGISTERS=_block_in_registers(kind, KP, _block_k(prec, kind), BLOCK_D),
+        num_warps=8 if BLOCK_D * BLOCK_N * KP >= 4096 else 4,
     )
     if S > 1:
         sums = ws.sum(1) / N  # (B, 2, d): m and P m

@@ -53,16 +53,18 @@ def main(argv=None) -> int:
     count = 0
     for dt in args.dtypes.split(","):
         ptr = "*" + dt
-        for kind, K, KP in [(0, 1, 1), (1, 1, 1), (2, 2, 2), (2, 3, 4)]:
+        for kind, K, KP in [(0, 1, 1), (1, 1, 1), (2, 2, 2), (2, 3, 4), (2, 4, 4)]:
             for one in (True, False):
                 BN, BD = (8, 256) if one else (8, 64)
                 fwd_ints = ["N", "d", "sxb", "sxn", "sb", "sl", "sp", "sa", "n_per", "nsplit"]
-                for lang in (False, True):
-                    for split in (False, True):
-                        build(E._et_score_forward_kernel, ptr, fwd_ints,
-                              dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one, LANGEVIN=lang,
-                                   SPLIT=split))
-                        count += 1
+                # a power-of-two block: applied in registers (default) and through shifted loads
+                for in_reg in sorted({False, kind == 2 and K == KP}):
+                    for lang in (False, True):
+                        for split in (False, True):
+                            build(E._et_score_forward_kernel, ptr, fwd_ints,
+                                  dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
+                                       LANGEVIN=lang, SPLIT=split, IN_REGISTERS=in_reg))
+                            count += 1
                 build(E._et_score_backward_kernel, ptr, ["N", "d", "sxb", "sxn", "sb", "sl", "sp", "nchunks"],
                       dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
                            NEED_X=True, NEED_BETA=True, NEED_LAM=True, NEED_PREC=True))
@@ -93,7 +95,7 @@ def main(argv=None) -> int:
                     for lang in (False, True):
                         build(E._et_score_forward_kernel, ptr, ["N", "d", "sxb", "sxn", "sb", "sl", "sp", "sa", "n_per", "nsplit"],
                               dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one, LANGEVIN=lang,
-                                   SPLIT=False), draws)
+                                   SPLIT=False, IN_REGISTERS=kind == 2 and K == KP), draws)
                     build(E._et_score_backward_kernel, ptr, ["N", "d", "sxb", "sxn", "sb", "sl", "sp", "nchunks"],
                           dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
                                NEED_X=True, NEED_BETA=True, NEED_LAM=True, NEED_PREC=True), draws)

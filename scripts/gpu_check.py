@@ -112,10 +112,14 @@ def _workloads(quick: bool):
 # backends timed per op; "compile" is torch.compile of the eager reference; "<b>:nosplit" is
 # backend b with the split-draw forward turned off (ETWEEDIE_CUDA_SPLIT / ETWEEDIE_TRITON_SPLIT=0);
 # "cuda:tiled" is the CUDA forward without its single-pass packet kernels (ETWEEDIE_CUDA_PACKET=0),
-# the A/B of the 16-byte-load kernel against the tiled one it replaces
+# the A/B of the 16-byte-load kernel against the tiled one it replaces; "triton:shifted" the
+# Triton forward with a block metric applied through shifted loads instead of in registers
+# (ETWEEDIE_TRITON_BLOCK_IN_REGISTERS=0; same as "triton" for isotropic rows)
 TIMED_BACKENDS = {
-    "et_score": ("reference", "compile", "cuda", "cuda:tiled", "cuda:nosplit", "triton", "triton:nosplit"),
-    "langevin_step": ("reference", "compile", "cuda", "cuda:tiled", "cuda:nosplit", "triton", "triton:nosplit"),
+    "et_score": ("reference", "compile", "cuda", "cuda:tiled", "cuda:nosplit", "triton", "triton:shifted",
+                 "triton:nosplit"),
+    "langevin_step": ("reference", "compile", "cuda", "cuda:tiled", "cuda:nosplit", "triton", "triton:shifted",
+                      "triton:nosplit"),
     "student_t_score": ("reference", "compile", "cuda", "triton"),
     "is_score": ("reference", "cuda", "triton"),
     "energy_score": ("reference", "compile", "cuda", "triton"),
@@ -139,7 +143,7 @@ def chunked_energy_distance(a, b, beta: float = 1.0, chunk: int = 4096):
     return (2 * pair_sum(a, b) / (n * m) - pair_sum(a, a) / (n * (n - 1)) - pair_sum(b, b) / (m * (m - 1))).to(a.dtype)
 # the environment switch that turns a backend variant's feature off
 _VARIANT_ENV = {"cuda:nosplit": "ETWEEDIE_CUDA_SPLIT", "triton:nosplit": "ETWEEDIE_TRITON_SPLIT",
-                "cuda:tiled": "ETWEEDIE_CUDA_PACKET"}
+                "cuda:tiled": "ETWEEDIE_CUDA_PACKET", "triton:shifted": "ETWEEDIE_TRITON_BLOCK_IN_REGISTERS"}
 
 
 def _thunk(op: str, backend: str, dev, dtype, B: int, N: int, d: int, metric_fn, backward: bool,

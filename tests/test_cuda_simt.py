@@ -232,8 +232,8 @@ def test_packet_kernels_can_be_turned_off(simt, gen, monkeypatch):
 @pytest.mark.parametrize("sms", [2, 4, 132])  # rows as they are, split by coordinates (tiled), split by draws
 def test_out_of_range_rows_are_flagged_like_cpu(simt, gen, monkeypatch, d, packet, sms):
     """A row with a draw whose float32 q is out of range (an inf draw, a distinct draw 1e-21 away,
-    a row at 1e26) comes back NaN from the CUDA kernels as from the CPU kernel; an exactly
-    coincident draw and ordinary rows do not."""
+    a row at 1e26) comes back NaN from the CUDA kernels as from the CPU kernel (et_score,
+    langevin_step, student_t_score); an exactly coincident draw and ordinary rows do not."""
     monkeypatch.setenv("ETWEEDIE_CUDA_PACKET", packet)
     simt_build.configure(sms=sms, seed=gen.initial_seed())
     B, N = 6, 40
@@ -251,7 +251,10 @@ def test_out_of_range_rows_are_flagged_like_cpu(simt, gen, monkeypatch, d, packe
     noise = torch.randn(B, d, generator=gen)
     step = torch.full((B,), 0.01)
     got_l = simt.langevin_step_fwd(y, x, noise, step, beta, lam, prec, 2)
-    for out in (*want, *got, *got_l):
+    c = torch.full((B,), 0.5 * d + 3.0)
+    got_t = simt.student_t_score_fwd(y, x, c, prec, 2)
+    want_t = torch.ops.etweedie.student_t_score_fwd(y, x, c, prec, 2)
+    for out in (*want, *got, *got_l, *got_t, *want_t):
         assert torch.equal(out.isnan().all(1), bad) and not out[~bad].isnan().any()
     for a, b in zip(got, want):
         _close(a[~bad], b[~bad], "in-range rows", 2e-5, 2e-5)

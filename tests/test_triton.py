@@ -86,6 +86,26 @@ def test_et_score_several_chunks(kind, small_chunks, seed):
     _check_against_reference("triton", DEV, (y, x, beta, lam), metric, f"[{kind}, chunks of 8]", seed)
 
 
+@pytest.mark.parametrize("kind, k", [("block2", 2), ("block4", 4)])
+@pytest.mark.parametrize("in_registers", ["1", "0"])
+def test_et_score_block_metric_in_registers_and_shifted(kind, k, in_registers, seed, monkeypatch):
+    """The forward's two ways of applying a k×k block (k a power of two): contracting the draw
+    tile viewed as (BLOCK_N, BLOCK_D/k, k) in registers (default), or shifted loads
+    (ETWEEDIE_TRITON_BLOCK_IN_REGISTERS=0, the A/B switch of gpu_check); both against the
+    float64 reference, the fused Langevin step included."""
+    monkeypatch.setenv("ETWEEDIE_TRITON_BLOCK_IN_REGISTERS", in_registers)
+    assert tk_et_score._block_in_registers(2, k, k, 16) == (in_registers == "1")
+    assert not tk_et_score._block_in_registers(2, 4, 3, 16)  # k = 3: shifted loads
+    assert not tk_et_score._block_in_registers(2, 4, 4, 2)  # chunks cutting through blocks
+    y, x, beta, lam, metric = _inputs(seed, 3, 37, 20, kind)
+    _check_against_reference("triton", DEV, (y, x, beta, lam), metric, f"[{kind}, in registers={in_registers}]", seed)
+    args = _langevin_inputs(seed, 2, 9, 12, kind)
+    out, _ = _langevin_run("triton", DEV, torch.float32, args[:6], args[6])
+    r32, _ = _langevin_run("reference", "cpu", torch.float32, args[:6], args[6])
+    r64, _ = _langevin_run("reference", "cpu", torch.float64, args[:6], args[6])
+    assert_close_to_ref(out, r32, r64, name=f"langevin[{kind}]", seed=seed)
+
+
 @pytest.mark.parametrize("beta", [1.0, 2.0, 0.05, 1.4])
 def test_et_score_beta_and_coincident_draws(beta, seed):
     y, x, b, lam, metric = _inputs(seed, 3, 9, 6, "block2", beta=beta)

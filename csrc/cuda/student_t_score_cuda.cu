@@ -36,6 +36,8 @@ __global__ void __launch_bounds__(kThreads, kStMinBlocks)
   const X* __restrict__ x = a.x + row * a.sxb;  // 16-bit draws: widened to T where loaded
   const RowPrec<T, KIND, K> P{a.prec + row * a.sp};
   const T two_c = T(2) * a.c[row * a.sc];
+  __shared__ int row_flag;  // a draw of the row is out of range (q_in_range, not y itself): NaN outputs
+  if (threadIdx.x == 0) row_flag = 0;
   for (int64_t j = threadIdx.x; j < d; j += kThreads) acc[j] = T(0);
   for (int64_t i0 = 0; i0 < N; i0 += kStTile) {
     const int n = static_cast<int>(N - i0 < kStTile ? N - i0 : kStTile);
@@ -46,6 +48,11 @@ __global__ void __launch_bounds__(kThreads, kStMinBlocks)
       for (int64_t j = lane; j < d; j += kWarp)
         q += (y[j] - widen<T>(xi[j])) * P.apply_at(j, [y, xi](int64_t c) { return y[c] - widen<T>(xi[c]); });
       q = warp_sum(q);
+      if (!q_in_range(q)) {  // out of range unless the draw is y itself (each lane checks its coordinates)
+        bool differs = q != T(0);
+        for (int64_t j = lane; !differs && j < d; j += kWarp) differs = y[j] != widen<T>(xi[j]);
+        if (differs) row_flag = 1;
+      }
       if (lane == 0) wt[t] = student_t_weight(q);
     }
     __syncthreads();
@@ -58,8 +65,9 @@ __global__ void __launch_bounds__(kThreads, kStMinBlocks)
     }
   }
   const T inv_n = T(1) / static_cast<T>(N);
+  const bool flagged = row_flag != 0;  // every write precedes the __syncthreads after its q phase
   for (int64_t j = threadIdx.x; j < d; j += kThreads) {
-    acc[j] *= inv_n;
+    acc[j] = flagged ? flagged_value<T>() : acc[j] * inv_n;
     m_out[row * d + j] = acc[j];
   }
   __syncthreads();  // s needs m at the other coordinates of j's block
