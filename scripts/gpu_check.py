@@ -114,12 +114,15 @@ def _workloads(quick: bool):
 # "cuda:tiled" is the CUDA forward without its single-pass packet kernels (ETWEEDIE_CUDA_PACKET=0),
 # the A/B of the 16-byte-load kernel against the tiled one it replaces; "triton:shifted" the
 # Triton forward with a block metric applied through shifted loads instead of in registers
-# (ETWEEDIE_TRITON_BLOCK_IN_REGISTERS=0; same as "triton" for isotropic rows)
+# (ETWEEDIE_TRITON_BLOCK_IN_REGISTERS=0; same as "triton" for isotropic rows); "cuda:graph" is the
+# CUDA op replayed from a captured CUDA graph and "compile:graph" torch.compile(mode=
+# "reduce-overhead") of the reference (compile's own CUDA graphs): the launch-bound shapes
+# (16,384 × 64 × 2) compared without host overhead on either side
 TIMED_BACKENDS = {
-    "et_score": ("reference", "compile", "cuda", "cuda:tiled", "cuda:nosplit", "triton", "triton:shifted",
-                 "triton:nosplit"),
-    "langevin_step": ("reference", "compile", "cuda", "cuda:tiled", "cuda:nosplit", "triton", "triton:shifted",
-                      "triton:nosplit"),
+    "et_score": ("reference", "compile", "compile:graph", "cuda", "cuda:graph", "cuda:tiled", "cuda:nosplit",
+                 "triton", "triton:shifted", "triton:nosplit"),
+    "langevin_step": ("reference", "compile", "compile:graph", "cuda", "cuda:graph", "cuda:tiled", "cuda:nosplit",
+                      "triton", "triton:shifted", "triton:nosplit"),
     "student_t_score": ("reference", "compile", "cuda", "triton"),
     "is_score": ("reference", "cuda", "triton"),
     "energy_score": ("reference", "compile", "cuda", "triton"),
@@ -156,7 +159,8 @@ def _thunk(op: str, backend: str, dev, dtype, B: int, N: int, d: int, metric_fn,
 
     import etweedie
 
-    compiled = backend == "compile"
+    compiled = backend.split(":")[0] == "compile"
+    graph = backend.endswith(":graph")
     be = "reference" if compiled else backend.split(":")[0]
     g = torch.Generator().manual_seed(seed)
     metric = metric_fn("cpu")
@@ -211,8 +215,32 @@ def _thunk(op: str, backend: str, dev, dtype, B: int, N: int, d: int, metric_fn,
         else:
             fn = lambda: score(y, x)  # noqa: E731
     if compiled:
-        fn = torch.compile(fn, dynamic=False)
+        fn = torch.compile(fn, dynamic=False, mode="reduce-overhead" if graph else None)
+    elif graph:
+        fn = _cuda_graph(fn)
     return fn, nbytes
+
+
+def _cuda_graph(fn: Callable[[], object]) -> Callable[[], object]:
+    """fn captured in a CUDA graph after three warm-up calls on a side stream: each call replays
+    the graph (one launch for the whole op, no host work) and returns the captured output."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+
+    def replay():
+        g.replay()
+        return out
+
+    return replay
 
 
 def _time_cuda(fn: Callable[[], object], repeats: int, warmup: int = 3, budget_s: float = 3.0) -> Dict[str, float]:

@@ -202,6 +202,14 @@ __global__ void __launch_bounds__(kPacketMaxWarps * kWarp, WIDE || sizeof(T) == 
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[v][e] = T(0);
   __syncthreads();  // ys is written
+  // f(v, p, y's packet p) for the lane's packets on the row (v: a compile-time index after unrolling)
+  auto on_packets = [&](auto&& f) {
+#pragma unroll
+    for (int v = 0; v < VMAX; ++v) {
+      const int64_t p = l + static_cast<int64_t>(L) * v;
+      if (v < nv && p < packets) f(v, p, load_packet<T, E>(ys + p * E));
+    }
+  };
   // draws [n_lo, n_hi): all of them, or this block's range when the draws are split (ws != null);
   // every lane runs the same number of iterations (the shuffles need the whole warp)
   const int64_t n_lo = static_cast<int64_t>(blockIdx.z) * n_per;
@@ -218,42 +226,27 @@ __global__ void __launch_bounds__(kPacketMaxWarps * kWarp, WIDE || sizeof(T) == 
       xr[v] = valid && v < nv && p < packets ? load_packet<X, E>(xi + p * E) : Packet<X, E>{};
     }
     T q = 0;
+    on_packets([&](int v, int64_t p, const Packet<T, E>& yp) {
+      T u[E];
 #pragma unroll
-    for (int v = 0; v < VMAX; ++v) {
-      const int64_t p = l + static_cast<int64_t>(L) * v;
-      if (v < nv && p < packets) {
-        const Packet<T, E> yp = load_packet<T, E>(ys + p * E);
-        T u[E];
-#pragma unroll
-        for (int e = 0; e < E; ++e) u[e] = valid ? yp.v[e] - widen<T>(xr[v].v[e]) : T(0);
-        q += packet_quad<T, KIND, KK, E>(u, prec, pk, p * E);
-      }
-    }
+      for (int e = 0; e < E; ++e) u[e] = valid ? yp.v[e] - widen<T>(xr[v].v[e]) : T(0);
+      q += packet_quad<T, KIND, KK, E>(u, prec, pk, p * E);
+    });
     for (int o = L / 2; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
     if (valid && !q_in_range(piso * q)) {  // out of range unless the draw is y itself (each lane
       bool differs = piso * q != T(0);     // checks its own packets)
+      on_packets([&](int v, int64_t, const Packet<T, E>& yp) {
 #pragma unroll
-      for (int v = 0; v < VMAX; ++v) {
-        const int64_t p = l + static_cast<int64_t>(L) * v;
-        if (v < nv && p < packets) {
-          const Packet<T, E> yp = load_packet<T, E>(ys + p * E);
-#pragma unroll
-          for (int e = 0; e < E; ++e) differs = differs || yp.v[e] != widen<T>(xr[v].v[e]);
-        }
-      }
+        for (int e = 0; e < E; ++e) differs = differs || yp.v[e] != widen<T>(xr[v].v[e]);
+      });
       out_of_range = out_of_range || differs;
     }
     if (valid) {
       const T w = residual_weight(piso * q, beta);
+      on_packets([&](int v, int64_t, const Packet<T, E>& yp) {
 #pragma unroll
-      for (int v = 0; v < VMAX; ++v) {
-        const int64_t p = l + static_cast<int64_t>(L) * v;
-        if (v < nv && p < packets) {
-          const Packet<T, E> yp = load_packet<T, E>(ys + p * E);
-#pragma unroll
-          for (int e = 0; e < E; ++e) acc[v][e] += w * (yp.v[e] - widen<T>(xr[v].v[e]));
-        }
-      }
+        for (int e = 0; e < E; ++e) acc[v][e] += w * (yp.v[e] - widen<T>(xr[v].v[e]));
+      });
     }
   }
   // the warp's groups, then the block's warps
