@@ -172,17 +172,17 @@ def test_et_score_and_langevin_match_cpu(simt, gen, dtype, xdtype, kind, k, B, N
 # after a draw split (rows fewer than SMs).
 KERNEL_CHOICE = [
     # B, N, d, draws, kind, k, sms, kernels launched
-    (3, 64, 784, torch.float32, 0, 0, 2, ["packet_kernel<float, float, 0, 1, false, true>"]),
-    (3, 64, 784, torch.bfloat16, 2, 2, 2, ["packet_kernel<float, etweedie::bf16, 2, 2, false, true>"]),
-    (3, 64, 384, torch.float64, 1, 0, 2, ["packet_kernel<double, double, 1, 1, false, true>"]),
-    (3, 64, 784, torch.float64, 1, 0, 2, ["et_score_fwd_kernel<double, double, 1, 1, false>"]),  # over 384 doubles
-    (3, 64, 1280, torch.bfloat16, 0, 0, 2, ["packet_kernel<float, etweedie::bf16, 0, 1, false, true>"]),
-    (3, 64, 1296, torch.float16, 0, 0, 2, ["et_score_fwd_kernel<float, etweedie::fp16, 0, 1, false>"]),
-    (3, 64, 2, torch.float32, 0, 0, 2, ["packet_kernel<float, float, 0, 1, false, false>"]),
-    (3, 64, 6, torch.float16, 2, 3, 2, ["packet_kernel<float, etweedie::fp16, 2, 3, false, false>"]),
-    (3, 64, 6, torch.float32, 2, 3, 132, ["packet_kernel<float, float, 2, 3, false, false>", "finalize_kernel"]),
-    (2, 8, 1030, torch.float32, 0, 0, 132, ["et_score_fwd_kernel<float, float, 0, 1, false>"]),  # d % 4 != 0, long
-    (2, 8, 2052, torch.float32, 0, 0, 132, ["et_score_fwd_kernel<float, float, 0, 1, false>"]),  # over 1024 floats
+    (3, 64, 784, torch.float32, 0, 0, 2, ["packet_kernel<float, float, 0, 1, false, 0, true>"]),
+    (3, 64, 784, torch.bfloat16, 2, 2, 2, ["packet_kernel<float, etweedie::bf16, 2, 2, false, 0, true>"]),
+    (3, 64, 384, torch.float64, 1, 0, 2, ["packet_kernel<double, double, 1, 1, false, 0, true>"]),
+    (3, 64, 784, torch.float64, 1, 0, 2, ["et_score_fwd_kernel<double, double, 1, 1, false, 0>"]),  # over 384 doubles
+    (3, 64, 1280, torch.bfloat16, 0, 0, 2, ["packet_kernel<float, etweedie::bf16, 0, 1, false, 0, true>"]),
+    (3, 64, 1296, torch.float16, 0, 0, 2, ["et_score_fwd_kernel<float, etweedie::fp16, 0, 1, false, 0>"]),
+    (3, 64, 2, torch.float32, 0, 0, 2, ["packet_kernel<float, float, 0, 1, false, 0, false>"]),
+    (3, 64, 6, torch.float16, 2, 3, 2, ["packet_kernel<float, etweedie::fp16, 2, 3, false, 0, false>"]),
+    (3, 64, 6, torch.float32, 2, 3, 132, ["packet_kernel<float, float, 2, 3, false, 0, false>", "finalize_kernel"]),
+    (2, 8, 1030, torch.float32, 0, 0, 132, ["et_score_fwd_kernel<float, float, 0, 1, false, 0>"]),  # d % 4 != 0, long
+    (2, 8, 2052, torch.float32, 0, 0, 132, ["et_score_fwd_kernel<float, float, 0, 1, false, 0>"]),  # over 1024 floats
 ]
 
 
@@ -200,7 +200,20 @@ def test_forward_kernel_choice(simt, gen, B, N, d, xdtype, kind, k, sms, kernels
         _close(a, b, "et_score_fwd", rtol, rtol)
 
 
-@pytest.mark.parametrize("offset, kernel", [(1, "false, false>"), (2, "false, false>"), (4, "false, true>")])
+def test_student_t_forward_is_the_packet_kernel_with_its_weight(simt, gen):
+    """student_t_score's CUDA forward is et_score's (LAW = 1: w = 1/(1 + q), scale −2c)."""
+    simt_build.configure(sms=2, seed=gen.initial_seed())
+    y, x, _, _, prec = _rows(3, 40, 784, 2, 2, torch.float32, torch.bfloat16, gen)
+    c = torch.full((3,), 400.0)
+    simt.launched()
+    got = simt.student_t_score_fwd(y, x, c, prec, 2)
+    assert simt.launched() == ["etweedie::cuda::et_score_fwd_packet_kernel<float, etweedie::bf16, 2, 2, false, 1, true>"
+                               " grid=(3,1,1) block=256 smem=28224"]
+    for a, b in zip(got, torch.ops.etweedie.student_t_score_fwd(y, x, c, prec, 2)):
+        _close(a, b, "student_t_score_fwd", 2e-5, 2e-5)
+
+
+@pytest.mark.parametrize("offset, kernel", [(1, "false, 0, false>"), (2, "false, 0, false>"), (4, "false, 0, true>")])
 def test_packets_need_aligned_draws(simt, gen, offset, kernel):
     """Draws that start off a 16-byte boundary (a view into a larger buffer) do not get the wide
     kernel's vector loads (which would fault on a GPU; the emulator checks every vector load)."""

@@ -1,5 +1,6 @@
-// CUDA kernels of the Energy-Tweedie score, shared by et_score_cuda.cu (score) and
-// langevin_step_cuda.cu (score + Langevin update).  Math: csrc/common/et_score.h.
+// Forward kernels of the Energy-Tweedie score, shared by et_score_cuda.cu (score),
+// langevin_step_cuda.cu (score + Langevin update) and student_t_score_cuda.cu (the Student-t
+// score: the same sums with another weight, LAW below).  Math: csrc/common/et_score.h.
 //
 // Two forward kernels; et_score_fwd_dispatch picks one per call:
 //   - the packet kernel (et_score_fwd_packet_kernel, below): one pass over the draws in 16-byte
@@ -27,11 +28,32 @@
 
 #include <cstdlib>
 
+#include "../common/student_t_score.h"
 #include "launchers.cuh"
 #include "metric_cuda.cuh"
 
 namespace etweedie {
 namespace cuda {
+
+// The score the forward kernels compute (LAW): the Energy-Tweedie score s = −λ P (1/N) Σ w u with
+// w = q^{(β−2)/2} (et_score, langevin_step), or the Student-t score s = −2c P (1/N) Σ w u with
+// w = 1/(1 + q) (student_t_score: c passed as λ, β unused; csrc/common/student_t_score.h).
+enum : int { kLawEnergyTweedie = 0, kLawStudentT = 1 };
+
+template <int LAW, typename T>
+__device__ __forceinline__ T law_weight(T q, T beta) {
+  if constexpr (LAW == kLawStudentT) {
+    return student_t_weight(q);
+  } else {
+    return residual_weight(q, beta);
+  }
+}
+
+// The factor in front of P m: −λ, or −2c.
+template <int LAW, typename T>
+__device__ __forceinline__ T law_scale(T lam) {
+  return LAW == kLawStudentT ? T(-2) * lam : -lam;
+}
 
 constexpr int kTile = 64;        // draws per tile (weights staged in shared memory)
 constexpr int64_t kMinChunk = 128;  // fewest coordinates per block when a row is split
@@ -41,7 +63,7 @@ constexpr int kMinBlocks = 4;       // resident blocks per SM asked of ptxas (re
 // capped these kernels at 40–72 registers and spilled; asking for 4 resident blocks allows up
 // to 128 registers, removes the spills (benchmarks/ptxas_report.txt) and still keeps 16 warps
 // per SM in flight.
-template <typename T, typename X, int KIND, int K, bool LANGEVIN>
+template <typename T, typename X, int KIND, int K, bool LANGEVIN, int LAW>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtScoreArgs<T, X> a, int64_t chunk, T* __restrict__ out,
                                                                  T* __restrict__ m_out, int64_t n_per,
                                                                  T* __restrict__ ws) {
@@ -76,7 +98,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtSc
         for (int64_t j = lane; !differs && j < d; j += kWarp) differs = y[j] != widen<T>(xi[j]);
         if (differs) row_flag = 1;
       }
-      if (lane == 0) wt[t] = residual_weight(q, beta);
+      if (lane == 0) wt[t] = law_weight<LAW>(q, beta);
     }
     __syncthreads();
     for (int64_t j = j0 + threadIdx.x; j < j1; j += kThreads) {
@@ -106,7 +128,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtSc
     diffusion = sqrt(T(2) * alpha);
   }
   for (int64_t j = j0 + threadIdx.x; j < j1; j += kThreads) {
-    const T s = -lam * P.apply_at(j, [acc, j0](int64_t c) { return acc[c - j0]; });  // j's block ⊂ [j0, j1)
+    const T s = law_scale<LAW>(lam) * P.apply_at(j, [acc, j0](int64_t c) { return acc[c - j0]; });  // j's block ⊂ [j0, j1)
     out[row * d + j] = LANGEVIN ? y[j] + alpha * s + diffusion * a.noise[row * d + j] : s;
   }
 }
@@ -171,7 +193,7 @@ __device__ __forceinline__ T packet_quad(const T (&u)[E], const T* __restrict__ 
   return q;
 }
 
-template <typename T, typename X, int KIND, int K, bool LANGEVIN, bool WIDE>
+template <typename T, typename X, int KIND, int K, bool LANGEVIN, int LAW, bool WIDE>
 __global__ void __launch_bounds__(kPacketMaxWarps * kWarp, WIDE || sizeof(T) == 8 ? 2 : 4)
     et_score_fwd_packet_kernel(EtScoreArgs<T, X> a, int lanes, int nv, T* __restrict__ out, T* __restrict__ m_out,
                                int64_t n_per, T* __restrict__ ws) {
@@ -242,7 +264,7 @@ __global__ void __launch_bounds__(kPacketMaxWarps * kWarp, WIDE || sizeof(T) == 
       out_of_range = out_of_range || differs;
     }
     if (valid) {
-      const T w = residual_weight(piso * q, beta);
+      const T w = law_weight<LAW>(piso * q, beta);
       on_packets([&](int v, int64_t, const Packet<T, E>& yp) {
 #pragma unroll
         for (int e = 0; e < E; ++e) acc[v][e] += w * (yp.v[e] - widen<T>(xr[v].v[e]));
@@ -291,7 +313,7 @@ __global__ void __launch_bounds__(kPacketMaxWarps * kWarp, WIDE || sizeof(T) == 
   }
   const RowPrec<T, KIND, K> P{prec};
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    const T s = -lam * P.apply_at(j, [part](int64_t c) { return part[c]; });
+    const T s = law_scale<LAW>(lam) * P.apply_at(j, [part](int64_t c) { return part[c]; });
     out[row * d + j] = LANGEVIN ? y[j] + alpha * s + diffusion * a.noise[row * d + j] : s;
   }
 }
@@ -299,7 +321,7 @@ __global__ void __launch_bounds__(kPacketMaxWarps * kWarp, WIDE || sizeof(T) == 
 // Finalize of the split-draw forward: m = (1/N) Σ_r ws[row, r], then s = −λ P m (and the
 // Langevin update), one block per row.  P m at j needs m on j's metric block, summed from ws
 // directly (nsplit·k loads of a small, L2-resident buffer).
-template <typename T, typename X, int KIND, int K, bool LANGEVIN>
+template <typename T, typename X, int KIND, int K, bool LANGEVIN, int LAW>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_finalize_kernel(EtScoreArgs<T, X> a, int64_t nsplit,
                                                                          const T* __restrict__ ws,
                                                                          T* __restrict__ out, T* __restrict__ m_out) {
@@ -320,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_finalize_ke
   }
   for (int64_t j = threadIdx.x; j < d; j += kThreads) {
     m_out[row * d + j] = mean(j);
-    const T s = -lam * P.apply_at(j, mean);
+    const T s = law_scale<LAW>(lam) * P.apply_at(j, mean);
     out[row * d + j] = LANGEVIN ? a.y[row * d + j] + alpha * s + diffusion * a.noise[row * d + j] : s;
   }
 }
@@ -384,7 +406,7 @@ PacketPlan packet_plan(int64_t packets, int64_t blocks, int64_t n_per, int64_t d
 // Forward of et_score and langevin_step: the packet kernel (wide, else narrow) where the row fits
 // it, else the tiled kernel (coordinate chunks for few long rows); rows fewer than SMs are split
 // over draw ranges (draw_splits) and finished by the finalize kernel.
-template <typename T, typename X, bool LANGEVIN>
+template <typename T, typename X, bool LANGEVIN, int LAW = kLawEnergyTweedie>
 cudaError_t et_score_fwd_dispatch(const EtScoreArgs<T, X>& a, T* out, T* m, cudaStream_t stream) {
   if (a.B == 0 || a.d == 0) return cudaSuccess;
   if (a.N <= 0) return cudaErrorInvalidValue;
@@ -421,11 +443,11 @@ cudaError_t et_score_fwd_dispatch(const EtScoreArgs<T, X>& a, T* out, T* m, cuda
       const dim3 block(static_cast<unsigned>(p.warps * kWarp));
       if constexpr (kWideFits) {
         if (wide)
-          e = launch(et_score_fwd_packet_kernel<T, X, KIND, K, LANGEVIN, true>, rows, block, smem, stream, a, p.lanes,
+          e = launch(et_score_fwd_packet_kernel<T, X, KIND, K, LANGEVIN, LAW, true>, rows, block, smem, stream, a, p.lanes,
                      p.nv, out, m, n_per, ws);
       }
       if (!wide)
-        e = launch(et_score_fwd_packet_kernel<T, X, KIND, K, LANGEVIN, false>, rows, block, smem, stream, a, p.lanes,
+        e = launch(et_score_fwd_packet_kernel<T, X, KIND, K, LANGEVIN, LAW, false>, rows, block, smem, stream, a, p.lanes,
                    p.nv, out, m, n_per, ws);
     } else {
       // Coordinate chunks: enough blocks for ~2 per SM when rows are few and d is large.
@@ -438,7 +460,7 @@ cudaError_t et_score_fwd_dispatch(const EtScoreArgs<T, X>& a, T* out, T* m, cuda
       chunk = (chunk + k - 1) / k * k;  // whole metric blocks per chunk
       nch = (a.d + chunk - 1) / chunk;
       const size_t smem = static_cast<size_t>(chunk + kTile) * sizeof(T);
-      auto kernel = et_score_fwd_kernel<T, X, KIND, K, LANGEVIN>;
+      auto kernel = et_score_fwd_kernel<T, X, KIND, K, LANGEVIN, LAW>;
       if (nch > 65535) e = cudaErrorInvalidConfiguration;
       if (e == cudaSuccess && smem > 48 * 1024)
         e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
@@ -449,7 +471,7 @@ cudaError_t et_score_fwd_dispatch(const EtScoreArgs<T, X>& a, T* out, T* m, cuda
     }
     if (nsplit > 1) {
       if (e == cudaSuccess)
-        e = launch(et_score_fwd_finalize_kernel<T, X, KIND, K, LANGEVIN>, static_cast<unsigned>(a.B), kThreads, 0,
+        e = launch(et_score_fwd_finalize_kernel<T, X, KIND, K, LANGEVIN, LAW>, static_cast<unsigned>(a.B), kThreads, 0,
                    stream, a, nsplit, ws, out, m);
       const cudaError_t f = cudaFreeAsync(ws, stream);
       if (e == cudaSuccess) e = f;

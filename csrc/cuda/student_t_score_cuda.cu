@@ -3,18 +3,19 @@
 //
 //   s(y) = −2c P (1/N) Σ_i (y − x_i) / (1 + ‖y − x_i‖_P²)
 //
-// Same work split as the Energy-Tweedie score's kernels (et_score_cuda.cuh): one block of
-// kThreads threads per query row; the row's draws in tiles of kTile: (1) one warp per draw
-// computes q_i (and, in the backward, h·u_i) with lanes striding over coordinates (coalesced
-// reads) and a shuffle reduction, and stages the draw's coefficients in shared memory; (2) the
-// threads stride over coordinates and accumulate (forward: Σ w_t u_t; backward: ∂L/∂u_t, summed
-// into ∂L/∂y and written negated to ∂L/∂x).  Nothing of size N·d is written except ∂L/∂x.
-// Shared memory: forward d + kTile values; backward 2d (+ d for a diagonal metric's gradient)
-// + 2·kTile.  Every output element is written exactly once: no atomics, no memset.
+// Forward: the Energy-Tweedie score's forward kernels (et_score_cuda.cuh) with the Student-t
+// weight (LAW = kLawStudentT).  Backward, the same work split as et_score's backward: one block of
+// kThreads threads per query row; the row's draws in tiles of kStTile: (1) one warp per draw
+// computes q_i and h·u_i with lanes striding over coordinates (coalesced reads) and a shuffle
+// reduction, and stages the draw's coefficients in shared memory; (2) the threads stride over
+// coordinates and accumulate ∂L/∂u_t, summed into ∂L/∂y and written negated to ∂L/∂x.  Nothing
+// of size N·d is written except ∂L/∂x.  Shared memory: 2d (+ d for a diagonal metric's gradient)
+// + 2·kStTile.  Every output element is written exactly once: no atomics, no memset.
 // Indexing is int64.
 #include <cuda_runtime.h>
 
 #include "../common/student_t_score.h"
+#include "et_score_cuda.cuh"
 #include "metric_cuda.cuh"
 #include "student_t_score_launch.cuh"
 
@@ -23,57 +24,6 @@ namespace cuda {
 
 constexpr int kStTile = 64;
 constexpr int kStMinBlocks = 4;
-
-template <typename T, typename X, int KIND, int K>
-__global__ void __launch_bounds__(kThreads, kStMinBlocks)
-    student_t_fwd_kernel(StudentTArgs<T, X> a, T* __restrict__ s_out, T* __restrict__ m_out) {
-  ET_DYNAMIC_SHARED(smem_raw);
-  const int64_t row = blockIdx.x, d = a.d, N = a.N;
-  T* acc = reinterpret_cast<T*>(smem_raw);  // d: Σ w u, then m
-  T* wt = acc + d;                          // kStTile weights
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const T* __restrict__ y = a.y + row * d;
-  const X* __restrict__ x = a.x + row * a.sxb;  // 16-bit draws: widened to T where loaded
-  const RowPrec<T, KIND, K> P{a.prec + row * a.sp};
-  const T two_c = T(2) * a.c[row * a.sc];
-  __shared__ int row_flag;  // a draw of the row is out of range (q_in_range, not y itself): NaN outputs
-  if (threadIdx.x == 0) row_flag = 0;
-  for (int64_t j = threadIdx.x; j < d; j += kThreads) acc[j] = T(0);
-  for (int64_t i0 = 0; i0 < N; i0 += kStTile) {
-    const int n = static_cast<int>(N - i0 < kStTile ? N - i0 : kStTile);
-    __syncthreads();
-    for (int t = warp; t < n; t += kWarps) {
-      const X* __restrict__ xi = x + (i0 + t) * a.sxn;
-      T q = 0;
-      for (int64_t j = lane; j < d; j += kWarp)
-        q += (y[j] - widen<T>(xi[j])) * P.apply_at(j, [y, xi](int64_t c) { return y[c] - widen<T>(xi[c]); });
-      q = warp_sum(q);
-      if (!q_in_range(q)) {  // out of range unless the draw is y itself (each lane checks its coordinates)
-        bool differs = q != T(0);
-        for (int64_t j = lane; !differs && j < d; j += kWarp) differs = y[j] != widen<T>(xi[j]);
-        if (differs) row_flag = 1;
-      }
-      if (lane == 0) wt[t] = student_t_weight(q);
-    }
-    __syncthreads();
-    for (int64_t j = threadIdx.x; j < d; j += kThreads) {
-      const T yj = y[j];
-      T s = 0;
-#pragma unroll 4
-      for (int t = 0; t < n; ++t) s += wt[t] * (yj - widen<T>(x[(i0 + t) * a.sxn + j]));
-      acc[j] += s;
-    }
-  }
-  const T inv_n = T(1) / static_cast<T>(N);
-  const bool flagged = row_flag != 0;  // every write precedes the __syncthreads after its q phase
-  for (int64_t j = threadIdx.x; j < d; j += kThreads) {
-    acc[j] = flagged ? flagged_value<T>() : acc[j] * inv_n;
-    m_out[row * d + j] = acc[j];
-  }
-  __syncthreads();  // s needs m at the other coordinates of j's block
-  for (int64_t j = threadIdx.x; j < d; j += kThreads)
-    s_out[row * d + j] = -two_c * P.apply_at(j, [acc](int64_t c) { return acc[c]; });
-}
 
 template <typename T, typename X, int KIND, int K>
 __global__ void __launch_bounds__(kThreads, kStMinBlocks)
@@ -207,18 +157,29 @@ cudaError_t student_t_allow_smem(Kernel kernel, size_t smem) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
 }
 
+// The forward is the Energy-Tweedie score's (et_score_cuda.cuh: packet or tiled kernel, draw
+// split for few rows, out-of-range rows flagged) with the Student-t weight and −2c in place of −λ.
 template <typename T, typename X>
 cudaError_t student_t_score_fwd_launch(const StudentTArgs<T, X>& a, T* s, T* m, cudaStream_t stream) {
   if (a.B == 0 || a.d == 0) return cudaSuccess;
   if (a.N <= 0 || a.B > 2147483647) return cudaErrorInvalidValue;
-  const size_t smem = static_cast<size_t>(a.d + kStTile) * sizeof(T);
-  return dispatch_metric(a.kind, a.kblock, [&](auto kind_c, auto k_c) {
-    constexpr int KIND = decltype(kind_c)::value, K = decltype(k_c)::value;
-    auto kernel = student_t_fwd_kernel<T, X, KIND, K>;
-    const cudaError_t e = student_t_allow_smem(kernel, smem);
-    if (e != cudaSuccess) return e;
-    return launch(kernel, static_cast<unsigned>(a.B), kThreads, smem, stream, a, s, m);
-  });
+  EtScoreArgs<T, X> e{};
+  e.y = a.y;
+  e.x = a.x;
+  e.beta = a.c;  // unused by the Student-t weight
+  e.lam = a.c;   // the scale −2c (law_scale)
+  e.prec = a.prec;
+  e.B = a.B;
+  e.N = a.N;
+  e.d = a.d;
+  e.sxb = a.sxb;
+  e.sxn = a.sxn;
+  e.sb = a.sc;
+  e.sl = a.sc;
+  e.sp = a.sp;
+  e.kind = a.kind;
+  e.kblock = a.kblock;
+  return et_score_fwd_dispatch<T, X, false, kLawStudentT>(e, s, m, stream);
 }
 
 template <typename T, typename X>
