@@ -25,7 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .et_score import _narrow, _prec_vec, _residual_tile, block_sizes, check_draws_dtype, define_op, interpreting, launcher
+from .et_score import (_block_in_registers, _narrow, _prec_vec, _residual_pu, _residual_tile, block_sizes, check_draws_dtype,
+                       define_op, interpreting, launcher)
 
 __all__ = ["student_t_score_forward", "student_t_score_backward", "student_t_score_op"]
 
@@ -41,9 +42,10 @@ def _student_t_forward_kernel(
     y_ptr, x_ptr, c_ptr, prec_ptr, out_ptr, m_ptr,
     N, d, sxb, sxn, sc, sp,
     KIND: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ONE_CHUNK: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ONE_CHUNK: tl.constexpr, IN_REGISTERS: tl.constexpr,
 ):
-    """s and m for one row's coordinate chunk."""
+    """s and m for one row's coordinate chunk (a power-of-two block metric applied in registers,
+    as in et_score's forward: _residual_pu)."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1).to(tl.int64)
     cols = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -58,15 +60,18 @@ def _student_t_forward_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N).to(tl.int64)
         mask_n = offs_n < N
         if ONE_CHUNK:
-            u, pu, u3 = _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND)
+            u, pu = _residual_pu(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND, BLOCK_N, BLOCK_D,
+                                 IN_REGISTERS)
             q = tl.sum(u * pu, axis=1)
         else:
             q = tl.zeros([BLOCK_N], dtype=y_ptr.dtype.element_ty)
             for c0 in range(0, d, BLOCK_D):
                 cc = c0 + tl.arange(0, BLOCK_D)
-                uc, puc, _u3 = _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cc, kk, d, K, KIND)
+                uc, puc = _residual_pu(y_row, x_row, p_row, offs_n, mask_n, sxn, cc, kk, d, K, KIND, BLOCK_N, BLOCK_D,
+                                       IN_REGISTERS)
                 q += tl.sum(uc * puc, axis=1)
-            u, pu, u3 = _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND)
+            u, pu = _residual_pu(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND, BLOCK_N, BLOCK_D,
+                                 IN_REGISTERS)
         w = tl.where(mask_n, _student_t_weight(q), 0.0)
         acc_u += tl.sum(w[:, None] * u, axis=0)
         acc_pu += tl.sum(w[:, None] * pu, axis=0)
@@ -125,7 +130,7 @@ def student_t_score_forward(y, x, c, prec, kind: int):
     launcher(_student_t_forward_kernel)[(B, nch)](
         y, x, c, prec, out, m, N, d, x.stride(0), x.stride(1), c.stride(0), prec.stride(0),
         KIND=kind, K=k, KP=KP, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, ONE_CHUNK=nch == 1,
-        num_warps=8 if BLOCK_D * BLOCK_N * KP >= 4096 else 4,
+        IN_REGISTERS=_block_in_registers(kind, KP, k, BLOCK_D), num_warps=8 if BLOCK_D * BLOCK_N * KP >= 4096 else 4,
     )
     return out, m
 

@@ -71,7 +71,8 @@ def main(argv=None) -> int:
                 build(I._is_score_forward_kernel, ptr, ["Q", "M", "d"],
                       dict(KIND=kind, K=K, BLOCK_Q=16, BLOCK_M=16, BLOCK_D=BD // 4, ONE_CHUNK=one))
                 build(S._student_t_forward_kernel, ptr, ["N", "d", "sxb", "sxn", "sc", "sp"],
-                      dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one))
+                      dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
+                           IN_REGISTERS=kind == 2 and K == KP))
                 build(S._student_t_backward_kernel, ptr, ["N", "d", "sxb", "sxn", "sc", "sp", "nchunks"],
                       dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
                            NEED_X=True, NEED_C=True, NEED_PREC=True))
@@ -100,7 +101,8 @@ def main(argv=None) -> int:
                           dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
                                NEED_X=True, NEED_BETA=True, NEED_LAM=True, NEED_PREC=True), draws)
                     build(S._student_t_forward_kernel, ptr, ["N", "d", "sxb", "sxn", "sc", "sp"],
-                          dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one), draws)
+                          dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
+                               IN_REGISTERS=kind == 2 and K == KP), draws)
                     build(S._student_t_backward_kernel, ptr, ["N", "d", "sxb", "sxn", "sc", "sp", "nchunks"],
                           dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
                                NEED_X=True, NEED_C=True, NEED_PREC=True), draws)
