@@ -111,8 +111,10 @@ def test_energy_workspace_size_is_defined():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH (make check-cuda compiles every source where it is)")
 def test_nvcc_compiles_a_source(tmp_path):
-    src = os.path.join(CUDA_DIR, "langevin_step_cuda.cu")
+    # the lightest source (about 10 s; the score sources take 1–2 min each): make check-cuda, which
+    # `make test` runs first where nvcc is found, compiles every source for sm_80 and sm_90
+    src = os.path.join(CUDA_DIR, "is_score_cuda.cu")
     cmd = ["nvcc", "-O3", "-std=c++17", "--use_fast_math", "-I", os.path.join(ROOT, "csrc"),
-           "-gencode", "arch=compute_80,code=sm_80", "-c", src, "-o", str(tmp_path / "langevin_step_cuda.o")]
+           "-gencode", "arch=compute_80,code=sm_80", "-c", src, "-o", str(tmp_path / "is_score_cuda.o")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
