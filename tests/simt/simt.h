@@ -3,9 +3,11 @@
 // draws, vector loads) is tested on every CI run, not only on a lent GPU.  Test-only: the
 // package never builds it (tests/simt_build.py compiles it with g++ on demand).
 //
+// Only what csrc/cuda uses is provided; a kernel using more fails to compile here first.
+//
 // Model.  A launch runs its blocks one after another; the threads of a block are cooperative
 // fibers (ucontext) on one OS thread, each running the kernel body until it reaches a block
-// barrier (__syncthreads) or a warp collective (__shfl_*_sync, __syncwarp), where it yields.  The
+// barrier (__syncthreads) or a warp collective (__shfl_xor_sync), where it yields.  The
 // scheduler resumes the waiting threads when the whole block (or the whole warp) has arrived, so
 // the CUDA semantics of these points are exact; between them, threads run in a pseudo-random
 // order chosen per round from a seed (simt::config().seed), which exposes a missing barrier
@@ -58,18 +60,11 @@ struct dim3 {
   unsigned x, y, z;
   constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
-using uint3 = dim3;
 
 inline dim3 threadIdx{0, 0, 0}, blockIdx{0, 0, 0}, blockDim{1, 1, 1}, gridDim{1, 1, 1};
 
-struct alignas(16) float4 { float x, y, z, w; };
-struct alignas(8) float2 { float x, y; };
-struct alignas(16) double2 { double x, y; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct alignas(8) uint2 { unsigned x, y; };
-inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
-inline float2 make_float2(float x, float y) { return {x, y}; }
-inline double2 make_double2(double x, double y) { return {x, y}; }
 
 enum cudaError_t {
   cudaSuccess = 0,
@@ -252,11 +247,6 @@ inline void check_full_mask(unsigned mask) {
   if (mask != 0xffffffffu) simt::fail("warp collective with a partial mask (not emulated)");
 }
 
-inline void __syncwarp(unsigned mask = 0xffffffffu) {
-  check_full_mask(mask);
-  simt::wait_at(simt::kAtWarpCollective);
-}
-
 // Every lane publishes v, the warp meets, each lane reads its source lane's value, the warp meets
 // again (so that no lane overwrites a value another has not read yet).
 template <typename T, typename Src>
@@ -281,35 +271,6 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
   });
 }
 
-template <typename T>
-T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
-  return simt_shuffle(mask, v, [=](int lane) {
-    return lane % width + static_cast<int>(delta) < width ? lane + static_cast<int>(delta) : lane;
-  });
-}
-
-template <typename T>
-T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
-  return simt_shuffle(mask, v, [=](int lane) { return lane - lane % width + src_lane % width; });
-}
-
-template <typename T>
-T atomicAdd(T* p, T v) {  // fibers never interleave inside a call
-  const T old = *p;
-  *p = old + v;
-  return old;
-}
-
-template <typename T>
-T __ldg(const T* p) {
-  return *p;
-}
-
-inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
-inline float __fdividef(float a, float b) { return a / b; }
-inline float __expf(float x) { return std::exp(x); }
-inline float __logf(float x) { return std::log(x); }
 
 // ---------------------------------------------------------------------------- runtime API
 
@@ -328,7 +289,6 @@ inline cudaError_t cudaGetLastError() {
   simt::launch_state().last_error = cudaSuccess;
   return e;
 }
-inline cudaError_t cudaPeekAtLastError() { return simt::launch_state().last_error; }
 
 inline cudaError_t cudaGetDevice(int* device) {
   *device = 0;
@@ -360,10 +320,6 @@ inline cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) {
 }
 inline cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
   std::free(p);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
-  std::memset(p, value, bytes);
   return cudaSuccess;
 }
 
