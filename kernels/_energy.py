@@ -9,14 +9,16 @@ one-point cloud, w_c = 0; energy distance: the two clouds).  Per pair (csrc/comm
 slope = β q^{(β−2)/2} with ∂E/∂u = slope · P u, ∂E/∂β = ½ ln q · E; a coincident pair (q = 0)
 contributes 0 to everything (never NaN).
 
-Metric: the kernel forms q = p·‖u‖² with a per-row scalar p (isotropic metrics, kind 0) from
-direct differences of the raw coordinates, so clouds far from the origin lose nothing and
-coincident points give exactly 0.  Diagonal and block metrics (kinds 1, 2) are whitened on the
-host first — z = (x − x_0)·L per row, P = L Lᵀ (one pass over the clouds; the common centre
-x_0 keeps z at the clouds' spread) — and run with p = 1.  Their metric gradient needs no pair
-loop: with g_p = ∂V/∂z_p, Σ_p z_p g_pᵀ = Σ_pairs w·slope·u uᵀ = 2 ∂V/∂P|_{P=I}, so
-∂V/∂P = L⁻ᵀ (½ Σ_p z_p g_pᵀ) L⁻¹ (block) or ½ Σ_p z_p ⊙ g_p / p (diagonal).  For kind 0,
-∂V/∂p = β V / (2p) (E is homogeneous of degree β/2 in p).
+Metric: the kernel forms q = uᵀPu from direct differences of the raw coordinates, so clouds
+far from the origin lose nothing and coincident points give exactly 0, with the row's metric
+applied in the kernel (no whitening pass): a per-row scalar p (isotropic, kind 0), the chunk's
+precisions (diagonal, kind 1), or a k×k block repeated along d (kind 2), whose other
+coordinates each column reads at shifted columns (cached: the chunk's own loads brought them
+in).  A point's gradient is Σ_j c_ij P u_ij.  The metric gradient needs no pair loop: with
+g_p = ∂V/∂x_p = 2 Σ_j w·E'·P u_pj, the centred sum S = Σ_p (x_p − x_0) g_pᵀ over both clouds
+(per k×k coordinate block; Σ_p g_p = 0, and the centre x_0 keeps it at the clouds' spread) is
+2 Σ_pairs w·E'·u uᵀ P, so ∂V/∂P = ¼ (S P⁻¹ + P⁻¹ Sᵀ) (block) or ½ S_cc / p_c (diagonal).  For
+kind 0, ∂V/∂p = β V / (2p) (E is homogeneous of degree β/2 in p).
 
 Work split: one program per (row, tile of BI "own" points).  A launch takes one cloud as the
 own cloud: its programs pair their tile with every tile of the other cloud (cross pairs) and
@@ -86,47 +88,102 @@ def _pair_terms(q, beta):
 
 
 @triton.jit
-def _sq_dist(own_row, oth_row, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, d,
-             SMALL: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr):
-    """(BI, BJ) squared Euclidean distances ‖own_i − other_j‖² from direct differences."""
+def _small_pu(own_row, oth_row, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, p_row, k: tl.constexpr,
+              KIND: tl.constexpr, K: tl.constexpr):
+    """(u_k, (P u)_k) of coordinate k for the (BI, BJ) pairs (small d; the isotropic p is applied
+    by the caller): a block row reads the K coordinates of k's block."""
+    xi = tl.load(own_row + offs_i * s_own + k, mask=mask_i, other=0.0)
+    xj = tl.load(oth_row + offs_j * s_oth + k, mask=mask_j, other=0.0)
+    u = xi[:, None] - xj[None, :]
+    if KIND == 1:
+        pu = tl.load(p_row + k) * u
+    elif KIND == 2:
+        a: tl.constexpr = k % K
+        pu = tl.load(p_row + a * K + a) * u
+        for b in tl.static_range(K):
+            if b != a:
+                cb: tl.constexpr = k - a + b
+                yi = tl.load(own_row + offs_i * s_own + cb, mask=mask_i, other=0.0)
+                yj = tl.load(oth_row + offs_j * s_oth + cb, mask=mask_j, other=0.0)
+                pu += tl.load(p_row + a * K + b) * (yi[:, None] - yj[None, :])
+    else:
+        pu = u
+    return u, pu
+
+
+@triton.jit
+def _chunk_pu(own_row, oth_row, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, cols, mc, p_row,
+              KIND: tl.constexpr, K: tl.constexpr):
+    """(u, P u) over the coordinate chunk ``cols`` for the (BI, BJ, BD) pairs (large d; the
+    isotropic p is applied by the caller).  A block metric reads the other coordinates of each
+    column's block at shifted columns (from cache: the chunk's own loads brought them in), so a
+    block may straddle chunks and K need not divide the chunk."""
+    m_i = mask_i[:, None] & mc[None, :]
+    m_j = mask_j[:, None] & mc[None, :]
+    xi = tl.load(own_row + offs_i[:, None] * s_own + cols[None, :], mask=m_i, other=0.0)
+    xj = tl.load(oth_row + offs_j[:, None] * s_oth + cols[None, :], mask=m_j, other=0.0)
+    u = xi[:, None, :] - xj[None, :, :]
+    if KIND == 1:
+        pc = tl.load(p_row + cols, mask=mc, other=0.0)
+        pu = u * pc[None, None, :]
+    elif KIND == 2:
+        a = cols % K
+        base = cols - a
+        pu = u * tl.load(p_row + a * K + a, mask=mc, other=0.0)[None, None, :]
+        for b in tl.static_range(K):
+            cb = base + b
+            off = (cb != cols) & mc
+            yi = tl.load(own_row + offs_i[:, None] * s_own + cb[None, :], mask=mask_i[:, None] & off[None, :], other=0.0)
+            yj = tl.load(oth_row + offs_j[:, None] * s_oth + cb[None, :], mask=mask_j[:, None] & off[None, :], other=0.0)
+            pab = tl.load(p_row + a * K + b, mask=off, other=0.0)
+            pu += (yi[:, None, :] - yj[None, :, :]) * pab[None, None, :]
+    else:
+        pu = u
+    return u, pu
+
+
+@triton.jit
+def _sq_dist(own_row, oth_row, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, d, p_row,
+             SMALL: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
+             KIND: tl.constexpr, K: tl.constexpr):
+    """(BI, BJ) squared norms uᵀ P u of own_i − other_j from direct differences (the isotropic
+    p is applied by the caller)."""
     q = tl.zeros([BI, BJ], dtype=own_row.dtype.element_ty)
     if SMALL:
         for k in tl.static_range(D):
-            xi = tl.load(own_row + offs_i * s_own + k, mask=mask_i, other=0.0)
-            xj = tl.load(oth_row + offs_j * s_oth + k, mask=mask_j, other=0.0)
-            u = xi[:, None] - xj[None, :]
-            q += u * u
+            u, pu = _small_pu(own_row, oth_row, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, p_row, k, KIND, K)
+            q += u * pu
     else:
         for c0 in range(0, d, BD):
             cols = c0 + tl.arange(0, BD)
             mc = cols < d
-            xi = tl.load(own_row + offs_i[:, None] * s_own + cols[None, :], mask=mask_i[:, None] & mc[None, :], other=0.0)
-            xj = tl.load(oth_row + offs_j[:, None] * s_oth + cols[None, :], mask=mask_j[:, None] & mc[None, :], other=0.0)
-            u = xi[:, None, :] - xj[None, :, :]
-            q += tl.sum(u * u, axis=2)
+            u, pu = _chunk_pu(own_row, oth_row, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, cols, mc, p_row,
+                              KIND, K)
+            q += tl.sum(u * pu, axis=2)
     return q
 
 
 @triton.jit
-def _add_grad(acc, c, own_row, oth_row, g_rows, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, d,
-              SMALL: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr):
-    """Own points' gradient += Σ_j c_ij (own_i − other_j).  Small d: returned in acc (BI, DP);
-    large d: added in place to the output rows g_rows (BI points × d, only this program's)."""
+def _add_grad(acc, c, own_row, oth_row, g_rows, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, d, p_row,
+              SMALL: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr,
+              KIND: tl.constexpr, K: tl.constexpr):
+    """Own points' gradient += Σ_j c_ij P (own_i − other_j) (the isotropic p is in c).  Small d:
+    returned in acc (BI, DP); large d: added in place to the output rows g_rows (BI points × d,
+    only this program's)."""
     if SMALL:
         kcols = tl.arange(0, DP)
         for k in tl.static_range(D):
-            xi = tl.load(own_row + offs_i * s_own + k, mask=mask_i, other=0.0)
-            xj = tl.load(oth_row + offs_j * s_oth + k, mask=mask_j, other=0.0)
-            gk = tl.sum(c * (xi[:, None] - xj[None, :]), axis=1)
+            u, pu = _small_pu(own_row, oth_row, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, p_row, k, KIND, K)
+            gk = tl.sum(c * pu, axis=1)
             acc += tl.where(kcols[None, :] == k, gk[:, None], 0.0)
     else:
         for c0 in range(0, d, BD):
             cols = c0 + tl.arange(0, BD)
             mc = cols < d
             m_own = mask_i[:, None] & mc[None, :]
-            xi = tl.load(own_row + offs_i[:, None] * s_own + cols[None, :], mask=m_own, other=0.0)
-            xj = tl.load(oth_row + offs_j[:, None] * s_oth + cols[None, :], mask=mask_j[:, None] & mc[None, :], other=0.0)
-            gch = tl.sum(c[:, :, None] * (xi[:, None, :] - xj[None, :, :]), axis=1)
+            u, pu = _chunk_pu(own_row, oth_row, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, cols, mc, p_row,
+                              KIND, K)
+            gch = tl.sum(c[:, :, None] * pu, axis=1)
             ptrs = g_rows + offs_i[:, None] * d + cols[None, :]
             tl.store(ptrs, tl.load(ptrs, mask=m_own, other=0.0) + gch, mask=m_own)
             # the next read-modify-write of these elements may come from other threads
@@ -135,15 +192,17 @@ def _add_grad(acc, c, own_row, oth_row, g_rows, offs_i, mask_i, offs_j, mask_j, 
 
 
 @triton.jit
-def _tile_pair(acc, own_row, oth_row, g_rows, offs_i, mask_i, j0, n_oth, s_own, s_oth, d, beta, p, coef,
+def _tile_pair(acc, own_row, oth_row, g_rows, offs_i, mask_i, j0, n_oth, s_own, s_oth, d, beta, p, p_row, coef,
                NEED_G: tl.constexpr, NEED_BETA: tl.constexpr,
                SMALL: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr,
-               BI: tl.constexpr, BJ: tl.constexpr):
+               BI: tl.constexpr, BJ: tl.constexpr, KIND: tl.constexpr, K: tl.constexpr):
     """One (own tile, other tile) block of pairs: returns (acc, Σ E, Σ ∂E/∂β) and, with
-    NEED_G, adds coef · slope · p · u to the own points' gradient."""
+    NEED_G, adds coef · slope · P u to the own points' gradient (p: the isotropic factor, 1 for
+    the other kinds, whose parameters are read at p_row)."""
     offs_j = j0 + tl.arange(0, BJ).to(tl.int64)
     mask_j = offs_j < n_oth
-    q = p * _sq_dist(own_row, oth_row, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, d, SMALL, D, BD, BI, BJ)
+    q = p * _sq_dist(own_row, oth_row, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, d, p_row,
+                     SMALL, D, BD, BI, BJ, KIND, K)
     e, sl = _pair_terms(q, beta)
     valid = mask_i[:, None] & mask_j[None, :]
     e = tl.where(valid, e, 0.0)
@@ -153,8 +212,8 @@ def _tile_pair(acc, own_row, oth_row, g_rows, offs_i, mask_i, j0, n_oth, s_own, 
         b_sum = tl.sum(tl.sum(0.5 * tl.log(tl.where(q > 0, q, 1.0)) * e, axis=1), axis=0)
     if NEED_G:
         c = tl.where(valid, sl, 0.0) * (coef * p)
-        acc = _add_grad(acc, c, own_row, oth_row, g_rows, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, d,
-                        SMALL, D, DP, BD)
+        acc = _add_grad(acc, c, own_row, oth_row, g_rows, offs_i, mask_i, offs_j, mask_j, s_own, s_oth, d, p_row,
+                        SMALL, D, DP, BD, KIND, K)
     return acc, e_sum, b_sum
 
 
@@ -168,7 +227,7 @@ def _energy_pairs_kernel(
     w_cross, w_within,
     CROSS: tl.constexpr, WITHIN_ALL: tl.constexpr, NEED_G: tl.constexpr, NEED_VALUE: tl.constexpr,
     NEED_BETA: tl.constexpr, CROSS_BETA: tl.constexpr, SMALL: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, BD: tl.constexpr,
-    BI: tl.constexpr, BJ: tl.constexpr,
+    BI: tl.constexpr, BJ: tl.constexpr, KIND: tl.constexpr, K: tl.constexpr,
 ):
     """Program (row r, own tile I): value/β partials of its pairs and its points' gradients.
 
@@ -183,7 +242,11 @@ def _energy_pairs_kernel(
     oth_row = oth_ptr + r * st_b
     g_rows = gown_ptr + r * n_own * d
     beta = tl.load(beta_ptr + r * sb)
-    p = tl.load(p_ptr + r * sp)
+    p_row = p_ptr + r * sp
+    if KIND == 0:
+        p = tl.load(p_row)
+    else:
+        p = 1.0
     g = tl.load(g_ptr + r * sg)
     offs_i = I * BI + tl.arange(0, BI).to(tl.int64)
     mask_i = offs_i < n_own
@@ -195,8 +258,8 @@ def _energy_pairs_kernel(
     if CROSS != 0:
         for j0 in range(0, n_oth, BJ):
             acc, es, bs = _tile_pair(acc, own_row, oth_row, g_rows, offs_i, mask_i, j0, n_oth, so_n, st_n, d,
-                                     beta, p, g * w_cross, NEED_G, CROSS_BETA,
-                                     SMALL, D, DP, BD, BI, BJ)
+                                     beta, p, p_row, g * w_cross, NEED_G, CROSS_BETA,
+                                     SMALL, D, DP, BD, BI, BJ, KIND, K)
             if CROSS == 1:
                 cross_e += es.to(tl.float64)
                 cross_b += bs.to(tl.float64)
@@ -205,7 +268,8 @@ def _energy_pairs_kernel(
         if WITHIN_ALL:
             for J in range(0, nb):
                 acc, es, bs = _tile_pair(acc, own_row, own_row, g_rows, offs_i, mask_i, J * BI, n_own, so_n, so_n, d,
-                                         beta, p, g * w_within, NEED_G, NEED_BETA, SMALL, D, DP, BD, BI, BI)
+                                         beta, p, p_row, g * w_within, NEED_G, NEED_BETA, SMALL, D, DP, BD, BI, BI,
+                                         KIND, K)
                 within_e += 0.5 * es.to(tl.float64)  # ordered pairs: each unordered pair twice
                 within_b += 0.5 * bs.to(tl.float64)
         else:
@@ -214,7 +278,8 @@ def _energy_pairs_kernel(
             for t in range(0, h + 1):
                 J = (I + t) % nb
                 acc, es, bs = _tile_pair(acc, own_row, own_row, g_rows, offs_i, mask_i, J * BI, n_own, so_n, so_n, d,
-                                         beta, p, g * w_within, False, NEED_BETA, SMALL, D, DP, BD, BI, BI)
+                                         beta, p, p_row, g * w_within, False, NEED_BETA, SMALL, D, DP, BD, BI, BI,
+                                         KIND, K)
                 fac = tl.where(t == 0, 0.5, 1.0).to(tl.float64)  # the diagonal tile holds ordered pairs
                 within_e += fac * es.to(tl.float64)
                 within_b += fac * bs.to(tl.float64)
@@ -234,8 +299,8 @@ def _energy_pairs_kernel(
 
 # ----------------------------------------------------------------------------- host functions
 
-def _launch(own, oth, beta, p, g, w_cross, w_within, *, cross, within_all, need_g, need_value, need_beta, gown):
-    """One launch with ``own`` as the own cloud.  Returns (value, Σ ∂/∂β), each (B,) float64
+def _launch(own, oth, beta, p, kind, g, w_cross, w_within, *, cross, within_all, need_g, need_value, need_beta, gown):
+    """One launch with ``own`` as the own cloud and the row metric (p, kind).  Returns (value, Σ ∂/∂β), each (B,) float64
     with the weights applied here (or None when not requested); gradients go to ``gown``."""
     B, n_own, d = own.shape
     n_oth = oth.shape[1]
@@ -252,6 +317,7 @@ def _launch(own, oth, beta, p, g, w_cross, w_within, *, cross, within_all, need_
             CROSS=cross, WITHIN_ALL=within_all, NEED_G=need_g, NEED_VALUE=need_value, NEED_BETA=need_beta,
             CROSS_BETA=need_beta and cross == 1, SMALL=small, D=d if small else 1,
             DP=triton.next_power_of_2(d) if small else 1, BD=BD, BI=BI, BJ=BJ,
+            KIND=kind, K=p.shape[-1] if kind == 2 else 1,
         )
     # weights in float64: the energy distance is a small difference of large sums
     w = torch.tensor([w_cross if cross == 1 else 0.0, w_within], **f64)
@@ -262,14 +328,18 @@ def _launch(own, oth, beta, p, g, w_cross, w_within, *, cross, within_all, need_
     return weighted(val), weighted(gb)
 
 
-def energy_pairs(a, c, beta, p, weights, grad=None, *, need_value=True, need_a=False, need_c=False, need_beta=False):
-    """Weighted pair sums of every row and their gradients, isotropic metric p (B,).
+def energy_pairs(a, c, beta, p, weights, grad=None, *, kind=0, need_value=True, need_a=False, need_c=False,
+                 need_beta=False):
+    """Weighted pair sums of every row and their gradients, row metric p of ``kind`` (isotropic
+    (B,), diagonal (B, d) or block (B, k, k); each row's parameters dense).
 
-    a (B, n, d), c (B, m, d) with unit stride over d; beta, p, grad (B,) any stride;
+    a (B, n, d), c (B, m, d) with unit stride over d; beta, grad (B,) any stride;
     weights = (w_cross, w_a, w_c).  Returns (value (B,), ∂/∂a (B, n, d), ∂/∂c (B, m, d),
     ∂/∂β (B,)), each None when not requested; gradients are those of Σ_r grad[r]·V_r
     (grad = ones when None).
     """
+    if kind == 2 and p.shape[-1] == 1:
+        kind, p = 0, p[:, 0, 0]  # a 1×1 block is an isotropic p
     w_cross, w_a, w_c = (float(w) for w in weights)
     B, n, d = a.shape
     m = c.shape[1]
@@ -278,13 +348,13 @@ def energy_pairs(a, c, beta, p, weights, grad=None, *, need_value=True, need_a=F
     gc = c.new_zeros((B, m, d)) if need_c else None
     vals, betas = [], []
     if need_value or need_beta or need_a:
-        v, bs = _launch(a, c, beta, p, g, w_cross, w_a if n > 1 else 0.0, cross=1, within_all=need_a,
+        v, bs = _launch(a, c, beta, p, kind, g, w_cross, w_a if n > 1 else 0.0, cross=1, within_all=need_a,
                         need_g=need_a, need_value=need_value, need_beta=need_beta, gown=ga)
         vals.append(v)
         betas.append(bs)
     within_c = w_c if m > 1 else 0.0
     if need_c or (within_c != 0.0 and (need_value or need_beta)):
-        v, bs = _launch(c, a, beta, p, g, w_cross if need_c else 0.0, within_c, cross=2 if need_c else 0,
+        v, bs = _launch(c, a, beta, p, kind, g, w_cross if need_c else 0.0, within_c, cross=2 if need_c else 0,
                         within_all=need_c, need_g=need_c, need_value=need_value, need_beta=need_beta, gown=gc)
         vals.append(v)
         betas.append(bs)
@@ -320,49 +390,20 @@ def check_energy_canonical(op: str, a, c, beta, prec, kind: int):
                              f"got ({t.dtype}, {t.device})")
 
 
-class _Whitened:
-    """Clouds of a diagonal/block metric in whitened, centred coordinates z = (x − x_0)·L."""
+def _metric_grad(a, c, ga, gc, prec, kind):
+    """∂V/∂prec of a diagonal or block metric from the point gradients (see the module docstring)."""
+    centre = a[:, :1] if a.shape[1] > 0 else c[:, :1]
+    za, zc = a - centre, c - centre
+    if kind == 1:
+        return 0.5 * ((za * ga).sum(1) + (zc * gc).sum(1)) / prec
+    B, k = prec.shape[0], prec.shape[-1]
 
-    def __init__(self, a, c, prec, kind):
-        B, n, d = a.shape
-        self.kind, self.prec = kind, prec
-        centre = a[:, :1] if n > 0 else c[:, :1]
-        if kind == 1:
-            self.scale = prec.sqrt()  # (B, d)
-            self.za = ((a - centre) * self.scale[:, None]).contiguous()
-            self.zc = ((c - centre) * self.scale[:, None]).contiguous()
-        else:
-            self.k = k = prec.shape[-1]
-            # cholesky_ex: no host sync (prec is SPD by construction of the Metric)
-            self.L = torch.linalg.cholesky_ex(prec).L  # (B, k, k), P_k = L Lᵀ
-            self.za = self._apply(a - centre, self.L)
-            self.zc = self._apply(c - centre, self.L)
+    def outer(z, gz):  # Σ over points and coordinate blocks of z gᵀ
+        return z.reshape(B, -1, k).transpose(1, 2) @ gz.reshape(B, -1, k)
 
-    def _apply(self, x, M):
-        B, n, d = x.shape
-        return (x.reshape(B, n, d // self.k, self.k) @ M[:, None]).reshape(B, n, d)
-
-    def to_x(self, gz):
-        """∂/∂x from ∂/∂z: g_z Lᵀ (block) or g_z ⊙ √p (diagonal)."""
-        if self.kind == 1:
-            return gz * self.scale[:, None]
-        return self._apply(gz, self.L.transpose(-1, -2))
-
-    def metric_grad(self, gza, gzc):
-        """∂V/∂prec from the point gradients in z (see the module docstring)."""
-        if self.kind == 1:
-            G = 0.5 * ((self.za * gza).sum(1) + (self.zc * gzc).sum(1))
-            return G / self.prec
-        B, k = self.prec.shape[0], self.k
-
-        def outer(z, gz):
-            return z.reshape(B, -1, k).transpose(1, 2) @ gz.reshape(B, -1, k)
-
-        G = 0.25 * (outer(self.za, gza) + outer(self.zc, gzc))
-        G = G + G.transpose(-1, -2)  # symmetric in exact arithmetic; ½(G + Gᵀ) of ½ Σ z gᵀ
-        eye = torch.eye(k, dtype=G.dtype, device=G.device).expand(B, k, k)
-        Linv = torch.linalg.solve_triangular(self.L, eye, upper=False)
-        return Linv.transpose(-1, -2) @ G @ Linv
+    S = outer(za, ga) + outer(zc, gc)
+    X = torch.linalg.solve_ex(prec, S.transpose(-1, -2)).result  # P⁻¹ Sᵀ, no host sync
+    return 0.25 * (X + X.transpose(-1, -2))
 
 
 def energy_value(op: str, a, c, beta, prec, kind: int, weights):
@@ -370,11 +411,12 @@ def energy_value(op: str, a, c, beta, prec, kind: int, weights):
     check_energy_canonical(op, a, c, beta, prec, kind)
     if a.shape[0] == 0:
         return a.new_zeros(0)
-    if kind == 0:
-        return energy_pairs(a, c, beta, prec, weights)[0]
-    w = _Whitened(a, c, prec, kind)
-    ones = a.new_ones(()).expand(a.shape[0])
-    return energy_pairs(w.za, w.zc, beta, ones, weights)[0]
+    return energy_pairs(a, c, beta, _dense_rows(prec), weights, kind=kind)[0]
+
+
+def _dense_rows(prec):
+    """prec with each row's parameters dense (the kernels index a row from its start)."""
+    return prec if prec.dim() == 1 or prec[:1].is_contiguous() else prec.contiguous()
 
 
 def energy_grads(op: str, grad, a, c, beta, prec, kind: int, weights, need_a, need_c, need_beta, need_prec,
@@ -394,18 +436,15 @@ def energy_grads(op: str, grad, a, c, beta, prec, kind: int, weights, need_a, ne
         value = a.new_zeros(0) if want_value else None
         return (value, a.new_zeros(a.shape) if need_a else empty(), c.new_zeros(c.shape) if need_c else empty(),
                 a.new_zeros(B) if need_beta else empty(), prec.new_zeros(prec.shape) if need_prec else empty())
+    prec_rows = _dense_rows(prec)
     if kind == 0:
         value, ga, gc, gb = energy_pairs(a, c, beta, prec, weights, g, need_value=want_value or need_prec,
                                          need_a=need_a, need_c=need_c, need_beta=need_beta)
         gp = g * beta * value / (2 * prec) if need_prec else None
     else:
-        w = _Whitened(a, c, prec, kind)
-        ones = a.new_ones(()).expand(B)
-        value, gza, gzc, gb = energy_pairs(w.za, w.zc, beta, ones, weights, g, need_value=want_value,
-                                           need_a=need_a or need_prec, need_c=need_c or need_prec, need_beta=need_beta)
-        gp = w.metric_grad(gza, gzc) if need_prec else None
-        ga = w.to_x(gza) if need_a else None
-        gc = w.to_x(gzc) if need_c else None
+        value, ga, gc, gb = energy_pairs(a, c, beta, prec_rows, weights, g, kind=kind, need_value=want_value,
+                                         need_a=need_a or need_prec, need_c=need_c or need_prec, need_beta=need_beta)
+        gp = _metric_grad(a, c, ga, gc, prec, kind) if need_prec else None
     return (
         value if want_value else None,
         ga if need_a else empty(),

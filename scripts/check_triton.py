@@ -16,6 +16,7 @@ Must run *without* TRITON_INTERPRET=1.  fp64 variants take several minutes on a 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -78,11 +79,12 @@ def main(argv=None) -> int:
                            NEED_X=True, NEED_C=True, NEED_PREC=True))
                 count += 4
         # pair engine of energy_score / energy_distance: small-d (registers) and chunked paths,
-        # value-only (circulant) and gradient (ordered) variants
-        for small, D, BD, BI, BJ in [(True, 2, 2, 64, 64), (False, 1, 4, 32, 32), (False, 1, 128, 1, 32)]:
+        # value-only (circulant) and gradient (ordered) variants, each metric kind in the kernel
+        for (small, D, BD, BI, BJ), (mkind, mk) in itertools.product(
+                [(True, 2, 2, 64, 64), (False, 1, 4, 32, 32), (False, 1, 128, 1, 32)], [(0, 1), (1, 1), (2, 2)]):
             for grad in (False, True):
                 consts = dict(CROSS=1, WITHIN_ALL=grad, NEED_G=grad, NEED_VALUE=True, NEED_BETA=grad, CROSS_BETA=grad,
-                              SMALL=small, D=D, DP=D, BD=BD, BI=BI, BJ=BJ)
+                              SMALL=small, D=D, DP=D, BD=BD, BI=BI, BJ=BJ, KIND=mkind, K=mk)
                 fn = P._energy_pairs_kernel
                 sig = {n: "constexpr" if n in consts else ("*fp64" if n in ("val_ptr", "gb_ptr") else ptr)
                        if n in consts or n.endswith("_ptr") else ("fp32" if n.startswith("w_") else "i32")

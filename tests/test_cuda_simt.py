@@ -341,19 +341,31 @@ def test_is_score_matches_cpu(simt, gen, dtype, kind, k, Q, M, d):
 
 # ---------------------------------------------------------------------------- pairwise energy ops
 
+# d per metric and size: small d (≤ 4, coordinates in registers) and large d, whose chunks hold
+# whole metric blocks (32 coordinates, 30 for k = 3: 72 = 30 + 30 + 12; 68 = 32 + 32 + 4)
+_ENERGY_D = {(0, 0): (2, 70), (1, 0): (3, 70), (2, 1): (1, 33), (2, 2): (2, 70), (2, 3): (3, 72), (2, 4): (4, 68)}
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=lambda v: str(v).removeprefix("torch."))
-@pytest.mark.parametrize("kind, k", [(0, 0), (1, 0), (2, 2)])
-@pytest.mark.parametrize("B, n, m, d", [(3, 9, 7, 2), (2, 40, 33, 70)])
+@pytest.mark.parametrize("kind, k", list(_ENERGY_D))
+@pytest.mark.parametrize("size, B, n, m", [("small", 3, 9, 7), ("large", 2, 40, 33)])
 @pytest.mark.parametrize("flag", [False, True])
-def test_energy_ops_match_cpu(simt, gen, dtype, kind, k, B, n, m, d, flag):
+def test_energy_ops_match_cpu(simt, gen, dtype, kind, k, size, B, n, m, flag):
+    """Every metric kind is applied in the pair kernels (no whitening pass); the metric gradient
+    comes from the point gradients."""
     simt_build.configure(seed=gen.initial_seed())
+    d = _ENERGY_D[kind, k][size == "large"]
     a = torch.randn(B, n, d, generator=gen, dtype=torch.float64).to(dtype)
     b = (torch.randn(B, m, d, generator=gen, dtype=torch.float64) + 0.3).to(dtype)
     target = torch.randn(B, d, generator=gen, dtype=torch.float64).to(dtype)
     beta = (torch.rand(B, generator=gen, dtype=torch.float64) * 1.5 + 0.3).to(dtype)
-    prec = _precision(kind, k, B, d, dtype, gen)
+    prec = _precision(kind, k, B, d, dtype, gen, shared=flag)  # a broadcast metric (row stride 0) too
     grad = torch.randn(B, generator=gen, dtype=torch.float64).to(dtype)
     rtol = 1e-4 if dtype == torch.float32 else 1e-10
+    _energy_cases_match(simt, a, b, target, beta, prec, kind, flag, grad, rtol)
+
+
+def _energy_cases_match(simt, a, b, target, beta, prec, kind, flag, grad, rtol):
     cases = {
         "energy_score_fwd": (a, target, beta, prec, kind, flag),
         "energy_score_bwd": (grad, a, target, beta, prec, kind, flag, True, True, True, True),
@@ -366,6 +378,34 @@ def test_energy_ops_match_cpu(simt, gen, dtype, kind, k, B, n, m, d, flag):
         got, want = (got,) if isinstance(got, torch.Tensor) else got, (want,) if isinstance(want, torch.Tensor) else want
         for i, (u, v) in enumerate(zip(got, want)):
             _close(u, v, f"{name}[{i}]", rtol, rtol)
+
+
+@pytest.mark.parametrize("kind, k", [(1, 0), (2, 2), (2, 3)])
+def test_energy_ops_far_from_origin(simt, gen, kind, k):
+    """Clouds at 1e4 with unit spread: the differences are formed from the raw coordinates, so the
+    float32 value and gradients (metric gradient included: its point sum is centred) keep the
+    float64 CPU kernel's accuracy."""
+    simt_build.configure(seed=gen.initial_seed())
+    B, n, m, d = 2, 12, 5, 66
+    off = 1e4
+    a = torch.randn(B, n, d, generator=gen, dtype=torch.float64) + off
+    b = torch.randn(B, m, d, generator=gen, dtype=torch.float64) + off + 0.3
+    target = torch.randn(B, d, generator=gen, dtype=torch.float64) + off
+    beta = torch.full((B,), 1.4, dtype=torch.float64)
+    prec = _precision(kind, k, B, d, torch.float64, gen)
+    grad = torch.randn(B, generator=gen, dtype=torch.float64)
+    f32 = [t.float() for t in (a, b, target, beta, prec, grad)]
+    for name, args, args64 in [
+        ("energy_distance_bwd", (f32[5], f32[0], f32[1], f32[3], f32[4], kind, True, True, True, True, True),
+         (grad, a, b, beta, prec, kind, True, True, True, True, True)),
+        ("energy_score_fwd_grad", (f32[0], f32[2], f32[3], f32[4], kind, True, True, True, True, True),
+         (a, target, beta, prec, kind, True, True, True, True, True)),
+    ]:
+        got, want = getattr(simt, name)(*args), getattr(torch.ops.etweedie, name)(*args64)
+        for i, (u, v) in enumerate(zip(got, want)):
+            # float32 rounds the inputs at 1e4 (ulp 1e-3 against a unit spread): that, not the
+            # kernel, sets the tolerance
+            _close(u, v.float(), f"{name}[{i}]", 2e-2, 2e-2)
 
 
 def test_every_cuda_op_is_covered(simt):

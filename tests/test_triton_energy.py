@@ -61,6 +61,13 @@ def test_tile_sizes_follow_the_limits(small_tiles):
 ES_KINDS = ["none", "diagonal", "block3", "dense"]
 
 
+@pytest.mark.parametrize("kind, d", [("block1", 5), ("block2", 2), ("block4", 4), ("block4", 12), ("diagonal", 3)])
+def test_energy_score_metric_in_kernel(kind, d, small_tiles, seed):
+    """The metric is applied in the kernel: k = 4 blocks whole in a chunk of 4 (d = 12) and on
+    the small-d path (d = 4), a 1×1 block (run as an isotropic p), a diagonal on the small-d path."""
+    _es_check_all("triton", DEV, _es_inputs(seed, 3, 9, d, kind), seed, f"triton {kind} d={d}")
+
+
 @pytest.mark.parametrize("kind", ES_KINDS)
 def test_energy_score_matches_float64_reference(kind, small_tiles, seed):
     # M = 13: 4 tiles of 4 (the last masked), d = 6: coordinate chunks 4 + 2

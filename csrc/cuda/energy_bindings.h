@@ -7,19 +7,20 @@
 namespace etweedie {
 namespace cuda {
 
-// energy_score / energy_distance: the launchers (energy_*_cuda.cu) take an isotropic per-row
-// precision p.  Diagonal and block metrics are whitened here with ATen ops, as the CPU
-// kernels do for large d (csrc/cpu/energy_cpu.h): z = (x − x_0)·L, P = L Lᵀ, centred on the
-// first cloud's first point so that clouds far from the origin keep their precision.  The
-// metric gradient then follows from the point gradients in z (no extra pair loop):
-// Σ_p z_p g_pᵀ = 2 ∂V/∂P|_{P=I}, so ∂V/∂P = L⁻ᵀ (½ Σ_p z_p g_pᵀ) L⁻¹ (block) or
-// ½ Σ_p z_p ⊙ g_p / p (diagonal); for an isotropic metric ∂V/∂p = β V / (2p).
+// energy_score / energy_distance: the launchers (energy_*_cuda.cu) take the row's metric as it
+// comes (isotropic p, diagonal, or a k×k block) and apply it in the pair kernels.  The metric
+// gradient of a diagonal or block metric follows from the point gradients (no extra pair loop):
+// with g_p = ∂V/∂x_p = 2 Σ_j w·E'·P u_pj, the centred sum S = Σ_p (x_p − x_0) g_pᵀ (over both
+// clouds, per k×k block of coordinates; Σ_p g_p = 0 makes it translation invariant, and the
+// centre x_0 — the first cloud's first point — keeps it at the clouds' spread) equals
+// 2 Σ_pairs w·E'·u uᵀ P, so ∂V/∂P = ¼ (S P⁻¹ + P⁻¹ Sᵀ) (block) or ½ S_cc / p_c (diagonal); for
+// an isotropic metric ∂V/∂p = β V / (2p).
 
-// Weighted pair sums (value), point gradients and ∂/∂β for an isotropic per-row p; outputs not
+// Weighted pair sums (value), point gradients and ∂/∂β for the row metric (p, kind); outputs not
 // requested are undefined tensors.
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs(
     bool score, bool flag, const at::Tensor& grad, const at::Tensor& a, const at::Tensor& c, const at::Tensor& beta,
-    const at::Tensor& p, bool need_value, bool need_a, bool need_c, bool need_beta) {
+    const at::Tensor& p, int64_t kind, bool need_value, bool need_a, bool need_c, bool need_beta) {
   const int64_t B = a.size(0), n = a.size(1), m = c.size(1), d = a.size(2);
   at::Tensor value, ga, gc, gb;
   if (need_value) value = at::empty({B}, a.options());
@@ -51,6 +52,8 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs(
     e.sb = beta.stride(0);
     e.sp = p.stride(0);
     e.sg = grad.defined() ? grad.stride(0) : 0;
+    e.kind = static_cast<int>(kind);
+    e.kblock = kind == kBlock ? static_cast<int>(p.size(1)) : 1;
     T* out_v = need_value ? value.data_ptr<T>() : nullptr;
     T* out_a = need_a ? ga.data_ptr<T>() : nullptr;
     T* out_c = need_c ? gc.data_ptr<T>() : nullptr;
@@ -64,42 +67,21 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs(
   return {value, ga, gc, gb};
 }
 
-// Clouds of a diagonal/block metric in whitened, centred coordinates.
-struct Whitened {
-  int64_t kind = 0, k = 1;
-  at::Tensor prec, scale, L, za, zc;
-
-  Whitened(const at::Tensor& a, const at::Tensor& c, const at::Tensor& p, int64_t kind_) : kind(kind_), prec(p) {
-    const auto centre = a.narrow(1, 0, 1);
-    if (kind == 1) {
-      scale = prec.sqrt().unsqueeze(1);  // (B, 1, d)
-      za = ((a - centre) * scale).contiguous();
-      zc = ((c - centre) * scale).contiguous();
-    } else {
-      k = prec.size(1);
-      L = std::get<0>(at::linalg_cholesky_ex(prec));  // no host sync; P_k = L Lᵀ
-      za = apply(a - centre, L);
-      zc = apply(c - centre, L);
-    }
-  }
-  at::Tensor apply(const at::Tensor& x, const at::Tensor& M) const {
-    const int64_t B = x.size(0), n = x.size(1), d = x.size(2);
-    return x.reshape({B, n, d / k, k}).matmul(M.unsqueeze(1)).reshape({B, n, d}).contiguous();
-  }
-  at::Tensor to_x(const at::Tensor& gz) const { return kind == 1 ? gz * scale : apply(gz, L.transpose(-1, -2)); }
-  at::Tensor metric_grad(const at::Tensor& gza, const at::Tensor& gzc) const {
-    if (kind == 1) return (za * gza).sum(1).add((zc * gzc).sum(1)).mul(0.5).div(prec);
-    const int64_t B = prec.size(0);
-    auto outer = [&](const at::Tensor& z, const at::Tensor& g) {
-      return z.reshape({B, -1, k}).transpose(1, 2).matmul(g.reshape({B, -1, k}));
-    };
-    auto G = (outer(za, gza) + outer(zc, gzc)) * 0.25;
-    G = G + G.transpose(-1, -2);
-    const auto eye = at::eye(k, prec.options()).expand({B, k, k});
-    const auto Linv = at::linalg_solve_triangular(L, eye, /*upper=*/false);
-    return Linv.transpose(-1, -2).matmul(G).matmul(Linv).contiguous();
-  }
-};
+// ∂V/∂P of a diagonal (B, d) or block (B, k, k) metric from the point gradients ga (B, n, d) and
+// gc (B, m, d) of the clouds a and c (see the top of this file).
+inline at::Tensor energy_metric_grad(const at::Tensor& a, const at::Tensor& c, const at::Tensor& ga,
+                                     const at::Tensor& gc, const at::Tensor& prec, int64_t kind) {
+  const auto centre = a.narrow(1, 0, 1);
+  const auto za = a - centre, zc = c - centre;
+  if (kind == kDiagonal) return (za * ga).sum(1).add((zc * gc).sum(1)).mul(0.5).div(prec);
+  const int64_t B = prec.size(0), k = prec.size(1);
+  auto outer = [&](const at::Tensor& z, const at::Tensor& gz) {  // Σ over points and blocks of z gᵀ
+    return z.reshape({B, -1, k}).transpose(1, 2).matmul(gz.reshape({B, -1, k}));
+  };
+  const auto S = outer(za, ga) + outer(zc, gc);
+  const auto X = std::get<0>(at::linalg_solve_ex(prec, S.transpose(-1, -2)));  // P⁻¹ Sᵀ, no host sync
+  return (X + X.transpose(-1, -2)).mul(0.25).contiguous();
+}
 
 inline at::Tensor energy_forward(bool score, const char* op, const at::Tensor& a, const at::Tensor& c, const at::Tensor& beta,
                           const at::Tensor& prec, int64_t kind, bool flag) {
@@ -108,10 +90,7 @@ inline at::Tensor energy_forward(bool score, const char* op, const at::Tensor& a
   const c10::cuda::CUDAGuard guard(a.device());
   const at::Tensor none;
   if (a.size(0) == 0) return at::zeros({0}, a.options());
-  if (kind == 0) return std::get<0>(energy_pairs(score, flag, none, a, c, beta, prec, true, false, false, false));
-  const Whitened w(a, c, prec, kind);
-  const auto ones = at::ones({1}, a.options()).expand({a.size(0)});
-  return std::get<0>(energy_pairs(score, flag, none, w.za, w.zc, beta, ones, true, false, false, false));
+  return std::get<0>(energy_pairs(score, flag, none, a, c, beta, prec, kind, true, false, false, false));
 }
 
 // (value or undefined, ∂/∂a, ∂/∂c, ∂/∂β, ∂/∂prec) of Σ_r grad[r]·V_r; unrequested gradients
@@ -134,19 +113,14 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> en
             need_prec ? at::zeros_like(prec) : empty()};
   }
   at::Tensor value, ga, gc, gb, gp;
-  if (kind == 0) {
-    std::tie(value, ga, gc, gb) = energy_pairs(score, flag, g, a, c, beta, prec, want_value || need_prec, need_a,
+  if (kind == kIsotropic) {
+    std::tie(value, ga, gc, gb) = energy_pairs(score, flag, g, a, c, beta, prec, kind, want_value || need_prec, need_a,
                                                need_c, need_beta);
     if (need_prec) gp = g * beta * value / (2 * prec);
   } else {
-    const Whitened w(a, c, prec, kind);
-    const auto ones = at::ones({1}, a.options()).expand({B});
-    at::Tensor gza, gzc;
-    std::tie(value, gza, gzc, gb) = energy_pairs(score, flag, g, w.za, w.zc, beta, ones, want_value,
-                                                 need_a || need_prec, need_c || need_prec, need_beta);
-    if (need_prec) gp = w.metric_grad(gza, gzc);
-    if (need_a) ga = w.to_x(gza);
-    if (need_c) gc = w.to_x(gzc);
+    std::tie(value, ga, gc, gb) = energy_pairs(score, flag, g, a, c, beta, prec, kind, want_value, need_a || need_prec,
+                                               need_c || need_prec, need_beta);
+    if (need_prec) gp = energy_metric_grad(a, c, ga, gc, prec, kind);
   }
   return {want_value ? value : at::Tensor(), need_a ? ga : empty(), need_c ? gc : empty(), need_beta ? gb : empty(),
           need_prec ? gp : empty()};

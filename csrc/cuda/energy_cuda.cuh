@@ -3,10 +3,11 @@
 //
 // Both losses are weighted pair sums per row r,
 //   V_r = w_cross Σ_{i,j} E(a_i − c_j) + w_a Σ_{i<j} E(a_i − a_j) + w_c Σ_{i<j} E(c_i − c_j),
-// with E(u) = (p·‖u‖²)^{β/2} for a per-row scalar precision p (isotropic metrics; diagonal and
-// block metrics reach these kernels whitened by csrc/cuda/bindings.cpp, with p = 1).
-// Pairs are formed from direct differences (never the Gram form), so coincident points give
-// exactly 0 and clouds far from the origin lose no precision.
+// with E(u) = (uᵀPu)^{β/2} for the row's metric P (metric_cuda.cuh: isotropic p·I, diagonal, or
+// a k×k block repeated along d, k ≤ 4), applied in the kernels: the differences u are formed
+// from the raw coordinates, so coincident points give exactly 0 and clouds far from the origin
+// lose no precision (no whitening pass, no centring, no Gram form).  The gradient of a point is
+// P Σ_j c_ij (x_i − x_j): P is applied once per point and coordinate block, after the sum.
 //
 // A launch takes one cloud as the "own" cloud; one block of kThreads threads per (row, own
 // tile).  The block pairs its tile with every tile of the other cloud (cross pairs) and with
@@ -15,14 +16,17 @@
 // there are no atomics and no races — or, for the value alone, the circulant half I, I+1, …,
 // I+h (mod nb), which forms each unordered pair once with equal work per block.  A second
 // launch with the clouds swapped gives the second cloud's gradients (and its within pairs).
-//   small d (D = d ≤ 4, compile time): one own point per thread, coordinates in registers;
-//     the other cloud is staged through shared memory in tiles of kThreads points (SoA) and
-//     read as broadcasts — the n-body pattern; the gradient stays in registers.
+//   small d (D = d ≤ 4, compile time): one own point per thread, coordinates and the row's
+//     metric in registers; the other cloud is staged through shared memory in tiles of
+//     kThreads points (SoA) and read as broadcasts — the n-body pattern; the gradient stays in
+//     registers.
 //   large d: own and other tiles of kBig = 32 points, coordinates staged through shared
-//     memory in chunks of kChunk; each thread forms a 2×4 register block of the 32×32 pair
-//     distances; the pair coefficients go to shared memory and a second sweep over the
-//     chunks adds Σ_j c_ij (x_i − x_j)[k] to the own tile's gradient rows in global memory
-//     (zero-initialized by the caller; only this block touches them; __syncthreads between).
+//     memory in chunks of whole metric blocks (kChunk = 32 coordinates, 30 for k = 3; a
+//     diagonal metric's chunk of precisions alongside); each thread forms a 2×4 register block
+//     of the 32×32 pair distances; the pair coefficients go to shared memory and a second sweep
+//     over the chunks adds P Σ_j c_ij (x_i − x_j) over one metric block per thread and step to
+//     the own tile's gradient rows in global memory (zero-initialized by the caller; only this
+//     block touches them; __syncthreads between).
 // Value and ∂/∂β sums are kept per block as (cross, within) float64 partials in a workspace;
 // a final kernel applies the weights in float64 (the energy distance is a small difference of
 // large sums) and the upstream gradient.  Memory: O((n + m)·d) + O(B · tiles) doubles.
@@ -57,7 +61,7 @@ struct PairLaunch {
   const T* own;
   const T* oth;
   const T* beta;
-  const T* p;
+  const T* p;     // the row's metric parameters (B, *param), row stride sp (metric_cuda.cuh)
   const T* grad;  // (B,) upstream gradient, null = 1
   int64_t B, n_own, n_oth, d, nt;
   int64_t so_b, so_n, st_b, st_n, sb, sp, sg;
@@ -135,17 +139,64 @@ __device__ __forceinline__ void visit_pair_tiles(const PairLaunch<T>& a, int64_t
   if (sums) store_partials(a, unit, ce, we, cb, wb, scratch);
 }
 
+// ----------------------------------------------------------------------------- the row's metric
+
+// Parameters of the row's metric held in registers: p (isotropic), the D precisions of a
+// small-d diagonal metric (large d stages its diagonal per chunk), or the K×K block.
+template <int KIND, int K, int D>
+constexpr int kPairMetricRegs = KIND == kIsotropic ? 1 : KIND == kDiagonal ? D : K * K;
+
+// v = P u over D coordinates (D a multiple of K; the isotropic p is applied by the caller).
+template <typename T, int KIND, int K, int D>
+__device__ __forceinline__ void metric_apply(const T* pm, const T* u, T* v) {
+#pragma unroll
+  for (int j = 0; j < D; ++j) {
+    if constexpr (KIND == kIsotropic) {
+      v[j] = u[j];
+    } else if constexpr (KIND == kDiagonal) {
+      v[j] = pm[j] * u[j];
+    } else {
+      const int a = j % K, base = j - a;
+      T acc = 0;
+#pragma unroll
+      for (int b = 0; b < K; ++b) acc += pm[a * K + b] * u[base + b];
+      v[j] = acc;
+    }
+  }
+}
+
+// uᵀ P_k u for one K×K block, its entries read as pk(l·K + m) (the full form, as the CPU kernels:
+// P need not be symmetric there).
+template <typename T, int K, typename P>
+__device__ __forceinline__ T block_quad(P&& pk, const T* u) {
+  T q = 0;
+#pragma unroll
+  for (int l = 0; l < K; ++l) {
+    T v = 0;
+#pragma unroll
+    for (int m = 0; m < K; ++m) v += pk(l * K + m) * u[m];
+    q += u[l] * v;
+  }
+  return q;
+}
+
 // ----------------------------------------------------------------------------- small d
 
-template <typename T, int D, bool GRAD>
+template <typename T, int D, int KIND, int K, bool GRAD>
 __global__ void __launch_bounds__(kThreads, kEnergyMinBlocks) energy_small_kernel(PairLaunch<T> a) {
+  static_assert(D % K == 0, "the metric block must divide d");
   __shared__ T sx[D][kThreads];
   __shared__ double scratch[kWarps];
   const int64_t unit = blockIdx.x;
   const int64_t r = unit / a.nt, I = unit % a.nt;
   const T* __restrict__ own = a.own + r * a.so_b;
   const T* __restrict__ oth = a.oth + r * a.st_b;
-  const T beta = a.beta[r * a.sb], p = a.p[r * a.sp];
+  const T beta = a.beta[r * a.sb];
+  constexpr int kRegs = kPairMetricRegs<KIND, K, D>;
+  T pm[kRegs];
+#pragma unroll
+  for (int e = 0; e < kRegs; ++e) pm[e] = a.p[r * a.sp + e];
+  const T piso = KIND == kIsotropic ? pm[0] : T(1);  // the factor P leaves outside P u
   const T g = a.grad ? a.grad[r * a.sg] : T(1);
   const int64_t i = I * kThreads + threadIdx.x;
   const bool valid = i < a.n_own;
@@ -165,15 +216,15 @@ __global__ void __launch_bounds__(kThreads, kEnergyMinBlocks) energy_small_kerne
     const int cnt = static_cast<int>(n - j0 < kThreads ? n - j0 : kThreads);
     T es = 0, bs = 0;
     if (!valid) return Sums2<T>{es, bs};
-    const T cp = coef * p;
+    const T cp = coef * piso;
     for (int t = 0; t < cnt; ++t) {
-      T u[D], q = 0;
+      T u[D], pu[D], q = 0;
 #pragma unroll
-      for (int k = 0; k < D; ++k) {
-        u[k] = xi[k] - sx[k][t];
-        q += u[k] * u[k];
-      }
-      q *= p;
+      for (int k = 0; k < D; ++k) u[k] = xi[k] - sx[k][t];
+      metric_apply<T, KIND, K, D>(pm, u, pu);
+#pragma unroll
+      for (int k = 0; k < D; ++k) q += u[k] * pu[k];
+      q *= piso;
       if (sums) {
         const T e = pair_energy(q, beta);
         if (a.need_value) es += e;
@@ -182,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, kEnergyMinBlocks) energy_small_kerne
       if (GRAD && grad) {
         const T c = pair_energy_slope(q, beta) * cp;
 #pragma unroll
-        for (int k = 0; k < D; ++k) acc[k] += c * u[k];
+        for (int k = 0; k < D; ++k) acc[k] += c * pu[k];
       }
     }
     return Sums2<T>{es, bs};
@@ -196,60 +247,108 @@ __global__ void __launch_bounds__(kThreads, kEnergyMinBlocks) energy_small_kerne
 
 // ----------------------------------------------------------------------------- large d
 
-template <typename T, bool GRAD>
-__global__ void __launch_bounds__(kThreads, kEnergyMinBlocks) energy_large_kernel(PairLaunch<T> a) {
+// A double 3×3 or 4×4 block needs more than 128 registers (ptxas spilled at that cap): those
+// kernels allow 255 (2 resident blocks per SM).
+template <typename T, int KIND, int K>
+constexpr int kEnergyLargeMinBlocks = KIND == kBlock && sizeof(T) == 8 && K > 2 ? 2 : kEnergyMinBlocks;
+
+template <typename T, int KIND, int K, bool GRAD>
+__global__ void __launch_bounds__(kThreads, (kEnergyLargeMinBlocks<T, KIND, K>)) energy_large_kernel(PairLaunch<T> a) {
+  constexpr int kW = kChunk / K * K;  // coordinates per chunk: whole metric blocks
+  constexpr int kBlocksPerChunk = kW / K;
   __shared__ T so[kBig][kChunk + 1];
   __shared__ T st[kBig][kChunk + 1];
   __shared__ T cs[kBig][kBig + 1];
+  __shared__ T spc[KIND == kDiagonal ? kChunk : 1];  // a diagonal metric's precisions of the chunk
   __shared__ double scratch[kWarps];
   const int64_t unit = blockIdx.x;
   const int64_t r = unit / a.nt, I = unit % a.nt;
   const int64_t d = a.d;
   const T* __restrict__ own = a.own + r * a.so_b;
   const T* __restrict__ oth = a.oth + r * a.st_b;
-  const T beta = a.beta[r * a.sb], p = a.p[r * a.sp];
+  const T* __restrict__ prow = a.p + r * a.sp;
+  const T beta = a.beta[r * a.sb];
+  constexpr int kRegs = KIND == kBlock ? K * K : 1;
+  T pkr[kRegs];
+#pragma unroll
+  for (int e = 0; e < kRegs; ++e) pkr[e] = KIND == kDiagonal ? T(1) : prow[e];
+  auto pk = [&](int e) -> T { return pkr[e]; };
+  const T piso = KIND == kIsotropic ? pkr[0] : T(1);
   const T g = a.grad ? a.grad[r * a.sg] : T(1);
   const int64_t i0 = I * kBig;
   const int tid = threadIdx.x;
   const int ti = tid / 8, tj = tid % 8;  // rows 2ti, 2ti+1; columns tj + 8m, m < 4
 
-  // stage columns [c0, c0 + kChunk) of own rows i0.. and src rows j0.. (zeros outside)
+  // stage columns [c0, c0 + kW) of own rows i0.. and src rows j0.. (zeros outside)
   auto stage = [&](const T* __restrict__ src, int64_t sn, int64_t j0, int64_t n, int64_t c0) {
     __syncthreads();
-    for (int e = tid; e < kBig * kChunk; e += kThreads) {
-      const int row = e / kChunk, col = e % kChunk;
+    for (int e = tid; e < kBig * kW; e += kThreads) {
+      const int row = e / kW, col = e % kW;
       const int64_t c = c0 + col;
       so[row][col] = (i0 + row < a.n_own && c < d) ? own[(i0 + row) * a.so_n + c] : T(0);
       st[row][col] = (j0 + row < n && c < d) ? src[(j0 + row) * sn + c] : T(0);
+    }
+    if constexpr (KIND == kDiagonal) {
+      if (tid < kW) spc[tid] = c0 + tid < d ? prow[c0 + tid] : T(0);
     }
     __syncthreads();
   };
 
   auto tile = [&](const T* __restrict__ src, int64_t sn, int64_t j0, int64_t n, T coef, bool grad, bool sums) {
     T q[2][4] = {};
-    for (int64_t c0 = 0; c0 < d; c0 += kChunk) {
+    for (int64_t c0 = 0; c0 < d; c0 += kW) {
       stage(src, sn, j0, n, c0);
-#pragma unroll 4
-      for (int k = 0; k < kChunk; ++k) {
-        const T x0 = so[2 * ti][k], x1 = so[2 * ti + 1][k];
+      if constexpr (KIND == kBlock && K > 1) {
+#pragma unroll 2
+        for (int k = 0; k < kW; k += K) {
+          T x0[K], x1[K];
 #pragma unroll
-        for (int mm = 0; mm < 4; ++mm) {
-          const T y = st[tj + 8 * mm][k];
-          const T u0 = x0 - y, u1 = x1 - y;
-          q[0][mm] += u0 * u0;
-          q[1][mm] += u1 * u1;
+          for (int l = 0; l < K; ++l) {
+            x0[l] = so[2 * ti][k + l];
+            x1[l] = so[2 * ti + 1][k + l];
+          }
+#pragma unroll
+          for (int mm = 0; mm < 4; ++mm) {
+            T u0[K], u1[K];
+#pragma unroll
+            for (int l = 0; l < K; ++l) {
+              const T y = st[tj + 8 * mm][k + l];
+              u0[l] = x0[l] - y;
+              u1[l] = x1[l] - y;
+            }
+            q[0][mm] += block_quad<T, K>(pk, u0);
+            q[1][mm] += block_quad<T, K>(pk, u1);
+          }
+        }
+      } else {
+#pragma unroll 4
+        for (int k = 0; k < kW; ++k) {
+          const T x0 = so[2 * ti][k], x1 = so[2 * ti + 1][k];
+          const T w = KIND == kDiagonal ? spc[k] : T(1);
+#pragma unroll
+          for (int mm = 0; mm < 4; ++mm) {
+            const T y = st[tj + 8 * mm][k];
+            const T u0 = x0 - y, u1 = x1 - y;
+            if constexpr (KIND == kDiagonal) {
+              q[0][mm] += w * (u0 * u0);
+              q[1][mm] += w * (u1 * u1);
+            } else {
+              q[0][mm] += u0 * u0;
+              q[1][mm] += u1 * u1;
+            }
+          }
         }
       }
     }
     T es = 0, bs = 0;
-    const T cp = coef * p;
+    const T cp = coef * piso;
 #pragma unroll
     for (int ll = 0; ll < 2; ++ll) {
 #pragma unroll
       for (int mm = 0; mm < 4; ++mm) {
         const int row = 2 * ti + ll, col = tj + 8 * mm;
         const bool ok = i0 + row < a.n_own && j0 + col < n;
-        const T qq = q[ll][mm] * p;
+        const T qq = q[ll][mm] * piso;
         if (sums && ok) {
           const T e = pair_energy(qq, beta);
           if (a.need_value) es += e;
@@ -260,18 +359,37 @@ __global__ void __launch_bounds__(kThreads, kEnergyMinBlocks) energy_large_kerne
     }
     if constexpr (GRAD) {
       if (grad) {
-        // gradient rows of the own tile: Σ_j c_ij (x_i − x_j)[k], one (i, k) per thread and step
-        for (int64_t c0 = 0; c0 < d; c0 += kChunk) {
+        // gradient rows of the own tile: P Σ_j c_ij (x_i − x_j) over one metric block (i, b) per
+        // thread and step
+        for (int64_t c0 = 0; c0 < d; c0 += kW) {
           stage(src, sn, j0, n, c0);  // its leading __syncthreads also publishes cs
-          for (int e = tid; e < kBig * kChunk; e += kThreads) {
-            const int row = e / kChunk, col = e % kChunk;
+          for (int e = tid; e < kBig * kBlocksPerChunk; e += kThreads) {
+            const int row = e / kBlocksPerChunk, col = e % kBlocksPerChunk * K;
             const int64_t i = i0 + row, c = c0 + col;
             if (i >= a.n_own || c >= d) continue;
-            const T xv = so[row][col];
-            T s = 0;
+            T s[K];
+#pragma unroll
+            for (int l = 0; l < K; ++l) {
+              const T xv = so[row][col + l];
+              T acc = 0;
 #pragma unroll 8
-            for (int jj = 0; jj < kBig; ++jj) s += cs[row][jj] * (xv - st[jj][col]);
-            a.gown[(r * a.n_own + i) * d + c] += s;
+              for (int jj = 0; jj < kBig; ++jj) acc += cs[row][jj] * (xv - st[jj][col + l]);
+              s[l] = acc;
+            }
+            T* __restrict__ go = a.gown + (r * a.n_own + i) * d + c;
+            if constexpr (KIND == kBlock && K > 1) {
+#pragma unroll
+              for (int l = 0; l < K; ++l) {
+                T v = 0;
+#pragma unroll
+                for (int m = 0; m < K; ++m) v += pk(l * K + m) * s[m];
+                go[l] += v;
+              }
+            } else if constexpr (KIND == kDiagonal) {
+              go[0] += spc[col] * s[0];
+            } else {
+              go[0] += s[0];
+            }
           }
         }
       }
@@ -310,19 +428,34 @@ __global__ void energy_finish_kernel(const double* __restrict__ part_a, int64_t 
   if (gbeta) gbeta[r] = static_cast<T>(b * static_cast<double>(grad ? grad[r * sg] : T(1)));
 }
 
+template <typename T, int D, int KIND, int K, bool GRAD>
+cudaError_t launch_small(const PairLaunch<T>& a, unsigned grid, cudaStream_t stream) {
+  if constexpr (D % K != 0) {
+    return cudaErrorInvalidValue;  // the host checks k | d
+  } else {
+    return launch(energy_small_kernel<T, D, KIND, K, GRAD>, grid, kThreads, 0, stream, a);
+  }
+}
+
+// The pair kernel for the row metric (kind, kblock) and d.
 template <typename T, bool GRAD>
-cudaError_t launch_pairs(const PairLaunch<T>& a, cudaStream_t stream) {
+cudaError_t launch_pairs(const PairLaunch<T>& a, int kind, int kblock, cudaStream_t stream) {
   if (a.B == 0 || a.nt == 0) return cudaSuccess;
   const int64_t blocks = a.B * a.nt;
   if (blocks > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
   const unsigned grid = static_cast<unsigned>(blocks);
-  switch (a.d <= kSmallMaxD ? a.d : 0) {
-    case 1: return launch(energy_small_kernel<T, 1, GRAD>, grid, kThreads, 0, stream, a);
-    case 2: return launch(energy_small_kernel<T, 2, GRAD>, grid, kThreads, 0, stream, a);
-    case 3: return launch(energy_small_kernel<T, 3, GRAD>, grid, kThreads, 0, stream, a);
-    case 4: return launch(energy_small_kernel<T, 4, GRAD>, grid, kThreads, 0, stream, a);
-    default: return launch(energy_large_kernel<T, GRAD>, grid, kThreads, 0, stream, a);
-  }
+  return dispatch_metric(kind, kblock, [&](auto kind_c, auto k_c) -> cudaError_t {
+    // a 1×1 block is an isotropic p (the same one parameter per row)
+    constexpr int K = decltype(k_c)::value;
+    constexpr int KIND = decltype(kind_c)::value == kBlock && K == 1 ? kIsotropic : decltype(kind_c)::value;
+    switch (a.d <= kSmallMaxD ? a.d : 0) {
+      case 1: return launch_small<T, 1, KIND, K, GRAD>(a, grid, stream);
+      case 2: return launch_small<T, 2, KIND, K, GRAD>(a, grid, stream);
+      case 3: return launch_small<T, 3, KIND, K, GRAD>(a, grid, stream);
+      case 4: return launch_small<T, 4, KIND, K, GRAD>(a, grid, stream);
+      default: return launch(energy_large_kernel<T, KIND, K, GRAD>, grid, kThreads, 0, stream, a);
+    }
+  });
 }
 
 // Both launches and the final reduction for weights (w_cross, w_a, w_c); see launchers.cuh.
@@ -369,7 +502,7 @@ cudaError_t energy_pairs_run(const EnergyArgs<T>& e, double w_cross, double w_a,
     l.cross = 1;
     l.within_all = ga != nullptr;
     l.gown = ga;
-    err = ga ? launch_pairs<T, true>(l, stream) : launch_pairs<T, false>(l, stream);
+    err = ga ? launch_pairs<T, true>(l, e.kind, e.kblock, stream) : launch_pairs<T, false>(l, e.kind, e.kblock, stream);
     if (err != cudaSuccess) return err;
   }
   // own = c: c's gradients (cross pairs again, not counted) and c's within pairs
@@ -380,7 +513,7 @@ cudaError_t energy_pairs_run(const EnergyArgs<T>& e, double w_cross, double w_a,
     l.cross = gc ? 2 : 0;
     l.within_all = gc != nullptr;
     l.gown = gc;
-    err = gc ? launch_pairs<T, true>(l, stream) : launch_pairs<T, false>(l, stream);
+    err = gc ? launch_pairs<T, true>(l, e.kind, e.kblock, stream) : launch_pairs<T, false>(l, e.kind, e.kblock, stream);
     if (err != cudaSuccess) return err;
   }
   if (sums) {

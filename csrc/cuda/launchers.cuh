@@ -57,9 +57,9 @@ cudaError_t is_score_fwd_launch(const T* y, const T* bank, const T* prec, int64_
 
 // Pairwise energy ops (csrc/cuda/energy_cuda.cuh): clouds a (B, n, d) and c (B, m, d) with
 // element strides over rows and points and unit stride over d (energy_score: a = samples,
-// c = the target as a one-point cloud); beta, p (B,) with strides sb, sp; p is a per-row
-// isotropic precision (diagonal/block metrics are whitened by the caller and pass p = 1);
-// grad (B,) with stride sg, the upstream gradient (null = 1 for every row).
+// c = the target as a one-point cloud); beta (B,) with stride sb; p the metric parameters
+// (B, *param) of kind 0/1/2 and block size kblock (as prec above) with row stride sp, applied in
+// the kernels; grad (B,) with stride sg, the upstream gradient (null = 1 for every row).
 template <typename T>
 struct EnergyArgs {
   const T* a;
@@ -69,6 +69,7 @@ struct EnergyArgs {
   const T* grad;
   int64_t B, n, m, d;
   int64_t sab, san, scb, scn, sb, sp, sg;
+  int kind, kblock;
 };
 
 // Doubles of workspace the energy launchers need (per-block partial sums); the caller
