@@ -276,6 +276,33 @@ def _time_cuda(fn: Callable[[], object], repeats: int, warmup: int = 3, budget_s
             "host_ms": per_call * 1e3}
 
 
+def kernel_breakdown(fn: Callable[[], object], calls: int = 5, top: int = 6, device: str = "cuda") -> List[dict]:
+    """Where one call's device time goes: the ``top`` kernels by total time over ``calls`` calls
+    (torch.profiler), each as {name, us_per_call, launches_per_call}, plus an "(all kernels)" entry
+    — so a row slower than its kernel shows whether the time is in the pair kernel, in the small
+    launches around it, or between launches.  ``device="cpu"`` profiles CPU ops (a dry run)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    activity = ProfilerActivity.CUDA if device == "cuda" else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        for _ in range(calls):
+            fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    attr = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0]
+    events.sort(key=lambda e: getattr(e, attr), reverse=True)
+    out = [{"name": e.key[:120], "us_per_call": getattr(e, attr) / calls, "launches_per_call": e.count / calls}
+           for e in events[:top]]
+    out.append({"name": "(all kernels)", "us_per_call": sum(getattr(e, attr) for e in events) / calls,
+                "launches_per_call": sum(e.count for e in events) / calls})
+    return out
+
+
 def copy_bandwidth_gbs() -> float:
     """The card's measured device-to-device copy bandwidth (bytes read + written), GB/s."""
     import torch
@@ -336,6 +363,11 @@ def gpu_benchmarks(log: Log, quick: bool, only: Optional[List[str]] = None) -> L
                     comp = row["median_ms"]
                 row["speedup_vs_reference"] = base / row["median_ms"] if base else None
                 row["speedup_vs_compile"] = comp / row["median_ms"] if comp else None
+                if backend not in ("reference", "compile"):
+                    try:
+                        row["kernels"] = kernel_breakdown(fn)
+                    except Exception as exc:  # a profiler that cannot start costs the breakdown only
+                        row["kernels_error"] = f"{type(exc).__name__}: {exc}"[:200]
                 del fn
             except Exception as exc:  # a failing backend is reported, the others still run
                 row["error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -346,6 +378,8 @@ def gpu_benchmarks(log: Log, quick: bool, only: Optional[List[str]] = None) -> L
             rows.append(row)
             log(f"  {wid:<24} {backend:<9} " + (row.get("error") or f"{row['median_ms']:.3f} ms, "
                 f"{row['GB/s']:.0f} GB/s, rel err {row.get('max_rel_err', float('nan')):.1e}"))
+            for k in row.get("kernels", []):
+                log(f"      {k['us_per_call']:9.1f} µs/call  {k['launches_per_call']:5.1f}×  {k['name']}")
     return rows
 
 
