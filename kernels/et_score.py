@@ -123,6 +123,34 @@ def _residual_weight_slope(q, w, beta):
 
 
 @triton.jit
+def _law_weight(q, beta, LAW: tl.constexpr):
+    """The draw weight of the score the kernels compute (LAW): q^{(β−2)/2} for the Energy-Tweedie
+    score (0), 1/(1 + q) for the Student-t score (1; csrc/common/student_t_score.h)."""
+    if LAW == 1:
+        return 1.0 / (1.0 + q)
+    else:
+        return _residual_weight(q, beta)
+
+
+@triton.jit
+def _law_weight_slope(q, w, beta, LAW: tl.constexpr):
+    """The backward's per-draw slope: _residual_weight_slope, or −2 w² for the Student-t law."""
+    if LAW == 1:
+        return -2.0 * w * w
+    else:
+        return _residual_weight_slope(q, w, beta)
+
+
+@triton.jit
+def _law_scale(lam, LAW: tl.constexpr):
+    """The factor in front of P m: −λ, or −2c (c passed as λ)."""
+    if LAW == 1:
+        return -2.0 * lam
+    else:
+        return -lam
+
+
+@triton.jit
 def _half_log(q):
     pos = q > 0
     return tl.where(pos, 0.5 * tl.log(tl.where(pos, q, 1.0)), 0.0)
@@ -239,9 +267,10 @@ def _et_score_forward_kernel(
     N, d, sxb, sxn, sb, sl, sp, sa, n_per, nsplit,
     KIND: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ONE_CHUNK: tl.constexpr, LANGEVIN: tl.constexpr,
-    SPLIT: tl.constexpr, IN_REGISTERS: tl.constexpr,
+    SPLIT: tl.constexpr, IN_REGISTERS: tl.constexpr, LAW: tl.constexpr,
 ):
-    """out = s (or, with LANGEVIN, y + α s + sqrt(2α) ξ) and m for one row's coordinate chunk.
+    """out = s (or, with LANGEVIN, y + α s + sqrt(2α) ξ) and m for one row's coordinate chunk;
+    LAW 1: the Student-t score (c passed as λ, β unused).
 
     With SPLIT, program (row, chunk, r) covers draws [r·n_per, (r+1)·n_per) only and writes its
     sums Σ w u and Σ w P u to ws[row, r, 0/1, cols]; the host adds the ranges and finishes."""
@@ -275,7 +304,7 @@ def _et_score_forward_kernel(
                 q += tl.sum(uc * puc, axis=1)
             u, pu = _residual_pu(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND, BLOCK_N, BLOCK_D,
                                  IN_REGISTERS)
-        w = tl.where(mask_n, _residual_weight(q, beta), 0.0)
+        w = tl.where(mask_n, _law_weight(q, beta, LAW), 0.0)
         acc_u += tl.sum(w[:, None] * u, axis=0)
         acc_pu += tl.sum(w[:, None] * pu, axis=0)
     mask_d = cols < d
@@ -286,7 +315,7 @@ def _et_score_forward_kernel(
         return
     inv_n = 1.0 / (tl.zeros([], y_ptr.dtype.element_ty) + N)
     tl.store(m_ptr + row * d + cols, acc_u * inv_n, mask=mask_d)
-    s = -lam * acc_pu * inv_n
+    s = _law_scale(lam, LAW) * acc_pu * inv_n
     if LANGEVIN:
         alpha = tl.load(step_ptr + row * sa)
         yv = tl.load(y_row + cols, mask=mask_d, other=0.0)
@@ -344,7 +373,9 @@ def _block_in_registers(kind: int, KP: int, k: int, BLOCK_D: int) -> bool:
             and os.environ.get("ETWEEDIE_TRITON_BLOCK_IN_REGISTERS", "1") != "0")
 
 
-def _launch_forward(y, x, beta, lam, prec, kind, noise=None, step=None):
+def _launch_forward(y, x, beta, lam, prec, kind, noise=None, step=None, law=0, op="et_score"):
+    """(out, m) of the forward kernel on checked canonical arguments; law 1: the Student-t score
+    (kernels/student_t_score.py, c passed as beta and lam)."""
     B, d = y.shape
     N = x.shape[1]
     out = torch.empty_like(y)
@@ -352,7 +383,7 @@ def _launch_forward(y, x, beta, lam, prec, kind, noise=None, step=None):
     if B == 0 or d == 0:
         return out, m
     if N == 0:
-        raise ValueError("et_score: need at least one posterior draw (N >= 1)")
+        raise ValueError(f"{op}: need at least one posterior draw (N >= 1)")
     BLOCK_N, BLOCK_D, KP, nch = block_sizes(N, d, kind, _block_k(prec, kind))
     langevin = noise is not None
     S, per = draw_splits(B, nch, N, BLOCK_N, y.device)
@@ -363,12 +394,12 @@ def _launch_forward(y, x, beta, lam, prec, kind, noise=None, step=None):
         step.stride(0) if langevin else 0, per, S,
         KIND=kind, K=_block_k(prec, kind), KP=KP, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         ONE_CHUNK=nch == 1, LANGEVIN=langevin, SPLIT=S > 1, IN_REGISTERS=_block_in_registers(kind, KP, _block_k(prec, kind), BLOCK_D),
-        num_warps=8 if BLOCK_D * BLOCK_N * KP >= 4096 else 4,
+        LAW=law, num_warps=8 if BLOCK_D * BLOCK_N * KP >= 4096 else 4,
     )
     if S > 1:
         sums = ws.sum(1) / N  # (B, 2, d): m and P m
         m = sums[:, 0].contiguous()
-        s = -lam[:, None] * sums[:, 1]
+        s = (-2.0 if law == 1 else -1.0) * lam[:, None] * sums[:, 1]
         out = y + step[:, None] * s + torch.sqrt(2 * step[:, None]) * noise if langevin else s
     return out, m
 
@@ -393,10 +424,12 @@ def _et_score_backward_kernel(
     KIND: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, ONE_CHUNK: tl.constexpr,
     NEED_X: tl.constexpr, NEED_BETA: tl.constexpr, NEED_LAM: tl.constexpr, NEED_PREC: tl.constexpr,
+    LAW: tl.constexpr,
 ):
     """Gradients for one row's coordinate chunk.  Writes gy[row, chunk], gx[row, :, chunk],
     gb[row] (chunk 0), gl[row, chunk] and the metric gradient's partial for this chunk:
-    gp[row, chunk] (isotropic), gp[row, cols] (diagonal), gp[row, chunk, k, k] (block)."""
+    gp[row, chunk] (isotropic), gp[row, cols] (diagonal), gp[row, chunk, k, k] (block).
+    LAW 1: the Student-t score's (c as λ: gl receives ∂L/∂c; no β)."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1).to(tl.int64)
     cols = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -408,9 +441,10 @@ def _et_score_backward_kernel(
     beta = tl.load(beta_ptr + row * sb)
     lam = tl.load(lam_ptr + row * sl)
     dt = y_ptr.dtype.element_ty
-    # h = −λ P g + g_m: the upstream gradient on m
+    scale = _law_scale(lam, LAW)  # −λ, or −2c
+    # h = scale · P g + g_m: the upstream gradient on m
     pg, _g3 = _prec_vec(g_ptr + row * d, p_row, cols, kk, d, K, KIND)
-    h = -lam * pg + tl.load(gm_ptr + row * d + cols, mask=mask_d, other=0.0)
+    h = scale * pg + tl.load(gm_ptr + row * d + cols, mask=mask_d, other=0.0)
     inv_n = 1.0 / (tl.zeros([], y_ptr.dtype.element_ty) + N)
     acc_gy = tl.zeros([BLOCK_D], dtype=dt)
     acc_outer = tl.zeros([BLOCK_D, KP], dtype=dt)
@@ -429,12 +463,12 @@ def _et_score_backward_kernel(
                 cc = c0 + tl.arange(0, BLOCK_D)
                 uc, puc, _u3 = _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cc, kk, d, K, KIND)
                 pgc, _gc = _prec_vec(g_ptr + row * d, p_row, cc, kk, d, K, KIND)
-                hc = -lam * pgc + tl.load(gm_ptr + row * d + cc, mask=cc < d, other=0.0)
+                hc = scale * pgc + tl.load(gm_ptr + row * d + cc, mask=cc < d, other=0.0)
                 q += tl.sum(uc * puc, axis=1)
                 hu += tl.sum(hc[None, :] * uc, axis=1)
             u, pu, u3 = _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND)
-        w = tl.where(mask_n, _residual_weight(q, beta), 0.0)
-        c = tl.where(mask_n, _residual_weight_slope(q, w, beta) * hu, 0.0)
+        w = tl.where(mask_n, _law_weight(q, beta, LAW), 0.0)
+        c = tl.where(mask_n, _law_weight_slope(q, w, beta, LAW) * hu, 0.0)
         gu = (w[:, None] * h[None, :] + c[:, None] * pu) * inv_n
         acc_gy += tl.sum(gu, axis=0)
         if NEED_X:
@@ -453,9 +487,10 @@ def _et_score_backward_kernel(
         gv = tl.load(g_ptr + row * d + cols, mask=mask_d, other=0.0)
         pm, m3 = _prec_vec(m_ptr + row * d, p_row, cols, kk, d, K, KIND)
         if NEED_LAM:
-            tl.store(gl_ptr + row * nchunks + chunk, -tl.sum(gv * pm, axis=0))  # g·s/λ = −g·Pm
+            # g·s/λ = −g·Pm (Student-t: g·s/c = −2 g·Pm)
+            tl.store(gl_ptr + row * nchunks + chunk, (-2.0 if LAW == 1 else -1.0) * tl.sum(gv * pm, axis=0))
         if NEED_PREC:
-            acc_outer += -lam * gv[:, None] * m3  # −λ g mᵀ
+            acc_outer += scale * gv[:, None] * m3  # −λ g mᵀ (−2c g mᵀ)
             if KIND == 0:
                 tl.store(gp_ptr + row * nchunks + chunk, tl.sum(tl.sum(acc_outer, axis=1), axis=0))
             elif KIND == 1:
@@ -472,8 +507,16 @@ def et_score_backward(grad, grad_m, y, x, beta, lam, prec, kind: int, m,
                       need_y=True, need_x=True, need_beta=True, need_lam=True, need_prec=True):
     """(grad_y (B, d), grad_x (B, N, d), grad_beta (B,), grad_lam (B,), grad_prec (B, *param));
     a gradient not requested is an empty tensor (the contract of etweedie::et_score_bwd)."""
-    prec_in = prec
-    prec = check_canonical("et_score_bwd", y, x, beta, lam, prec, kind)
+    prec_c = check_canonical("et_score_bwd", y, x, beta, lam, prec, kind)
+    return launch_backward(grad, grad_m, y, x, beta, lam, prec_c, prec.shape, kind, m,
+                           need_y, need_x, need_beta, need_lam, need_prec)
+
+
+def launch_backward(grad, grad_m, y, x, beta, lam, prec, prec_shape, kind: int, m,
+                    need_y, need_x, need_beta, need_lam, need_prec, law=0):
+    """The backward kernel on checked canonical arguments (``prec_shape``: the metric gradient's
+    shape); law 1: the Student-t score's (kernels/student_t_score.py: c passed as beta and lam,
+    its gradient returned as grad_lam, need_beta False)."""
     B, d = y.shape
     N = x.shape[1]
     g, gm, mc = grad.contiguous(), grad_m.contiguous(), m.contiguous()
@@ -487,7 +530,7 @@ def et_score_backward(grad, grad_m, y, x, beta, lam, prec, kind: int, m,
     gl, gp = empty(), empty()
     if B == 0 or d == 0 or N == 0:
         gl = y.new_zeros(B) if need_lam else empty()
-        gp = y.new_zeros(prec_in.shape) if need_prec else empty()
+        gp = y.new_zeros(prec_shape) if need_prec else empty()
         if need_x:
             gx.zero_()
         return (gy if need_y else empty()), gx, gb, gl, gp
@@ -504,7 +547,7 @@ def et_score_backward(grad, grad_m, y, x, beta, lam, prec, kind: int, m,
         gl_part if need_lam else gy, gp_part if need_prec else gy,
         N, d, x.stride(0), x.stride(1), beta.stride(0), lam.stride(0), prec.stride(0), nch,
         KIND=kind, K=k, KP=KP, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, ONE_CHUNK=nch == 1,
-        NEED_X=need_x, NEED_BETA=need_beta, NEED_LAM=need_lam, NEED_PREC=need_prec,
+        NEED_X=need_x, NEED_BETA=need_beta, NEED_LAM=need_lam, NEED_PREC=need_prec, LAW=law,
         num_warps=8 if BLOCK_D * BLOCK_N * KP >= 4096 else 4,
     )
     if need_lam:

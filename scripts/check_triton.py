@@ -38,7 +38,6 @@ def main(argv=None) -> int:
     from etweedie.kernels import _energy as P
     from etweedie.kernels import et_score as E
     from etweedie.kernels import is_score as I
-    from etweedie.kernels import student_t_score as S
 
     target = GPUTarget("cuda", args.arch, 32)
 
@@ -64,19 +63,18 @@ def main(argv=None) -> int:
                         for split in (False, True):
                             build(E._et_score_forward_kernel, ptr, fwd_ints,
                                   dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
-                                       LANGEVIN=lang, SPLIT=split, IN_REGISTERS=in_reg))
+                                       LANGEVIN=lang, SPLIT=split, IN_REGISTERS=in_reg, LAW=0))
                             count += 1
-                build(E._et_score_backward_kernel, ptr, ["N", "d", "sxb", "sxn", "sb", "sl", "sp", "nchunks"],
+                # the Student-t score: the same kernels with LAW = 1
+                build(E._et_score_forward_kernel, ptr, fwd_ints,
                       dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
-                           NEED_X=True, NEED_BETA=True, NEED_LAM=True, NEED_PREC=True))
+                           LANGEVIN=False, SPLIT=False, IN_REGISTERS=kind == 2 and K == KP, LAW=1))
+                for law in (0, 1):
+                    build(E._et_score_backward_kernel, ptr, ["N", "d", "sxb", "sxn", "sb", "sl", "sp", "nchunks"],
+                          dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
+                               NEED_X=True, NEED_BETA=law == 0, NEED_LAM=True, NEED_PREC=True, LAW=law))
                 build(I._is_score_forward_kernel, ptr, ["Q", "M", "d"],
                       dict(KIND=kind, K=K, BLOCK_Q=16, BLOCK_M=16, BLOCK_D=BD // 4, ONE_CHUNK=one))
-                build(S._student_t_forward_kernel, ptr, ["N", "d", "sxb", "sxn", "sc", "sp"],
-                      dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
-                           IN_REGISTERS=kind == 2 and K == KP))
-                build(S._student_t_backward_kernel, ptr, ["N", "d", "sxb", "sxn", "sc", "sp", "nchunks"],
-                      dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
-                           NEED_X=True, NEED_C=True, NEED_PREC=True))
                 count += 4
         # pair engine of energy_score / energy_distance: small-d (registers) and chunked paths,
         # value-only (circulant) and gradient (ordered) variants, each metric kind in the kernel
@@ -95,19 +93,15 @@ def main(argv=None) -> int:
             for kind, K, KP in [(0, 1, 1), (1, 1, 1), (2, 2, 2), (2, 3, 4)]:
                 for one in (True, False):
                     BN, BD = (8, 256) if one else (8, 64)
-                    for lang in (False, True):
+                    # et_score, langevin_step and (LAW = 1) the Student-t score
+                    for lang, law in ((False, 0), (True, 0), (False, 1)):
                         build(E._et_score_forward_kernel, ptr, ["N", "d", "sxb", "sxn", "sb", "sl", "sp", "sa", "n_per", "nsplit"],
                               dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one, LANGEVIN=lang,
-                                   SPLIT=False, IN_REGISTERS=kind == 2 and K == KP), draws)
-                    build(E._et_score_backward_kernel, ptr, ["N", "d", "sxb", "sxn", "sb", "sl", "sp", "nchunks"],
-                          dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
-                               NEED_X=True, NEED_BETA=True, NEED_LAM=True, NEED_PREC=True), draws)
-                    build(S._student_t_forward_kernel, ptr, ["N", "d", "sxb", "sxn", "sc", "sp"],
-                          dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
-                               IN_REGISTERS=kind == 2 and K == KP), draws)
-                    build(S._student_t_backward_kernel, ptr, ["N", "d", "sxb", "sxn", "sc", "sp", "nchunks"],
-                          dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
-                               NEED_X=True, NEED_C=True, NEED_PREC=True), draws)
+                                   SPLIT=False, IN_REGISTERS=kind == 2 and K == KP, LAW=law), draws)
+                    for law in (0, 1):
+                        build(E._et_score_backward_kernel, ptr, ["N", "d", "sxb", "sxn", "sb", "sl", "sp", "nchunks"],
+                              dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
+                                   NEED_X=True, NEED_BETA=law == 0, NEED_LAM=True, NEED_PREC=True, LAW=law), draws)
                     count += 5
         print(f"check_triton: {dt} variants compiled ({time.time() - t0:.0f} s)", flush=True)
     print(f"check_triton: {count} kernel variants compiled for sm_{args.arch}")

@@ -55,6 +55,22 @@ __device__ __forceinline__ T law_scale(T lam) {
   return LAW == kLawStudentT ? T(-2) * lam : -lam;
 }
 
+// d w / d q · (1/w) as the backward uses it: residual_weight_slope, or student_t_weight_slope.
+template <int LAW, typename T>
+__device__ __forceinline__ T law_weight_slope(T q, T w, T beta) {
+  if constexpr (LAW == kLawStudentT) {
+    return student_t_weight_slope(w);
+  } else {
+    return residual_weight_slope(q, w, beta);
+  }
+}
+
+// d law_scale / d λ: −1, or −2.
+template <int LAW, typename T>
+__device__ __forceinline__ constexpr T law_dscale() {
+  return LAW == kLawStudentT ? T(-2) : T(-1);
+}
+
 constexpr int kTile = 64;        // draws per tile (weights staged in shared memory)
 constexpr int64_t kMinChunk = 128;  // fewest coordinates per block when a row is split
 constexpr int kMinBlocks = 4;       // resident blocks per SM asked of ptxas (register cap 128)
@@ -477,6 +493,176 @@ cudaError_t et_score_fwd_dispatch(const EtScoreArgs<T, X>& a, T* out, T* m, cuda
       if (e == cudaSuccess) e = f;
     }
     return e;
+  });
+}
+
+// ----------------------------------------------------------------------------- backward
+
+// acc[a·K + b] += s · v(j − a + b) for b < K, a = j % K: coordinate j's share of a K×K block's
+// outer-product sum.  Compile-time indices keep acc in registers (a runtime index would put it
+// in local memory).
+template <typename T, int K, typename V>
+__device__ __forceinline__ void add_block_row(T* acc, int64_t j, T s, V&& v) {
+  const int ai = static_cast<int>(j % K);
+  const int64_t base = j - ai;
+#pragma unroll
+  for (int aa = 0; aa < K; ++aa)
+    if (aa == ai) {
+#pragma unroll
+      for (int b = 0; b < K; ++b) acc[aa * K + b] += s * v(base + b);
+    }
+}
+
+// Backward, one block per row (same tiling as the forward):
+//   h = −λ P g + g_m                                    (shared memory, d values)
+//   per tile, one warp per draw: q_i, h·u_i (and, for the metric gradient, Σ u u over the
+//   parameter's pattern) → w_i, c_i = slope_i (h·u_i) staged in shared memory;
+//   then the threads stride over coordinates: ∂L/∂u_i[j] = (w_i h_j + c_i (P u_i)_j)/N,
+//   summed into ∂L/∂y[j] (shared memory) and written negated to ∂L/∂x_i[j] when requested.
+//   ∂L/∂β = (1/N) Σ (h·u_i) w_i ½ ln q_i and the metric gradient's per-draw part are kept in
+//   lane 0 of each warp and reduced over the block at the end, with the −λ g mᵀ term and
+//   ∂L/∂λ = −g·Pm (Student-t: −2c in place of −λ, ∂L/∂c = −2 g·Pm, no ∂L/∂β).  Every output element is written exactly once: no atomics, no memset.
+// Shared memory: 2d (+ d for a diagonal metric's gradient) + 2·kTile values.
+
+template <typename T, typename X, int KIND, int K, int LAW>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_bwd_kernel(EtScoreArgs<T, X> a, const T* __restrict__ grad,
+                                                                 const T* __restrict__ grad_m, const T* __restrict__ m,
+                                                                 T* __restrict__ gy, X* __restrict__ gx,
+                                                                 T* __restrict__ gb, T* __restrict__ gl,
+                                                                 T* __restrict__ gp) {
+  constexpr int PS = KIND == kBlock ? K * K : 1;  // metric-gradient entries kept per warp
+  ET_DYNAMIC_SHARED(smem_raw);
+  const int64_t row = blockIdx.x, d = a.d, N = a.N;
+  T* h = reinterpret_cast<T*>(smem_raw);  // d
+  T* gacc = h + d;                         // d: ∂L/∂y
+  T* gdiag = gacc + d;                     // d (diagonal metric gradient) or 0
+  T* wt = gdiag + (KIND == kDiagonal && gp ? d : 0);
+  T* ct = wt + kTile;
+  __shared__ T scratch[kWarps];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const T* __restrict__ y = a.y + row * d;
+  const X* __restrict__ x = a.x + row * a.sxb;
+  const T* __restrict__ g = grad + row * d;
+  const T* __restrict__ mr = m + row * d;
+  const RowPrec<T, KIND, K> P{a.prec + row * a.sp};
+  const T beta = a.beta[row * a.sb], lam = a.lam[row * a.sl];
+  const T scale = law_scale<LAW>(lam);  // −λ, or −2c
+  const T inv_n = T(1) / static_cast<T>(N);
+  const bool need_prec = gp != nullptr;
+  for (int64_t j = threadIdx.x; j < d; j += kThreads) {
+    h[j] = scale * P.apply_at(j, [g](int64_t c) { return g[c]; }) + grad_m[row * d + j];
+    gacc[j] = T(0);
+    if (KIND == kDiagonal && need_prec) gdiag[j] = T(0);
+  }
+  T gbeta = 0;      // lane 0 of each warp: Σ over its draws
+  T gpw[PS] = {};   // lane 0 of each warp: Σ ½ c_i/N · (u uᵀ reduced to the parameter)
+  for (int64_t i0 = 0; i0 < N; i0 += kTile) {
+    const int n = static_cast<int>(N - i0 < kTile ? N - i0 : kTile);
+    __syncthreads();  // h is ready / the previous tile's w, c are consumed
+    for (int t = warp; t < n; t += kWarps) {
+      const X* __restrict__ xi = x + (i0 + t) * a.sxn;
+      T q = 0, hu = 0;
+      T uu[PS] = {};
+      for (int64_t j = lane; j < d; j += kWarp) {
+        const T u = y[j] - widen<T>(xi[j]);
+        q += u * P.apply_at(j, [y, xi](int64_t c) { return y[c] - widen<T>(xi[c]); });
+        hu += h[j] * u;
+        if (need_prec && KIND == kIsotropic) uu[0] += u * u;
+        if constexpr (KIND == kBlock) {
+          if (need_prec) add_block_row<T, K>(uu, j, u, [y, xi](int64_t c) { return y[c] - widen<T>(xi[c]); });
+        }
+      }
+      q = warp_sum(q);
+      hu = warp_sum(hu);
+      const T w = law_weight<LAW>(q, beta);
+      const T c = law_weight_slope<LAW>(q, w, beta) * hu;
+      if (need_prec && KIND != kDiagonal) {
+#pragma unroll
+        for (int e = 0; e < PS; ++e) uu[e] = warp_sum(uu[e]);
+      }
+      if (lane == 0) {
+        wt[t] = w;
+        ct[t] = c;
+        if (LAW == kLawEnergyTweedie && gb) gbeta += hu * w * half_log(q);
+        if (need_prec && KIND != kDiagonal) {
+#pragma unroll
+          for (int e = 0; e < PS; ++e) gpw[e] += T(0.5) * c * inv_n * uu[e];
+        }
+      }
+    }
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < d; j += kThreads) {
+      const T hj = h[j];
+      T sum = 0, sdiag = 0;
+#pragma unroll 2
+      for (int t = 0; t < n; ++t) {
+        const X* __restrict__ xt = x + (i0 + t) * a.sxn;
+        const T pu = P.apply_at(j, [y, xt](int64_t c) { return y[c] - widen<T>(xt[c]); });
+        const T gu = (wt[t] * hj + ct[t] * pu) * inv_n;
+        sum += gu;
+        if (gx) gx[(row * N + i0 + t) * d + j] = narrow<X>(-gu);  // x's type: rounded once
+        if (KIND == kDiagonal && need_prec) {
+          const T u = y[j] - widen<T>(xt[j]);
+          sdiag += T(0.5) * ct[t] * inv_n * u * u;
+        }
+      }
+      gacc[j] += sum;
+      if (KIND == kDiagonal && need_prec) gdiag[j] += sdiag;
+    }
+  }
+  __syncthreads();
+  if (gy)
+    for (int64_t j = threadIdx.x; j < d; j += kThreads) gy[row * d + j] = gacc[j];
+  if (LAW == kLawEnergyTweedie && gb) {
+    const T total = block_sum(lane == 0 ? gbeta : T(0), scratch);
+    if (threadIdx.x == 0) gb[row] = total * inv_n;
+  }
+  if (gl) {
+    T part = 0;  // ∂L/∂λ = g·s/λ = −g·Pm (∂L/∂c = −2 g·Pm)
+    for (int64_t j = threadIdx.x; j < d; j += kThreads) part += g[j] * P.apply_at(j, [mr](int64_t c) { return mr[c]; });
+    const T total = block_sum(part, scratch);
+    if (threadIdx.x == 0) gl[row] = law_dscale<LAW, T>() * total;
+  }
+  if (need_prec) {
+    // + scale·g mᵀ reduced to the parameter's shape
+    if (KIND == kDiagonal) {
+      for (int64_t j = threadIdx.x; j < d; j += kThreads) gp[row * d + j] = gdiag[j] + scale * g[j] * mr[j];
+    } else {
+      T part[PS] = {};
+      for (int64_t j = threadIdx.x; j < d; j += kThreads) {
+        if (KIND == kIsotropic) {
+          part[0] += g[j] * mr[j];
+        } else {
+          add_block_row<T, K>(part, j, g[j], [mr](int64_t c) { return mr[c]; });
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < PS; ++e) {
+        const T total = block_sum((lane == 0 ? gpw[e] : T(0)) + scale * part[e], scratch);
+        if (threadIdx.x == 0) gp[row * PS + e] = total;
+      }
+    }
+  }
+}
+
+// The backward of the forward kernels above for LAW (et_score's gb is null for the Student-t law,
+// gl then receives ∂L/∂c): one block per row.
+template <typename T, typename X, int LAW = kLawEnergyTweedie>
+cudaError_t et_score_bwd_dispatch(const EtScoreArgs<T, X>& a, const T* grad, const T* grad_m, const T* m, T* gy, X* gx,
+                                  T* gb, T* gl, T* gp, cudaStream_t stream) {
+  if (a.B == 0 || a.d == 0) return cudaSuccess;
+  if (a.N <= 0 || a.B > 2147483647) return cudaErrorInvalidValue;
+  const int64_t diag = (a.kind == kDiagonal && gp) ? a.d : 0;
+  const size_t smem = static_cast<size_t>(2 * a.d + diag + 2 * kTile) * sizeof(T);
+  return dispatch_metric(a.kind, a.kblock, [&](auto kind_c, auto k_c) {
+    constexpr int KIND = decltype(kind_c)::value, K = decltype(k_c)::value;
+    auto kernel = et_score_bwd_kernel<T, X, KIND, K, LAW>;
+    if (smem > 48 * 1024) {
+      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(smem));
+      if (err != cudaSuccess) return err;
+    }
+    return launch(kernel, static_cast<unsigned>(a.B), kThreads, smem, stream, a, grad, grad_m, m, gy, gx, gb, gl, gp);
   });
 }
 
