@@ -96,11 +96,24 @@ def launcher(kernel):
     return kernel if interpreting() else torch.library.wrap_triton(kernel)
 
 
+def tile_budget() -> int:
+    """Elements of one (BLOCK_N, BLOCK_D, KP) draw tile: _TILE, or ETWEEDIE_TRITON_TILE (a power of
+    two in [1024, 32768]; read per launch, so gpu_check can time a larger tile — more draws in
+    flight per program — against the default in one run)."""
+    v = os.environ.get("ETWEEDIE_TRITON_TILE")
+    if not v:
+        return _TILE
+    t = int(v) if v.isdigit() else 0
+    if not 1024 <= t <= 32768 or t & (t - 1):
+        raise ValueError(f"ETWEEDIE_TRITON_TILE must be a power of two in [1024, 32768], got {v!r}")
+    return t
+
+
 def block_sizes(N: int, d: int, kind: int, k: int):
     """(BLOCK_N, BLOCK_D, KP, number of coordinate chunks) for a row of N draws in d dims."""
     KP = triton.next_power_of_2(k) if kind == 2 else 1
     BLOCK_D = max(1, min(triton.next_power_of_2(d), _MAX_BLOCK_D))
-    BLOCK_N = max(1, min(triton.next_power_of_2(max(N, 1)), _TILE // (BLOCK_D * KP)))
+    BLOCK_N = max(1, min(triton.next_power_of_2(max(N, 1)), tile_budget() // (BLOCK_D * KP)))
     return BLOCK_N, BLOCK_D, KP, triton.cdiv(d, BLOCK_D)
 
 

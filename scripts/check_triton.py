@@ -65,6 +65,12 @@ def main(argv=None) -> int:
                                   dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,
                                        LANGEVIN=lang, SPLIT=split, IN_REGISTERS=in_reg, LAW=0))
                             count += 1
+                if one and kind in (0, 2) and K == KP:  # gpu_check's triton:tile8k/16k (ETWEEDIE_TRITON_TILE)
+                    for tile in (8192, 16384):
+                        build(E._et_score_forward_kernel, ptr, fwd_ints,
+                              dict(KIND=kind, K=K, KP=KP, BLOCK_N=tile // (1024 * KP), BLOCK_D=1024, ONE_CHUNK=True,
+                                   LANGEVIN=False, SPLIT=False, IN_REGISTERS=kind == 2, LAW=0))
+                        count += 1
                 # the Student-t score: the same kernels with LAW = 1
                 build(E._et_score_forward_kernel, ptr, fwd_ints,
                       dict(KIND=kind, K=K, KP=KP, BLOCK_N=BN // KP, BLOCK_D=BD, ONE_CHUNK=one,

@@ -120,9 +120,9 @@ def _workloads(quick: bool):
 # (16,384 × 64 × 2) compared without host overhead on either side
 TIMED_BACKENDS = {
     "et_score": ("reference", "compile", "compile:graph", "cuda", "cuda:graph", "cuda:tiled", "cuda:nosplit",
-                 "triton", "triton:shifted", "triton:nosplit"),
+                 "triton", "triton:shifted", "triton:nosplit", "triton:tile8k", "triton:tile16k"),
     "langevin_step": ("reference", "compile", "compile:graph", "cuda", "cuda:graph", "cuda:tiled", "cuda:nosplit",
-                      "triton", "triton:shifted", "triton:nosplit"),
+                      "triton", "triton:shifted", "triton:nosplit", "triton:tile8k"),
     "student_t_score": ("reference", "compile", "cuda", "triton"),
     "is_score": ("reference", "cuda", "triton"),
     "energy_score": ("reference", "compile", "cuda", "triton"),
@@ -145,8 +145,11 @@ def chunked_energy_distance(a, b, beta: float = 1.0, chunk: int = 4096):
 
     return (2 * pair_sum(a, b) / (n * m) - pair_sum(a, a) / (n * (n - 1)) - pair_sum(b, b) / (m * (m - 1))).to(a.dtype)
 # the environment switch that turns a backend variant's feature off
-_VARIANT_ENV = {"cuda:nosplit": "ETWEEDIE_CUDA_SPLIT", "triton:nosplit": "ETWEEDIE_TRITON_SPLIT",
-                "cuda:tiled": "ETWEEDIE_CUDA_PACKET", "triton:shifted": "ETWEEDIE_TRITON_BLOCK_IN_REGISTERS"}
+# backend variants: (environment variable, value) set while the row runs
+_VARIANT_ENV = {"cuda:nosplit": ("ETWEEDIE_CUDA_SPLIT", "0"), "triton:nosplit": ("ETWEEDIE_TRITON_SPLIT", "0"),
+                "cuda:tiled": ("ETWEEDIE_CUDA_PACKET", "0"),
+                "triton:shifted": ("ETWEEDIE_TRITON_BLOCK_IN_REGISTERS", "0"),
+                "triton:tile8k": ("ETWEEDIE_TRITON_TILE", "8192"), "triton:tile16k": ("ETWEEDIE_TRITON_TILE", "16384")}
 
 
 def _thunk(op: str, backend: str, dev, dtype, B: int, N: int, d: int, metric_fn, backward: bool,
@@ -339,9 +342,9 @@ def gpu_benchmarks(log: Log, quick: bool, only: Optional[List[str]] = None) -> L
                 row["error"] = f"unavailable: {status[base_be][1]}"
                 rows.append(row)
                 continue
-            env_name = _VARIANT_ENV.get(backend)
+            env_name, env_value = _VARIANT_ENV.get(backend, (None, None))
             if env_name:
-                os.environ[env_name] = "0"
+                os.environ[env_name] = env_value
             try:
                 if backend != "compile":
                     chk_fn, _ = _thunk(op, backend, dev, torch.float32, *small, metric_fn, backward, draws_dtype)

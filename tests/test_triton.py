@@ -86,6 +86,20 @@ def test_et_score_several_chunks(kind, small_chunks, seed):
     _check_against_reference("triton", DEV, (y, x, beta, lam), metric, f"[{kind}, chunks of 8]", seed)
 
 
+def test_tile_budget_switch(seed, monkeypatch):
+    """ETWEEDIE_TRITON_TILE (gpu_check's triton:tile8k rows) doubles the draws per tile; a value
+    that is not a power of two in [1024, 32768] is refused by name; results stay right."""
+    assert tk_et_score.block_sizes(256, 784, 0, 1)[0] == 4
+    monkeypatch.setenv("ETWEEDIE_TRITON_TILE", "8192")
+    assert tk_et_score.block_sizes(256, 784, 0, 1)[0] == 8
+    y, x, beta, lam, metric = _inputs(seed, 3, 37, 20, "block2")
+    _check_against_reference("triton", DEV, (y, x, beta, lam), metric, "[tile 8192]", seed)
+    for bad in ("3000", "512", "big"):
+        monkeypatch.setenv("ETWEEDIE_TRITON_TILE", bad)
+        with pytest.raises(ValueError, match="ETWEEDIE_TRITON_TILE"):
+            tk_et_score.block_sizes(256, 784, 0, 1)
+
+
 @pytest.mark.parametrize("kind, k", [("block2", 2), ("block4", 4)])
 @pytest.mark.parametrize("in_registers", ["1", "0"])
 def test_et_score_block_metric_in_registers_and_shifted(kind, k, in_registers, seed, monkeypatch):
