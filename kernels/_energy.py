@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .et_score import interpreting, launcher
+from .et_score import dense_metric_rows, launcher
 
 __all__ = ["energy_pairs", "energy_value", "energy_grads", "check_energy_canonical", "tile_sizes"]
 
@@ -411,12 +411,7 @@ def energy_value(op: str, a, c, beta, prec, kind: int, weights):
     check_energy_canonical(op, a, c, beta, prec, kind)
     if a.shape[0] == 0:
         return a.new_zeros(0)
-    return energy_pairs(a, c, beta, _dense_rows(prec), weights, kind=kind)[0]
-
-
-def _dense_rows(prec):
-    """prec with each row's parameters dense (the kernels index a row from its start)."""
-    return prec if prec.dim() == 1 or prec[:1].is_contiguous() else prec.contiguous()
+    return energy_pairs(a, c, beta, dense_metric_rows(prec, kind), weights, kind=kind)[0]
 
 
 def energy_grads(op: str, grad, a, c, beta, prec, kind: int, weights, need_a, need_c, need_beta, need_prec,
@@ -436,13 +431,13 @@ def energy_grads(op: str, grad, a, c, beta, prec, kind: int, weights, need_a, ne
         value = a.new_zeros(0) if want_value else None
         return (value, a.new_zeros(a.shape) if need_a else empty(), c.new_zeros(c.shape) if need_c else empty(),
                 a.new_zeros(B) if need_beta else empty(), prec.new_zeros(prec.shape) if need_prec else empty())
-    prec_rows = _dense_rows(prec)
     if kind == 0:
         value, ga, gc, gb = energy_pairs(a, c, beta, prec, weights, g, need_value=want_value or need_prec,
                                          need_a=need_a, need_c=need_c, need_beta=need_beta)
         gp = g * beta * value / (2 * prec) if need_prec else None
     else:
-        value, ga, gc, gb = energy_pairs(a, c, beta, prec_rows, weights, g, kind=kind, need_value=want_value,
+        value, ga, gc, gb = energy_pairs(a, c, beta, dense_metric_rows(prec, kind), weights, g, kind=kind,
+                                         need_value=want_value,
                                          need_a=need_a or need_prec, need_c=need_c or need_prec, need_beta=need_beta)
         gp = _metric_grad(a, c, ga, gc, prec, kind) if need_prec else None
     return (

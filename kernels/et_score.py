@@ -373,7 +373,13 @@ def check_canonical(op: str, y, x, beta, lam, prec, kind: int):
     for name, t in (("beta", beta), ("lam", lam), ("prec", prec)):
         if t.dtype != y.dtype or t.device != y.device:
             raise ValueError(f"{op}: {name} must match y's dtype/device ({y.dtype}, {y.device}), got ({t.dtype}, {t.device})")
-    if kind != 0 and B > 0 and not prec[0].is_contiguous():
+    return dense_metric_rows(prec, kind)
+
+
+def dense_metric_rows(prec, kind: int):
+    """prec with each row's parameters dense, as the kernels index them from the row's start (a
+    shared metric keeps stride 0 over rows)."""
+    if kind != 0 and prec.shape[0] > 0 and not prec[0].is_contiguous():
         prec = prec[:1].contiguous().expand_as(prec) if prec.stride(0) == 0 else prec.contiguous()
     return prec
 

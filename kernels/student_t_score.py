@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from .et_score import _launch_forward, check_draws_dtype, define_op, interpreting, launch_backward
+from .et_score import (_launch_forward, check_draws_dtype, define_op, dense_metric_rows, interpreting,
+                       launch_backward)
 
 __all__ = ["student_t_score_forward", "student_t_score_backward", "student_t_score_op"]
 
@@ -52,9 +53,7 @@ def check_canonical(op: str, y, x, c, prec, kind: int):
     for name, t in (("c", c), ("prec", prec)):
         if t.dtype != y.dtype or t.device != y.device:
             raise ValueError(f"{op}: {name} must match y's dtype/device ({y.dtype}, {y.device}), got ({t.dtype}, {t.device})")
-    if kind != 0 and B > 0 and not prec[0].is_contiguous():
-        prec = prec[:1].contiguous().expand_as(prec) if prec.stride(0) == 0 else prec.contiguous()
-    return prec
+    return dense_metric_rows(prec, kind)
 
 
 def student_t_score_forward(y, x, c, prec, kind: int):

@@ -146,37 +146,12 @@ __device__ __forceinline__ void visit_pair_tiles(const PairLaunch<T>& a, int64_t
 template <int KIND, int K, int D>
 constexpr int kPairMetricRegs = KIND == kIsotropic ? 1 : KIND == kDiagonal ? D : K * K;
 
-// v = P u over D coordinates (D a multiple of K; the isotropic p is applied by the caller).
-template <typename T, int KIND, int K, int D>
-__device__ __forceinline__ void metric_apply(const T* pm, const T* u, T* v) {
-#pragma unroll
-  for (int j = 0; j < D; ++j) {
-    if constexpr (KIND == kIsotropic) {
-      v[j] = u[j];
-    } else if constexpr (KIND == kDiagonal) {
-      v[j] = pm[j] * u[j];
-    } else {
-      const int a = j % K, base = j - a;
-      T acc = 0;
-#pragma unroll
-      for (int b = 0; b < K; ++b) acc += pm[a * K + b] * u[base + b];
-      v[j] = acc;
-    }
-  }
-}
-
-// uᵀ P_k u for one K×K block, its entries read as pk(l·K + m) (the full form, as the CPU kernels:
-// P need not be symmetric there).
-template <typename T, int K, typename P>
-__device__ __forceinline__ T block_quad(P&& pk, const T* u) {
+// uᵀ P u over the N coordinates of u (whole metric blocks, in registers): RowPrec applies P.
+template <int N, typename T, int KIND, int K>
+__device__ __forceinline__ T quad_form(const RowPrec<T, KIND, K>& P, const T* u) {
   T q = 0;
 #pragma unroll
-  for (int l = 0; l < K; ++l) {
-    T v = 0;
-#pragma unroll
-    for (int m = 0; m < K; ++m) v += pk(l * K + m) * u[m];
-    q += u[l] * v;
-  }
+  for (int j = 0; j < N; ++j) q += u[j] * P.apply_at(j, [u](int64_t c) { return u[c]; });
   return q;
 }
 
@@ -196,7 +171,9 @@ __global__ void __launch_bounds__(kThreads, kEnergyMinBlocks) energy_small_kerne
   T pm[kRegs];
 #pragma unroll
   for (int e = 0; e < kRegs; ++e) pm[e] = a.p[r * a.sp + e];
-  const T piso = KIND == kIsotropic ? pm[0] : T(1);  // the factor P leaves outside P u
+  // the isotropic p multiplies q and the slope once per pair, not each coordinate
+  const T piso = KIND == kIsotropic ? pm[0] : T(1);
+  const RowPrec<T, KIND, K> P{pm};
   const T g = a.grad ? a.grad[r * a.sg] : T(1);
   const int64_t i = I * kThreads + threadIdx.x;
   const bool valid = i < a.n_own;
@@ -221,9 +198,11 @@ __global__ void __launch_bounds__(kThreads, kEnergyMinBlocks) energy_small_kerne
       T u[D], pu[D], q = 0;
 #pragma unroll
       for (int k = 0; k < D; ++k) u[k] = xi[k] - sx[k][t];
-      metric_apply<T, KIND, K, D>(pm, u, pu);
 #pragma unroll
-      for (int k = 0; k < D; ++k) q += u[k] * pu[k];
+      for (int k = 0; k < D; ++k) {
+        pu[k] = KIND == kIsotropic ? u[k] : P.apply_at(k, [&u](int64_t c) { return u[c]; });
+        q += u[k] * pu[k];
+      }
       q *= piso;
       if (sums) {
         const T e = pair_energy(q, beta);
@@ -268,11 +247,12 @@ __global__ void __launch_bounds__(kThreads, (kEnergyLargeMinBlocks<T, KIND, K>))
   const T* __restrict__ oth = a.oth + r * a.st_b;
   const T* __restrict__ prow = a.p + r * a.sp;
   const T beta = a.beta[r * a.sb];
+  // the isotropic p or the K×K block in registers (a diagonal is staged per chunk: spc)
   constexpr int kRegs = KIND == kBlock ? K * K : 1;
   T pkr[kRegs];
 #pragma unroll
   for (int e = 0; e < kRegs; ++e) pkr[e] = KIND == kDiagonal ? T(1) : prow[e];
-  auto pk = [&](int e) -> T { return pkr[e]; };
+  const RowPrec<T, kBlock, K> Pk{pkr};  // used for KIND == kBlock only
   const T piso = KIND == kIsotropic ? pkr[0] : T(1);
   const T g = a.grad ? a.grad[r * a.sg] : T(1);
   const int64_t i0 = I * kBig;
@@ -316,8 +296,8 @@ __global__ void __launch_bounds__(kThreads, (kEnergyLargeMinBlocks<T, KIND, K>))
               u0[l] = x0[l] - y;
               u1[l] = x1[l] - y;
             }
-            q[0][mm] += block_quad<T, K>(pk, u0);
-            q[1][mm] += block_quad<T, K>(pk, u1);
+            q[0][mm] += quad_form<K>(Pk, u0);
+            q[1][mm] += quad_form<K>(Pk, u1);
           }
         }
       } else {
@@ -379,12 +359,7 @@ __global__ void __launch_bounds__(kThreads, (kEnergyLargeMinBlocks<T, KIND, K>))
             T* __restrict__ go = a.gown + (r * a.n_own + i) * d + c;
             if constexpr (KIND == kBlock && K > 1) {
 #pragma unroll
-              for (int l = 0; l < K; ++l) {
-                T v = 0;
-#pragma unroll
-                for (int m = 0; m < K; ++m) v += pk(l * K + m) * s[m];
-                go[l] += v;
-              }
+              for (int l = 0; l < K; ++l) go[l] += Pk.apply_at(l, [&s](int64_t c) { return s[c]; });
             } else if constexpr (KIND == kDiagonal) {
               go[0] += spc[col] * s[0];
             } else {
