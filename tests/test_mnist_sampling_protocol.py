@@ -125,3 +125,20 @@ def test_gpu_command_dry_run_packs_at_most_eight_small_files_and_resumes(tmp_pat
                             str(tmp_path / "p2"), "--paths", "mnist_joint", "--deadline", "0", "--pack-reserve", "0"]) == 0
     late = json.loads((tmp_path / "p2" / "sampling_log.json").read_text())
     assert len(late["parts"]) == 1 and len(late["missing"]) == 2
+
+
+def test_gpu_sample_rerun_without_bench_keeps_the_earlier_benchmark(tmp_path, capsys):
+    """A lease that continues the paths with --no-bench packs the benchmark of the first lease."""
+    from experiments.mnist import gpu_sample
+
+    work, base = tmp_path / "work", ["--dry-run", "--paths", "mnist_joint", "--deadline", "0", "--pack-reserve", "0"]
+    assert gpu_sample.main([*base, "--work", str(work), "--pack-dir", str(tmp_path / "p1")]) == 0
+    first = json.loads((tmp_path / "p1" / "sampling_log.json").read_text())["benchmark"]
+    assert first and "error" not in first and first["speedup"] > 0
+    capsys.readouterr()
+    assert gpu_sample.main([*base, "--no-bench", "--work", str(work), "--pack-dir", str(tmp_path / "p2")]) == 0
+    assert "the one measured earlier" in capsys.readouterr().out
+    assert json.loads((tmp_path / "p2" / "sampling_log.json").read_text())["benchmark"] == first
+    # a fresh folder without a benchmark packs none
+    assert gpu_sample.main([*base, "--no-bench", "--work", str(tmp_path / "w3"), "--pack-dir", str(tmp_path / "p3")]) == 0
+    assert json.loads((tmp_path / "p3" / "sampling_log.json").read_text())["benchmark"] is None
