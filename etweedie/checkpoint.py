@@ -11,7 +11,14 @@ resume state as torch files read without unpickling code, atomic writes, and a r
         model.safetensors.index.json         {"weight_map": {stored key: file}, "parts": {name: [keys]}}
 
 A tensor larger than a shard is split along its first dimension into parts (``name::part0``, …)
-that :func:`load_weights` joins, so the shard bound holds for any model.  The layout follows the
+that :func:`load_weights` joins, so the shard bound holds for any model.
+
+**int8 weights** (``dtype=torch.int8``): every floating-point matrix (2-D or more, at least
+``INT8_MIN_NUMEL`` values) is stored as symmetric per-row int8, q = round(w / s) with
+s = max|w_row| / 127 (``name`` int8, ``name::scale`` float32 per row); the other tensors (biases,
+small ones) as float16.  :func:`load_weights` returns the dequantized float32 q·s.  A quarter of
+float32's bytes (half of float16's) at a relative weight error of at most 1/254 of each row's
+largest entry.  The layout follows the
 sharded-safetensors convention (file names, an index with a weight map) so other tools can read
 the unsplit tensors directly.
 
@@ -52,6 +59,20 @@ WEIGHTS_INDEX = "model.safetensors.index.json"
 #: Largest shard written by default (16 MiB): small enough for any git host's file limits.
 MAX_SHARD_BYTES = 16 * 1024 * 1024
 _PART = "::part"
+_SCALE = "::scale"
+#: The smallest matrix stored as int8 by ``save_weights(..., dtype=torch.int8)`` (smaller: float16).
+INT8_MIN_NUMEL = 4096
+
+
+def _quantize_rows(t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(q int8, s float32 per row): t ≈ q · s row by row, s = max|row| / 127 (1 for an all-zero row)."""
+    rows = t.detach().to(torch.float32).reshape(t.shape[0], -1)
+    amax = rows.abs().amax(dim=1)
+    if not bool(torch.isfinite(amax).all()):
+        raise ValueError("int8 weights need finite values (a tensor holds NaN or inf)")
+    s = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    q = torch.round(rows / s[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q.reshape(t.shape), s
 PathLike = Union[str, os.PathLike]
 
 
@@ -126,7 +147,7 @@ def save_weights(
     """Write ``state`` (name → tensor) and the JSON-able ``config`` as a weights directory.
 
     Floating-point tensors are cast to ``dtype`` when given (e.g. ``torch.float16`` halves the
-    files); with ``max_shard_bytes`` (default 16 MiB, None: one file) every file stays within the
+    files; ``torch.int8`` stores matrices as per-row int8, the module's docstring); with ``max_shard_bytes`` (default 16 MiB, None: one file) every file stays within the
     bound.  The directory is replaced atomically (written beside it, then renamed).  Returns it.
     """
     from safetensors.torch import save_file
@@ -137,12 +158,22 @@ def save_weights(
         raise ValueError(f"max_shard_bytes must be an int >= 1024 or None, got {max_shard_bytes!r}")
     tensors: List[Tuple[str, torch.Tensor]] = []
     parts: Dict[str, List[str]] = {}
+    int8 = dtype == torch.int8
+    if dtype is not None and not (dtype.is_floating_point or int8):
+        raise ValueError(f"dtype must be a floating-point dtype, torch.int8 or None, got {dtype}")
+    items = []
     for name, t in state.items():
-        if _PART in name:
-            raise ValueError(f"tensor name {name!r} must not contain {_PART!r}")
+        if _PART in name or _SCALE in name:
+            raise ValueError(f"tensor name {name!r} must not contain {_PART!r} or {_SCALE!r}")
         t = t.detach().to("cpu")
+        if int8 and t.is_floating_point() and t.dim() >= 2 and t.numel() >= INT8_MIN_NUMEL:
+            q, scale = _quantize_rows(t)
+            items += [(name, q), (name + _SCALE, scale)]
+            continue
         if dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
+            t = t.to(torch.float16 if int8 else dtype)
+        items.append((name, t))
+    for name, t in items:
         pieces = _split(name, t, max_shard_bytes) if max_shard_bytes else [(name, t)]
         if len(pieces) > 1:
             parts[name] = [key for key, _ in pieces]
@@ -175,6 +206,9 @@ def save_weights(
     meta = dict(config)
     meta["weights"] = {"files": {name: _sha256(tmp / name) for name in names},
                        "dtype": str(dtype).replace("torch.", "") if dtype is not None else "as saved"}
+    if int8:
+        meta["weights"]["int8"] = (f"matrices of >= {INT8_MIN_NUMEL} values: symmetric per-row int8 with a float32 "
+                                   f"scale per row ('<name>{_SCALE}'); other tensors float16")
     (tmp / WEIGHTS_CONFIG).write_text(json.dumps(meta, indent=1) + "\n")
     for name in os.listdir(tmp):
         with open(tmp / name, "rb") as fh:
@@ -232,6 +266,12 @@ def load_weights(directory: PathLike, *, verify: bool = True) -> Tuple[Dict[str,
         if missing:
             raise CheckpointError(f"weights of {name!r} are incomplete: missing {missing}")
         state[name] = torch.cat([state.pop(k) for k in keys], dim=0)
+    for key in [k for k in state if k.endswith(_SCALE)]:  # int8 matrices: dequantize
+        name, scale = key[: -len(_SCALE)], state.pop(key)
+        q = state.get(name)
+        if q is None or q.dtype != torch.int8 or scale.dim() != 1 or scale.shape[0] != q.shape[0]:
+            raise CheckpointError(f"int8 weights of {name!r} do not match their scale {key!r}")
+        state[name] = q.to(torch.float32) * scale.reshape(-1, *([1] * (q.dim() - 1)))
     return state, config
 
 

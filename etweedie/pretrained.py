@@ -16,6 +16,9 @@ Names (:data:`PRETRAINED`):
 * ``"mnist"`` / ``"mnist_cpu"``: the image Engression posterior trained with
   ``configs/mnist_cpu.toml`` (d = 784, pixels in [0, 1], σ ∈ [0.025, 6], β ∈ [1.3, 2],
   λ ∈ [1, 2.5], ‖(u, v)‖ ≤ 0.7).
+* ``"mnist_full"``: the same posterior law at the paper's width 2,560 (18.3 M parameters),
+  trained on one GPU with ``configs/mnist_full.toml``; stored as per-row int8 matrices
+  (dequantized to float32 on load).  Slower on a CPU than ``"mnist"`` by its width.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Dict, Union
 __all__ = ["PRETRAINED", "pretrained_dir", "resolve_pretrained"]
 
 #: registered name -> folder name under the pretrained root
-PRETRAINED: Dict[str, str] = {"mnist": "mnist_cpu", "mnist_cpu": "mnist_cpu"}
+PRETRAINED: Dict[str, str] = {"mnist": "mnist_cpu", "mnist_cpu": "mnist_cpu", "mnist_full": "mnist_full"}
 ENV_VAR = "ETWEEDIE_PRETRAINED_DIR"
 
 

@@ -142,7 +142,7 @@ DATA_SOURCES = ("eight_gaussians", "mnist")
 SIGMA_LAWS = ("log_uniform", "uniform")
 GEOMETRIES = ("block", "isotropic")
 PRECISIONS = ("float32", "bf16")
-POSTERIOR_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+POSTERIOR_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8}
 
 
 # ---------------------------------------------------------------------------- configuration
@@ -240,7 +240,7 @@ class TrainConfig:
         tf32: allow TF32 matmuls on CUDA.  compile: ``torch.compile`` the forward + loss.
         fused_adam: ``"auto"`` (fused Adam on CUDA), ``true`` or ``false``.
         posterior_dtype: dtype of the saved posterior weights (``"float32"``, ``"float16"``,
-            ``"bfloat16"``).  shard_mb: largest safetensors shard of the saved posterior (MiB).
+            ``"bfloat16"``, ``"int8"``: per-row int8 matrices, :mod:`etweedie.checkpoint`).  shard_mb: largest safetensors shard of the saved posterior (MiB).
     """
 
     seed: int = 0
@@ -1155,8 +1155,9 @@ def save_posterior(
 ) -> Path:
     """Write a posterior as safetensors + ``config.json`` in the directory ``path`` (replaced atomically).
 
-    ``dtype`` (``"float32"``, ``"float16"``, ``"bfloat16"``) is the stored precision (loading
-    casts back to the model's float32); ``shard_mb`` bounds every file (None: one file);
+    ``dtype`` (``"float32"``, ``"float16"``, ``"bfloat16"``, ``"int8"``: per-row int8 matrices and
+    float16 vectors, :mod:`etweedie.checkpoint`) is the stored precision (loading casts back to
+    the model's float32); ``shard_mb`` bounds every file (None: one file);
     ``extra`` (JSON-able) is stored in ``config.json`` (e.g. a model card).  The model's class must
     be a public class of :mod:`etweedie.models` with a ``config`` dict.
     """

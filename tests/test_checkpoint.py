@@ -96,6 +96,52 @@ def test_sharded_weights_round_trip_and_split_tensors(tmp_path):
         load_posterior(tmp_path / "post")
 
 
+def test_int8_weights_quarter_the_bytes_and_round_trip_within_a_row_step(tmp_path):
+    """int8 posteriors: matrices per-row int8 (+ a float32 scale per row), small tensors float16;
+    every loaded weight within half a quantization step of the original, also when sharded."""
+    model = EngressionPosterior(784, width=256, depth=2, noise_dim=8, init_seed=4)
+    with torch.no_grad():
+        model.out.weight[3].zero_()  # an all-zero row stays exactly zero
+    save_posterior(model, tmp_path / "q", dtype="int8", shard_mb=None)
+    save_posterior(model, tmp_path / "f32", dtype="float32", shard_mb=None)
+    size = lambda d: sum(p.stat().st_size for p in d.glob("*.safetensors"))  # noqa: E731
+    assert size(tmp_path / "q") < 0.27 * size(tmp_path / "f32")
+    from safetensors.torch import load_file
+
+    raw = load_file(str(tmp_path / "q" / "model.safetensors"))
+    assert raw["out.weight"].dtype == torch.int8 and raw["out.weight::scale"].dtype == torch.float32
+    small = [k for k, v in model.state_dict().items() if v.dim() < 2]
+    assert small and all(raw[k].dtype == torch.float16 for k in small)
+    meta = json.loads((tmp_path / "q" / "config.json").read_text())
+    assert meta["weights"]["dtype"] == "int8" and "per-row int8" in meta["weights"]["int8"]
+    loaded = load_posterior(tmp_path / "q")
+    for name, w in model.state_dict().items():
+        got = loaded.state_dict()[name]
+        assert got.dtype == torch.float32 and got.shape == w.shape
+        if name in raw and raw[name].dtype == torch.int8:
+            step = w.reshape(w.shape[0], -1).abs().amax(1) / 127
+            err = (got - w).reshape(w.shape[0], -1).abs().amax(1)
+            assert bool((err <= step / 2 * (1 + 1e-5) + 1e-12).all()), name
+    assert torch.equal(loaded.out.weight[3], torch.zeros_like(loaded.out.weight[3]))
+    # sharded: an int8 matrix larger than a shard is split and re-joined before dequantization
+    save_posterior(model, tmp_path / "qs", dtype="int8", shard_mb=100_000 / 2**20)
+    assert len(list((tmp_path / "qs").glob("*.safetensors"))) > 2
+    assert _states_equal(load_posterior(tmp_path / "qs").state_dict(), loaded.state_dict())
+    # a scale without its matrix is a named error; NaN weights cannot be quantized
+    from safetensors.torch import save_file
+
+    raw.pop("out.weight")
+    save_file(raw, str(tmp_path / "q" / "model.safetensors"))
+    with pytest.raises(CheckpointError):
+        load_weights(tmp_path / "q", verify=False)
+    with torch.no_grad():
+        model.out.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="finite"):
+        save_posterior(model, tmp_path / "bad", dtype="int8")
+    with pytest.raises(ValueError, match="dtype"):
+        save_weights({"w": torch.ones(2, 2)}, tmp_path / "i32", {}, dtype=torch.int32)
+
+
 def test_legacy_posterior_pt_loads_without_unpickling_code(tmp_path):
     model = EngressionPosterior(2, width=16, depth=1, init_seed=1)
     legacy = {"format": "etweedie.posterior/1", "model_config": model.config, "state_dict": model.state_dict(),

@@ -174,23 +174,39 @@ def test_pretrained_mnist_loads_by_name_and_by_path():
     assert a.shape == (2, 3, D) and torch.equal(a, b)
 
 
-def test_pretrained_files_and_card_match():
+@pytest.mark.parametrize("folder", ["mnist_cpu", "mnist_full"])
+def test_pretrained_files_and_card_match(folder):
     """Shards ≤ 16 MiB, total ≤ 50 MB, and the model card's sha256 equal the files'."""
     import hashlib
     import json
 
-    card = json.loads((PRETRAINED / "model_card.json").read_text())
-    config = json.loads((PRETRAINED / "config.json").read_text())
+    root = REPO / "pretrained" / folder
+    card = json.loads((root / "model_card.json").read_text())
+    config = json.loads((root / "config.json").read_text())
     files = config["weights"]["files"]
     assert files and set(files) == set(card["weights"]["files"])
     total = 0
     for name, digest in files.items():
-        data = (PRETRAINED / name).read_bytes()
+        data = (root / name).read_bytes()
         assert len(data) <= 16 * 1024 * 1024
         total += len(data)
         assert hashlib.sha256(data).hexdigest() == digest == card["weights"]["files"][name]["sha256"]
     assert total <= 50_000_000
-    assert (PRETRAINED / "MODEL_CARD.md").is_file()
+    assert (root / "MODEL_CARD.md").is_file()
+
+
+def test_pretrained_mnist_full_loads_int8_by_name():
+    """The paper-width posterior: stored int8, loaded by name as a float32 model of width 2,560 whose
+    draws at a mid level stay in the pixel range's neighbourhood and depend on the query."""
+    from etweedie.train import load_posterior
+
+    model = load_posterior("mnist_full")
+    assert isinstance(model, EngressionPosterior) and model.dim == D and model.config["width"] == 2560
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    y = torch.rand(2, D, generator=gen(14))
+    draws = model.sample(y, eta_at(0.5), 2, generator=gen(15))
+    assert draws.shape == (2, 2, D) and bool(torch.isfinite(draws).all())
+    assert -1.0 < float(draws.mean()) < 1.5 and not torch.allclose(draws[0], draws[1])
 
 
 def test_pretrained_safetensors_round_trip(tmp_path):

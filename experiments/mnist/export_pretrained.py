@@ -31,7 +31,7 @@ from posterior_ablation import evaluate  # noqa: E402  (the ablation's per-level
 
 from etweedie.checkpoint import safe_torch_load
 from etweedie.mnist import load_mnist
-from etweedie.train import config_from_dict, held_out_loss, load_posterior
+from etweedie.train import config_from_dict, held_out_loss, load_posterior, save_posterior
 
 
 def main(argv=None) -> int:
@@ -41,6 +41,10 @@ def main(argv=None) -> int:
     ap.add_argument("--command", required=True, help="the exact training command, for the card")
     ap.add_argument("--machine", default="2-core CPU VM (shared with other jobs while training)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", choices=("as-trained", "float16", "int8"), default="as-trained",
+                    help="store the weights in this dtype (int8: per-row int8 matrices, etweedie.checkpoint); "
+                         "the card then also scores the as-trained weights, for the difference")
+    ap.add_argument("--train-torch", default=None, help="torch version of the training run (default: this one's)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     run, dest = Path(args.run), Path(args.dest)
@@ -51,10 +55,20 @@ def main(argv=None) -> int:
 
     if dest.exists():
         shutil.rmtree(dest)
-    shutil.copytree(src, dest)
+    test = load_mnist("test")[0][:512].reshape(512, 784).to(torch.float32) / 255.0
+    as_trained = None
+    if args.dtype == "as-trained":
+        shutil.copytree(src, dest)
+    else:  # re-stored: the as-trained weights are scored too, so the card shows what the dtype costs
+        original = load_posterior(src).float()
+        as_trained = dict(dtype=meta["weights"].get("dtype"), held_out_es=held_out_loss(original, train_cfg),
+                          per_level=evaluate(original, test))
+        extra = {k: v for k, v in meta.items() if k not in ("format", "class", "model_config", "step", "train_config", "weights")}
+        save_posterior(original, dest, train_config=meta.get("train_config"), step=meta.get("step"), dtype=args.dtype,
+                       shard_mb=train_cfg.shard_mb, extra=extra)
+        meta = json.loads((dest / "config.json").read_text())
     posterior = load_posterior(dest).float()
     held = held_out_loss(posterior, train_cfg)
-    test = load_mnist("test")[0][:512].reshape(512, 784).to(torch.float32) / 255.0
     per_level = evaluate(posterior, test)
 
     files = meta["weights"]["files"]
@@ -65,7 +79,7 @@ def main(argv=None) -> int:
         cpu_time = float(safe_torch_load(run / "checkpoint.pt")["cpu_time"])
     card = dict(
         name=dest.name,
-        load='etweedie.train.load_posterior("mnist")  # or load_posterior("' + str(dest) + '")',
+        load=f'etweedie.train.load_posterior("{dest.name}")  # or load_posterior("{dest}")',
         model_class=meta.get("class"),
         model_config=meta.get("model_config"),
         parameters=sum(t.numel() for t in posterior.parameters()),
@@ -80,8 +94,10 @@ def main(argv=None) -> int:
         final_loss=last["loss"],
         held_out_es=held,
         per_level=per_level,
+        as_trained=as_trained,
         machine=args.machine,
-        torch=torch.__version__,
+        torch=args.train_torch or torch.__version__,
+        eval_torch=torch.__version__,
         python=platform.python_version(),
         command=args.command,
         date=datetime.date.today().isoformat(),
@@ -90,9 +106,27 @@ def main(argv=None) -> int:
     rows = "\n".join(f"| {r} | {v['es']:.2f} | {v['es_pix']:.3f} | {v['mse']:.4f} |" for r, v in per_level.items())
     shards = "\n".join(f"| `{n}` | {sizes[n]:,} | `{files[n]}` |" for n in files)
     m = card["model_config"]
-    text = f"""# MNIST posterior, CPU scale (`{dest.name}`)
+    config_path = _config_path(args.command)
+    stored = meta["weights"].get("dtype")
+    what = ("int8 (matrices per row, with a float32 scale per row; biases and small tensors float16)"
+            if stored == "int8" else stored)
+    compare = ""
+    if as_trained is not None:
+        lines = "\n".join(f"| {r} | {as_trained['per_level'][r]['es']:.2f} | {v['es']:.2f} | "
+                          f"{as_trained['per_level'][r]['mse']:.4f} | {v['mse']:.4f} |" for r, v in per_level.items())
+        compare = f"""
+## Stored precision
 
-The conditional Engression posterior x = g(y, η, ε) of the paper's MNIST appendix at CPU scale:
+Trained weights {as_trained['dtype']}, stored here as {stored}: held-out matched energy score
+{as_trained['held_out_es']:.3f} as trained against {held:.3f} as stored.
+
+| realized RMS r | es ({as_trained['dtype']}) | es ({stored}) | mse ({as_trained['dtype']}) | mse ({stored}) |
+|---|---|---|---|---|
+{lines}
+"""
+    text = f"""# MNIST posterior, width {m['width']} (`{dest.name}`)
+
+The conditional Engression posterior x = g(y, η, ε) of the paper's MNIST appendix:
 a residual SiLU MLP (width {m['width']}, depth {m['depth']}, noise {m['noise_dim']} per layer, η by
 {m['conditioning']}) with the preconditioned output (c_in/c_skip/c_out in the realized noise RMS around
 {"per-pixel learned centres and scales initialized at " if m.get('learn_data_scale') else ""}the MNIST pixel mean {m['data_center']} and std {m['data_std']}), {card['parameters']:,} parameters,
@@ -100,20 +134,19 @@ conditioned on η = (β, log λ, log σ, u, v) over β ∈ [1.3, 2], λ ∈ [1, 
 ‖(u, v)‖ ≤ 0.7 with Σ = (σ/c_{{β,784}})² I₃₉₂ ⊗ S(u, v).  Pixels in [0, 1].
 
     from etweedie.train import load_posterior
-    posterior = load_posterior("mnist")          # this folder; or load_posterior("{dest}")
+    posterior = load_posterior("{dest.name}")          # this folder; or load_posterior("{dest}")
     draws = posterior.sample(y, eta, n, generator=g)   # y (..., 784) in [0, 1] units, eta (..., 5)
 
 ## Training
 
 - data: {card['data']}
 - command: `{args.command}`
-- config: `configs/mnist_cpu.toml` (copied in `config.json` → `train_config`)
+- config: `{config_path}` (copied in `config.json` → `train_config`)
 - steps: {card['steps']:,} (batch {train_cfg.batch_size}, {train_cfg.draws} draws per example)
-- wall time: {card['train_wall_time_s']:.0f} s ({card['train_steps_per_s']} steps/s) on a {args.machine};
-  process CPU time {cpu_time if cpu_time is None else round(cpu_time)} s (the cost on an idle machine)
+- wall time: {card['train_wall_time_s']:.0f} s ({card['train_steps_per_s']} steps/s) on {args.machine}{"" if cpu_time is None else f"; process CPU time {round(cpu_time)} s (the cost on an idle machine)"}
 - final training loss (mean of the last log interval): {card['final_loss']:.3f}
 - held-out matched energy score (4,096 test images, tuples from the training prior, seed 12345): {held:.3f}
-- date: {card['date']}; torch {card['torch']}
+- date: {card['date']}; torch {card['torch']} (scores below computed with torch {card['eval_torch']})
 
 ## Held-out scores at the sampler's levels
 
@@ -124,10 +157,10 @@ Generalized/non-diagonal tuple (β, λ, u, v) = (1.4, 1.8, 0, 0.6), 512 test ima
 | realized RMS r | es | es_pix | mse |
 |---|---|---|---|
 {rows}
-
+{compare}
 ## Files
 
-Weights are float16 safetensors (no pickle), at most 16 MiB per shard; `config.json` holds the
+Weights are {what} safetensors (no pickle), at most 16 MiB per shard; `config.json` holds the
 model and training configs and the sha256 that `load_posterior` verifies.
 
 | file | bytes | sha256 |
@@ -137,6 +170,12 @@ model and training configs and the sha256 that `load_posterior` verifies.
     (dest / "MODEL_CARD.md").write_text(text)
     print(json.dumps(dict(dest=str(dest), held_out_es=held, steps=card["steps"], total_bytes=card["weights"]["total_bytes"])))
     return 0
+
+
+def _config_path(command: str) -> str:
+    """The ``--config`` of the training command, for the card."""
+    words = command.split()
+    return words[words.index("--config") + 1] if "--config" in words[:-1] else "the run's config (config.json)"
 
 
 if __name__ == "__main__":
