@@ -120,6 +120,11 @@ def test_gpu_command_dry_run_packs_at_most_eight_small_files_and_resumes(tmp_pat
     # a folder holds one protocol: other settings are an error (exit 2), not a silent reuse
     assert gpu_sample.main([*args, "--n-posterior", "3"]) == 2
     assert "sampled with other settings" in capsys.readouterr().err
+    # nor are images of another posterior pooled with the folder's: other weights are an error
+    assert gpu_sample.main([*args, "--posterior", "untrained:16"]) == 2
+    assert "sampled by another posterior" in capsys.readouterr().err
+    saved = json.loads((work / "parts" / "mnist_joint_seed2718.json").read_text())
+    assert saved["posterior"] == "untrained:32" and len(saved["posterior_sha256"]) == 16
     # a deadline already past: nothing new starts after the first part, and the pack says what is left
     assert gpu_sample.main(["--dry-run", "--no-bench", "--work", str(tmp_path / "w2"), "--pack-dir",
                             str(tmp_path / "p2"), "--paths", "mnist_joint", "--deadline", "0", "--pack-reserve", "0"]) == 0

@@ -75,8 +75,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     try:
-        sampling.check_folder(out, protocol)
         posterior = sampling.load_posterior(args.posterior)
+        fingerprint = sampling.posterior_fingerprint(posterior)
+        sampling.check_folder(out, protocol, (args.posterior, fingerprint))
         center = sampling.data_mean(args.data_dir)
     except (ValueError, FileNotFoundError) as exc:
         print(f"cpu_protocol: error: {exc}", file=sys.stderr)
@@ -84,7 +85,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     start = time.time()
     print(f"protocol {protocol.name}: {protocol.describe()}; posterior {args.posterior}", flush=True)
     logs = sampling.run_protocol(posterior, protocol, out, center=center, progress=args.progress,
-                                 posterior_name=args.posterior)
+                                 posterior_name=args.posterior, posterior_sha256=fingerprint)
     sampling_s = time.time() - start
     summary = dict(protocol=dataclasses.asdict(protocol), posterior=args.posterior, sampling_s=sampling_s,
                    parts_wall_s=sum(p["wall_s"] for p in logs),  # the parts' own times (also of earlier calls)

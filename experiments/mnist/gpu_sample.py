@@ -192,13 +192,14 @@ def main(argv=None) -> int:
     log = Log(work / "driver.log", main_rank)
     spec = args.posterior or ("untrained:32" if args.dry_run else "mnist")
     try:
-        sampling.check_folder(work, protocol)
         posterior = sampling.load_posterior(spec, device)
+        fingerprint = sampling.posterior_fingerprint(posterior)
+        sampling.check_folder(work, protocol, (spec, fingerprint))
         center = sampling.data_mean()
     except (ValueError, FileNotFoundError) as exc:
         print(f"gpu_sample: error: {exc}", file=sys.stderr)
         return 2
-    log(f"protocol {protocol.name}: {protocol.describe()}; posterior {spec}; device {device}; "
+    log(f"protocol {protocol.name}: {protocol.describe()}; posterior {spec} (weights {fingerprint}); device {device}; "
         f"precision {protocol.precision}, capture {protocol.capture}")
     import torch.distributed as dist
 
@@ -214,7 +215,7 @@ def main(argv=None) -> int:
     deadline = T0 + args.deadline - args.pack_reserve
     try:
         sampling.run_protocol(posterior, protocol, work, center=center, device=device, progress=args.progress,
-                              posterior_name=spec, deadline=deadline, log=log)
+                              posterior_name=spec, posterior_sha256=fingerprint, deadline=deadline, log=log)
     except Exception as exc:  # what is done is saved: pack it
         log(f"sampling stopped: {type(exc).__name__}: {exc}")
     if main_rank:

@@ -32,6 +32,7 @@ over-dispersion that the final posterior draw removes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -170,9 +171,27 @@ def _comparable(protocol: Dict) -> Dict:
     return {k: v for k, v in json.loads(json.dumps(protocol)).items() if k not in ("paths", "seeds", "name")}
 
 
-def _finished_part(out_dir: Path, stem: str, protocol: Protocol) -> Dict:
-    """A finished part's log; ValueError when it was sampled under other settings (a folder holds one protocol)."""
+def posterior_fingerprint(model: torch.nn.Module) -> str:
+    """sha256 (first 16 hex digits) of a posterior's weights as loaded (names and float32 values):
+    the identity a part records, so that a folder never pools images of two posteriors."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _finished_part(out_dir: Path, stem: str, protocol: Protocol, posterior: Optional[Tuple[str, str]] = None) -> Dict:
+    """A finished part's log; ValueError when it was sampled under other settings (a folder holds one
+    protocol) or, with ``posterior`` = (name, fingerprint), by another posterior: other weights
+    (both fingerprints recorded), or another name where the part predates fingerprints."""
     log = json.loads((out_dir / f"{stem}.json").read_text())
+    if posterior is not None:
+        name, fp = posterior
+        saved_name, saved_fp = log.get("posterior", ""), log.get("posterior_sha256", "")
+        if (saved_fp and fp and saved_fp != fp) or (not saved_fp and saved_name != name):
+            raise ValueError(f"{out_dir / stem}.json was sampled by another posterior ({saved_name!r}, weights "
+                             f"{saved_fp or 'unrecorded'}; requested {name!r}, weights {fp}); use another output folder")
     # a setting added after the part was sampled has its default there (e.g. final_average = 1)
     saved = {**{f.name: f.default for f in fields(Protocol) if f.default is not MISSING}, **log["protocol"]}
     if _comparable(saved) != _comparable(asdict(protocol)):
@@ -183,13 +202,14 @@ def _finished_part(out_dir: Path, stem: str, protocol: Protocol) -> Dict:
     return log
 
 
-def check_folder(out_dir, protocol: Protocol) -> None:
-    """ValueError when a finished part in ``out_dir/parts`` was sampled under other settings."""
+def check_folder(out_dir, protocol: Protocol, posterior: Optional[Tuple[str, str]] = None) -> None:
+    """ValueError when a finished part in ``out_dir/parts`` was sampled under other settings, or by
+    another posterior than ``posterior`` = (name, :func:`posterior_fingerprint`) when given."""
     parts = Path(out_dir) / PARTS_DIR
     for path in protocol.paths:
         for seed in protocol.seeds:
             if part_done(parts, path, seed):
-                _finished_part(parts, part_stem(path, seed), protocol)
+                _finished_part(parts, part_stem(path, seed), protocol, posterior)
 
 
 def _save_npy(target: Path, array: np.ndarray) -> None:
@@ -209,16 +229,18 @@ def run_part(
     device="cpu",
     progress: bool = False,
     posterior_name: str = "",
+    posterior_sha256: str = "",
 ) -> Dict:
     """Sample one (path, seed) part and write its three files; a finished part is read back, not redone.
 
-    Returns the part's log (the JSON's content).
+    Returns the part's log (the JSON's content).  ``posterior_sha256``: the posterior's
+    :func:`posterior_fingerprint`, recorded with its name.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = part_stem(path, seed)
     if part_done(out_dir, path, seed):
-        return _finished_part(out_dir, stem, protocol)
+        return _finished_part(out_dir, stem, protocol, (posterior_name, posterior_sha256) if posterior_sha256 else None)
     schedule = level_times(protocol.levels)
     tracked = protocol.progress_levels()
     rows: Dict[int, torch.Tensor] = {}
@@ -260,6 +282,7 @@ def run_part(
         progress_rms=[float(MNIST_RMS(torch.tensor(k / max(protocol.levels - 1, 1), dtype=torch.float64)))
                       for k in tracked],
         posterior=posterior_name,
+        posterior_sha256=posterior_sha256,
         device=str(device) if torch.device(device).type == "cpu" else torch.cuda.get_device_name(device),
         wall_s=wall,
         images_steps_per_s=chain_updates / wall,
@@ -288,6 +311,7 @@ def run_protocol(
     device="cpu",
     progress: bool = False,
     posterior_name: str = "",
+    posterior_sha256: str = "",
     deadline: Optional[float] = None,
     log=print,
 ) -> List[Dict]:
@@ -303,7 +327,8 @@ def run_protocol(
     for path in protocol.paths:
         for seed in protocol.seeds:
             if part_done(parts, path, seed):
-                logs.append(_finished_part(parts, part_stem(path, seed), protocol))
+                logs.append(_finished_part(parts, part_stem(path, seed), protocol,
+                                           (posterior_name, posterior_sha256) if posterior_sha256 else None))
                 log(f"{path} seed {seed}: done earlier, skipped")
                 continue
             late = deadline is not None and last_wall is not None and time.time() + 1.1 * last_wall > deadline
@@ -312,7 +337,7 @@ def run_protocol(
                     f"a part took {last_wall:.0f} s)")
                 continue
             part = run_part(posterior, protocol, path, seed, parts, center=center, device=device, progress=progress,
-                            posterior_name=posterior_name)
+                            posterior_name=posterior_name, posterior_sha256=posterior_sha256)
             last_wall = part["wall_s"]
             logs.append(part)
             log(f"{path} seed {seed}: {part['images']} images in {part['wall_s']:.1f} s "
