@@ -176,7 +176,12 @@ KERNEL_CHOICE = [
     (3, 64, 784, torch.bfloat16, 2, 2, 2, ["packet_kernel<float, etweedie::bf16, 2, 2, false, 0, true>"]),
     (3, 64, 384, torch.float64, 1, 0, 2, ["packet_kernel<double, double, 1, 1, false, 0, true>"]),
     (3, 64, 784, torch.float64, 1, 0, 2, ["et_score_fwd_kernel<double, double, 1, 1, false, 0>"]),  # over 384 doubles
-    (3, 64, 1280, torch.bfloat16, 0, 0, 2, ["packet_kernel<float, etweedie::bf16, 0, 1, false, 0, true>"]),
+    (3, 64, 1024, torch.bfloat16, 0, 0, 2, ["packet_kernel<float, etweedie::bf16, 0, 1, false, 0, true>"]),
+    # 16-bit draws prefetch the next draw's packets, so their wide rows end at 1,024 values, not 1,280
+    (3, 64, 1280, torch.bfloat16, 0, 0, 2, ["et_score_fwd_kernel<float, etweedie::bf16, 0, 1, false, 0>"]),
+    # the prefetch across split draw ranges whose lengths do not divide by the groups in flight
+    (3, 37, 784, torch.bfloat16, 2, 2, 132, ["packet_kernel<float, etweedie::bf16, 2, 2, false, 0, true>",
+                                             "finalize_kernel"]),
     (3, 64, 1296, torch.float16, 0, 0, 2, ["et_score_fwd_kernel<float, etweedie::fp16, 0, 1, false, 0>"]),
     (3, 64, 2, torch.float32, 0, 0, 2, ["packet_kernel<float, float, 0, 1, false, 0, false>"]),
     (3, 64, 6, torch.float16, 2, 3, 2, ["packet_kernel<float, etweedie::fp16, 2, 3, false, 0, false>"]),

@@ -174,12 +174,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtSc
 // VMAX: as many packets per lane as keep the sums and the draw's raw packets within 64 (float32
 // query) or 48 (float64) of the 128 registers a thread gets at two 256-thread blocks per SM (y is
 // read from shared memory; ptxas reports no spills, benchmarks/ptxas_report.txt): 8 for float32
-// draws (d up to 1024), 5 for 16-bit draws of a float32 query (d ≤ 1280), 6 for float64 draws
-// (d ≤ 384), 2 for 16-bit draws of a float64 query (d ≤ 512).
+// draws (d up to 1024), 4 for 16-bit draws of a float32 query (d ≤ 1024; two draws' raw packets,
+// PREFETCH below), 6 for float64 draws (d ≤ 384), 2 for 16-bit draws of a float64 query (d ≤ 512).
+// PREFETCH (the wide kernel with 16-bit draws): the next draw's packets are loaded before the
+// current draw's reductions, so that a warp keeps two draws' bytes in flight.  At d = 784 a warp
+// holds one draw per iteration (32 lanes: 98 packets of 8 values), so a 16-bit draw alone puts
+// 1,568 bytes in flight per warp against a float32 draw's 3,136: measured on an H100, the 16-bit
+// kernel took 126 µs against float32's 87 µs at 256 × 256 × 784 (half the bytes, latency-bound).
+// The second set of raw packets counts in the register budget (VMAX 4 instead of 5).
 template <typename T, typename X, int KIND, int K, bool WIDE>
 struct PacketShape {
   static constexpr int E = WIDE ? 16 / static_cast<int>(sizeof(X)) : (KIND == kBlock ? K : 1);
-  static constexpr int kRegsPerPacket = E * static_cast<int>(sizeof(T) + sizeof(X)) / 4;
+  static constexpr bool PREFETCH = WIDE && sizeof(X) == 2;
+  static constexpr int kRegsPerPacket = E * static_cast<int>(sizeof(T) + (PREFETCH ? 2 : 1) * sizeof(X)) / 4;
   static constexpr int kRegs = sizeof(T) == 4 ? 64 : 48;
   static constexpr int VMAX = WIDE ? (kRegs / kRegsPerPacket > 1 ? kRegs / kRegsPerPacket : 1) : 1;
   // the wide packet must hold whole metric blocks
@@ -214,6 +221,7 @@ __global__ void __launch_bounds__(kPacketMaxWarps * kWarp, WIDE || sizeof(T) == 
     et_score_fwd_packet_kernel(EtScoreArgs<T, X> a, int lanes, int nv, T* __restrict__ out, T* __restrict__ m_out,
                                int64_t n_per, T* __restrict__ ws) {
   constexpr int E = PacketShape<T, X, KIND, K, WIDE>::E, VMAX = PacketShape<T, X, KIND, K, WIDE>::VMAX;
+  constexpr bool PREFETCH = PacketShape<T, X, KIND, K, WIDE>::PREFETCH;
   constexpr int KK = KIND == kBlock ? K : 1;
   ET_DYNAMIC_SHARED(smem_raw);
   T* part = reinterpret_cast<T*>(smem_raw);  // [warps][d]: each warp's Σ w u
@@ -252,16 +260,26 @@ __global__ void __launch_bounds__(kPacketMaxWarps * kWarp, WIDE || sizeof(T) == 
   // every lane runs the same number of iterations (the shuffles need the whole warp)
   const int64_t n_lo = static_cast<int64_t>(blockIdx.z) * n_per;
   const int64_t n_hi = n_lo + n_per < N ? n_lo + n_per : N;
-  for (int64_t i0 = n_lo; i0 < n_hi; i0 += groups) {
-    const int64_t i = i0 + group;
-    const bool valid = i < n_hi;
-    const X* __restrict__ xi = x + (valid ? i : n_lo) * a.sxn;
-    // the draw's packets, as stored (16-bit draws take half the registers); all loads first
-    Packet<X, E> xr[VMAX];
+  // the group's draw of iteration i0's packets, as stored (16-bit draws take half the registers)
+  auto load_draw = [&](Packet<X, E>(&dst)[VMAX], int64_t i0_) {
+    const int64_t i = i0_ + group;
+    const bool ok = i < n_hi;
+    const X* __restrict__ xi = x + (ok ? i : n_lo) * a.sxn;
 #pragma unroll
     for (int v = 0; v < VMAX; ++v) {
       const int64_t p = l + static_cast<int64_t>(L) * v;
-      xr[v] = valid && v < nv && p < packets ? load_packet<X, E>(xi + p * E) : Packet<X, E>{};
+      dst[v] = ok && v < nv && p < packets ? load_packet<X, E>(xi + p * E) : Packet<X, E>{};
+    }
+  };
+  Packet<X, E> xr[VMAX];
+  Packet<X, E> xn[PREFETCH ? VMAX : 1];  // the next draw's packets (PREFETCH)
+  if constexpr (PREFETCH) load_draw(xr, n_lo);
+  for (int64_t i0 = n_lo; i0 < n_hi; i0 += groups) {
+    const bool valid = i0 + group < n_hi;
+    if constexpr (PREFETCH) {
+      load_draw(xn, i0 + groups);  // in flight during this draw's reductions
+    } else {
+      load_draw(xr, i0);  // all loads first
     }
     T q = 0;
     on_packets([&](int v, int64_t p, const Packet<T, E>& yp) {
@@ -285,6 +303,10 @@ __global__ void __launch_bounds__(kPacketMaxWarps * kWarp, WIDE || sizeof(T) == 
 #pragma unroll
         for (int e = 0; e < E; ++e) acc[v][e] += w * (yp.v[e] - widen<T>(xr[v].v[e]));
       });
+    }
+    if constexpr (PREFETCH) {
+#pragma unroll
+      for (int v = 0; v < VMAX; ++v) xr[v] = xn[v];
     }
   }
   // the warp's groups, then the block's warps
