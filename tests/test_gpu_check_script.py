@@ -2,7 +2,10 @@
 
 import importlib.util
 import os
+import shutil
+from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,3 +42,24 @@ def test_low_precision_ratio_lines():
             {"workload": "et_score_iso_784_bf16", "backend": "cuda", "median_ms": 0.11}]
     (line,) = gc.low_precision_ratios(rows)
     assert "0.55×" in line and "met" in line
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_gpu_session_dry_run_packs_at_most_eight_files(tmp_path):
+    """scripts/gpu_session.sh's dry run (CPU): the tiny sampling protocol into OUTDIR, the kernel
+    table's step reached (it stops at its preflight without a GPU) and its logs packed."""
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU the kernel table would run for real")
+    root = Path(__file__).resolve().parents[1]
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = dict(os.environ, PYTHON=sys.executable, WORK=str(work), GPU_SESSION_DRY="1")
+    proc = subprocess.run(["bash", str(root / "scripts" / "gpu_session.sh"), str(out), "120"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and {"gpu_session.tar.gz", "sampling_log.json", "parts.tar.gz", "mnist_joint.npy"} <= set(files)
+    assert "sampling exit 0" in proc.stdout and "kernel table exit 2" in proc.stdout
+    assert "cannot run here" in proc.stdout
