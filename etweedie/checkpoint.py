@@ -11,16 +11,15 @@ resume state as torch files read without unpickling code, atomic writes, and a r
         model.safetensors.index.json         {"weight_map": {stored key: file}, "parts": {name: [keys]}}
 
 A tensor larger than a shard is split along its first dimension into parts (``name::part0``, …)
-that :func:`load_weights` joins, so the shard bound holds for any model.
+that :func:`load_weights` joins, so the shard bound holds for any model.  The layout follows the
+sharded-safetensors convention (file names, an index with a weight map) so other tools can read
+the unsplit tensors directly.
 
 **int8 weights** (``dtype=torch.int8``): every floating-point matrix (2-D or more, at least
 ``INT8_MIN_NUMEL`` values) is stored as symmetric per-row int8, q = round(w / s) with
 s = max|w_row| / 127 (``name`` int8, ``name::scale`` float32 per row); the other tensors (biases,
 small ones) as float16.  :func:`load_weights` returns the dequantized float32 q·s.  A quarter of
-float32's bytes (half of float16's) at a relative weight error of at most 1/254 of each row's
-largest entry.  The layout follows the
-sharded-safetensors convention (file names, an index with a weight map) so other tools can read
-the unsplit tensors directly.
+float32's bytes (half of float16's) at an error of at most half a step, s / 2, per weight.
 
 **Resume state** (optimizer moments, generator states) stays a torch file, always loaded with
 ``torch.load(..., weights_only=True)``: tensors, numbers, strings, lists and dicts only, so a
@@ -73,6 +72,8 @@ def _quantize_rows(t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     s = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
     q = torch.round(rows / s[:, None]).clamp_(-127, 127).to(torch.int8)
     return q.reshape(t.shape), s
+
+
 PathLike = Union[str, os.PathLike]
 
 
@@ -147,8 +148,8 @@ def save_weights(
     """Write ``state`` (name → tensor) and the JSON-able ``config`` as a weights directory.
 
     Floating-point tensors are cast to ``dtype`` when given (e.g. ``torch.float16`` halves the
-    files; ``torch.int8`` stores matrices as per-row int8, the module's docstring); with ``max_shard_bytes`` (default 16 MiB, None: one file) every file stays within the
-    bound.  The directory is replaced atomically (written beside it, then renamed).  Returns it.
+    files; ``torch.int8`` stores matrices as per-row int8, see the module's docstring); with
+    ``max_shard_bytes`` (default 16 MiB, None: one file) every file stays within the bound.  The directory is replaced atomically (written beside it, then renamed).  Returns it.
     """
     from safetensors.torch import save_file
 
