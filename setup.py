@@ -48,6 +48,7 @@ if not NO_EXT:
 def extensions():
     sources = [os.path.join("csrc", "etweedie.cpp")] + sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
     sources += sorted(glob.glob(os.path.join("csrc", "front", "*.cpp")))
+    sources += sorted(glob.glob(os.path.join("csrc", "autograd", "*.cpp")))
     # -fno-trapping-math lets GCC if-convert the branch-free fastmath selects, i.e. vectorize
     # the weight loops; the kernels never rely on floating-point exceptions.
     cxx = ["-O3", "-std=c++17", "-fno-math-errno", "-fno-trapping-math"]

@@ -8,14 +8,19 @@ Two regimes, timed in one process:
 * ``cpu``: CPU tensors, where the package reads values it must check (β range, finite data, the
   float32 range test: a few small reductions per call);
 * ``gpu-like``: the same CPU tensors with value checks switched off exactly as a GPU tensor sees
-  them without ``etweedie.set_debug(True)`` (``etweedie.ops._prep.value_checks`` answers False):
-  the part of the host path a GPU call pays, measurable here without a GPU.
+  them without ``etweedie.set_debug(True)`` (``value_checks`` answers False in every etweedie
+  module that uses it): the part of the host path a GPU call pays, measurable here without a GPU.
+  For the energy ops that includes the NaN-row pass a GPU call runs instead of reading its
+  inputs back to the host.
 
 Each row is the median µs per call over ``--repeats`` calls (p20–p80 over 7 rounds), beside the
 raw ``torch.ops.etweedie.*_fwd`` call with the canonical tensors prepared in advance (the
 difference is the wrapper's cost) and, for the per-row ops, the C++ front op the wrapper ends in
 (``torch.ops.etweedie.<op>``: canonical form and kernel call in one C++ call, csrc/front/).  A
-metric is built once and reused, as a sampler reuses a level's metric.
+metric is built once and reused, as a sampler reuses a level's metric.  The ``fwd+bwd`` rows time
+a training step's use of the op: value, ``.sum()`` and ``torch.autograd.grad`` of the samples
+(the raw column: the fused value-and-gradient op on canonical tensors, through its autograd
+kernel).
 """
 
 from __future__ import annotations
@@ -48,6 +53,14 @@ def _per_call_us(fn, repeats: int, rounds: int = 7):
     return statistics.median(times), times[1], times[-2]
 
 
+def _set_value_checks(fn) -> None:
+    """``value_checks`` replaced by ``fn`` in _prep and in every etweedie module that imported it."""
+    current = _prep.value_checks
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("etweedie") and getattr(mod, "value_checks", None) is current:
+            mod.value_checks = fn
+
+
 def cases():
     g = torch.Generator().manual_seed(0)
     y, x = torch.randn(1, 4, generator=g), torch.randn(1, 4, 4, generator=g)
@@ -58,7 +71,7 @@ def cases():
     ops = torch.ops.etweedie
     b0, one0, step0, p_b = torch.tensor(1.5), torch.tensor(1.0), torch.tensor(step), prec_b[0].contiguous()
     has_front = hasattr(ops, "et_score") and hasattr(ops, "langevin_step")
-    return [
+    rows = [
         ("et_score iso", lambda: etweedie.et_score(y, x, 1.5), lambda: ops.et_score_fwd(y, x, beta, one, one, 0),
          (lambda: ops.et_score(y, x, b0, one0, one0, 0, [1])) if has_front else None),
         ("et_score block", lambda: etweedie.et_score(y, x, 1.5, 1.0, block),
@@ -67,8 +80,20 @@ def cases():
         ("langevin_step block", lambda: etweedie.langevin_step(y, x, noise, step, 1.5, 1.0, block),
          lambda: ops.langevin_step_fwd(y, x, noise, torch.full((1,), step), beta, one, prec_b, 2),
          (lambda: ops.langevin_step(y, x, noise, step0, b0, one0, p_b, 2, [1])) if has_front else None),
+    xg = x.clone().requires_grad_()
+    has_es_front = hasattr(ops, "energy_score")
+
+    def grad_of(value):
+        return torch.autograd.grad(value.sum(), xg)[0]
+
+    return [
+        *rows,
         ("energy_score block", lambda: etweedie.energy_score(x, y, 1.5, block),
-         lambda: ops.energy_score_fwd(x, y, beta, prec_b, 2, True), None),
+         lambda: ops.energy_score_fwd(x, y, beta, prec_b, 2, True),
+         (lambda: ops.energy_score(x, y, b0, p_b, 2, True, [1], False, True)) if has_es_front else None),
+        ("energy_score block fwd+bwd", lambda: grad_of(etweedie.energy_score(xg, y, 1.5, block)),
+         lambda: grad_of(ops.energy_score_fwd_grad(xg, y, beta, prec_b, 2, True, True, False, False, False)[0]),
+         (lambda: grad_of(ops.energy_score(xg, y, b0, p_b, 2, True, [1], True, True))) if has_es_front else None),
     ]
 
 
@@ -83,7 +108,7 @@ def main(argv=None) -> int:
     real_checks = _prep.value_checks
     try:
         for regime in ("cpu", "gpu-like"):
-            _prep.value_checks = real_checks if regime == "cpu" else (lambda t: False)
+            _set_value_checks(real_checks if regime == "cpu" else (lambda t: False))
             for name, wrapped, raw, front in cases():
                 torch.testing.assert_close(wrapped().reshape(-1), raw()[0].reshape(-1) if isinstance(raw(), tuple)
                                            else raw().reshape(-1))
@@ -95,7 +120,7 @@ def main(argv=None) -> int:
                 rows.append(dict(op=name, regime=regime, wrapper_us=w[0], wrapper_p20=w[1], wrapper_p80=w[2],
                                  raw_us=r[0], front_us=f, overhead_us=w[0] - r[0]))
     finally:
-        _prep.value_checks = real_checks
+        _set_value_checks(real_checks)
     print(f"host cost per call, {torch.get_num_threads()} thread(s), torch {torch.__version__}, etweedie {etweedie.__version__}")
     print("| op | regime | wrapper µs (p20–p80) | raw op µs | front op µs | wrapper overhead µs |")
     print("|---|---|---|---|---|---|")

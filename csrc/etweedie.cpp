@@ -60,6 +60,12 @@ TORCH_LIBRARY(etweedie, m) {
       "langevin_step(Tensor y, Tensor x, Tensor noise, Tensor step, Tensor beta, Tensor lam, Tensor prec, int kind, "
       "int[] batch) -> Tensor");
   m.def("student_t_score(Tensor y, Tensor x, Tensor c, Tensor prec, int kind, int[] batch) -> Tensor");
+  // Front op of energy_score (csrc/front/energy_score_front.cpp): validated samples (*batch, M, d), target
+  // (*batch, d), beta and the metric's prec (*metric_batch, *param) of kind 0-2; fused: the training path
+  // (energy_score_fwd_grad); nan_rows: NaN for rows whose inputs hold NaN or inf.  -> (*batch,)
+  m.def(
+      "energy_score(Tensor samples, Tensor target, Tensor beta, Tensor prec, int kind, bool fair, int[] batch, "
+      "bool fused, bool nan_rows) -> Tensor");
 }
 
 // `import etweedie._C` loads this shared object, which runs the registrations above.

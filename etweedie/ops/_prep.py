@@ -523,7 +523,7 @@ def canonicalize(op: str, y, x, beta, lam, metric) -> Canonical:
 
 # The C++ front ops (csrc/front/) this extension has (none in one built before they existed).
 _FRONT = {op: backends._EXT_OK and backends._has_op(op, "CompositeImplicitAutograd")
-          for op in ("et_score", "langevin_step", "student_t_score")}
+          for op in ("et_score", "langevin_step", "student_t_score", "energy_score")}
 
 
 def _probe_cpu_range_flags(op: str) -> bool:
@@ -599,9 +599,15 @@ def front(op: str, name: str, a: RowArgs, *tensors) -> bool:
     torch.compile traces the Python form (the front ops are opaque to it), and functorch-wrapped
     arguments take it too; dense metrics are whitened in Python either way.
     """
-    if not _FRONT.get(op, False) or name not in ("cpu", "cuda") or a.kind == DENSE or _is_compiling():
+    return front_applies(op, name, a.kind, a.y, a.x, a.beta, a.lam, a.prec, *tensors)
+
+
+def front_applies(op: str, name: str, kind: int, *tensors) -> bool:
+    """:func:`front` for any op with a C++ front op (``energy_score`` too), given its metric kind
+    and every tensor the call reads."""
+    if not _FRONT.get(op, False) or name not in ("cpu", "cuda") or kind == DENSE or _is_compiling():
         return False
-    return not any(isinstance(t, torch.Tensor) and _functorch_wrapped(t) for t in (a.y, a.x, a.beta, a.lam, a.prec, *tensors))
+    return not any(isinstance(t, torch.Tensor) and _functorch_wrapped(t) for t in tensors)
 
 
 def whiten_dense(c: Canonical) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -26,6 +26,7 @@ from ..geometry import Metric
 from ..rules.energy_score import fake_fwd_grad, fwd_grad_autograd_rules
 from . import reference
 from ._prep import (
+    _KIND,
     DENSE,
     as_param,
     broadcast_batch,
@@ -34,9 +35,11 @@ from ._prep import (
     check_metric,
     check_tensor,
     flat,
+    front_applies,
     kernel_or_reference,
     metric_param,
     nan_rows,
+    precision_of,
     register_pairwise_op,
     row_whitening_factor,
     rows_matmul,
@@ -116,6 +119,14 @@ def energy_score(
     if out_of_range:
         return energy_score(widen(samples), widen(target), widen(beta), widen_metric(metric_in), fair=fair,
                             backend=backend).float()
+    # the row kernel gives NaN rows for non-finite inputs itself; or the inputs were checked finite
+    check_nan = not (in_kernel or (finite and value_checks(samples)))
+    if front_applies(_OP, name, _KIND[metric.kind], samples, target, beta_t, metric.param):
+        # eager CPU/CUDA: canonical form, kernel call and NaN rows in one C++ call (csrc/front/)
+        prec = metric.param if metric_in is None else precision_of(metric, samples.dtype, _OP)
+        fused = _training(samples, target, beta_t, prec) and _fused_available(samples.device)
+        return torch.ops.etweedie.energy_score(samples, target, beta_t, prec, _KIND[metric.kind], fair, batch,
+                                               fused, check_nan)
     B = math.prod(batch)
     xs = samples.expand(*batch, M, d).reshape(B, M, d)
     if d > 1 and xs.stride(-1) != 1:
@@ -134,8 +145,7 @@ def energy_score(
         out = _kernel(name, zs, zt, betas, ones, 0, fair)
     else:
         out = _kernel(name, xs, yt, betas, prec, kind, fair)
-    if in_kernel or (finite and value_checks(samples)):
-        # the row kernel gave NaN rows for non-finite inputs itself; or the inputs were checked finite
+    if not check_nan:
         return out.reshape(batch)
     return nan_rows(out, batch, (samples, 2), (target, 1)).reshape(batch)
 
@@ -167,8 +177,7 @@ def _kernel(name, samples, target, beta, prec, kind, fair) -> torch.Tensor:
     """Training (some input requires grad): one fused pass computes the value and the unit
     gradients, so backward only scales them; otherwise the forward-only op.  ``name`` is
     "cpu"/"cuda" (the compiled op; the dispatcher picks the device's kernel) or "triton"."""
-    tensors = (samples, target, beta, prec)
-    training = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    training = _training(samples, target, beta, prec)
     if name == "triton":
         from ..kernels import energy_score as tk  # imports triton: only when asked for
 
@@ -177,9 +186,14 @@ def _kernel(name, samples, target, beta, prec, kind, fair) -> torch.Tensor:
         fwd = torch.ops.etweedie.energy_score_fwd
         fused = torch.ops.etweedie.energy_score_fwd_grad if _fused_available(samples.device) else None
     if training and fused is not None:
-        need = [t.requires_grad for t in tensors]
+        need = [t.requires_grad for t in (samples, target, beta, prec)]
         return fused(samples, target, beta, prec, kind, fair, *need)[0]
     return fwd(samples, target, beta, prec, kind, fair)
+
+
+def _training(*tensors) -> bool:
+    """Whether the call is recorded for a gradient (grad mode on, some input requires grad)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _fused_available(device: torch.device) -> bool:
@@ -203,6 +217,10 @@ def _register() -> None:
 def _register_fused() -> None:
     name = "etweedie::energy_score_fwd_grad"
     torch.library.register_fake(name)(fake_fwd_grad)
+    if backends._has_op("energy_score_fwd_grad", "Autograd"):
+        # the extension's C++ autograd kernel (csrc/autograd/energy_score_autograd.cpp): the same
+        # rule without a Python call per training step
+        return
     setup_context, backward = fwd_grad_autograd_rules()
     torch.library.register_autograd(name, backward, setup_context=setup_context)
 
