@@ -19,8 +19,8 @@ difference is the wrapper's cost) and, for the per-row ops, the C++ front op the
 (``torch.ops.etweedie.<op>``: canonical form and kernel call in one C++ call, csrc/front/).  A
 metric is built once and reused, as a sampler reuses a level's metric.  The ``fwd+bwd`` rows time
 a training step's use of the op: value, ``.sum()`` and ``torch.autograd.grad`` of the samples
-(the raw column: the fused value-and-gradient op on canonical tensors, through its autograd
-kernel).
+(energy_score; the raw column: the fused value-and-gradient op on canonical tensors, through its
+autograd kernel) or of the query (et_score: ``et_score_fwd`` and its backward kernel).
 """
 
 from __future__ import annotations
@@ -80,14 +80,23 @@ def cases():
         ("langevin_step block", lambda: etweedie.langevin_step(y, x, noise, step, 1.5, 1.0, block),
          lambda: ops.langevin_step_fwd(y, x, noise, torch.full((1,), step), beta, one, prec_b, 2),
          (lambda: ops.langevin_step(y, x, noise, step0, b0, one0, p_b, 2, [1])) if has_front else None),
+    ]
     xg = x.clone().requires_grad_()
     has_es_front = hasattr(ops, "energy_score")
 
     def grad_of(value):
         return torch.autograd.grad(value.sum(), xg)[0]
 
+    yg = y.clone().requires_grad_()
+
+    def grad_y(score):
+        return torch.autograd.grad(score.sum(), yg)[0]
+
     return [
         *rows,
+        ("et_score block fwd+bwd", lambda: grad_y(etweedie.et_score(yg, x, 1.5, 1.0, block)),
+         lambda: grad_y(ops.et_score_fwd(yg, x, beta, one, prec_b, 2)[0]),
+         (lambda: grad_y(ops.et_score(yg, x, b0, one0, p_b, 2, [1]))) if has_front else None),
         ("energy_score block", lambda: etweedie.energy_score(x, y, 1.5, block),
          lambda: ops.energy_score_fwd(x, y, beta, prec_b, 2, True),
          (lambda: ops.energy_score(x, y, b0, p_b, 2, True, [1], False, True)) if has_es_front else None),

@@ -588,7 +588,7 @@ def flagged(out: torch.Tensor) -> bool:
     sync).  One sum: NaN and inf propagate through it (a sum that overflows from finite values
     also reads as flagged, and the float64 rerun is then merely unneeded), and unlike
     ``isfinite(out).all()`` it allocates no mask."""
-    return value_checks(out) and out.numel() > 0 and not math.isfinite(float(out.sum()))
+    return value_checks(out) and out.numel() > 0 and not math.isfinite(float(out.detach().sum()))
 
 
 def front(op: str, name: str, a: RowArgs, *tensors) -> bool:

@@ -113,6 +113,10 @@ def _register() -> None:
     lib = "etweedie::"
     torch.library.register_fake(lib + "et_score_fwd")(fake_fwd)
     torch.library.register_fake(lib + "et_score_bwd")(fake_bwd)
+    if backends._has_op("et_score_fwd", "Autograd"):
+        # the extension's C++ autograd kernel (csrc/autograd/et_score_autograd.cpp): the same rule
+        # without a Python call per backward
+        return
     setup_context, backward = autograd_rules(torch.ops.etweedie.et_score_bwd)
     torch.library.register_autograd(lib + "et_score_fwd", backward, setup_context=setup_context)
 
