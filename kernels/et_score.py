@@ -468,6 +468,10 @@ def _et_score_backward_kernel(
     acc_gy = tl.zeros([BLOCK_D], dtype=dt)
     acc_outer = tl.zeros([BLOCK_D, KP], dtype=dt)
     acc_beta = tl.zeros([BLOCK_N], dtype=dt)
+    # Student-t with an isotropic P = p I: ∂L/∂p = ((1/N) Σ_i w_i² (h·u_i) − g_m·m) / p, the sum
+    # below without its cancellation (csrc/cpu/student_t_score_cpu.cpp states why); Σ w² (h·u) is
+    # the row's, added by chunk 0, and each chunk adds its part of g_m·m
+    acc_w2hu = tl.zeros([BLOCK_N], dtype=dt)
     for n0 in range(0, N, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N).to(tl.int64)
         mask_n = offs_n < N
@@ -497,7 +501,10 @@ def _et_score_backward_kernel(
         if NEED_BETA:
             acc_beta += hu * w * _half_log(q)
         if NEED_PREC:
-            acc_outer += tl.sum((0.5 * inv_n) * c[:, None, None] * u[:, :, None] * u3, axis=0)
+            if LAW == 1 and KIND == 0:
+                acc_w2hu += w * w * hu
+            else:
+                acc_outer += tl.sum((0.5 * inv_n) * c[:, None, None] * u[:, :, None] * u3, axis=0)
     tl.store(gy_ptr + row * d + cols, acc_gy, mask=mask_d)
     if NEED_BETA:
         if chunk == 0:
@@ -508,7 +515,14 @@ def _et_score_backward_kernel(
         if NEED_LAM:
             # g·s/λ = −g·Pm (Student-t: g·s/c = −2 g·Pm)
             tl.store(gl_ptr + row * nchunks + chunk, (-2.0 if LAW == 1 else -1.0) * tl.sum(gv * pm, axis=0))
-        if NEED_PREC:
+        if NEED_PREC and LAW == 1 and KIND == 0:
+            gmv = tl.load(gm_ptr + row * d + cols, mask=mask_d, other=0.0)
+            mv = tl.load(m_ptr + row * d + cols, mask=mask_d, other=0.0)
+            part = -tl.sum(gmv * mv, axis=0)
+            if chunk == 0:
+                part += tl.sum(acc_w2hu, axis=0) * inv_n
+            tl.store(gp_ptr + row * nchunks + chunk, part / tl.load(p_row))
+        elif NEED_PREC:
             acc_outer += scale * gv[:, None] * m3  # −λ g mᵀ (−2c g mᵀ)
             if KIND == 0:
                 tl.store(gp_ptr + row * nchunks + chunk, tl.sum(tl.sum(acc_outer, axis=1), axis=0))

@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "../common/checks.h"
@@ -53,7 +54,8 @@ template <typename T>
 struct StudentTWeight {
   T operator()(T q) const { return student_t_weight(q); }
   T slope(T /*q*/, T w) const { return student_t_weight_slope(w); }
-  T shape_term(T, T, T) const { return T(0); }
+  // w² (h·u): summed over the draws, the isotropic metric's gradient without cancellation (below)
+  T shape_term(T /*q*/, T w, T hu) const { return w * w * hu; }
 };
 
 std::tuple<at::Tensor, at::Tensor> student_t_score_fwd_cpu(const at::Tensor& y, const at::Tensor& x,
@@ -153,17 +155,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> student_t_score_bwd_c
               T* gpb = gpp ? gpp + b * pstride : nullptr;
               P.apply(gb_in, -two_c, h.data(), d);  // h = −2c P g + g_m
               for (int64_t j = 0; j < d; ++j) h[j] += gmb[j];
-              weighted_residual_sum_bwd<T, Prec, X>(P, StudentTWeight<T>{}, yb, xp + b * sxb, sxn, N, d, h.data(), gyb,
-                                                    gxp ? gxp + b * N * d : nullptr, gpb, false, rows, gxrow.data());
+              // An isotropic P = p I: the generic ∂L/∂p = −2c g·m − (1/N) Σ_i w_i² (h·u_i) ‖u_i‖² is a
+              // difference of two terms that agree to a factor 1 − w_i q_i = w_i (with h = −2c p g + g_m),
+              // so float32 loses a factor 1 + q of accuracy (q ≈ d for draws at the noise scale).
+              // Substituting −2c p g = h − g_m gives the same value without the cancellation:
+              //   ∂L/∂p = ( (1/N) Σ_i w_i² (h·u_i) − g_m·m ) / p
+              constexpr bool kIso = std::is_same_v<Prec, RowPrec<T, kIsotropic, 0>>;
+              const T sum_w2hu = weighted_residual_sum_bwd<T, Prec, X>(
+                  P, StudentTWeight<T>{}, yb, xp + b * sxb, sxn, N, d, h.data(), gyb, gxp ? gxp + b * N * d : nullptr,
+                  kIso ? nullptr : gpb, kIso && gpb != nullptr, rows, gxrow.data());
               if (gxp) stream_fence();
-              if (gcp || gpb) {
+              if (kIso && gpb) {
+                T gm_m = 0;
+                for (int64_t j = 0; j < d; ++j) gm_m += gmb[j] * mb[j];
+                gpb[0] += (sum_w2hu - gm_m) / P.p[0];
+              }
+              if (gcp || (gpb && !kIso)) {
                 P.apply(mb, T(1), pm.data(), d);  // P m
                 if (gcp) {
                   T acc = 0;
                   for (int64_t j = 0; j < d; ++j) acc += gb_in[j] * pm[j];
                   gcp[b] = T(-2) * acc;  // ∂L/∂c = g·s/c = −2 g·Pm
                 }
-                if (gpb) P.accum_outer2(gb_in, mb, -two_c, gpb, d);  // −2c g mᵀ
+                if (gpb && !kIso) P.accum_outer2(gb_in, mb, -two_c, gpb, d);  // −2c g mᵀ
               }
             }
           });

@@ -571,6 +571,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_bwd_kernel(EtSc
   const T scale = law_scale<LAW>(lam);  // −λ, or −2c
   const T inv_n = T(1) / static_cast<T>(N);
   const bool need_prec = gp != nullptr;
+  // Student-t with an isotropic P = p I: ∂L/∂p = ((1/N) Σ_i w_i² (h·u_i) − g_m·m) / p, the generic
+  // sum without its cancellation (csrc/cpu/student_t_score_cpu.cpp states why)
+  constexpr bool kStudentIso = LAW == kLawStudentT && KIND == kIsotropic;
   for (int64_t j = threadIdx.x; j < d; j += kThreads) {
     h[j] = scale * P.apply_at(j, [g](int64_t c) { return g[c]; }) + grad_m[row * d + j];
     gacc[j] = T(0);
@@ -589,7 +592,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_bwd_kernel(EtSc
         const T u = y[j] - widen<T>(xi[j]);
         q += u * P.apply_at(j, [y, xi](int64_t c) { return y[c] - widen<T>(xi[c]); });
         hu += h[j] * u;
-        if (need_prec && KIND == kIsotropic) uu[0] += u * u;
+        if (need_prec && KIND == kIsotropic && !kStudentIso) uu[0] += u * u;
         if constexpr (KIND == kBlock) {
           if (need_prec) add_block_row<T, K>(uu, j, u, [y, xi](int64_t c) { return y[c] - widen<T>(xi[c]); });
         }
@@ -598,7 +601,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_bwd_kernel(EtSc
       hu = warp_sum(hu);
       const T w = law_weight<LAW>(q, beta);
       const T c = law_weight_slope<LAW>(q, w, beta) * hu;
-      if (need_prec && KIND != kDiagonal) {
+      if (need_prec && KIND != kDiagonal && !kStudentIso) {
 #pragma unroll
         for (int e = 0; e < PS; ++e) uu[e] = warp_sum(uu[e]);
       }
@@ -606,7 +609,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_bwd_kernel(EtSc
         wt[t] = w;
         ct[t] = c;
         if (LAW == kLawEnergyTweedie && gb) gbeta += hu * w * half_log(q);
-        if (need_prec && KIND != kDiagonal) {
+        if (need_prec && kStudentIso) {
+          gpw[0] += w * w * hu * inv_n;
+        } else if (need_prec && KIND != kDiagonal) {
 #pragma unroll
           for (int e = 0; e < PS; ++e) gpw[e] += T(0.5) * c * inv_n * uu[e];
         }
@@ -652,7 +657,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_bwd_kernel(EtSc
     } else {
       T part[PS] = {};
       for (int64_t j = threadIdx.x; j < d; j += kThreads) {
-        if (KIND == kIsotropic) {
+        if (kStudentIso) {
+          part[0] += grad_m[row * d + j] * mr[j];
+        } else if (KIND == kIsotropic) {
           part[0] += g[j] * mr[j];
         } else {
           add_block_row<T, K>(part, j, g[j], [mr](int64_t c) { return mr[c]; });
@@ -660,8 +667,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_bwd_kernel(EtSc
       }
 #pragma unroll
       for (int e = 0; e < PS; ++e) {
-        const T total = block_sum((lane == 0 ? gpw[e] : T(0)) + scale * part[e], scratch);
-        if (threadIdx.x == 0) gp[row * PS + e] = total;
+        if constexpr (kStudentIso) {
+          const T total = block_sum((lane == 0 ? gpw[e] : T(0)) - part[e], scratch);
+          if (threadIdx.x == 0) gp[row] = total / P.p[0];
+        } else {
+          const T total = block_sum((lane == 0 ? gpw[e] : T(0)) + scale * part[e], scratch);
+          if (threadIdx.x == 0) gp[row * PS + e] = total;
+        }
       }
     }
   }
