@@ -252,13 +252,14 @@ def _score_ops():
     return {
         "et_score": (lambda b: lambda yy: etweedie.et_score(yy, x, 1.5, backend=b), y),
         "langevin_step": (lambda b: lambda yy: etweedie.langevin_step(yy, x, xi, 0.1, 1.5, backend=b), y),
+        "student_t_score": (lambda b: lambda yy: etweedie.student_t_score(yy, x, 3.0, backend=b), y),
         "energy_score": (lambda b: lambda xx: etweedie.energy_score(xx, y, 1.5, backend=b), x),
         "energy_distance": (lambda b: lambda xx: etweedie.energy_distance(xx, x.flip(0) + 0.5, 1.5, backend=b), x),
     }
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
-@pytest.mark.parametrize("op", ["et_score", "langevin_step", "energy_score", "energy_distance"])
+@pytest.mark.parametrize("op", ["et_score", "langevin_step", "student_t_score", "energy_score", "energy_distance"])
 def test_second_order_raises_on_kernel_backends(backend, device, op):
     make, inp = _score_ops()[op]
     inp = inp.to(device).clone().requires_grad_(True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from .common import first_order_only
+
 __all__ = ["fake_fwd", "fake_bwd", "autograd_rules"]
 
 
@@ -27,8 +29,8 @@ def fake_bwd(grad, grad_m, y, x, c, prec, kind, m, need_y, need_x, need_c, need_
 
 def autograd_rules(bwd_op):
     """(setup_context, backward) for a student_t_score_fwd op whose fused backward is ``bwd_op``.
-    Second-order gradients are not implemented: the backward op is not differentiable, and
-    autograd raises if asked to go through it."""
+    Second-order gradients are not implemented: a second backward through the fused backward
+    raises (first_order_only) instead of silently dropping the terms that pass through it."""
 
     def setup_context(ctx, inputs, output):
         y, x, c, prec, kind = inputs
@@ -40,7 +42,9 @@ def autograd_rules(bwd_op):
         need = ctx.needs_input_grad
         grad_s = torch.zeros_like(y) if grad_s is None else grad_s
         grad_m = torch.zeros_like(y) if grad_m is None else grad_m
-        grads = bwd_op(grad_s, grad_m, y, x, c, prec, ctx.kind, m, *need[:4])
-        return (*(g if n else None for g, n in zip(grads, need[:4])), None)
+        with torch.no_grad():
+            grads = bwd_op(grad_s, grad_m, y, x, c, prec, ctx.kind, m, *need[:4])
+        grads = tuple(g if n else None for g, n in zip(grads, need[:4]))
+        return (*first_order_only("student_t_score", grads, (grad_s, grad_m, *ctx.saved_tensors)), None)
 
     return setup_context, backward
