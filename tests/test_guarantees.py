@@ -292,7 +292,7 @@ def test_forward_mode_energy_raises(op):
             torch.func.jvp(make(backend), (inp,), (torch.ones_like(inp),))
 
 
-@pytest.mark.parametrize("op", ["et_score", "langevin_step"])
+@pytest.mark.parametrize("op", ["et_score", "langevin_step", "student_t_score"])
 def test_forward_mode(op):
     make, inp = _score_ops()[op]
     v = torch.randn(inp.shape, generator=_g(4), dtype=torch.float64)
@@ -309,6 +309,30 @@ def test_forward_mode(op):
             continue
         with pytest.raises(NotImplementedError, match="forward-mode autodiff"):
             torch.func.jvp(make(backend), (inp,), (v,))
+
+
+@pytest.mark.parametrize("op", ["et_score", "langevin_step", "student_t_score", "energy_score", "energy_distance"])
+def test_torch_func_transforms(op):
+    """torch.func.grad / vjp: the automatic backend choice runs the reference (the compiled ops'
+    autograd kernels are not functorch-aware) and agrees with torch.autograd.grad through the
+    kernel backends; an explicit kernel backend is a named error, not torch's internal one."""
+    make, inp = _score_ops()[op]
+    w = torch.randn(make("reference")(inp).shape, generator=_g(5), dtype=torch.float64)
+
+    def loss(backend):
+        return lambda z: (make(backend)(z) * w).sum()
+
+    got = torch.func.grad(loss(None))(inp)
+    _, vjp = torch.func.vjp(make(None), inp)
+    torch.testing.assert_close(vjp(w)[0], got)
+    for backend in KERNEL_BACKENDS:
+        if backend == "cuda":
+            continue
+        z = inp.clone().requires_grad_(True)
+        (want,) = torch.autograd.grad(loss(backend)(z), z)
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+        with pytest.raises(NotImplementedError, match="torch.func transforms"):
+            torch.func.grad(loss(backend))(inp)
 
 
 # ---------------------------------------------------------------------------- parameter checks

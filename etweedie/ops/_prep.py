@@ -424,12 +424,36 @@ def has_forward_tangent(*tensors) -> bool:
     return False
 
 
+def functorch_transformed(*tensors) -> bool:
+    """Whether any argument is wrapped by a torch.func transform (grad, vjp, jacrev, vmap)."""
+    if _is_compiling():
+        return False
+    for t in tensors:
+        if isinstance(t, Metric):
+            t = t.param
+        if isinstance(t, torch.Tensor) and _functorch_wrapped(t):
+            return True
+    return False
+
+
 def kernel_or_reference(op: str, name: str, backend, *tensors, reference_forward_mode: bool = True) -> str:
     """The backend to run: ``name`` unless an input carries a forward-mode tangent, which the
     kernels cannot propagate — then the reference (automatic choice, where the reference
-    supports forward mode) or NotImplementedError."""
-    if name == "reference" or not has_forward_tangent(*tensors):
+    supports forward mode) or NotImplementedError — or is wrapped by a torch.func transform,
+    which the kernels' autograd kernels do not support: then the reference (automatic choice)
+    or NotImplementedError."""
+    if name == "reference":
         return name
+    if not has_forward_tangent(*tensors):
+        if not functorch_transformed(*tensors):
+            return name
+        # torch.func.grad / vjp / jacrev: the kernels' autograd kernels are not functorch-aware
+        if backends.requested(backend) is not None:
+            raise NotImplementedError(
+                f"{op}: torch.func transforms (grad, vjp, jacrev, vmap) are not supported by backend {name!r}; "
+                f"use backend='reference' (or None, which picks it under a transform), or torch.autograd.grad"
+            )
+        return "reference"
     if not reference_forward_mode:
         raise NotImplementedError(
             f"{op}: forward-mode autodiff (torch.func.jvp / forward_ad) is not supported by any backend "

@@ -29,6 +29,7 @@ from ._prep import (
     check_tensor,
     flat,
     front,
+    kernel_or_reference,
     range_guarded,
     rows_args,
     shape_rows,
@@ -80,6 +81,8 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
     if batch != a.batch:
         raise ValueError(f"{_OP}: c of shape {tuple(cv.shape)} would enlarge the batch {tuple(a.batch)}")
     name = backends.resolve(_OP, y.device, backend, supported=_SUPPORTED)
+    # forward-mode tangents and torch.func transforms: the reference (automatic choice) or a named error
+    name = kernel_or_reference(_OP, name, backend, y, x, cv, metric)
 
     def run():
         if front(_OP, name, a, cv):
