@@ -5,6 +5,7 @@
 // runs for the CPU and CUDA kernels without a Python call (csrc/autograd/first_order.h).
 #include <torch/library.h>
 
+#include "../front/rows_front.h"
 #include "first_order.h"
 
 namespace etweedie {
@@ -16,8 +17,7 @@ using FwdGrad = Out5(const at::Tensor&, const at::Tensor&, const at::Tensor&, co
                      bool, bool, bool);
 
 c10::TypedOperatorHandle<FwdGrad> fwd_grad_op() {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("etweedie::energy_score_fwd_grad", "").typed<FwdGrad>();
+  static const auto op = front::kernel<FwdGrad>("etweedie::energy_score_fwd_grad");
   return op;
 }
 

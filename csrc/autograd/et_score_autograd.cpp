@@ -4,6 +4,7 @@
 // this one costs a training step no Python call (csrc/autograd/first_order.h).
 #include <torch/library.h>
 
+#include "../front/rows_front.h"
 #include "first_order.h"
 
 namespace etweedie {
@@ -17,12 +18,12 @@ using Bwd = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor&, int64_t, const at::Tensor&, bool, bool, bool, bool, bool);
 
 c10::TypedOperatorHandle<Fwd> fwd_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("etweedie::et_score_fwd", "").typed<Fwd>();
+  static const auto op = front::kernel<Fwd>("etweedie::et_score_fwd");
   return op;
 }
 
 c10::TypedOperatorHandle<Bwd> bwd_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("etweedie::et_score_bwd", "").typed<Bwd>();
+  static const auto op = front::kernel<Bwd>("etweedie::et_score_bwd");
   return op;
 }
 

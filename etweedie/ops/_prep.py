@@ -412,28 +412,27 @@ def nan_rows(out: torch.Tensor, batch: torch.Size, *args: Tuple[torch.Tensor, in
 # raises); a second backward raises from the graph node below.
 
 
-def has_forward_tangent(*tensors) -> bool:
-    """Whether any argument carries a forward-mode tangent (torch.func.jvp or forward_ad)."""
+def _any_tensor(test, args) -> bool:
+    """Whether ``test`` holds for any tensor argument (a Metric stands for its parameter); never
+    while torch.compile traces (its fake tensors carry neither tangents nor transforms)."""
     if _is_compiling():
         return False
-    for t in tensors:
+    for t in args:
         if isinstance(t, Metric):
             t = t.param
-        if isinstance(t, torch.Tensor) and fwAD.unpack_dual(t).tangent is not None:
+        if isinstance(t, torch.Tensor) and test(t):
             return True
     return False
+
+
+def has_forward_tangent(*tensors) -> bool:
+    """Whether any argument carries a forward-mode tangent (torch.func.jvp or forward_ad)."""
+    return _any_tensor(lambda t: fwAD.unpack_dual(t).tangent is not None, tensors)
 
 
 def functorch_transformed(*tensors) -> bool:
     """Whether any argument is wrapped by a torch.func transform (grad, vjp, jacrev, vmap)."""
-    if _is_compiling():
-        return False
-    for t in tensors:
-        if isinstance(t, Metric):
-            t = t.param
-        if isinstance(t, torch.Tensor) and _functorch_wrapped(t):
-            return True
-    return False
+    return _any_tensor(_functorch_wrapped, tensors)
 
 
 def kernel_or_reference(op: str, name: str, backend, *tensors, reference_forward_mode: bool = True) -> str:
@@ -631,7 +630,7 @@ def front_applies(op: str, name: str, kind: int, *tensors) -> bool:
     and every tensor the call reads."""
     if not _FRONT.get(op, False) or name not in ("cpu", "cuda") or kind == DENSE or _is_compiling():
         return False
-    return not any(isinstance(t, torch.Tensor) and _functorch_wrapped(t) for t in tensors)
+    return not functorch_transformed(*tensors)
 
 
 def whiten_dense(c: Canonical) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
