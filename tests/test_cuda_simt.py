@@ -385,6 +385,81 @@ def _energy_cases_match(simt, a, b, target, beta, prec, kind, flag, grad, rtol):
             _close(u, v, f"{name}[{i}]", rtol, rtol)
 
 
+# Rows with n + m ≤ 64 points at d > 4 take the coordinate-split kernels (energy_cuda.cuh: q shares
+# per chunk, pair coefficients, gradients per chunk); the rest the tiled pair kernels.  Shapes:
+# the training shape (M = 32 samples and the target: 33 points, 45 pair blocks, two coordinate
+# slices per block) over several chunks of both kernels (float32: 128 and 64 coordinates,
+# 126 and 63 for k = 3), 64 points (136 pair blocks: more than the block's threads), and the
+# smallest clouds (2 + 3 points: one tile, 32 slices).
+_SPLIT_CASES = [("score", 2, 32, 1, 300), ("distance", 2, 40, 24, 130), ("distance", 3, 2, 3, 12)]
+
+
+def _split_args(case, dtype, kind, k, gen, scale=1.0):
+    op, B, n, m, d = case
+    d = d - d % k if kind == 2 else d
+    a = (torch.randn(B, n, d, generator=gen, dtype=torch.float64) * scale).to(dtype)
+    c = (torch.randn(B, m, d, generator=gen, dtype=torch.float64) * scale + 0.3).to(dtype)
+    beta = (torch.rand(B, generator=gen, dtype=torch.float64) * 1.5 + 0.3).to(dtype)
+    prec = _precision(kind, k, B, d, dtype, gen)
+    grad = torch.randn(B, generator=gen, dtype=torch.float64).to(dtype)
+    flag = True
+    if op == "score":
+        t = c[:, 0].contiguous()
+        return {"energy_score_fwd": (a, t, beta, prec, kind, flag),
+                "energy_score_fwd_grad": (a, t, beta, prec, kind, flag, True, True, True, True),
+                # the target's gradient alone: the gradient kernel runs the second cloud's points only
+                "energy_score_bwd": (grad, a, t, beta, prec, kind, flag, False, True, True, False)}
+    return {"energy_distance_fwd": (a, c, beta, prec, kind, flag),
+            "energy_distance_bwd": (grad, a, c, beta, prec, kind, flag, True, True, True, True)}
+
+
+def _outputs(r):
+    return (r,) if isinstance(r, torch.Tensor) else tuple(r)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=lambda v: str(v).removeprefix("torch."))
+@pytest.mark.parametrize("kind, k", [(0, 0), (1, 0), (2, 2), (2, 3), (2, 4)])
+@pytest.mark.parametrize("case", _SPLIT_CASES, ids=lambda c: f"{c[0]}-{c[2]}+{c[3]}-d{c[4]}")
+def test_energy_split_kernels_match_cpu_and_tiled(simt, gen, monkeypatch, dtype, kind, k, case):
+    simt_build.configure(seed=gen.initial_seed())
+    rtol = 1e-4 if dtype == torch.float32 else 1e-10
+    for name, args in _split_args(case, dtype, kind, k, gen).items():
+        simt.launched()
+        got = _outputs(getattr(simt, name)(*args))
+        assert all("energy_split_" in kern for kern in simt.launched()), name
+        want = _outputs(getattr(torch.ops.etweedie, name)(*args))
+        monkeypatch.setenv("ETWEEDIE_CUDA_ENERGY_SPLIT", "0")
+        tiled = _outputs(getattr(simt, name)(*args))
+        assert not any("energy_split_" in kern for kern in simt.launched()), name
+        monkeypatch.delenv("ETWEEDIE_CUDA_ENERGY_SPLIT")
+        for i, (u, v, w) in enumerate(zip(got, want, tiled)):
+            _close(u, v, f"{name}[{i}] split vs cpu", rtol, rtol)
+            _close(w, v, f"{name}[{i}] tiled vs cpu", rtol, rtol)
+
+
+@pytest.mark.parametrize("beta", [1.0, 2.0])
+def test_energy_split_kernels_coincident_points_and_reproducible(simt, gen, beta):
+    """Repeated samples and a sample equal to the target (q = 0 exactly: energy and slope 0, never
+    NaN), any thread order giving the same bits (no atomics; shares summed in a fixed order)."""
+    B, M, d = 2, 32, 200
+    a = torch.randn(B, M, d, generator=gen)
+    a[:, 5] = a[:, 3]
+    t = a[:, 7].clone()
+    b = torch.full((B,), beta)
+    prec = _precision(2, 2, B, d, torch.float32, gen)
+    args = (a, t, b, prec, 2, True, True, True, True, True)
+    runs = []
+    for seed in (gen.initial_seed(), gen.initial_seed() + 1):
+        simt_build.configure(seed=seed)
+        runs.append(simt.energy_score_fwd_grad(*args))
+    simt_build.configure()
+    want = torch.ops.etweedie.energy_score_fwd_grad(*args)
+    for i, (u, v, w) in enumerate(zip(*runs, want)):
+        assert torch.equal(u, v), f"output {i} depends on the thread order"
+        assert u.isfinite().all()
+        _close(u, w, f"output {i}", 1e-4, 1e-4)
+
+
 @pytest.mark.parametrize("kind, k", [(1, 0), (2, 2), (2, 3)])
 def test_energy_ops_far_from_origin(simt, gen, kind, k):
     """Clouds at 1e4 with unit spread: the differences are formed from the raw coordinates, so the

@@ -23,16 +23,23 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs(
     const at::Tensor& p, int64_t kind, bool need_value, bool need_a, bool need_c, bool need_beta) {
   const int64_t B = a.size(0), n = a.size(1), m = c.size(1), d = a.size(2);
   at::Tensor value, ga, gc, gb;
+  // the tiled pair kernels add into the gradients; the split kernels store every element
+  const bool split = energy_split_path(n, m, d);
+  const auto fresh = [split](at::IntArrayRef size, const at::TensorOptions& o) {
+    return split ? at::empty(size, o) : at::zeros(size, o);
+  };
   if (need_value) value = at::empty({B}, a.options());
-  if (need_a) ga = at::zeros({B, n, d}, a.options());  // the launchers add into the gradients
-  if (need_c) gc = at::zeros({B, m, d}, a.options());
+  if (need_a) ga = fresh({B, n, d}, a.options());
+  if (need_c) gc = fresh({B, m, d}, a.options());
   if (need_beta) gb = at::empty({B}, a.options());
   if (B == 0 || d == 0) {
     if (need_value) value.zero_();
     if (need_beta) gb.zero_();
     return {value, ga, gc, gb};
   }
-  auto ws = at::empty({energy_workspace_doubles(B, n, m, d)}, a.options().dtype(at::kDouble));
+  const int kblock = kind == kBlock ? static_cast<int>(p.size(1)) : 1;
+  auto ws = at::empty({energy_workspace_doubles(B, n, m, d, a.element_size(), split, kblock)},
+                      a.options().dtype(at::kDouble));
   AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "energy_pairs_cuda", [&] {
     using T = scalar_t;
     EnergyArgs<T> e{};
@@ -53,7 +60,8 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs(
     e.sp = p.stride(0);
     e.sg = grad.defined() ? grad.stride(0) : 0;
     e.kind = static_cast<int>(kind);
-    e.kblock = kind == kBlock ? static_cast<int>(p.size(1)) : 1;
+    e.kblock = kblock;
+    e.split = split;
     T* out_v = need_value ? value.data_ptr<T>() : nullptr;
     T* out_a = need_a ? ga.data_ptr<T>() : nullptr;
     T* out_c = need_c ? gc.data_ptr<T>() : nullptr;

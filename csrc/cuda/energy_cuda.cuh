@@ -27,6 +27,8 @@
 //     over the chunks adds P Σ_j c_ij (x_i − x_j) over one metric block per thread and step to
 //     the own tile's gradient rows in global memory (zero-initialized by the caller; only this
 //     block touches them; __syncthreads between).
+// Rows whose clouds hold at most 64 points together (energy_score's training shape) take
+// coordinate-split kernels instead (the section "small clouds, large d" below).
 // Value and ∂/∂β sums are kept per block as (cross, within) float64 partials in a workspace;
 // a final kernel applies the weights in float64 (the energy distance is a small difference of
 // large sums) and the upstream gradient.  Memory: O((n + m)·d) + O(B · tiles) doubles.
@@ -36,6 +38,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "../common/energy.h"
 #include "launchers.cuh"
@@ -375,6 +378,350 @@ __global__ void __launch_bounds__(kThreads, (kEnergyLargeMinBlocks<T, KIND, K>))
   visit_pair_tiles(a, unit, I, kBig, own, oth, g, scratch, tile);
 }
 
+// ----------------------------------------------------------------------------- small clouds, large d
+
+// Rows whose two clouds hold at most kSplitMaxPoints points together (energy_score's training
+// shape, M ≤ 63 samples and the target; small energy distances) at d > kSmallMaxD.  The tiled
+// kernel above runs one block per (row, tile): at 256 × 32 × 784 that is 256 blocks, about two
+// per SM of an H100, each stepping through 100 staged coordinate chunks (the pair kernel took
+// 447 µs there, about 50× the time its samples take to load).  Here the coordinates are split
+// over blocks instead, in three launches:
+//   1. partial squared distances (grid B × chunks of kSplitQChunk coordinates): a block stages
+//      its chunk of the row's n + m points and forms the chunk's share of q for every unordered
+//      pair, in 4×4 register blocks over the upper triangle of the point × point matrix;
+//      threads beyond the pair blocks take a share of the chunk's metric blocks, summed through
+//      shared memory in a fixed order; the shares go to the workspace.
+//   2. pair coefficients (grid B): q = Σ_chunks share (in double, in chunk order), the pair's
+//      energy, ∂E/∂β and slope; the value and ∂/∂β sums in double per pair type (cross, within
+//      a, within c) with the weights applied at the end (as energy_finish_kernel does); the
+//      symmetric matrix C_pq = g·w·slope (·p, isotropic) to the workspace.
+//   3. gradients (grid B × chunks of kSplitGChunk coordinates): g_p = P Σ_q C_pq (x_p − x_q),
+//      one metric block of one point per thread, from direct differences (no Gram form:
+//      clouds far from the origin keep their precision), stored, not added: every coordinate
+//      of every wanted point is written once, so these gradients need no zero-fill.
+// Every launch reads the points once; no atomics, so results are bitwise reproducible.
+// ETWEEDIE_CUDA_ENERGY_SPLIT=0 in the environment keeps such rows on the tiled kernel (A/B
+// timing in `make gpu-check`, bisecting).
+constexpr int kSplitMaxPoints = 64;
+template <typename T>
+constexpr int kSplitQChunk = sizeof(T) == 4 ? 128 : 64;  // ≤ 33 KB of staged points either way
+constexpr int kSplitGChunk = 64;
+
+inline bool energy_split_enabled() {
+  const char* flag = std::getenv("ETWEEDIE_CUDA_ENERGY_SPLIT");  // read per call: A/B timing in one process
+  return flag == nullptr || flag[0] != '0';
+}
+
+inline bool energy_split_fits(int64_t n, int64_t m, int64_t d) {
+  return d > kSmallMaxD && n >= 1 && m >= 1 && n + m <= kSplitMaxPoints;
+}
+
+// Chunks of `width` coordinates rounded down to whole metric blocks of size k.
+inline int64_t split_chunks(int64_t d, int width, int k) {
+  const int64_t w = width / k * k;
+  return (d + w - 1) / w;
+}
+
+struct SplitShape {
+  int64_t np, tiles, nblk, cq, cg;  // points, 4-point tiles, 4×4 pair blocks, chunks (q, gradient)
+};
+
+inline SplitShape split_shape(int64_t n, int64_t m, int64_t d, int64_t elem_bytes, int k) {
+  SplitShape s{};
+  s.np = n + m;
+  s.tiles = (s.np + 3) / 4;
+  s.nblk = s.tiles * (s.tiles + 1) / 2;
+  s.cq = split_chunks(d, elem_bytes == 4 ? kSplitQChunk<float> : kSplitQChunk<double>, k);
+  s.cg = split_chunks(d, kSplitGChunk, k);
+  return s;
+}
+
+// Workspace of the split path in bytes: the chunk shares of q (B, cq, nblk, 16) and the
+// coefficient matrices (B, np, np), elements of elem_bytes.
+inline int64_t split_workspace_bytes(int64_t B, const SplitShape& s, int64_t elem_bytes) {
+  return (B * s.cq * s.nblk * 16 + B * s.np * s.np) * elem_bytes;
+}
+
+template <typename T>
+struct SplitLaunch {
+  EnergyArgs<T> e;  // the clouds, β, the metric, the upstream gradient
+  SplitShape sh;
+  double w_cross, w_a, w_c;
+  T* qpart;  // (B, cq, nblk, 16)
+  T* coef;   // (B, np, np), null = no gradient wanted
+  T* value;  // (B,), null = not wanted
+  T* gbeta;  // (B,), null = not wanted
+  T* ga;     // (B, n, d), null = not wanted
+  T* gc;     // (B, m, d), null = not wanted
+};
+
+template <typename T>
+__device__ __forceinline__ const T* split_point(const SplitLaunch<T>& s, int64_t r, int64_t p) {
+  return p < s.e.n ? s.e.a + r * s.e.sab + p * s.e.san : s.e.c + r * s.e.scb + (p - s.e.n) * s.e.scn;
+}
+
+// Pair block `blk` of the upper triangle of a tiles × tiles grid, row-major: (bi, bj), bi ≤ bj.
+__device__ __forceinline__ void split_pair_block(int64_t blk, int64_t tiles, int64_t& bi, int64_t& bj) {
+  bi = 0;
+  while (blk >= tiles - bi) {
+    blk -= tiles - bi;
+    ++bi;
+  }
+  bj = bi + blk;
+}
+
+// Stage coordinates [c0, c0 + w) of points [0, rows) into xs (row stride w + 1; zeros past d
+// and for points ≥ np) and, for a diagonal metric, the chunk's precisions into spc.
+template <typename T, int KIND>
+__device__ __forceinline__ void split_stage(const SplitLaunch<T>& s, int64_t r, int64_t c0, int w, int64_t rows, T* xs,
+                                            T* spc) {
+  for (int64_t e = threadIdx.x; e < rows * w; e += kThreads) {
+    const int64_t p = e / w, col = e % w, c = c0 + col;
+    xs[p * (w + 1) + col] = (p < s.sh.np && c < s.e.d) ? split_point(s, r, p)[c] : T(0);
+  }
+  if constexpr (KIND == kDiagonal) {
+    const T* prow = s.e.p + r * s.e.sp;
+    for (int j = threadIdx.x; j < w; j += kThreads) spc[j] = c0 + j < s.e.d ? prow[c0 + j] : T(0);
+  }
+}
+
+template <typename T, int KIND, int K>
+__global__ void __launch_bounds__(kThreads) energy_split_q_kernel(SplitLaunch<T> s) {
+  constexpr int W = kSplitQChunk<T> / K * K;
+  constexpr int kRegs = KIND == kBlock ? K * K : 1;
+  ET_DYNAMIC_SHARED(smem_raw);
+  T* xs = reinterpret_cast<T*>(smem_raw);  // 4·tiles × (W + 1) staged points, then the slices' shares
+  __shared__ T spc[KIND == kDiagonal ? W : 1];
+  const int64_t r = blockIdx.x / s.sh.cq, ch = blockIdx.x % s.sh.cq;
+  const int64_t nblk = s.sh.nblk, tiles = s.sh.tiles;
+  T pkr[kRegs];
+#pragma unroll
+  for (int e = 0; e < kRegs; ++e) pkr[e] = KIND == kBlock ? s.e.p[r * s.e.sp + e] : T(1);
+  const RowPrec<T, kBlock, K> Pk{pkr};  // KIND == kBlock only
+  split_stage<T, KIND>(s, r, ch * W, W, 4 * tiles, xs, spc);
+  __syncthreads();
+  // the chunk's share of q for the 4×4 pairs of block blk, over metric blocks slice, slice +
+  // slices, … of the chunk
+  auto pairs = [&](int64_t blk, int slice, int slices, T (&q)[4][4]) {
+    int64_t bi, bj;
+    split_pair_block(blk, tiles, bi, bj);
+    const T* xi = xs + 4 * bi * (W + 1);
+    const T* xj = xs + 4 * bj * (W + 1);
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+#pragma unroll
+      for (int mm = 0; mm < 4; ++mm) q[l][mm] = T(0);
+    }
+    for (int k = slice * K; k < W; k += slices * K) {
+      if constexpr (KIND == kBlock && K > 1) {
+        T xr[4][K], xc[4][K];
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+#pragma unroll
+          for (int b = 0; b < K; ++b) {
+            xr[l][b] = xi[l * (W + 1) + k + b];
+            xc[l][b] = xj[l * (W + 1) + k + b];
+          }
+        }
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+#pragma unroll
+          for (int mm = 0; mm < 4; ++mm) {
+            T u[K];
+#pragma unroll
+            for (int b = 0; b < K; ++b) u[b] = xr[l][b] - xc[mm][b];
+            q[l][mm] += quad_form<K>(Pk, u);
+          }
+        }
+      } else {
+        T xr[4], xc[4];
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+          xr[l] = xi[l * (W + 1) + k];
+          xc[l] = xj[l * (W + 1) + k];
+        }
+        const T w = KIND == kDiagonal ? spc[k] : T(1);
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+#pragma unroll
+          for (int mm = 0; mm < 4; ++mm) {
+            const T u = xr[l] - xc[mm];
+            q[l][mm] += KIND == kDiagonal ? w * (u * u) : u * u;
+          }
+        }
+      }
+    }
+  };
+  T* out = s.qpart + (r * s.sh.cq + ch) * nblk * 16;
+  const int slices = 2 * nblk <= kThreads ? static_cast<int>(kThreads / nblk) : 1;  // uniform over the block
+  if (slices == 1) {
+    for (int64_t blk = threadIdx.x; blk < nblk; blk += kThreads) {
+      T q[4][4];
+      pairs(blk, 0, 1, q);
+#pragma unroll
+      for (int e = 0; e < 16; ++e) out[blk * 16 + e] = q[e / 4][e % 4];
+    }
+    return;
+  }
+  const int64_t tid = threadIdx.x;
+  const bool active = tid < nblk * slices;
+  T q[4][4];
+  if (active) pairs(tid % nblk, static_cast<int>(tid / nblk), slices, q);
+  __syncthreads();  // every thread is done with the staged points: xs now holds the shares
+  if (active) {
+#pragma unroll
+    for (int e = 0; e < 16; ++e) xs[tid * 16 + e] = q[e / 4][e % 4];  // (slice, blk, 16)
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < nblk * 16; e += kThreads) {
+    T v = 0;
+    for (int sl = 0; sl < slices; ++sl) v += xs[sl * nblk * 16 + e];
+    out[e] = v;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) energy_split_coef_kernel(SplitLaunch<T> s, bool iso) {
+  __shared__ double scratch[kWarps];
+  const int64_t r = blockIdx.x;
+  const int64_t np = s.sh.np, nblk = s.sh.nblk, cq = s.sh.cq;
+  const T beta = s.e.beta[r * s.e.sb];
+  const T piso = iso ? s.e.p[r * s.e.sp] : T(1);
+  const T g = s.e.grad ? s.e.grad[r * s.e.sg] : T(1);
+  const bool need_e = s.value != nullptr, need_b = s.gbeta != nullptr;
+  const T* part = s.qpart + r * cq * nblk * 16;
+  T* cf = s.coef ? s.coef + r * np * np : nullptr;
+  double se[3] = {0, 0, 0}, sb[3] = {0, 0, 0};  // Σ E, Σ ∂E/∂β: cross, within a, within c
+  const double wt[3] = {s.w_cross, s.w_a, s.w_c};
+  for (int64_t e = threadIdx.x; e < nblk * 16; e += kThreads) {
+    int64_t bi, bj;
+    split_pair_block(e / 16, s.sh.tiles, bi, bj);
+    const int64_t p = 4 * bi + (e % 16) / 4, q = 4 * bj + e % 4;
+    if (p > q || q >= np) continue;  // the lower half of a diagonal block, padding
+    if (p == q) {
+      if (cf) cf[p * np + p] = T(0);
+      continue;
+    }
+    const int type = (p < s.e.n) == (q < s.e.n) ? (p < s.e.n ? 1 : 2) : 0;
+    T c = 0;
+    if (wt[type] != 0.0) {
+      double qs = 0;
+      for (int64_t ch = 0; ch < cq; ++ch) qs += static_cast<double>(part[ch * nblk * 16 + e]);
+      const T qq = static_cast<T>(qs) * piso;
+      if (need_e || need_b) {
+        const T en = pair_energy(qq, beta);
+        se[type] += static_cast<double>(en);
+        if (need_b) sb[type] += static_cast<double>(pair_energy_dbeta(qq, en));
+      }
+      if (cf) c = pair_energy_slope(qq, beta) * (static_cast<T>(wt[type]) * g) * piso;
+    }
+    if (cf) {
+      cf[p * np + q] = c;
+      cf[q * np + p] = c;
+    }
+  }
+  if (need_e || need_b) {
+    double v = 0, b = 0;
+    for (int t = 0; t < 3; ++t) {
+      const double et = block_sum(se[t], scratch), bt = block_sum(sb[t], scratch);
+      v += wt[t] * et;
+      b += wt[t] * bt;
+    }
+    if (threadIdx.x == 0) {
+      if (s.value) s.value[r] = static_cast<T>(v);
+      if (s.gbeta) s.gbeta[r] = static_cast<T>(b * static_cast<double>(g));
+    }
+  }
+}
+
+template <typename T, int KIND, int K>
+__global__ void __launch_bounds__(kThreads) energy_split_grad_kernel(SplitLaunch<T> s) {
+  constexpr int W = kSplitGChunk / K * K, NKB = W / K;
+  constexpr int kRegs = KIND == kBlock ? K * K : 1;
+  ET_DYNAMIC_SHARED(smem_raw);
+  T* xs = reinterpret_cast<T*>(smem_raw);  // np × (W + 1)
+  __shared__ T spc[KIND == kDiagonal ? W : 1];
+  const int64_t r = blockIdx.x / s.sh.cg, ch = blockIdx.x % s.sh.cg;
+  const int64_t np = s.sh.np, c0 = ch * W;
+  T pkr[kRegs];
+#pragma unroll
+  for (int e = 0; e < kRegs; ++e) pkr[e] = KIND == kBlock ? s.e.p[r * s.e.sp + e] : T(1);
+  const RowPrec<T, kBlock, K> Pk{pkr};
+  split_stage<T, KIND>(s, r, c0, W, np, xs, spc);
+  __syncthreads();
+  const T* __restrict__ cf = s.coef + r * np * np;
+  const int64_t p_lo = s.ga ? 0 : s.e.n, p_hi = s.gc ? np : s.e.n;
+  for (int64_t e = threadIdx.x; e < (p_hi - p_lo) * NKB; e += kThreads) {
+    const int64_t p = p_lo + e / NKB;
+    const int col = static_cast<int>(e % NKB) * K;
+    const int64_t c = c0 + col;
+    if (c >= s.e.d) continue;
+    T xp[K], acc[K];
+#pragma unroll
+    for (int b = 0; b < K; ++b) {
+      xp[b] = xs[p * (W + 1) + col + b];
+      acc[b] = T(0);
+    }
+    const T* cp = cf + p * np;
+    for (int64_t q = 0; q < np; ++q) {
+      const T w = cp[q];
+#pragma unroll
+      for (int b = 0; b < K; ++b) acc[b] += w * (xp[b] - xs[q * (W + 1) + col + b]);
+    }
+    T* __restrict__ go = p < s.e.n ? s.ga + (r * s.e.n + p) * s.e.d + c : s.gc + (r * s.e.m + (p - s.e.n)) * s.e.d + c;
+    if constexpr (KIND == kBlock && K > 1) {
+#pragma unroll
+      for (int b = 0; b < K; ++b) go[b] = Pk.apply_at(b, [&acc](int64_t j) { return acc[j]; });
+    } else if constexpr (KIND == kDiagonal) {
+      go[0] = spc[col] * acc[0];
+    } else {
+      go[0] = acc[0];
+    }
+  }
+}
+
+// The three launches for weights (w_cross, w_a, w_c); gradients stored, not added.
+template <typename T>
+cudaError_t energy_split_run(const EnergyArgs<T>& e, double w_cross, double w_a, double w_c, T* value, T* ga, T* gc,
+                             T* gbeta, double* workspace, cudaStream_t stream) {
+  if (!energy_split_fits(e.n, e.m, e.d)) return cudaErrorInvalidValue;
+  SplitLaunch<T> s{};
+  s.e = e;
+  const int kb = e.kind == kBlock ? e.kblock : 1;
+  s.sh = split_shape(e.n, e.m, e.d, static_cast<int64_t>(sizeof(T)), kb);
+  s.w_cross = w_cross;
+  s.w_a = e.n > 1 ? w_a : 0.0;
+  s.w_c = e.m > 1 ? w_c : 0.0;
+  const bool grads = ga != nullptr || gc != nullptr;
+  s.qpart = reinterpret_cast<T*>(workspace);
+  s.coef = grads ? s.qpart + e.B * s.sh.cq * s.sh.nblk * 16 : nullptr;
+  s.value = value;
+  s.gbeta = gbeta;
+  s.ga = ga;
+  s.gc = gc;
+  if (e.B * s.sh.cq > 0x7fffffffLL || e.B * s.sh.cg > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  const bool iso = e.kind == kIsotropic || (e.kind == kBlock && e.kblock == 1);
+  return dispatch_metric(e.kind, e.kblock, [&](auto kind_c, auto k_c) -> cudaError_t {
+    constexpr int K = decltype(k_c)::value;
+    constexpr int KIND = decltype(kind_c)::value == kBlock && K == 1 ? kIsotropic : decltype(kind_c)::value;
+    constexpr int WQ = kSplitQChunk<T> / K * K, WG = kSplitGChunk / K * K;
+    const int64_t rows_q = 4 * s.sh.tiles;
+    const size_t smem_q = static_cast<size_t>(
+        (rows_q * (WQ + 1) > kThreads * 16 ? rows_q * (WQ + 1) : kThreads * 16) * static_cast<int64_t>(sizeof(T)));
+    cudaError_t err = launch(energy_split_q_kernel<T, KIND, K>, static_cast<unsigned>(e.B * s.sh.cq), kThreads, smem_q,
+                             stream, s);
+    if (err != cudaSuccess) return err;
+    if (value || gbeta || grads) {
+      err = launch(energy_split_coef_kernel<T>, static_cast<unsigned>(e.B), kThreads, 0, stream, s, iso);
+      if (err != cudaSuccess) return err;
+    }
+    if (!grads) return cudaSuccess;
+    const size_t smem_g = static_cast<size_t>(s.sh.np * (WG + 1) * static_cast<int64_t>(sizeof(T)));
+    return launch(energy_split_grad_kernel<T, KIND, K>, static_cast<unsigned>(e.B * s.sh.cg), kThreads, smem_g, stream,
+                  s);
+  });
+}
+
 // ----------------------------------------------------------------------------- finish
 
 // value[r] = Σ_t w_cross·cross + w_a·within (own = a) + w_c·within (own = c);
@@ -439,6 +786,7 @@ cudaError_t energy_pairs_run(const EnergyArgs<T>& e, double w_cross, double w_a,
                              T* gbeta, double* workspace, cudaStream_t stream) {
   if (e.B == 0 || e.d == 0) return cudaSuccess;
   if (e.n <= 0 || e.m <= 0) return cudaErrorInvalidValue;
+  if (e.split) return energy_split_run<T>(e, w_cross, w_a, w_c, value, ga, gc, gbeta, workspace, stream);
   const bool sums = value != nullptr || gbeta != nullptr;
   const int64_t nt_a = energy_tiles(e.n, e.d), nt_c = energy_tiles(e.m, e.d);
   double* part_a = workspace;

@@ -16,7 +16,11 @@
 namespace etweedie {
 namespace cuda {
 
-int64_t energy_workspace_doubles(int64_t B, int64_t n, int64_t m, int64_t d) {
+bool energy_split_path(int64_t n, int64_t m, int64_t d) { return energy_split_fits(n, m, d) && energy_split_enabled(); }
+
+int64_t energy_workspace_doubles(int64_t B, int64_t n, int64_t m, int64_t d, int64_t elem_bytes, bool split,
+                                 int kblock) {
+  if (split) return (split_workspace_bytes(B, split_shape(n, m, d, elem_bytes, kblock), elem_bytes) + 7) / 8 + 1;
   return 4 * B * (energy_tiles(n, d) + energy_tiles(m, d)) + 1;
 }
 

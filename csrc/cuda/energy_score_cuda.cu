@@ -7,7 +7,9 @@
 // The pair engine (energy_cuda.cuh) runs with cloud a = the M samples and cloud c = the target
 // as a one-point cloud (weights 1/M, −c_M, 0): one block per (row, tile of samples) for the
 // value and the samples' gradients, and — when the target's gradient is wanted — one block per
-// row for Σ_i over the samples.  The training shape (M ≤ 32, d = 784) is one tile per row.
+// row for Σ_i over the samples.  The training shape (M ≤ 63 samples at d > 4, e.g. 32 × 784)
+// takes the engine's coordinate-split kernels instead: the M + 1 points of a row form one
+// small cloud whose coordinates are split over blocks (energy_cuda.cuh).
 #include "energy_cuda.cuh"
 
 namespace etweedie {

@@ -70,14 +70,23 @@ struct EnergyArgs {
   int64_t B, n, m, d;
   int64_t sab, san, scb, scn, sb, sp, sg;
   int kind, kblock;
+  bool split;  // the coordinate-split kernels (energy_split_path); false = the tiled pair kernels
 };
 
-// Doubles of workspace the energy launchers need (per-block partial sums); the caller
-// allocates it (no zero-fill needed).
-int64_t energy_workspace_doubles(int64_t B, int64_t n, int64_t m, int64_t d);
+// Whether rows of clouds with n and m points in d dimensions take the coordinate-split
+// kernels (small clouds at large d, energy_cuda.cuh; ETWEEDIE_CUDA_ENERGY_SPLIT=0 in the
+// environment says no): the caller decides once and passes the answer as EnergyArgs::split.
+bool energy_split_path(int64_t n, int64_t m, int64_t d);
 
-// Outputs (null = not requested): value (B,); ga (B, n, d) and gc (B, m, d) contiguous and
-// ZERO-FILLED by the caller (gradients of Σ_r grad[r]·V_r); gbeta (B,) = Σ_r grad[r]·∂V_r/∂β.
+// Doubles of workspace the energy launchers need (per-block partial sums; for the split path
+// the chunk shares of q and the pair coefficients, elements of elem_bytes, metric blocks of
+// size kblock); the caller allocates it (no zero-fill needed).
+int64_t energy_workspace_doubles(int64_t B, int64_t n, int64_t m, int64_t d, int64_t elem_bytes, bool split,
+                                 int kblock);
+
+// Outputs (null = not requested): value (B,); ga (B, n, d) and gc (B, m, d) contiguous (gradients
+// of Σ_r grad[r]·V_r), ZERO-FILLED by the caller unless EnergyArgs::split (the split kernels
+// store every element); gbeta (B,) = Σ_r grad[r]·∂V_r/∂β.
 template <typename T>
 cudaError_t energy_score_launch(const EnergyArgs<T>& a, bool fair, T* value, T* ga, T* gc, T* gbeta,
                                 double* workspace, cudaStream_t stream);
