@@ -34,9 +34,13 @@ the own tile's chunk is read-modify-written in the (zero-initialized) output, wh
 program touches.  Value and β sums are accumulated per program in float64 (the energy distance
 is a small difference of large sums) and reduced on the host; memory is O((n + m)·d) plus
 O(B · tiles) partials — nothing of size n·m.  Indexing is int64 (rows × strides, points × d).
+Small clouds at large d (n + m ≤ 64, d > 4: energy_score's training shape) take two split
+kernels instead (section "small clouds, large d" below).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -297,6 +301,215 @@ def _energy_pairs_kernel(
         tl.store(ptrs, acc, mask=mask_i[:, None] & (kcols < D)[None, :])
 
 
+# ----------------------------------------------------------------------------- small clouds, large d
+
+# Rows whose two clouds hold at most _SPLIT_MAX_POINTS points together (energy_score's training
+# shape: M ≤ 63 samples and the target; small energy distances) at d > _SMALL_D.  The tiled
+# kernel above gives such a row one program that steps through every coordinate chunk with
+# tiles of a few coordinates (BI·BJ·BD ≤ _TILE3: 4 coordinates per step at 32 × 32 pairs), 196
+# steps per sweep at d = 784.  Instead, two kernels:
+#   _split_rows_kernel, one program per (row, R own points): the squared distances of its R
+#     points to all n + m points of the row over the whole of d (chunks of W coordinates, the
+#     row's points loaded once per chunk, (NPP, W) tiles), then each pair's energy, ∂E/∂β and
+#     slope: the value and ∂/∂β sums (pairs p < q only, float64, per pair type; the host applies
+#     the weights) and its R rows of the coefficient matrix C_pq = g·w·slope (·p, isotropic);
+#   _split_grad_kernel, one program per (row, chunk of W coordinates): g_p = P Σ_q C_pq (x_p − x_q)
+#     for every wanted point from direct differences, stored (no zero-fill, no read-modify-write).
+# Memory: the (B, NPP, NPP) coefficients and (B, programs, 6) partial sums.
+# ETWEEDIE_TRITON_ENERGY_SPLIT=0 keeps such rows on the tiled kernel (A/B timing, bisecting).
+_SPLIT_MAX_POINTS = 64
+_SPLIT_TILE = 2048  # elements of one (NPP, W) point tile
+_SPLIT_ROWS = 4     # own points per program of _split_rows_kernel
+
+
+def split_applies(n: int, m: int, d: int) -> bool:
+    """Whether rows of n + m points in d dimensions take the split kernels."""
+    if os.environ.get("ETWEEDIE_TRITON_ENERGY_SPLIT", "1") == "0":
+        return False
+    return d > _SMALL_D and n >= 1 and m >= 1 and n + m <= _SPLIT_MAX_POINTS
+
+
+@triton.jit
+def _split_points(a_row, c_row, san, scn, pts, n, np_, cols, mc):
+    """(NPP, W) coordinates ``cols`` of the row's points: a's for pts < n, then c's; 0 outside."""
+    in_a = pts < n
+    in_c = (pts >= n) & (pts < np_)
+    xa = tl.load(a_row + pts[:, None] * san + cols[None, :], mask=in_a[:, None] & mc[None, :], other=0.0)
+    xc = tl.load(c_row + tl.where(in_c, pts - n, 0)[:, None] * scn + cols[None, :], mask=in_c[:, None] & mc[None, :],
+                 other=0.0)
+    return xa + xc
+
+
+@triton.jit
+def _split_point(a_row, c_row, san, scn, i, n, np_, cols, mc):
+    """(W,) coordinates ``cols`` of point i (a's if i < n, else c's; 0 if i ≥ n + m)."""
+    iv = cols * 0 + i  # i as a vector: a scalar comparison is no mask
+    xa = tl.load(a_row + iv * san + cols, mask=mc & (iv < n), other=0.0)
+    xc = tl.load(c_row + tl.where(iv >= n, iv - n, 0) * scn + cols, mask=mc & (iv >= n) & (iv < np_), other=0.0)
+    return xa + xc
+
+
+@triton.jit
+def _split_pu(X, a_row, c_row, san, scn, pts, i, n, np_, cols, mc, p_row, d, KIND: tl.constexpr, K: tl.constexpr):
+    """(u, P u) for u = x_p − x_i over the chunk ``cols`` for every point p (tile X); a block
+    metric reads each column's block partners at shifted columns (cached: the chunk's own loads
+    brought them in), so blocks may straddle chunks."""
+    xi = _split_point(a_row, c_row, san, scn, i, n, np_, cols, mc)
+    u = X - xi[None, :]
+    if KIND == 1:
+        pu = u * tl.load(p_row + cols, mask=mc, other=0.0)[None, :]
+    elif KIND == 2:
+        a = cols % K
+        base = cols - a
+        pu = u * tl.load(p_row + a * K + a, mask=mc, other=0.0)[None, :]
+        for b in tl.static_range(K):
+            cb = base + b
+            off = (cb != cols) & mc
+            Xb = _split_points(a_row, c_row, san, scn, pts, n, np_, cb, off)
+            xib = _split_point(a_row, c_row, san, scn, i, n, np_, cb, off)
+            pu += (Xb - xib[None, :]) * tl.load(p_row + a * K + b, mask=off, other=0.0)[None, :]
+    else:
+        pu = u
+    return u, pu
+
+
+@triton.jit(do_not_specialize=["n", "m"])
+def _split_rows_kernel(
+    a_ptr, c_ptr, beta_ptr, p_ptr, g_ptr, w_ptr, coef_ptr, part_ptr,
+    n, m, d, sab, san, scb, scn, sb, sp, sg, NI,
+    NPP: tl.constexpr, W: tl.constexpr, R: tl.constexpr, KIND: tl.constexpr, K: tl.constexpr,
+    NEED_COEF: tl.constexpr, NEED_SUMS: tl.constexpr, NEED_BETA: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    r = pid // NI
+    i0 = (pid % NI) * R
+    np_ = n + m
+    dt = a_ptr.dtype.element_ty
+    a_row = a_ptr + r * sab
+    c_row = c_ptr + r * scb
+    p_row = p_ptr + r * sp
+    pts = tl.arange(0, NPP).to(tl.int64)
+    rows = tl.arange(0, R)
+    Q = tl.zeros([R, NPP], dtype=dt)
+    for c0 in range(0, d, W):
+        cols = c0 + tl.arange(0, W).to(tl.int64)
+        mc = cols < d
+        X = _split_points(a_row, c_row, san, scn, pts, n, np_, cols, mc)
+        for rr in tl.static_range(R):
+            u, pu = _split_pu(X, a_row, c_row, san, scn, pts, i0 + rr, n, np_, cols, mc, p_row, d, KIND, K)
+            Q += tl.where(rows[:, None] == rr, tl.sum(u * pu, axis=1)[None, :], 0.0)
+    if KIND == 0:
+        piso = tl.load(p_row)
+    else:
+        piso = tl.full([1], 1.0, dt)
+    q = Q * piso
+    beta = tl.load(beta_ptr + r * sb)
+    g = tl.load(g_ptr + r * sg)
+    w_cross = tl.load(w_ptr)
+    w_a = tl.load(w_ptr + 1)
+    w_c = tl.load(w_ptr + 2)
+    pi = i0 + rows.to(tl.int64)
+    ia = pi < n
+    ja = pts < n
+    valid = (pi < np_)[:, None] & (pts < np_)[None, :] & (pi[:, None] != pts[None, :])
+    cross = ia[:, None] != ja[None, :]
+    within_a = ia[:, None] & ja[None, :]
+    w = tl.where(cross, w_cross, tl.where(within_a, w_a, w_c))
+    used = valid & (w != 0.0)
+    e, sl = _pair_terms(q, beta)
+    if NEED_SUMS:
+        upper = used & (pts[None, :] > pi[:, None])  # each unordered pair once
+        e = tl.where(upper, e, 0.0).to(tl.float64)
+        one = tl.arange(0, 1)
+        base = part_ptr + pid * 6
+        wc = ~cross & ~within_a
+        tl.store(base + 0 + one, tl.sum(tl.sum(tl.where(cross, e, 0.0), axis=1), axis=0) + tl.zeros([1], tl.float64))
+        tl.store(base + 1 + one, tl.sum(tl.sum(tl.where(within_a, e, 0.0), axis=1), axis=0) + tl.zeros([1], tl.float64))
+        tl.store(base + 2 + one, tl.sum(tl.sum(tl.where(wc, e, 0.0), axis=1), axis=0) + tl.zeros([1], tl.float64))
+        if NEED_BETA:
+            eb = tl.where(upper, 0.5 * tl.log(tl.where(q > 0, q, 1.0)), 0.0).to(tl.float64) * e
+            tl.store(base + 3 + one, tl.sum(tl.sum(tl.where(cross, eb, 0.0), axis=1), axis=0) + tl.zeros([1], tl.float64))
+            tl.store(base + 4 + one, tl.sum(tl.sum(tl.where(within_a, eb, 0.0), axis=1), axis=0) + tl.zeros([1], tl.float64))
+            tl.store(base + 5 + one, tl.sum(tl.sum(tl.where(wc, eb, 0.0), axis=1), axis=0) + tl.zeros([1], tl.float64))
+    if NEED_COEF:
+        c = tl.where(used, sl * w * (g * piso), 0.0)
+        tl.store(coef_ptr + r * NPP * NPP + pi[:, None] * NPP + pts[None, :], c, mask=(pi < NPP)[:, None])
+
+
+@triton.jit(do_not_specialize=["n", "m"])
+def _split_grad_kernel(
+    a_ptr, c_ptr, p_ptr, coef_ptr, ga_ptr, gc_ptr,
+    n, m, d, sab, san, scb, scn, sp, CG,
+    NPP: tl.constexpr, W: tl.constexpr, KIND: tl.constexpr, K: tl.constexpr,
+    NEED_A: tl.constexpr, NEED_C: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    r = pid // CG
+    c0 = (pid % CG) * W
+    np_ = n + m
+    a_row = a_ptr + r * sab
+    c_row = c_ptr + r * scb
+    p_row = p_ptr + r * sp
+    pts = tl.arange(0, NPP).to(tl.int64)
+    cols = c0 + tl.arange(0, W).to(tl.int64)
+    mc = cols < d
+    X = _split_points(a_row, c_row, san, scn, pts, n, np_, cols, mc)
+    acc = tl.zeros([NPP, W], dtype=X.dtype)
+    crow = coef_ptr + r * NPP * NPP
+    for qi in range(0, np_):
+        cq = tl.load(crow + pts * NPP + qi, mask=pts < np_, other=0.0)  # C_pq from point p's own row
+        u, pu = _split_pu(X, a_row, c_row, san, scn, pts, qi, n, np_, cols, mc, p_row, d, KIND, K)
+        acc += cq[:, None] * pu
+    if NEED_A:
+        tl.store(ga_ptr + (r * n + pts)[:, None] * d + cols[None, :], acc, mask=(pts < n)[:, None] & mc[None, :])
+    if NEED_C:
+        in_c = (pts >= n) & (pts < np_)
+        tl.store(gc_ptr + (r * m + tl.where(in_c, pts - n, 0))[:, None] * d + cols[None, :], acc,
+                 mask=in_c[:, None] & mc[None, :])
+
+
+def _split_pairs(a, c, beta, p, kind, g, weights, need_value, need_a, need_c, need_beta):
+    """energy_pairs for rows that split_applies to (same arguments and results)."""
+    B, n, d = a.shape
+    m = c.shape[1]
+    NPP = max(triton.next_power_of_2(n + m), 2)
+    W = max(1, min(triton.next_power_of_2(d), _SPLIT_TILE // NPP))
+    R = _SPLIT_ROWS
+    NI = triton.cdiv(n + m, R)
+    K = p.shape[-1] if kind == 2 else 1
+    w_cross, w_a, w_c = weights
+    wts = torch.tensor([w_cross, w_a if n > 1 else 0.0, w_c if m > 1 else 0.0], dtype=a.dtype, device=a.device)
+    need_grads = need_a or need_c
+    need_sums = need_value or need_beta
+    f64 = dict(dtype=torch.float64, device=a.device)
+    part = torch.empty((B, NI, 6), **f64) if need_sums else torch.empty(1, **f64)
+    coef = a.new_empty((B, NPP, NPP)) if need_grads else a.new_empty(1)
+    ga = a.new_empty((B, n, d)) if need_a else None
+    gc = c.new_empty((B, m, d)) if need_c else None
+    if B > 0:
+        launcher(_split_rows_kernel)[(B * NI,)](
+            a, c, beta, p, g, wts, coef, part,
+            n, m, d, a.stride(0), a.stride(1), c.stride(0), c.stride(1), beta.stride(0), p.stride(0), g.stride(0), NI,
+            NPP=NPP, W=W, R=R, KIND=kind, K=K, NEED_COEF=need_grads, NEED_SUMS=need_sums, NEED_BETA=need_beta,
+        )
+        if need_grads:
+            CG = triton.cdiv(d, W)
+            launcher(_split_grad_kernel)[(B * CG,)](
+                a, c, p, coef, ga if need_a else a, gc if need_c else c,
+                n, m, d, a.stride(0), a.stride(1), c.stride(0), c.stride(1), p.stride(0), CG,
+                NPP=NPP, W=W, KIND=kind, K=K, NEED_A=need_a, NEED_C=need_c,
+            )
+    value = gbeta = None
+    if need_sums:
+        w = torch.tensor([w_cross, w_a if n > 1 else 0.0, w_c if m > 1 else 0.0], **f64)
+        sums = part.sum(1)  # (B, 6), float64: the weights applied here
+        if need_value:
+            value = (sums[:, :3] * w).sum(-1).to(a.dtype)
+        if need_beta:
+            gbeta = (sums[:, 3:] * w).sum(-1).to(a.dtype) * g
+    return value, ga, gc, gbeta
+
+
 # ----------------------------------------------------------------------------- host functions
 
 def _launch(own, oth, beta, p, kind, g, w_cross, w_within, *, cross, within_all, need_g, need_value, need_beta, gown):
@@ -344,6 +557,8 @@ def energy_pairs(a, c, beta, p, weights, grad=None, *, kind=0, need_value=True, 
     B, n, d = a.shape
     m = c.shape[1]
     g = grad if grad is not None else a.new_ones(()).expand(B)
+    if split_applies(n, m, d):
+        return _split_pairs(a, c, beta, p, kind, g, (w_cross, w_a, w_c), need_value, need_a, need_c, need_beta)
     ga = a.new_zeros((B, n, d)) if need_a else None
     gc = c.new_zeros((B, m, d)) if need_c else None
     vals, betas = [], []

@@ -95,6 +95,19 @@ def main(argv=None) -> int:
                        for n in fn.arg_names}
                 triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=target)
                 count += 1
+        # the split kernels of small clouds at large d (energy_score's training shape: 33 points)
+        for mkind, mk in [(0, 1), (1, 1), (2, 2), (2, 3), (2, 4)]:
+            for fn, ints, consts in [
+                (P._split_rows_kernel, ["n", "m", "d", "sab", "san", "scb", "scn", "sb", "sp", "sg", "NI"],
+                 dict(NPP=64, W=32, R=4, KIND=mkind, K=mk, NEED_COEF=True, NEED_SUMS=True, NEED_BETA=True)),
+                (P._split_grad_kernel, ["n", "m", "d", "sab", "san", "scb", "scn", "sp", "CG"],
+                 dict(NPP=64, W=32, KIND=mkind, K=mk, NEED_A=True, NEED_C=True)),
+            ]:
+                sig = {n: "constexpr" if n in consts else ("*fp64" if n == "part_ptr" else ptr)
+                       if n in consts or n.endswith("_ptr") else "i32" for n in fn.arg_names}
+                assert all(n in consts or n.endswith("_ptr") or n in ints for n in fn.arg_names), fn.arg_names
+                triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=target)
+                count += 1
         for draws in filter(None, args.draws.split(",")):
             for kind, K, KP in [(0, 1, 1), (1, 1, 1), (2, 2, 2), (2, 3, 4)]:
                 for one in (True, False):

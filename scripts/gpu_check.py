@@ -120,7 +120,8 @@ def _workloads(quick: bool):
 # "reduce-overhead") of the reference (compile's own CUDA graphs): the launch-bound shapes
 # (16,384 × 64 × 2) compared without host overhead on either side; "cuda:pairtiles" runs small
 # clouds at large d (energy_score's training shape) on the tiled pair kernel instead of the
-# coordinate-split kernels (ETWEEDIE_CUDA_ENERGY_SPLIT=0), the A/B of the split
+# coordinate-split kernels (ETWEEDIE_CUDA_ENERGY_SPLIT=0), the A/B of the split ("triton:pairtiles":
+# the same for Triton's split kernels, ETWEEDIE_TRITON_ENERGY_SPLIT=0)
 TIMED_BACKENDS = {
     "et_score": ("reference", "compile", "compile:graph", "cuda", "cuda:graph", "cuda:tiled", "cuda:nosplit",
                  "triton", "triton:shifted", "triton:nosplit", "triton:tile8k", "triton:tile16k"),
@@ -128,7 +129,7 @@ TIMED_BACKENDS = {
                       "triton", "triton:shifted", "triton:nosplit", "triton:tile8k"),
     "student_t_score": ("reference", "compile", "cuda", "triton"),
     "is_score": ("reference", "cuda", "triton"),
-    "energy_score": ("reference", "compile", "cuda", "cuda:pairtiles", "triton"),
+    "energy_score": ("reference", "compile", "cuda", "cuda:pairtiles", "triton", "triton:pairtiles"),
     "energy_distance": ("reference", "cuda", "triton"),
 }
 
@@ -151,6 +152,7 @@ def chunked_energy_distance(a, b, beta: float = 1.0, chunk: int = 4096):
 # backend variants: (environment variable, value) set while the row runs
 _VARIANT_ENV = {"cuda:nosplit": ("ETWEEDIE_CUDA_SPLIT", "0"), "triton:nosplit": ("ETWEEDIE_TRITON_SPLIT", "0"),
                 "cuda:tiled": ("ETWEEDIE_CUDA_PACKET", "0"), "cuda:pairtiles": ("ETWEEDIE_CUDA_ENERGY_SPLIT", "0"),
+                "triton:pairtiles": ("ETWEEDIE_TRITON_ENERGY_SPLIT", "0"),
                 "triton:shifted": ("ETWEEDIE_TRITON_BLOCK_IN_REGISTERS", "0"),
                 "triton:tile8k": ("ETWEEDIE_TRITON_TILE", "8192"), "triton:tile16k": ("ETWEEDIE_TRITON_TILE", "16384")}
 

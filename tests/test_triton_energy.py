@@ -48,6 +48,18 @@ def small_tiles(monkeypatch):
     monkeypatch.setattr(tk_energy, "_MAX_TILE_SMALL", 4)
     monkeypatch.setattr(tk_energy, "_MAX_TILE_LARGE", 4)
     monkeypatch.setattr(tk_energy, "_TILE3", 64)
+    monkeypatch.setattr(tk_energy, "_SPLIT_MAX_POINTS", 0)  # the tiled kernel, not the split one
+
+
+@pytest.fixture
+def split_spy(monkeypatch):
+    """Counts the rows' trips through the split kernels; (NPP, W) tiles of 256 elements, so that
+    d = 13 … 70 cut several chunks (W = 4 for 64 points, a chunk that splits 3×3 blocks)."""
+    calls = []
+    real = tk_energy._split_pairs
+    monkeypatch.setattr(tk_energy, "_split_pairs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(tk_energy, "_SPLIT_TILE", 256)
+    return calls
 
 
 def test_tile_sizes_follow_the_limits(small_tiles):
@@ -156,6 +168,62 @@ def test_energy_score_torch_compile_fullgraph(seed):
     (g1,) = torch.autograd.grad(compiled(x, y).sum(), x)
     (g2,) = torch.autograd.grad(f(x, y).sum(), x)
     torch.testing.assert_close(g1, g2)
+
+
+# Rows of at most 64 points (both clouds) at d > 4 take the split kernels (_split_rows_kernel,
+# _split_grad_kernel): every metric kind, one and several point tiles, 64 points, chunk edges.
+SPLIT_ES = [("isotropic", 3, 13, 70), ("block2", 2, 32, 14), ("block3", 2, 40, 9), ("block4", 2, 5, 12),
+            ("diagonal", 3, 63, 6), ("none", 2, 2, 5), ("dense", 2, 6, 5)]
+
+
+@pytest.mark.parametrize("kind, B, M, d", SPLIT_ES, ids=[f"{k}-M{M}-d{d}" for k, _, M, d in SPLIT_ES])
+def test_energy_score_split_kernels(kind, B, M, d, split_spy, seed):
+    _es_check_all("triton", DEV, _es_inputs(seed, B, M, d, kind), seed, f"triton split {kind} M={M} d={d}")
+    assert split_spy, "the split kernels did not run"
+
+
+@pytest.mark.parametrize("beta", [1.0, 2.0])
+def test_energy_score_split_kernels_coincident_points(beta, split_spy, seed):
+    x, y, b, metric = _es_inputs(seed, 3, 6, 9, "block3", beta=beta)
+    x[:, 1] = x[:, 0]
+    x[:, 2] = y
+    _es_check_all("triton", DEV, (x, y, b, metric), seed, f"triton split coincident beta={beta}")
+    xs = y.float().unsqueeze(1).expand(3, 5, 9).contiguous().requires_grad_()
+    es = etweedie.energy_score(xs, y.float(), beta, backend="triton")
+    (gx,) = torch.autograd.grad(es.sum(), xs)
+    assert torch.equal(es, torch.zeros_like(es)) and torch.equal(gx, torch.zeros_like(gx))
+    assert split_spy
+
+
+def test_energy_score_split_kernels_far_from_origin(split_spy, seed):
+    _es_check_all("triton", DEV, _es_inputs(seed, 3, 9, 7, "isotropic", offset=1e3), seed,
+                  "triton split offset 1e3")
+    _es_check_all("triton", DEV, _es_inputs(seed, 2, 6, 8, "block2", offset=1e3), seed, "triton split block 1e3")
+    assert split_spy
+
+
+@pytest.mark.parametrize("kind, n, m, d", [("block2", 9, 14, 6), ("diagonal", 40, 24, 7), ("isotropic", 2, 3, 5)])
+def test_energy_distance_split_kernels(kind, n, m, d, split_spy, seed):
+    _ed_check_all("triton", DEV, _ed_inputs(seed, 2, n, m, d, kind), seed, f"triton split {kind} n={n} m={m}")
+    _ed_check_all("triton", DEV, _ed_inputs(seed, 2, n, m, d, kind), seed, "triton split V", unbiased=False)
+    assert split_spy
+
+
+def test_split_kernels_can_be_turned_off(split_spy, monkeypatch, seed):
+    """ETWEEDIE_TRITON_ENERGY_SPLIT=0 (A/B timing) keeps small clouds on the tiled kernel, same values."""
+    x, y, b, metric = _es_inputs(seed, 2, 8, 9, "block3")
+    m, _ = metric_to(metric, torch.float64)
+    xs = x.clone().requires_grad_()
+    on = etweedie.energy_score(xs, y, b, m, backend="triton")
+    (g_on,) = torch.autograd.grad(on.sum(), xs)
+    ran = len(split_spy)
+    assert ran >= 1
+    monkeypatch.setenv("ETWEEDIE_TRITON_ENERGY_SPLIT", "0")
+    off = etweedie.energy_score(xs, y, b, m, backend="triton")
+    (g_off,) = torch.autograd.grad(off.sum(), xs)
+    assert len(split_spy) == ran
+    torch.testing.assert_close(on, off, rtol=1e-12, atol=0)
+    torch.testing.assert_close(g_on, g_off, rtol=1e-10, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------- energy distance
