@@ -334,6 +334,47 @@ def test_low_precision_draws_match_float64_reference(backend, device, x_dtype, k
     _check_low_precision(backend, device, (y, x, beta, lam), metric, f"[{x_dtype} {kind}]", seed, x_dtype)
 
 
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "block1", "block2", "block4", "block3", "none"])
+@pytest.mark.parametrize("shape", [(3, 70, 48), (2, 9, 784)], ids=["d48", "d784"])
+def test_16bit_draws_in_register_lanes(x_dtype, kind, shape, seed):
+    """16-bit draws, d a multiple of 16: the CPU forward widens 16 values per load in registers
+    (csrc/cpu/draws16_cpu.h; bfloat16 in the unpacked lane order) for isotropic, diagonal and
+    k = 1, 2, 4 block metrics (k = 3 keeps the generic loops); N = 70 and 9 leave single draws
+    after the four-draw sweeps."""
+    B, N, d = shape
+    if kind.startswith("block") and d % int(kind[5:]):
+        pytest.skip("the block size must divide d")
+    y, x, beta, lam, metric = _inputs(seed, B, N, d, kind)
+    _check_low_precision("cpu", "cpu", (y, x, beta, lam), metric, f"[{x_dtype} lanes {kind}]", seed, x_dtype)
+    m, _ = metric_to(metric, torch.float32)
+    x16 = x.to(x_dtype)
+    # the same values as float32 draws, which take the generic loops: equal to float32 rounding
+    s16 = etweedie.et_score(y.float(), x16, beta.float(), lam.float(), m, backend="cpu")
+    s32 = etweedie.et_score(y.float(), x16.float(), beta.float(), lam.float(), m, backend="cpu")
+    torch.testing.assert_close(s16, s32, rtol=2e-5, atol=2e-5 * s32.abs().max().item(), msg=f"seed {seed}")
+
+
+@pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
+def test_16bit_draws_in_register_lanes_flag_rows(x_dtype):
+    """A NaN draw gives a NaN row; a row beyond float32's squared-norm range is rerun in float64
+    and matches the float64 reference; the other rows are untouched."""
+    g = gen(5)
+    y = torch.randn(4, 32, generator=g)
+    x = (y.unsqueeze(1) + torch.randn(4, 7, 32, generator=g)).to(x_dtype)
+    x[1, 6, 3] = math.nan
+    # bfloat16 at 1e25: beyond float32's squared-norm range, rerun in float64; float16 cannot
+    # leave it (largest 65504), its row at 1e3 is simply large
+    big = 1e25 if x_dtype == torch.bfloat16 else 1e3
+    y[2] *= big
+    x[2] = (x[2].float() * big).to(x_dtype)
+    got = etweedie.et_score(y, x, 1.3, backend="cpu")
+    want = etweedie.et_score(y.double(), x.double(), 1.3, backend="reference")
+    assert got[1].isnan().all() and not got[[0, 2, 3]].isnan().any()
+    for rows in ([0, 3], [2]):
+        torch.testing.assert_close(got[rows].double(), want[rows], rtol=1e-5, atol=1e-5 * want[rows].abs().max().item())
+
+
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
 @pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
 @pytest.mark.parametrize("beta", [1.0, 2.0])

@@ -12,7 +12,8 @@
 // Types: T (float or double) computes and accumulates; the draws are stored as X = T, bf16 or
 // fp16 and widened to T in the loops that read them (widen<T>, csrc/common/low_precision.h), so a
 // 16-bit cloud is read in 16 bits once, with no converted copy of the cloud (float16 rows pass
-// through an L1 buffer on F16C CPUs: draw_rows_cpu.h).
+// through an L1 buffer on F16C CPUs: draw_rows_cpu.h; the float32 forward with d % 16 == 0 on
+// AVX2 CPUs widens 16 values per load in registers instead: draws16_cpu.h).
 #pragma once
 
 #include <algorithm>
@@ -72,6 +73,14 @@ inline bool draw_in_range(T q, const T* y, const R* x, int64_t d) {
   return true;
 }
 
+}  // namespace cpu
+}  // namespace etweedie
+
+#include "draws16_cpu.h"  // after draw_in_range, which its loops call
+
+namespace etweedie {
+namespace cpu {
+
 // acc (length d) must be zeroed by the caller; on return acc = Σ_i w(q_i) u_i, u_i = y − x_i,
 // q_i = u_iᵀ P u_i, for a weight w(q) of the score (et_score: residual_weight, q^{β/2−1};
 // Student-t: 1/(1 + q)).  A draw of weight exactly 0 outside a four-draw sweep is skipped.
@@ -79,6 +88,11 @@ inline bool draw_in_range(T q, const T* y, const R* x, int64_t d) {
 template <typename T, typename Prec, typename X, typename Weight>
 bool weighted_residual_sum(const Prec& prec, const T* y, const X* x, int64_t sxn, int64_t N, int64_t d,
                            const Weight& weight, T* acc) {
+#if ETWEEDIE_DRAWS16
+  if constexpr (kDraws16<T, X, Prec>) {
+    if (d > kSmallD && d % 16 == 0) return weighted_residual_sum16(prec, y, x, sxn, N, d, weight, acc);
+  }
+#endif
   bool in_range = true;
   if (d > kSmallD) {
     // Four draws per accumulation sweep: the draws are re-read from L1, and acc is loaded and
