@@ -373,6 +373,16 @@ def _split_pu(X, a_row, c_row, san, scn, pts, i, n, np_, cols, mc, p_row, d, KIN
     return u, pu
 
 
+@triton.jit
+def _store_type_sums(out, t, cross, within_a):
+    """out[0:3] = the sums of the (R, NPP) float64 tile t over cross, within-a and within-c pairs."""
+    one = tl.arange(0, 1)
+    zero = tl.zeros([1], tl.float64)
+    tl.store(out + one, tl.sum(tl.sum(tl.where(cross, t, 0.0), axis=1), axis=0) + zero)
+    tl.store(out + 1 + one, tl.sum(tl.sum(tl.where(within_a, t, 0.0), axis=1), axis=0) + zero)
+    tl.store(out + 2 + one, tl.sum(tl.sum(tl.where(~cross & ~within_a, t, 0.0), axis=1), axis=0) + zero)
+
+
 @triton.jit(do_not_specialize=["n", "m"])
 def _split_rows_kernel(
     a_ptr, c_ptr, beta_ptr, p_ptr, g_ptr, w_ptr, coef_ptr, part_ptr,
@@ -420,17 +430,11 @@ def _split_rows_kernel(
     if NEED_SUMS:
         upper = used & (pts[None, :] > pi[:, None])  # each unordered pair once
         e = tl.where(upper, e, 0.0).to(tl.float64)
-        one = tl.arange(0, 1)
         base = part_ptr + pid * 6
-        wc = ~cross & ~within_a
-        tl.store(base + 0 + one, tl.sum(tl.sum(tl.where(cross, e, 0.0), axis=1), axis=0) + tl.zeros([1], tl.float64))
-        tl.store(base + 1 + one, tl.sum(tl.sum(tl.where(within_a, e, 0.0), axis=1), axis=0) + tl.zeros([1], tl.float64))
-        tl.store(base + 2 + one, tl.sum(tl.sum(tl.where(wc, e, 0.0), axis=1), axis=0) + tl.zeros([1], tl.float64))
+        _store_type_sums(base, e, cross, within_a)
         if NEED_BETA:
             eb = tl.where(upper, 0.5 * tl.log(tl.where(q > 0, q, 1.0)), 0.0).to(tl.float64) * e
-            tl.store(base + 3 + one, tl.sum(tl.sum(tl.where(cross, eb, 0.0), axis=1), axis=0) + tl.zeros([1], tl.float64))
-            tl.store(base + 4 + one, tl.sum(tl.sum(tl.where(within_a, eb, 0.0), axis=1), axis=0) + tl.zeros([1], tl.float64))
-            tl.store(base + 5 + one, tl.sum(tl.sum(tl.where(wc, eb, 0.0), axis=1), axis=0) + tl.zeros([1], tl.float64))
+            _store_type_sums(base + 3, eb, cross, within_a)
     if NEED_COEF:
         c = tl.where(used, sl * w * (g * piso), 0.0)
         tl.store(coef_ptr + r * NPP * NPP + pi[:, None] * NPP + pts[None, :], c, mask=(pi < NPP)[:, None])
