@@ -339,9 +339,9 @@ def test_low_precision_draws_match_float64_reference(backend, device, x_dtype, k
 @pytest.mark.parametrize("shape", [(3, 70, 48), (2, 9, 784)], ids=["d48", "d784"])
 def test_16bit_draws_in_register_lanes(x_dtype, kind, shape, seed):
     """16-bit draws, d a multiple of 16: the CPU forward widens 16 values per load in registers
-    (csrc/cpu/draws16_cpu.h; bfloat16 in the unpacked lane order) for isotropic, diagonal and
+    (csrc/cpu/lanes16_cpu.h; bfloat16 in the unpacked lane order) for isotropic, diagonal and
     k = 1, 2, 4 block metrics (k = 3 keeps the generic loops); N = 70 and 9 leave single draws
-    after the four-draw sweeps."""
+    after the four-draw sweeps (N = 9: no next group to prefetch after the first)."""
     B, N, d = shape
     if kind.startswith("block") and d % int(kind[5:]):
         pytest.skip("the block size must divide d")
@@ -349,10 +349,27 @@ def test_16bit_draws_in_register_lanes(x_dtype, kind, shape, seed):
     _check_low_precision("cpu", "cpu", (y, x, beta, lam), metric, f"[{x_dtype} lanes {kind}]", seed, x_dtype)
     m, _ = metric_to(metric, torch.float32)
     x16 = x.to(x_dtype)
-    # the same values as float32 draws, which take the generic loops: equal to float32 rounding
+    # the same values as float32 draws (the same sweeps in coordinate order): equal to float32 rounding
     s16 = etweedie.et_score(y.float(), x16, beta.float(), lam.float(), m, backend="cpu")
     s32 = etweedie.et_score(y.float(), x16.float(), beta.float(), lam.float(), m, backend="cpu")
     torch.testing.assert_close(s16, s32, rtol=2e-5, atol=2e-5 * s32.abs().max().item(), msg=f"seed {seed}")
+
+
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "block1", "block2", "block4"])
+@pytest.mark.parametrize("shape", [(3, 70, 48), (2, 9, 784), (2, 13, 800)], ids=["d48", "d784", "d800"])
+def test_float32_draws_in_register_lanes(kind, shape, seed):
+    """float32 draws take the same 16-lane sweeps (four draws' q in one sweep, the next group
+    prefetched during the accumulation): score and gradients against the float64 reference,
+    strided draws included (every other draw of a wider cloud)."""
+    B, N, d = shape
+    y, x, beta, lam, metric = _inputs(seed, B, N, d, kind)
+    _check_against_reference("cpu", "cpu", (y, x, beta, lam), metric, f"[lanes {kind}]", seed)
+    wide = torch.stack([x, x + 1.0], dim=2).reshape(B, 2 * N, d)[:, ::2]  # row stride 2·d
+    assert not wide.is_contiguous()
+    m, _ = metric_to(metric, torch.float32)
+    got = etweedie.et_score(y.float(), wide.float(), beta.float(), lam.float(), m, backend="cpu")
+    want = etweedie.et_score(y, x, beta, lam, metric, backend="reference")
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item(), msg=f"seed {seed}")
 
 
 @pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)

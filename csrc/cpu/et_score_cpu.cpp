@@ -5,8 +5,8 @@
 // strides over B and N (stride 0 = a broadcast cloud, never copied) and unit stride over d;
 // beta, lam (B,), prec (B, *param) with any stride over B (0 = shared metric).
 // x has y's dtype T or is bfloat16/float16: its values are widened to T where they are loaded
-// (csrc/common/low_precision.h), inside the same vectorized loops (the float32 forward on AVX2
-// CPUs with d % 16 == 0: 16 values per load, widened in registers, draws16_cpu.h; otherwise
+// (csrc/common/low_precision.h), inside the same vectorized loops (the float32-query forward on
+// AVX2 CPUs with d % 16 == 0: 16 values per step in registers, lanes16_cpu.h; otherwise
 // float16 on F16C CPUs a few rows at a time through an L1 buffer, draw_rows_cpu.h), and ∂L/∂x is rounded to x's dtype
 // where it is stored; no converted copy of x is ever made.
 // Backward reads every draw once more and writes ∂L/∂x only when it is requested, into a fresh

@@ -12,8 +12,9 @@
 // Types: T (float or double) computes and accumulates; the draws are stored as X = T, bf16 or
 // fp16 and widened to T in the loops that read them (widen<T>, csrc/common/low_precision.h), so a
 // 16-bit cloud is read in 16 bits once, with no converted copy of the cloud (float16 rows pass
-// through an L1 buffer on F16C CPUs: draw_rows_cpu.h; the float32 forward with d % 16 == 0 on
-// AVX2 CPUs widens 16 values per load in registers instead: draws16_cpu.h).
+// through an L1 buffer on F16C CPUs: draw_rows_cpu.h).  The float32-query forward with d % 16 ==
+// 0 on AVX2 CPUs takes 16 coordinates per step in registers for float32 and 16-bit draws alike,
+// with the next four draws prefetched during each accumulation sweep: lanes16_cpu.h.
 #pragma once
 
 #include <algorithm>
@@ -76,7 +77,7 @@ inline bool draw_in_range(T q, const T* y, const R* x, int64_t d) {
 }  // namespace cpu
 }  // namespace etweedie
 
-#include "draws16_cpu.h"  // after draw_in_range, which its loops call
+#include "lanes16_cpu.h"  // after draw_in_range, which its loops call
 
 namespace etweedie {
 namespace cpu {
@@ -88,8 +89,8 @@ namespace cpu {
 template <typename T, typename Prec, typename X, typename Weight>
 bool weighted_residual_sum(const Prec& prec, const T* y, const X* x, int64_t sxn, int64_t N, int64_t d,
                            const Weight& weight, T* acc) {
-#if ETWEEDIE_DRAWS16
-  if constexpr (kDraws16<T, X, Prec>) {
+#if ETWEEDIE_LANES16
+  if constexpr (kLanes16<T, X, Prec>) {
     if (d > kSmallD && d % 16 == 0) return weighted_residual_sum16(prec, y, x, sxn, N, d, weight, acc);
   }
 #endif
