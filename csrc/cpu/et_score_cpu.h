@@ -168,38 +168,76 @@ struct ResidualWeight {
   T shape_term(T q, T w, T hu) const { return hu * w * half_log(q); }
 };
 
+// The backward's first pass over four draws x_0..3 for metrics that act elementwise (isotropic:
+// p[0]; diagonal: p[j]): q_t = u_tᵀ P u_t and hu_t = h·u_t, u_t = y − x_t, in one sweep with
+// eight independent sums (one draw at a time, its two sums would leave the sweep bound by the
+// add latency rather than by its loads).
+template <typename T, bool DIAG, typename X>
+void quad_dot_elementwise4(const T* y, const X* x0, const X* x1, const X* x2, const X* x3, const T* h, const T* p,
+                           int64_t d, T* q, T* hu) {
+  T q0 = 0, q1 = 0, q2 = 0, q3 = 0, h0 = 0, h1 = 0, h2 = 0, h3 = 0;
+#pragma omp simd reduction(+ : q0, q1, q2, q3, h0, h1, h2, h3)
+  for (int64_t j = 0; j < d; ++j) {
+    const T pj = DIAG ? p[j] : T(1);
+    const T yj = y[j], hj = h[j];
+    const T u0 = yj - widen<T>(x0[j]), u1 = yj - widen<T>(x1[j]);
+    const T u2 = yj - widen<T>(x2[j]), u3 = yj - widen<T>(x3[j]);
+    q0 += pj * u0 * u0;
+    q1 += pj * u1 * u1;
+    q2 += pj * u2 * u2;
+    q3 += pj * u3 * u3;
+    h0 += hj * u0;
+    h1 += hj * u1;
+    h2 += hj * u2;
+    h3 += hj * u3;
+  }
+  const T scale = DIAG ? T(1) : p[0];
+  q[0] = scale * q0, q[1] = scale * q1, q[2] = scale * q2, q[3] = scale * q3;
+  hu[0] = h0, hu[1] = h1, hu[2] = h2, hu[3] = h3;
+}
+
 // The backward's second pass over four draws x_0..3 (still in L1 from the first), for metrics
 // that act elementwise (isotropic: p[0]; diagonal: p[j]):  g_t = a_t h + c_t p ⊙ (y − x_t),
 // gy += Σ_t g_t and gx_t = −g_t (gx rows may be null).  gy, y and h are loaded once per four
 // draws instead of once per draw (the per-draw grad_u of metric_cpu.h), which is most of the
-// backward's arithmetic at large d.
-template <typename T, bool DIAG, typename X>
+// backward's arithmetic at large d.  next (four raw draw rows, or null): prefetched into L1
+// along the way, a cache line of each per 64 bytes of them, so that memory does not idle while
+// this pass runs from L1.
+template <typename T, bool DIAG, typename X, typename XN>
 void grad_u_elementwise4(const T* y, const X* x0, const X* x1, const X* x2, const X* x3, const T* h, const T* a,
-                         const T* c, const T* p, int64_t d, T* gy, T* gx0, T* gx1, T* gx2, T* gx3) {
-  if (gx0 != nullptr) {
-#pragma omp simd
-    for (int64_t j = 0; j < d; ++j) {
-      const T pj = DIAG ? p[j] : p[0];
-      const T yj = y[j], hj = h[j];
-      const T g0 = a[0] * hj + c[0] * pj * (yj - widen<T>(x0[j]));
-      const T g1 = a[1] * hj + c[1] * pj * (yj - widen<T>(x1[j]));
-      const T g2 = a[2] * hj + c[2] * pj * (yj - widen<T>(x2[j]));
-      const T g3 = a[3] * hj + c[3] * pj * (yj - widen<T>(x3[j]));
-      gy[j] += (g0 + g1) + (g2 + g3);
-      gx0[j] = -g0;
-      gx1[j] = -g1;
-      gx2[j] = -g2;
-      gx3[j] = -g3;
+                         const T* c, const T* p, int64_t d, T* gy, T* gx0, T* gx1, T* gx2, T* gx3,
+                         const XN* const* next) {
+  constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(XN));  // next's values per cache line
+  for (int64_t j0 = 0; j0 < d; j0 += kLine) {
+    const int64_t j1 = std::min(d, j0 + kLine);
+    if (next != nullptr) {
+      for (int t = 0; t < 4; ++t) __builtin_prefetch(next[t] + j0, 0, 3);
     }
-    return;
-  }
+    if (gx0 != nullptr) {
 #pragma omp simd
-  for (int64_t j = 0; j < d; ++j) {
-    const T pj = DIAG ? p[j] : p[0];
-    const T yj = y[j];
-    gy[j] += (a[0] + a[1] + a[2] + a[3]) * h[j] +
-             pj * ((c[0] * (yj - widen<T>(x0[j])) + c[1] * (yj - widen<T>(x1[j]))) +
-                   (c[2] * (yj - widen<T>(x2[j])) + c[3] * (yj - widen<T>(x3[j]))));
+      for (int64_t j = j0; j < j1; ++j) {
+        const T pj = DIAG ? p[j] : p[0];
+        const T yj = y[j], hj = h[j];
+        const T g0 = a[0] * hj + c[0] * pj * (yj - widen<T>(x0[j]));
+        const T g1 = a[1] * hj + c[1] * pj * (yj - widen<T>(x1[j]));
+        const T g2 = a[2] * hj + c[2] * pj * (yj - widen<T>(x2[j]));
+        const T g3 = a[3] * hj + c[3] * pj * (yj - widen<T>(x3[j]));
+        gy[j] += (g0 + g1) + (g2 + g3);
+        gx0[j] = -g0;
+        gx1[j] = -g1;
+        gx2[j] = -g2;
+        gx3[j] = -g3;
+      }
+    } else {
+#pragma omp simd
+      for (int64_t j = j0; j < j1; ++j) {
+        const T pj = DIAG ? p[j] : p[0];
+        const T yj = y[j];
+        gy[j] += (a[0] + a[1] + a[2] + a[3]) * h[j] +
+                 pj * ((c[0] * (yj - widen<T>(x0[j])) + c[1] * (yj - widen<T>(x1[j]))) +
+                       (c[2] * (yj - widen<T>(x2[j])) + c[3] * (yj - widen<T>(x3[j]))));
+      }
+    }
   }
 }
 
@@ -231,10 +269,11 @@ T weighted_residual_sum_bwd(const Prec& P, const Weight& weight, const T* y, con
       const R* xs[4];
       T aw[4], cw[4];
       const R* staged = rows.stage(x + i * sxn, sxn, 4, d, &sr);
+      for (int t = 0; t < 4; ++t) xs[t] = staged + t * sr;
+      T qs[4], hus[4];
+      quad_dot_elementwise4<T, kDiag, R>(y, xs[0], xs[1], xs[2], xs[3], h, P.p, d, qs, hus);
       for (int t = 0; t < 4; ++t) {
-        xs[t] = staged + t * sr;
-        T q, hu;
-        P.quad_dot(y, xs[t], h, d, q, hu);
+        const T q = qs[t], hu = hus[t];
         const T w = weight(q);
         const T c = weight.slope(q, w) * hu;
         aw[t] = w * inv_n;
@@ -243,8 +282,10 @@ T weighted_residual_sum_bwd(const Prec& P, const Weight& weight, const T* y, con
         if (gp) P.accum_outer(y, xs[t], T(0.5) * c * inv_n, gp, d);
       }
       T* r = gx ? gxrow : nullptr;
-      grad_u_elementwise4<T, kDiag, R>(y, xs[0], xs[1], xs[2], xs[3], h, aw, cw, P.p, d, gy, r, r ? r + d : nullptr,
-                                       r ? r + 2 * d : nullptr, r ? r + 3 * d : nullptr);
+      const X* nx[4] = {x + (i + 4) * sxn, x + (i + 5) * sxn, x + (i + 6) * sxn, x + (i + 7) * sxn};
+      grad_u_elementwise4<T, kDiag, R, X>(y, xs[0], xs[1], xs[2], xs[3], h, aw, cw, P.p, d, gy, r,
+                                          r ? r + d : nullptr, r ? r + 2 * d : nullptr, r ? r + 3 * d : nullptr,
+                                          i + 8 <= N ? nx : nullptr);
       if (gx) stream_row(gx + i * d, gxrow, 4 * d);
     }
   }
