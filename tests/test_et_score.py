@@ -135,11 +135,10 @@ def test_coincident_draws_are_zero_not_nan(backend, device, beta, seed):
 
 @pytest.mark.parametrize("kind", ["block2", "block3", "block4"])
 @pytest.mark.parametrize("beta", [1.0, 1.4, 2.0])
-def test_block_backward_four_draw_sweeps(kind, beta, seed):
-    """Block metrics with coefficient rows (d ≥ 8k) take the CPU backward's four-draw sweep
-    (quad_dot_pattern4, the next four draws prefetched): N = 13 gives two groups with a next
-    group, one without and a single draw; every third draw coincident; every gradient, the
-    metric's included, against the float64 reference."""
+def test_block_backward_with_coefficient_rows(kind, beta, seed):
+    """Block metrics at d ≥ 8k take the coefficient-row form of uᵀPu (prepare_row) in the CPU
+    backward too: N = 13 draws with every third coincident; every gradient, the metric's
+    included, against the float64 reference."""
     y, x, b, lam, metric = _inputs(seed, 3, 13, 48, kind, beta=beta)
     x[:, ::3] = y.unsqueeze(1)
     _check_against_reference("cpu", "cpu", (y, x, b, lam), metric, f" [{kind} four-draw backward]", seed)
