@@ -383,6 +383,19 @@ def test_float32_draws_in_register_lanes(kind, shape, seed):
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item(), msg=f"seed {seed}")
 
 
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "block2", "block3"])
+@pytest.mark.parametrize("shape", [(3, 13, 42), (2, 9, 786)], ids=["d42", "d786"])
+def test_generic_loops_four_draw_sweeps(kind, shape, seed):
+    """d > 16 that is not a multiple of 16 (and every float64 call) takes the generic loops: the
+    four draws' q in one sweep for isotropic and diagonal metrics, the next four prefetched
+    during the accumulation (N = 13: two groups with a next group, one without, one single draw;
+    every third draw coincident).  float32 against the float64 reference, score and gradients."""
+    B, N, d = shape
+    y, x, beta, lam, metric = _inputs(seed, B, N, d, kind)
+    x[:, ::3] = y.unsqueeze(1)
+    _check_against_reference("cpu", "cpu", (y, x, beta, lam), metric, f"[generic {kind}]", seed)
+
+
 @pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
 def test_16bit_draws_in_register_lanes_flag_rows(x_dtype):
     """A NaN draw gives a NaN row; a row beyond float32's squared-norm range is rerun in float64

@@ -82,6 +82,58 @@ inline bool draw_in_range(T q, const T* y, const R* x, int64_t d) {
 namespace etweedie {
 namespace cpu {
 
+// q_t = u_tᵀ P u_t and (WITH_H) hu_t = h·u_t, u_t = y − x_t, for four draws x_0..3 and a metric
+// that acts elementwise (isotropic: p[0]; diagonal: p[j]), in one sweep with independent sums
+// (one draw at a time, its sums would be chains of dependent adds, bound by their latency rather
+// than by the loads).  The forward's first pass (generic loops) and the backward's.
+template <typename T, bool DIAG, bool WITH_H, typename X>
+void quad_elementwise4(const T* y, const X* x0, const X* x1, const X* x2, const X* x3, const T* h, const T* p,
+                       int64_t d, T* q, T* hu) {
+  T q0 = 0, q1 = 0, q2 = 0, q3 = 0, h0 = 0, h1 = 0, h2 = 0, h3 = 0;
+#pragma omp simd reduction(+ : q0, q1, q2, q3, h0, h1, h2, h3)
+  for (int64_t j = 0; j < d; ++j) {
+    const T pj = DIAG ? p[j] : T(1);
+    const T yj = y[j];
+    const T u0 = yj - widen<T>(x0[j]), u1 = yj - widen<T>(x1[j]);
+    const T u2 = yj - widen<T>(x2[j]), u3 = yj - widen<T>(x3[j]);
+    q0 += pj * u0 * u0;
+    q1 += pj * u1 * u1;
+    q2 += pj * u2 * u2;
+    q3 += pj * u3 * u3;
+    if constexpr (WITH_H) {
+      const T hj = h[j];
+      h0 += hj * u0;
+      h1 += hj * u1;
+      h2 += hj * u2;
+      h3 += hj * u3;
+    }
+  }
+  const T scale = DIAG ? T(1) : p[0];
+  q[0] = scale * q0, q[1] = scale * q1, q[2] = scale * q2, q[3] = scale * q3;
+  if constexpr (WITH_H) hu[0] = h0, hu[1] = h1, hu[2] = h2, hu[3] = h3;
+}
+
+template <typename Prec>
+constexpr bool kElementwiseMetric = false;
+template <typename T>
+constexpr bool kElementwiseMetric<RowPrec<T, kIsotropic, 0>> = true;
+template <typename T>
+constexpr bool kElementwiseMetric<RowPrec<T, kDiagonal, 0>> = true;
+
+// Calls f(j0, j1) over [0, d) in pieces of one cache line of the draws' format X, first
+// prefetching that piece of each of the four rows next[0..3] (when next is not null) into L1:
+// a pass that runs from L1 keeps memory busy fetching the next four draws.
+template <typename X, typename F>
+inline void with_next_prefetched(int64_t d, const X* const* next, const F& f) {
+  constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(X));
+  for (int64_t j0 = 0; j0 < d; j0 += kLine) {
+    if (next != nullptr) {
+      for (int t = 0; t < 4; ++t) __builtin_prefetch(next[t] + j0, 0, 3);
+    }
+    f(j0, std::min(d, j0 + kLine));
+  }
+}
+
 // acc (length d) must be zeroed by the caller; on return acc = Σ_i w(q_i) u_i, u_i = y − x_i,
 // q_i = u_iᵀ P u_i, for a weight w(q) of the score (et_score: residual_weight, q^{β/2−1};
 // Student-t: 1/(1 + q)).  A draw of weight exactly 0 outside a four-draw sweep is skipped.
@@ -97,7 +149,9 @@ bool weighted_residual_sum(const Prec& prec, const T* y, const X* x, int64_t sxn
   bool in_range = true;
   if (d > kSmallD) {
     // Four draws per accumulation sweep: the draws are re-read from L1, and acc is loaded and
-    // stored once per four draws instead of once per draw (the second pass is pure L1 traffic).
+    // stored once per four draws instead of once per draw (the second pass is pure L1 traffic);
+    // isotropic and diagonal metrics take the four q in one sweep (quad_elementwise4), and the
+    // accumulation prefetches the next four draws (with_next_prefetched).
     using R = typename DrawRows<X>::Row;
     DrawRows<X> rows;
     int64_t i = 0, sr = 0;
@@ -106,17 +160,28 @@ bool weighted_residual_sum(const Prec& prec, const T* y, const X* x, int64_t sxn
       const R* x1 = x0 + sr;
       const R* x2 = x1 + sr;
       const R* x3 = x2 + sr;
-      const T q0 = prec.quad(y, x0, d), q1 = prec.quad(y, x1, d), q2 = prec.quad(y, x2, d), q3 = prec.quad(y, x3, d);
+      T qs[4];
+      if constexpr (kElementwiseMetric<Prec>) {
+        quad_elementwise4<T, std::is_same_v<Prec, RowPrec<T, kDiagonal, 0>>, false, R>(y, x0, x1, x2, x3, nullptr,
+                                                                                      prec.p, d, qs, nullptr);
+      } else {
+        qs[0] = prec.quad(y, x0, d), qs[1] = prec.quad(y, x1, d), qs[2] = prec.quad(y, x2, d), qs[3] = prec.quad(y, x3, d);
+      }
+      const T q0 = qs[0], q1 = qs[1], q2 = qs[2], q3 = qs[3];
       if (!(q_in_range(q0) && q_in_range(q1) && q_in_range(q2) && q_in_range(q3))) {
         in_range = in_range && draw_in_range(q0, y, x0, d) && draw_in_range(q1, y, x1, d) &&
                    draw_in_range(q2, y, x2, d) && draw_in_range(q3, y, x3, d);
       }
       const T w0 = weight(q0), w1 = weight(q1), w2 = weight(q2), w3 = weight(q3);
+      const X* nx[4] = {x + (i + 4) * sxn, x + (i + 5) * sxn, x + (i + 6) * sxn, x + (i + 7) * sxn};
+      with_next_prefetched<X>(d, i + 8 <= N ? nx : nullptr, [&](int64_t j0, int64_t j1) {
 #pragma omp simd
-      for (int64_t j = 0; j < d; ++j) {
-        const T yj = y[j];
-        acc[j] += w0 * (yj - widen<T>(x0[j])) + w1 * (yj - widen<T>(x1[j])) + w2 * (yj - widen<T>(x2[j])) + w3 * (yj - widen<T>(x3[j]));
-      }
+        for (int64_t j = j0; j < j1; ++j) {
+          const T yj = y[j];
+          acc[j] += w0 * (yj - widen<T>(x0[j])) + w1 * (yj - widen<T>(x1[j])) + w2 * (yj - widen<T>(x2[j])) +
+                    w3 * (yj - widen<T>(x3[j]));
+        }
+      });
     }
     for (; i < N; ++i) {
       const R* xi = rows.stage(x + i * sxn, sxn, 1, d, &sr);
@@ -168,34 +233,6 @@ struct ResidualWeight {
   T shape_term(T q, T w, T hu) const { return hu * w * half_log(q); }
 };
 
-// The backward's first pass over four draws x_0..3 for metrics that act elementwise (isotropic:
-// p[0]; diagonal: p[j]): q_t = u_tᵀ P u_t and hu_t = h·u_t, u_t = y − x_t, in one sweep with
-// eight independent sums (one draw at a time, its two sums would leave the sweep bound by the
-// add latency rather than by its loads).
-template <typename T, bool DIAG, typename X>
-void quad_dot_elementwise4(const T* y, const X* x0, const X* x1, const X* x2, const X* x3, const T* h, const T* p,
-                           int64_t d, T* q, T* hu) {
-  T q0 = 0, q1 = 0, q2 = 0, q3 = 0, h0 = 0, h1 = 0, h2 = 0, h3 = 0;
-#pragma omp simd reduction(+ : q0, q1, q2, q3, h0, h1, h2, h3)
-  for (int64_t j = 0; j < d; ++j) {
-    const T pj = DIAG ? p[j] : T(1);
-    const T yj = y[j], hj = h[j];
-    const T u0 = yj - widen<T>(x0[j]), u1 = yj - widen<T>(x1[j]);
-    const T u2 = yj - widen<T>(x2[j]), u3 = yj - widen<T>(x3[j]);
-    q0 += pj * u0 * u0;
-    q1 += pj * u1 * u1;
-    q2 += pj * u2 * u2;
-    q3 += pj * u3 * u3;
-    h0 += hj * u0;
-    h1 += hj * u1;
-    h2 += hj * u2;
-    h3 += hj * u3;
-  }
-  const T scale = DIAG ? T(1) : p[0];
-  q[0] = scale * q0, q[1] = scale * q1, q[2] = scale * q2, q[3] = scale * q3;
-  hu[0] = h0, hu[1] = h1, hu[2] = h2, hu[3] = h3;
-}
-
 // The backward's second pass over four draws x_0..3 (still in L1 from the first), for metrics
 // that act elementwise (isotropic: p[0]; diagonal: p[j]):  g_t = a_t h + c_t p ⊙ (y − x_t),
 // gy += Σ_t g_t and gx_t = −g_t (gx rows may be null).  gy, y and h are loaded once per four
@@ -207,12 +244,7 @@ template <typename T, bool DIAG, typename X, typename XN>
 void grad_u_elementwise4(const T* y, const X* x0, const X* x1, const X* x2, const X* x3, const T* h, const T* a,
                          const T* c, const T* p, int64_t d, T* gy, T* gx0, T* gx1, T* gx2, T* gx3,
                          const XN* const* next) {
-  constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(XN));  // next's values per cache line
-  for (int64_t j0 = 0; j0 < d; j0 += kLine) {
-    const int64_t j1 = std::min(d, j0 + kLine);
-    if (next != nullptr) {
-      for (int t = 0; t < 4; ++t) __builtin_prefetch(next[t] + j0, 0, 3);
-    }
+  with_next_prefetched<XN>(d, next, [&](int64_t j0, int64_t j1) {
     if (gx0 != nullptr) {
 #pragma omp simd
       for (int64_t j = j0; j < j1; ++j) {
@@ -238,7 +270,7 @@ void grad_u_elementwise4(const T* y, const X* x0, const X* x1, const X* x2, cons
                        (c[2] * (yj - widen<T>(x2[j])) + c[3] * (yj - widen<T>(x3[j]))));
       }
     }
-  }
+  });
 }
 
 // The draws' part of the backward of one query row, shared by et_score and student_t_score
@@ -271,7 +303,7 @@ T weighted_residual_sum_bwd(const Prec& P, const Weight& weight, const T* y, con
       const R* staged = rows.stage(x + i * sxn, sxn, 4, d, &sr);
       for (int t = 0; t < 4; ++t) xs[t] = staged + t * sr;
       T qs[4], hus[4];
-      quad_dot_elementwise4<T, kDiag, R>(y, xs[0], xs[1], xs[2], xs[3], h, P.p, d, qs, hus);
+      quad_elementwise4<T, kDiag, true, R>(y, xs[0], xs[1], xs[2], xs[3], h, P.p, d, qs, hus);
       for (int t = 0; t < 4; ++t) {
         const T q = qs[t], hu = hus[t];
         const T w = weight(q);
