@@ -74,10 +74,24 @@ inline bool draw_in_range(T q, const T* y, const R* x, int64_t d) {
   return true;
 }
 
+// Calls f(j0, j1) over [0, d) in pieces of one cache line of the draws' format X, first
+// prefetching that piece of each of the four rows next[0..3] (when next is not null) into L1:
+// a pass that runs from L1 keeps memory busy fetching the next four draws.
+template <typename X, typename F>
+inline void with_next_prefetched(int64_t d, const X* const* next, const F& f) {
+  constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(X));
+  for (int64_t j0 = 0; j0 < d; j0 += kLine) {
+    if (next != nullptr) {
+      for (int t = 0; t < 4; ++t) __builtin_prefetch(next[t] + j0, 0, 3);
+    }
+    f(j0, std::min(d, j0 + kLine));
+  }
+}
+
 }  // namespace cpu
 }  // namespace etweedie
 
-#include "lanes16_cpu.h"  // after draw_in_range, which its loops call
+#include "lanes16_cpu.h"  // after draw_in_range and with_next_prefetched, which its loops call
 
 namespace etweedie {
 namespace cpu {
@@ -119,20 +133,6 @@ template <typename T>
 constexpr bool kElementwiseMetric<RowPrec<T, kIsotropic, 0>> = true;
 template <typename T>
 constexpr bool kElementwiseMetric<RowPrec<T, kDiagonal, 0>> = true;
-
-// Calls f(j0, j1) over [0, d) in pieces of one cache line of the draws' format X, first
-// prefetching that piece of each of the four rows next[0..3] (when next is not null) into L1:
-// a pass that runs from L1 keeps memory busy fetching the next four draws.
-template <typename X, typename F>
-inline void with_next_prefetched(int64_t d, const X* const* next, const F& f) {
-  constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(X));
-  for (int64_t j0 = 0; j0 < d; j0 += kLine) {
-    if (next != nullptr) {
-      for (int t = 0; t < 4; ++t) __builtin_prefetch(next[t] + j0, 0, 3);
-    }
-    f(j0, std::min(d, j0 + kLine));
-  }
-}
 
 // acc (length d) must be zeroed by the caller; on return acc = Σ_i w(q_i) u_i, u_i = y − x_i,
 // q_i = u_iᵀ P u_i, for a weight w(q) of the score (et_score: residual_weight, q^{β/2−1};
@@ -292,9 +292,7 @@ T weighted_residual_sum_bwd(const Prec& P, const Weight& weight, const T* y, con
   const T inv_n = T(1) / static_cast<T>(N);
   T gshape = 0;
   int64_t i = 0, sr = 0;
-  constexpr bool kElementwise = std::is_same_v<Prec, RowPrec<T, kIsotropic, 0>> ||
-                                std::is_same_v<Prec, RowPrec<T, kDiagonal, 0>>;
-  if constexpr (kElementwise) {
+  if constexpr (kElementwiseMetric<Prec>) {
     // four draws at a time: q, h·u from memory, then one L1 pass for their gradients
     constexpr bool kDiag = std::is_same_v<Prec, RowPrec<T, kDiagonal, 0>>;
     for (; i + 4 <= N; i += 4) {

@@ -186,16 +186,16 @@ inline void accumulate16(const float* yp, const X* const* xs, const float* w, in
                          const X* const* next = nullptr) {
   V16 wv[R];
   for (int t = 0; t < R; ++t) wv[t] = vset1(w[t]);
-  for (int64_t j = 0; j < d; j += 16) {
-    if (next) {
-      for (int t = 0; t < R; ++t) _mm_prefetch(reinterpret_cast<const char*>(next[t] + j), _MM_HINT_T0);
-    }
-    const V16 yv = vload(yp + j);
-    V16 s = vzero();
+  // a cache line holds 16 or 32 draw values, a whole number of 16-value steps
+  with_next_prefetched<X>(d, next, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; j += 16) {
+      const V16 yv = vload(yp + j);
+      V16 s = vzero();
 #pragma GCC unroll 4
-    for (int t = 0; t < R; ++t) s = vfma(wv[t], vsub(yv, Lanes16<X>::load16(xs[t] + j)), s);
-    vstore(acc + j, vadd(vload(acc + j), s));
-  }
+      for (int t = 0; t < R; ++t) s = vfma(wv[t], vsub(yv, Lanes16<X>::load16(xs[t] + j)), s);
+      vstore(acc + j, vadd(vload(acc + j), s));
+    }
+  });
 }
 
 // weighted_residual_sum (et_score_cpu.h) for an isotropic, diagonal or k×k block (k = 1, 2, 4)
