@@ -54,12 +54,13 @@ TORCH_LIBRARY(etweedie, m) {
   // Front ops of the per-row ops (csrc/front/<op>_front.cpp, CompositeImplicitAutograd): arguments
   // validated by etweedie/ops/_prep.py (rows_args) in their broadcastable shapes, the broadcast batch
   // resolved; they build the canonical form above in one C++ call, run <op>_fwd and return its first
-  // output shaped (*batch, d).  prec is the metric's precision parameter (*metric_batch, *param).
-  m.def("et_score(Tensor y, Tensor x, Tensor beta, Tensor lam, Tensor prec, int kind, int[] batch) -> Tensor");
+  // output shaped (*batch, d) with whether the CPU kernel wrote a NaN or inf (nonfinite_report.h; false
+  // on other devices).  prec is the metric's precision parameter (*metric_batch, *param).
+  m.def("et_score(Tensor y, Tensor x, Tensor beta, Tensor lam, Tensor prec, int kind, int[] batch) -> (Tensor, bool)");
   m.def(
       "langevin_step(Tensor y, Tensor x, Tensor noise, Tensor step, Tensor beta, Tensor lam, Tensor prec, int kind, "
-      "int[] batch) -> Tensor");
-  m.def("student_t_score(Tensor y, Tensor x, Tensor c, Tensor prec, int kind, int[] batch) -> Tensor");
+      "int[] batch) -> (Tensor, bool)");
+  m.def("student_t_score(Tensor y, Tensor x, Tensor c, Tensor prec, int kind, int[] batch) -> (Tensor, bool)");
   // Front op of energy_score (csrc/front/energy_score_front.cpp): validated samples (*batch, M, d), target
   // (*batch, d), beta and the metric's prec (*metric_batch, *param) of kind 0-2; fused: the training path
   // (energy_score_fwd_grad); nan_rows: NaN for rows whose inputs hold NaN or inf.  -> (*batch,)

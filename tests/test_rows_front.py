@@ -74,7 +74,7 @@ def _python_form(y, x, beta, lam, metric):
 def test_et_score_front_equals_python_form(layout, kind, x_dtype, seed):
     y, x, beta, lam, metric = _case(seed, layout, kind, x_dtype)
     a, c = _python_form(y, x, beta, lam, metric)
-    got = OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
+    got = OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)[0]
     want = OPS.et_score_fwd(c.y, c.x, c.beta, c.lam, c.prec, c.kind)[0].reshape(*a.batch, y.shape[-1])
     assert got.shape == want.shape and got.dtype == torch.float32
     assert torch.equal(got, want), f"{layout}/{kind}: front differs from the Python form (seed {seed})"
@@ -95,7 +95,7 @@ def test_et_score_front_gradients_equal_python_form(layout, kind, seed):
         metric = etweedie.Metric(metric0.kind, p)
         a, c = _python_form(y, x, beta, lam, metric)
         if through_front:
-            s = OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
+            s = OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)[0]
         else:
             s = OPS.et_score_fwd(c.y, c.x, c.beta, c.lam, c.prec, c.kind)[0].reshape(*a.batch, y.shape[-1])
         assert s.grad_fn is not None
@@ -117,7 +117,7 @@ def test_langevin_step_front_equals_python_form(layout, kind, seed):
     step = 0.5 + torch.rand(y.shape[:-1], generator=gen(seed + 3)) if layout == "plain" else 0.05
     a = _prep.rows_args("langevin_step", y, x, beta, lam, metric)
     step_t = _prep.as_param(step, "step", "langevin_step", y)
-    got = OPS.langevin_step(a.y, a.x, noise, step_t, a.beta, a.lam, a.prec, a.kind, a.batch)
+    got = OPS.langevin_step(a.y, a.x, noise, step_t, a.beta, a.lam, a.prec, a.kind, a.batch)[0]
     c = _prep.shape_rows(a)
     d = y.shape[-1]
     want = OPS.langevin_step_fwd(c.y, c.x, _prep.flat(noise, c.batch, (d,)).contiguous(), _prep.flat(step_t, c.batch, ()),
@@ -133,7 +133,7 @@ def test_student_t_score_front_equals_python_form(layout, kind, seed):
     y, x, _, _, metric = _case(seed, layout, kind)
     a = _prep.rows_args("student_t_score", y, x, 2.0, 1.0, metric)
     c_param = torch.full(y.shape[:-1], 3.5) if layout == "plain" else torch.tensor(4.0)
-    got = OPS.student_t_score(a.y, a.x, c_param, a.prec, a.kind, a.batch)
+    got = OPS.student_t_score(a.y, a.x, c_param, a.prec, a.kind, a.batch)[0]
     cn = _prep.shape_rows(a)
     want = OPS.student_t_score_fwd(cn.y, cn.x, _prep.flat(c_param, cn.batch, ()), cn.prec, cn.kind)[0]
     assert torch.equal(got, want.reshape(*a.batch, y.shape[-1]))
@@ -142,17 +142,17 @@ def test_student_t_score_front_equals_python_form(layout, kind, seed):
 def test_front_skips_autograd_only_when_nothing_needs_a_gradient(seed):
     y, x, beta, lam, metric = _case(seed, "plain", "block2")
     a = _prep.rows_args("et_score", y, x, beta, lam, metric)
-    s = OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
+    s = OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)[0]
     assert s.grad_fn is None and not s.requires_grad
     yg = y.clone().requires_grad_()
     a = _prep.rows_args("et_score", yg, x, beta, lam, metric)
-    s = OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
+    s = OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)[0]
     assert s.requires_grad and s.grad_fn is not None
     with torch.no_grad():
-        s = OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
+        s = OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)[0]
     assert not s.requires_grad
     with torch.inference_mode():
-        s = OPS.et_score(y, x, a.beta.detach(), a.lam, a.prec, a.kind, a.batch)
+        s = OPS.et_score(y, x, a.beta.detach(), a.lam, a.prec, a.kind, a.batch)[0]
     assert s.is_inference()
 
 
@@ -203,9 +203,9 @@ def test_front_op_rejects_a_bad_kind_by_name():
     y, x = torch.randn(2, 4), torch.randn(2, 3, 4)
     one = torch.ones(())
     with pytest.raises(RuntimeError, match="metric kind must be 0, 1 or 2"):
-        OPS.et_score(y, x, one, one, one, 3, [2])
+        OPS.et_score(y, x, one, one, one, 3, [2])[0]
     with pytest.raises(RuntimeError):
-        OPS.et_score(y, x, one, one, one, 0, [5])  # a batch the inputs do not broadcast to
+        OPS.et_score(y, x, one, one, one, 0, [5])[0]  # a batch the inputs do not broadcast to
 
 
 def test_float_parameters_are_made_once(seed):
@@ -222,3 +222,88 @@ def test_float_parameters_are_made_once(seed):
         _prep.rows_args("et_score", y, x, torch.tensor([1.0, 2.5, 1.0]), 1.0, None)
     with pytest.raises(ValueError, match="lam must be > 0"):
         _prep.rows_args("et_score", y, x, 1.0, torch.tensor(-1.0), None)
+
+
+def _front_pair(op: str, y, x, scale: float, metric, seed: int):
+    """(out, nonfinite) of op's front with λ (et_score, langevin_step) or c (student_t_score) = scale."""
+    if op == "student_t_score":
+        a = _prep.rows_args(op, y, x, 2.0, 1.0, metric)
+        return OPS.student_t_score(a.y, a.x, torch.tensor(scale, dtype=y.dtype), a.prec, a.kind, a.batch)
+    a = _prep.rows_args(op, y, x, 1.5, scale, metric)
+    if op == "et_score":
+        return OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
+    noise = torch.randn(y.shape, generator=gen(seed + 5), dtype=y.dtype)
+    step = torch.tensor(1.0 if scale > 1 else 0.05, dtype=y.dtype)
+    return OPS.langevin_step(a.y, a.x, noise, step, a.beta, a.lam, a.prec, a.kind, a.batch)
+
+
+@pytest.mark.parametrize("op", ["et_score", "langevin_step", "student_t_score"])
+@pytest.mark.parametrize("kind", ["none", "diagonal", "block2"])
+@pytest.mark.parametrize("case", ["finite", "draw_out_of_range", "nan_draw", "inf_query", "output_overflows", "float64_nan"])
+@pytest.mark.parametrize("d", [4, 32])
+def test_front_reports_exactly_the_nonfinite_outputs(op, kind, case, d, seed):
+    """The front's flag (csrc/common/nonfinite_report.h, raised by the CPU kernel's workers on the
+    rows they write) is true exactly when the output holds a NaN or inf — flagged rows, non-finite
+    inputs and finite inputs whose result overflows alike — which is what the op used to learn by
+    summing the output (_prep.flagged)."""
+    if op == "student_t_score" and not STUDENT_T_FRONT:
+        pytest.skip("extension without the student_t_score front op")
+    g = gen(seed)
+    dtype = torch.float64 if case == "float64_nan" else torch.float32
+    B, N = 5, 7
+    y = torch.randn(B, d, generator=g, dtype=dtype)
+    x = torch.randn(B, N, d, generator=g, dtype=dtype)
+    row = int(torch.randint(B, (), generator=g))
+    scale = 1.0
+    if case == "draw_out_of_range":
+        x[row, 3, 1] = 1e30  # its float32 squared norm overflows: the kernel flags the row
+    elif case in ("nan_draw", "float64_nan"):
+        x[row, 2, 0] = float("nan")
+    elif case == "inf_query":
+        y[row, 1] = float("inf")
+    elif case == "output_overflows":
+        if op == "student_t_score":
+            pytest.skip("the Student-t score is bounded by c‖P‖ (|u|/(1 + |u|²) ≤ 1/2): it overflows only with c or P")
+        y += 1e3  # finite inputs: |m| ~ |u|^{β−1} ~ 30 per coordinate, times λ = 3e38 overflows float32
+        scale = 3e38
+    metric = random_metric(kind, 0, d, g, per_row=False) if kind != "none" else None
+    if metric is not None:
+        metric = etweedie.Metric(metric.kind, metric.param.to(dtype))
+    out, nonfinite = _front_pair(op, y, x, scale, metric, seed)
+    assert isinstance(nonfinite, bool)
+    assert nonfinite == (not bool(torch.isfinite(out).all())), f"{op}/{kind}/{case}: flag {nonfinite} (seed {seed})"
+    assert nonfinite == (case != "finite"), f"{op}/{kind}/{case}: flag {nonfinite} (seed {seed})"
+    raw_y = y[:0]  # a zero-size batch through the front: no rows, nothing raised
+    assert _front_pair(op, raw_y, x[:0], scale, metric, seed)[1] is False
+
+
+@pytest.mark.parametrize("op", ["et_score", "langevin_step", "student_t_score"])
+def test_public_ops_read_the_report_not_the_output(op, monkeypatch, seed):
+    """On the front path the op decides its float64 rerun from the kernel's report: _prep.flagged
+    (the sum over the output) never runs, and a float32 call with a draw out of range still comes
+    back as the float64 result rounded, with NaN rows only where the inputs hold NaN."""
+    if op == "student_t_score" and not STUDENT_T_FRONT:
+        pytest.skip("extension without the student_t_score front op")
+    fn = getattr(etweedie, op)
+    g = gen(seed)
+    y, x = torch.randn(4, 16, generator=g), torch.randn(4, 6, 16, generator=g)
+    x[1, 2, 3] = 1e30
+    x[2, 0, 0] = float("nan")
+    noise = torch.randn(y.shape, generator=gen(seed + 1))
+
+    def call(yy, xx, nn):
+        if op == "student_t_score":
+            return fn(yy, xx, 9.0, backend="cpu")
+        if op == "langevin_step":
+            return fn(yy, xx, nn, 0.05, 1.5, 1.0, backend="cpu")
+        return fn(yy, xx, 1.5, 1.0, backend="cpu")
+
+    want = call(y.double(), x.double(), noise.double()).float()
+
+    def refuse(out):
+        raise AssertionError("the output was summed")
+
+    monkeypatch.setattr(_prep, "flagged", refuse)
+    got = call(y, x, noise)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    assert torch.isnan(got[2]).all() and torch.isfinite(got[[0, 1, 3]]).all()

@@ -22,6 +22,7 @@
 
 #include "../common/checks.h"
 #include "../common/draws_dispatch.h"
+#include "../common/nonfinite_report.h"
 #include "et_score_cpu.h"
 #include "fresh_output_cpu.h"
 
@@ -57,6 +58,7 @@ std::tuple<at::Tensor, at::Tensor> et_score_fwd_cpu(const at::Tensor& y, const a
       T* mp = m.data_ptr<T>();
       const int64_t sxb = x.stride(0), sxn = x.stride(1), sb = beta.stride(0), sl = lam.stride(0),
                     sp0 = prec.stride(0);
+      NonFiniteReport* report = NonFiniteReport::active();  // the front op's, if it called us
       ET_DISPATCH_METRIC(kind, block_of(prec, kind), T, [&] {
         at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
           std::vector<T> pattern;
@@ -65,6 +67,7 @@ std::tuple<at::Tensor, at::Tensor> et_score_fwd_cpu(const at::Tensor& y, const a
             prepare_row(P, pattern, d);
             et_score_row<T, Prec, X>(P, yp + b * d, xp + b * sxb, sxn, N, d, bp[b * sb], lp[b * sl], mp + b * d,
                                      sp + b * d);
+            NonFiniteReport::check_row(report, sp + b * d, d);
           }
         });
       });

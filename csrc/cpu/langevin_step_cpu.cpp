@@ -14,6 +14,7 @@
 
 #include "../common/checks.h"
 #include "../common/draws_dispatch.h"
+#include "../common/nonfinite_report.h"
 #include "et_score_cpu.h"
 
 namespace etweedie {
@@ -50,6 +51,7 @@ std::tuple<at::Tensor, at::Tensor> langevin_step_fwd_cpu(const at::Tensor& y, co
       const int64_t sxb = x.stride(0), sxn = x.stride(1), sa = step.stride(0), sb = beta.stride(0),
                     sl = lam.stride(0), sp0 = prec.stride(0);
       const int64_t kblock = kind == kBlock ? prec.size(1) : 0;
+      NonFiniteReport* report = NonFiniteReport::active();  // the front op's, if it called us
       ET_DISPATCH_METRIC(kind, kblock, T, [&] {
         at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
           std::vector<T> s(d), pattern;
@@ -64,6 +66,7 @@ std::tuple<at::Tensor, at::Tensor> langevin_step_fwd_cpu(const at::Tensor& y, co
             const T diffusion = std::sqrt(T(2) * alpha);
             _Pragma("omp simd")
             for (int64_t j = 0; j < d; ++j) ob[j] = yb[j] + alpha * s[j] + diffusion * nb[j];
+            NonFiniteReport::check_row(report, ob, d);
           }
         });
       });

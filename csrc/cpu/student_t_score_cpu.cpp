@@ -30,6 +30,7 @@
 
 #include "../common/checks.h"
 #include "../common/draws_dispatch.h"
+#include "../common/nonfinite_report.h"
 #include "../common/student_t_score.h"
 #include "et_score_cpu.h"
 #include "fresh_output_cpu.h"
@@ -77,6 +78,7 @@ std::tuple<at::Tensor, at::Tensor> student_t_score_fwd_cpu(const at::Tensor& y, 
       T* mp = m.data_ptr<T>();
       const int64_t sxb = x.stride(0), sxn = x.stride(1), sc = c.stride(0), sp0 = prec.stride(0);
       const T inv_n = T(1) / static_cast<T>(N);
+      NonFiniteReport* report = NonFiniteReport::active();  // the front op's, if it called us
       ET_DISPATCH_METRIC(kind, block_of(prec, kind), T, [&] {
         at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
           std::vector<T> pattern;
@@ -90,10 +92,12 @@ std::tuple<at::Tensor, at::Tensor> student_t_score_fwd_cpu(const at::Tensor& y, 
               // reruns in float64 (etweedie/ops/student_t_score.py)
               std::fill(mb, mb + d, std::numeric_limits<T>::quiet_NaN());
               std::fill(sp + b * d, sp + (b + 1) * d, std::numeric_limits<T>::quiet_NaN());
+              if (report != nullptr) report->raise();
               continue;
             }
             for (int64_t j = 0; j < d; ++j) mb[j] *= inv_n;
             P.apply(mb, T(-2) * cp[b * sc], sp + b * d, d);
+            NonFiniteReport::check_row(report, sp + b * d, d);
           }
         });
       });

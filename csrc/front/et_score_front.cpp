@@ -11,8 +11,9 @@ namespace {
 using Fwd = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                const at::Tensor&, const at::Tensor&, int64_t);
 
-at::Tensor et_score_rows(const at::Tensor& y, const at::Tensor& x, const at::Tensor& beta, const at::Tensor& lam,
-                         const at::Tensor& prec, int64_t kind, at::IntArrayRef batch) {
+std::tuple<at::Tensor, bool> et_score_rows(const at::Tensor& y, const at::Tensor& x, const at::Tensor& beta,
+                                           const at::Tensor& lam, const at::Tensor& prec, int64_t kind,
+                                           at::IntArrayRef batch) {
   static const auto fwd = kernel<Fwd>("etweedie::et_score_fwd");
   auto run = [&] {
     Rows r = rows(y, x, batch);
@@ -20,7 +21,7 @@ at::Tensor et_score_rows(const at::Tensor& y, const at::Tensor& x, const at::Ten
                                         prec_rows(prec, kind, batch, r.B), kind));
     return s.reshape(joined(batch, {r.d}));
   };
-  return with_autograd_if_needed({&y, &x, &beta, &lam, &prec}, run);
+  return reported({&y, &x, &beta, &lam, &prec}, run);
 }
 
 }  // namespace

@@ -12,9 +12,9 @@ using Fwd = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tens
                                                const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                const at::Tensor&, int64_t);
 
-at::Tensor langevin_step_rows(const at::Tensor& y, const at::Tensor& x, const at::Tensor& noise,
-                              const at::Tensor& step, const at::Tensor& beta, const at::Tensor& lam,
-                              const at::Tensor& prec, int64_t kind, at::IntArrayRef batch) {
+std::tuple<at::Tensor, bool> langevin_step_rows(const at::Tensor& y, const at::Tensor& x, const at::Tensor& noise,
+                                                const at::Tensor& step, const at::Tensor& beta, const at::Tensor& lam,
+                                                const at::Tensor& prec, int64_t kind, at::IntArrayRef batch) {
   static const auto fwd = kernel<Fwd>("etweedie::langevin_step_fwd");
   auto run = [&] {
     Rows r = rows(y, x, batch);
@@ -23,7 +23,7 @@ at::Tensor langevin_step_rows(const at::Tensor& y, const at::Tensor& x, const at
                                           flat(lam, batch, r.B, {}), prec_rows(prec, kind, batch, r.B), kind));
     return out.reshape(joined(batch, {r.d}));
   };
-  return with_autograd_if_needed({&y, &x, &noise, &step, &beta, &lam, &prec}, run);
+  return reported({&y, &x, &noise, &step, &beta, &lam, &prec}, run);
 }
 
 }  // namespace

@@ -10,7 +10,9 @@
 //   y (B, d) contiguous     x (B, N, d), unit stride over d (broadcast dims keep stride 0)
 //   beta, lam, step, c (B,) prec (B, *param), a diagonal or block row contiguous
 //
-// call the <op>_fwd kernel through the dispatcher and return its output shaped (*batch, d).  When
+// call the <op>_fwd kernel through the dispatcher and return its output shaped (*batch, d), with
+// whether the CPU kernel wrote a non-finite value (csrc/common/nonfinite_report.h; false on other
+// devices, whose Python ops scan their inputs instead).  When
 // no input needs a gradient the kernel is called below the autograd key, as torch's own autograd
 // kernel would after finding nothing to record: the Python autograd wrapper of the op is skipped.
 // Used in eager mode only (torch.compile traces the Python canonical form instead).
@@ -24,7 +26,10 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/accumulate.h>
 
+#include "../common/nonfinite_report.h"
+
 #include <initializer_list>
+#include <tuple>
 #include <vector>
 
 namespace etweedie {
@@ -86,6 +91,15 @@ at::Tensor with_autograd_if_needed(std::initializer_list<const at::Tensor*> inpu
   if (needs_autograd(inputs)) return run();
   at::AutoDispatchBelowAutograd below;
   return run();
+}
+
+// with_autograd_if_needed(inputs, run) under a NonFiniteReport: its output and whether the kernel
+// it called raised the report.
+template <typename Run>
+std::tuple<at::Tensor, bool> reported(std::initializer_list<const at::Tensor*> inputs, const Run& run) {
+  NonFiniteReport report;
+  at::Tensor out = with_autograd_if_needed(inputs, run);
+  return {out, report.raised()};
 }
 
 // The registered op etweedie::<name>, typed, looked up once.

@@ -11,8 +11,8 @@ namespace {
 using Fwd = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                const at::Tensor&, int64_t);
 
-at::Tensor student_t_score_rows(const at::Tensor& y, const at::Tensor& x, const at::Tensor& c,
-                                const at::Tensor& prec, int64_t kind, at::IntArrayRef batch) {
+std::tuple<at::Tensor, bool> student_t_score_rows(const at::Tensor& y, const at::Tensor& x, const at::Tensor& c,
+                                                  const at::Tensor& prec, int64_t kind, at::IntArrayRef batch) {
   static const auto fwd = kernel<Fwd>("etweedie::student_t_score_fwd");
   auto run = [&] {
     Rows r = rows(y, x, batch);
@@ -20,7 +20,7 @@ at::Tensor student_t_score_rows(const at::Tensor& y, const at::Tensor& x, const 
         fwd.call(r.y, r.x, flat(c, batch, r.B, {}), prec_rows(prec, kind, batch, r.B), kind));
     return s.reshape(joined(batch, {r.d}));
   };
-  return with_autograd_if_needed({&y, &x, &c, &prec}, run);
+  return reported({&y, &x, &c, &prec}, run);
 }
 
 }  // namespace

@@ -581,22 +581,25 @@ def kernel_checks_range(name: str, op: str = "et_score") -> bool:
 
 
 def range_guarded(op: str, name: str, metric, y: torch.Tensor, x: torch.Tensor, batch: torch.Size, run):
-    """``run()`` — the per-row op's output, (*batch, d) — under the float32 range and NaN rules,
-    or None when the call must be rerun in float64 (and rounded).
+    """The per-row op's output, (*batch, d), under the float32 range and NaN rules, or None when
+    the call must be rerun in float64 (and rounded).
 
+    ``run()`` returns ``(out, nonfinite)``: a C++ front op's pair — whether the CPU kernel wrote a
+    NaN or inf into ``out`` (csrc/common/nonfinite_report.h: each worker checks the rows it has
+    just written) — or ``(out, None)`` from the Python form, whose output :func:`flagged` reads.
     Where the kernel checks the range itself (:func:`kernel_checks_range`) nothing reads the
-    inputs first: a flagged output (:func:`flagged`) reruns a float32 call, and a float64 one
-    gets NaN rows for its non-finite inputs.  Elsewhere one min/max pass (:func:`scan`) decides
-    both before the run.  Rows whose inputs hold NaN or inf come back NaN (:func:`nan_rows`: the
-    et_score weight treats a NaN distance like a coincident draw)."""
+    inputs first: a flagged output reruns a float32 call, and a float64 one gets NaN rows for its
+    non-finite inputs.  Elsewhere one min/max pass (:func:`scan`) decides both before the run.
+    Rows whose inputs hold NaN or inf come back NaN (:func:`nan_rows`: the et_score weight treats
+    a NaN distance like a coincident draw)."""
     in_kernel = kernel_checks_range(name, op)
     finite = True
     if not in_kernel:
         out_of_range, finite = scan(metric, y, x)
         if out_of_range:
             return None
-    out = run()
-    if in_kernel and flagged(out):
+    out, nonfinite = run()
+    if in_kernel and (flagged(out) if nonfinite is None else nonfinite):
         if y.dtype == torch.float32:
             return None  # rows the kernel could not compute accurately in float32 (or non-finite inputs)
         finite = scan(None, y, x)[1]

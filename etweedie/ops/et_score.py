@@ -75,9 +75,12 @@ def et_score(
     name = backends.resolve(op, a.y.device, backend)
     name = kernel_or_reference(op, name, backend, y, x, beta, lam, metric)
 
-    def run():
+    def run():  # (score, whether the CPU kernel wrote NaN/inf: known from the front op only)
         if front(op, name, a):
             return torch.ops.etweedie.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
+        return python_form(), None
+
+    def python_form():
         c = shape_rows(a)
         if name == "reference":
             return reference.et_score(c.y, c.x, c.beta, c.lam, c.prec, c.kind)

@@ -88,9 +88,12 @@ def langevin_step(
     name = backends.resolve(op, y.device, backend)
     name = kernel_or_reference(op, name, backend, y, x, noise, step, beta, lam, metric)
 
-    def run():
+    def run():  # (step, whether the CPU kernel wrote NaN/inf: known from the front op only)
         if front(op, name, a, noise, step_t):
             return torch.ops.etweedie.langevin_step(a.y, a.x, noise, step_t, a.beta, a.lam, a.prec, a.kind, a.batch)
+        return python_form(), None
+
+    def python_form():
         c = shape_rows(a)
         xi = flat(noise, c.batch, (d,)).contiguous()
         alpha = flat(step_t, c.batch, ())

@@ -84,9 +84,12 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
     # forward-mode tangents and torch.func transforms: the reference (automatic choice) or a named error
     name = kernel_or_reference(_OP, name, backend, y, x, cv, metric)
 
-    def run():
+    def run():  # (score, whether the CPU kernel wrote NaN/inf: known from the front op only)
         if front(_OP, name, a, cv):
             return torch.ops.etweedie.student_t_score(a.y, a.x, cv, a.prec, a.kind, a.batch)
+        return python_form(), None
+
+    def python_form():
         cn = shape_rows(a)
         cf = flat(cv, cn.batch, ())
         if name == "reference":
