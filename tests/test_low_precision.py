@@ -2,8 +2,9 @@
 
 Widening (bfloat16/float16 -> float32) is checked on all 65,536 bit patterns against torch;
 narrowing (the ∂L/∂x store, round to nearest even) on fresh random float32 bit patterns against
-torch — float16 both value by value and through the whole-row conversions (widen_row,
-narrow_row: the hardware F16C instructions where the build targets them), and on float64 values — ties placed where rounding through float32 first would go
+torch — value by value and through the whole-row conversions (float16: widen_row, narrow_row, the
+hardware F16C instructions where the build targets them; bfloat16: narrow16_bf16, the ∂L/∂x
+store's blocks), and on float64 values — ties placed where rounding through float32 first would go
 wrong — against exact rounding computed here with fractions.  The header is plain C++, so the
 check is a small program built with the extension's CPU flags (as tests/test_fastmath.py does).
 """
@@ -69,7 +70,7 @@ def _narrow(checker, values: torch.Tensor):
     raw = _run(checker, [mode, str(values.numel())], values.numpy().tobytes())
     out = torch.frombuffer(bytearray(raw), dtype=torch.int16)
     n = values.numel()
-    rows = (out[2 * n :].view(torch.float16),) if values.dtype == torch.float32 else ()
+    rows = (out[2 * n : 3 * n].view(torch.float16), out[3 * n :].view(torch.bfloat16)) if values.dtype == torch.float32 else ()
     return (out[:n].view(torch.bfloat16), out[n : 2 * n].view(torch.float16), *rows)
 
 
@@ -80,8 +81,13 @@ def test_narrow_float32_matches_torch(checker):
                             3.3895314e38, 3.4e38, 2.0**-14, 2.0**-24, 2.0**-25, 1.5 * 2.0**-25, 2.0**-26,
                             1 + 2.0**-8, 1 + 3 * 2.0**-8, 1 + 2.0**-11, 1 + 3 * 2.0**-11, 1e-40, -1e-45])
     values = torch.cat([random_bits.view(torch.float32), special, -special])
-    got_b, got_h, got_h_rows = _narrow(checker, values)  # the last through narrow_row (F16C where built with it)
-    for got, dtype in ((got_b, torch.bfloat16), (got_h, torch.float16), (got_h_rows, torch.float16)):
+    # the rows: float16 through narrow_row (F16C where built with it), bfloat16 through the 16-value
+    # blocks of the ∂L/∂x store (AVX2 integer rounding; vcvtneps2bf16 on AVX512-BF16 builds for
+    # blocks without a subnormal, which that instruction flushes: ~6% of these random blocks hold one)
+    got_b, got_h, got_h_rows, got_b_rows = _narrow(checker, values)
+    assert got_b_rows.numel() == values.numel()
+    for got, dtype in ((got_b, torch.bfloat16), (got_h, torch.float16), (got_h_rows, torch.float16),
+                       (got_b_rows, torch.bfloat16)):
         want = values.to(dtype)
         bad = ~_same_bits_or_both_nan(got, want)
         assert not bad.any(), f"{dtype}: {values[bad][:5].tolist()} -> {got[bad][:5].tolist()}, torch {want[bad][:5].tolist()}"

@@ -140,7 +140,8 @@ inline void stream_row(double* dst, const double* src, int64_t n) {
 
 // The same for an output in the draws' 16-bit format (∂L/∂x of bfloat16/float16 draws): src in
 // the compute type T, rounded once to X (csrc/common/low_precision.h), 16 values per 32-byte
-// streaming store.
+// streaming store; float32 values are rounded in registers (narrow16_fp16 / narrow16_bf16): the
+// portable loop's stack buffer costs a store-forwarding stall on its reload.
 template <typename X, typename T, typename = std::enable_if_t<is_low_precision_v<X>>>
 inline void stream_row(X* dst, const T* src, int64_t n) {
   int64_t k = 0;
@@ -149,6 +150,11 @@ inline void stream_row(X* dst, const T* src, int64_t n) {
 #if ETWEEDIE_HW_HALF
     if constexpr (std::is_same_v<X, fp16> && std::is_same_v<T, float>) {
       for (; k + 16 <= n; k += 16) _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + k), narrow16_fp16(src + k));
+    }
+#endif
+#if defined(__AVX2__)
+    if constexpr (std::is_same_v<X, bf16> && std::is_same_v<T, float>) {
+      for (; k + 16 <= n; k += 16) _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + k), narrow16_bf16(src + k));
     }
 #endif
     for (; k + 16 <= n; k += 16) {

@@ -5,7 +5,9 @@
 //   low_precision_check widen        -> 65536 bf16->float32 bit patterns, then 65536 fp16->float32,
 //                                       then the fp16 ones again through widen_row (whole rows)
 //   low_precision_check narrow32 n   <- n float32   -> n bf16 bit patterns, then n fp16 bit patterns,
-//                                       then the fp16 ones again through narrow_row
+//                                       then the fp16 ones again through narrow_row, then the
+//                                       bf16 ones again through narrow16_bf16 (the ∂L/∂x store's
+//                                       16-value blocks; AVX2 builds) and the scalar tail
 //   low_precision_check narrow64 n   <- n float64   -> the same, rounded from float64 (narrow<X>(double))
 // The loops carry `#pragma omp simd`, as the kernels' loops do, so the vectorized code is what runs.
 #include <cstdint>
@@ -69,6 +71,14 @@ int main(int argc, char** argv) {
     std::vector<fp16> hr(n);
     for (size_t i = 0; i < n; i += 1000) etweedie::narrow_row(in.data() + i, std::min<size_t>(1000, n - i), hr.data() + i);
     write_all(hr);
+    std::vector<uint16_t> br(n);
+    size_t i = 0;
+#if defined(__AVX2__)
+    for (; i + 16 <= n; i += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(br.data() + i), etweedie::narrow16_bf16(in.data() + i));
+#endif
+    for (; i < n; ++i) br[i] = etweedie::narrow<bf16>(in[i]).bits;
+    write_all(br);
     return 0;
   }
   if (std::strcmp(argv[1], "narrow64") == 0) {
