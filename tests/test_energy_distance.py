@@ -113,12 +113,16 @@ def test_far_from_origin(backend, device, d, seed):
 
 @pytest.mark.parametrize("kind", ["none", "isotropic", "diagonal", "block2"])
 @pytest.mark.parametrize("beta", [1.0, 2.0, 0.7, None], ids=["b1", "b2", "b0.7", "per-row"])
-def test_cpu_gram_path(kind, beta, seed):
+@pytest.mark.parametrize("d", [72, 69])
+def test_cpu_gram_path(kind, beta, d, seed):
     """The CPU forward's Gram form (float32, d ≥ 64, ≥ 32 points: csrc/cpu/energy_gram_cpu.h):
     clouds 1e3 from the origin (centring), coincident and nearly coincident points (the
-    cancellation guard), partial panels (n, m not multiples of 16), several rows; gradients
-    (direct-difference backward) checked alongside."""
-    a, b, bt, metric = _inputs(seed, 2, 37, 50, 72, kind, beta=beta, offset=1e3)
+    cancellation guard), partial panels (n, m not multiples of 16), several rows, an odd d (the
+    dot kernel's last coordinate outside its coordinate pairs); gradients (direct-difference
+    backward) checked alongside."""
+    if kind == "block2" and d % 2:
+        kind = "block3"  # 69 = 3 · 23: a 3×3 block where a 2×2 one does not fit
+    a, b, bt, metric = _inputs(seed, 2, 37, 50, d, kind, beta=beta, offset=1e3)
     a[:, 5] = a[:, 3]
     b[:, 7] = a[:, 1]
     b[:, 9] = (b[:, 8] + 1e-3).float().double()  # representable in float32, like every input

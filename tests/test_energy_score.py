@@ -142,10 +142,14 @@ def test_cpu_row_kernel(kind, d, fair, seed):
 
 @pytest.mark.parametrize("kind", ["none", "diagonal", "block2"])
 @pytest.mark.parametrize("beta", [1.0, 2.0, 0.7, None], ids=["b1", "b2", "b0.7", "per-row"])
-def test_cpu_gram_path(kind, beta, seed):
+@pytest.mark.parametrize("d", [72, 69])
+def test_cpu_gram_path(kind, beta, d, seed):
     """Many draws in large d take the CPU forward's Gram form (float32, d ≥ 64, ≥ 32 draws:
-    csrc/cpu/energy_gram_cpu.h): 1e3 from the origin, coincident draws, a draw on the target."""
-    samples, target, bt, metric = _inputs(seed, 2, 37, 72, kind, beta=beta, offset=1e3)
+    csrc/cpu/energy_gram_cpu.h): 1e3 from the origin, coincident draws, a draw on the target; an
+    odd d (the dot kernel's last coordinate outside its coordinate pairs)."""
+    if kind == "block2" and d % 2:
+        kind = "block3"  # 69 = 3 · 23: a 3×3 block where a 2×2 one does not fit
+    samples, target, bt, metric = _inputs(seed, 2, 37, d, kind, beta=beta, offset=1e3)
     samples[:, 4] = samples[:, 2]
     samples[:, 6] = target
     _check_all("cpu", "cpu", (samples, target, bt, metric), seed, f"gram {kind} beta={beta}")

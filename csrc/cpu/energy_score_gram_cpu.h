@@ -429,13 +429,15 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
         bool guard = direct;
         if (!direct) {
           const float* Gi = G.data() + i * ld + i + 1;
-#pragma omp simd reduction(|| : guard)
+          int flagged = 0;  // an int | reduction: GCC leaves a bool || reduction as a scalar loop
+#pragma omp simd reduction(| : flagged)
           for (int64_t t = 0; t < len; ++t) {
             const float s = ni + nj[t];
             const float v = s - 2.0f * Gi[t];
             q[t] = v;
-            guard = guard || v < kGramGuard * s;
+            flagged |= static_cast<int>(v < kGramGuard * s);
           }
+          guard = flagged != 0;
         }
         std::fill(exact, exact + len, false);
         if (guard) {
