@@ -55,7 +55,11 @@ namespace cpu {
 
 constexpr int64_t kGramMinD = 64;    // below this the direct engine is as fast (few flops per pair)
 constexpr int64_t kGramMinPoints = 32;
-constexpr int64_t kGramNR = 16;      // points per panel = points per block
+#if defined(ETWEEDIE_GRAM_AVX2) && defined(__AVX512F__)
+constexpr int64_t kGramNR = 32;      // points per panel = points per block: two zmm per row of dots
+#else
+constexpr int64_t kGramNR = 16;      // points per panel = points per block: two ymm per row of dots
+#endif
 constexpr int64_t kGramMR = 4;       // rows per micro-kernel call
 constexpr float kGramGuard = 1.0f / 64.0f;
 
@@ -70,6 +74,7 @@ inline bool gram_env_enabled() {
 // dots[r·16 + j] = x_r · (column j of the panel), r < 4; panel is (d, 16) coordinate-major.
 inline void gram_dots_4x16(const float* x0, const float* x1, const float* x2, const float* x3, const float* panel,
                            int64_t d, float* dots) {
+  constexpr int64_t NR16 = 16;
 #if defined(ETWEEDIE_GRAM_AVX2) && defined(__AVX512F__)
   // One zmm holds a row's 16 dots; four rows would be four dependent FMA chains (one FMA per
   // cycle at a 4-cycle latency), so even and odd coordinates go to separate accumulators: eight
@@ -79,8 +84,8 @@ inline void gram_dots_4x16(const float* x0, const float* x1, const float* x2, co
   __m512 o0 = _mm512_setzero_ps(), o1 = _mm512_setzero_ps(), o2 = _mm512_setzero_ps(), o3 = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 2 <= d; k += 2) {
-    const __m512 pe = _mm512_loadu_ps(panel + k * kGramNR);
-    const __m512 po = _mm512_loadu_ps(panel + (k + 1) * kGramNR);
+    const __m512 pe = _mm512_loadu_ps(panel + k * NR16);
+    const __m512 po = _mm512_loadu_ps(panel + (k + 1) * NR16);
     e0 = _mm512_fmadd_ps(_mm512_set1_ps(x0[k]), pe, e0);
     e1 = _mm512_fmadd_ps(_mm512_set1_ps(x1[k]), pe, e1);
     e2 = _mm512_fmadd_ps(_mm512_set1_ps(x2[k]), pe, e2);
@@ -91,7 +96,7 @@ inline void gram_dots_4x16(const float* x0, const float* x1, const float* x2, co
     o3 = _mm512_fmadd_ps(_mm512_set1_ps(x3[k + 1]), po, o3);
   }
   if (k < d) {  // odd d: the last coordinate
-    const __m512 pe = _mm512_loadu_ps(panel + k * kGramNR);
+    const __m512 pe = _mm512_loadu_ps(panel + k * NR16);
     e0 = _mm512_fmadd_ps(_mm512_set1_ps(x0[k]), pe, e0);
     e1 = _mm512_fmadd_ps(_mm512_set1_ps(x1[k]), pe, e1);
     e2 = _mm512_fmadd_ps(_mm512_set1_ps(x2[k]), pe, e2);
@@ -106,8 +111,8 @@ inline void gram_dots_4x16(const float* x0, const float* x1, const float* x2, co
          c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(),
          c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
   for (int64_t k = 0; k < d; ++k) {
-    const __m256 p0 = _mm256_loadu_ps(panel + k * kGramNR);
-    const __m256 p1 = _mm256_loadu_ps(panel + k * kGramNR + 8);
+    const __m256 p0 = _mm256_loadu_ps(panel + k * NR16);
+    const __m256 p1 = _mm256_loadu_ps(panel + k * NR16 + 8);
     __m256 v = _mm256_broadcast_ss(x0 + k);
     c00 = _mm256_fmadd_ps(v, p0, c00);
     c01 = _mm256_fmadd_ps(v, p1, c01);
@@ -132,16 +137,70 @@ inline void gram_dots_4x16(const float* x0, const float* x1, const float* x2, co
 #else
   const float* xs[4] = {x0, x1, x2, x3};
   for (int r = 0; r < 4; ++r) {
-    float acc[kGramNR] = {};
+    float acc[NR16] = {};
     for (int64_t k = 0; k < d; ++k) {
       const float v = xs[r][k];
-      const float* pk = panel + k * kGramNR;
+      const float* pk = panel + k * NR16;
 #pragma omp simd
-      for (int64_t j = 0; j < kGramNR; ++j) acc[j] += v * pk[j];
+      for (int64_t j = 0; j < NR16; ++j) acc[j] += v * pk[j];
     }
-    for (int64_t j = 0; j < kGramNR; ++j) dots[r * kGramNR + j] = acc[j];
+    for (int64_t j = 0; j < NR16; ++j) dots[r * NR16 + j] = acc[j];
   }
 #endif
+}
+
+#if defined(ETWEEDIE_GRAM_AVX2) && defined(__AVX512F__)
+// dots[r·32 + j] = x_r · (column j of the panel), r < 4; panel is (d, 32) coordinate-major: the
+// pair engine's panels on AVX-512 CPUs (kGramNR).
+inline void gram_dots_4x32(const float* x0, const float* x1, const float* x2, const float* x3, const float* panel,
+                           int64_t d, float* dots) {
+  constexpr int64_t NR = 32;
+  // 4 rows × 32 points: eight independent FMA chains, 6 loads (two panel vectors, four
+  // broadcasts) per 8 FMAs, so the two 512-bit FMA ports, not the loads, bound the loop.
+  __m512 c00 = _mm512_setzero_ps(), c01 = _mm512_setzero_ps(), c10 = _mm512_setzero_ps(),
+         c11 = _mm512_setzero_ps(), c20 = _mm512_setzero_ps(), c21 = _mm512_setzero_ps(),
+         c30 = _mm512_setzero_ps(), c31 = _mm512_setzero_ps();
+  for (int64_t k = 0; k < d; ++k) {
+    const __m512 p0 = _mm512_loadu_ps(panel + k * NR);
+    const __m512 p1 = _mm512_loadu_ps(panel + k * NR + 16);
+    __m512 v = _mm512_set1_ps(x0[k]);
+    c00 = _mm512_fmadd_ps(v, p0, c00);
+    c01 = _mm512_fmadd_ps(v, p1, c01);
+    v = _mm512_set1_ps(x1[k]);
+    c10 = _mm512_fmadd_ps(v, p0, c10);
+    c11 = _mm512_fmadd_ps(v, p1, c11);
+    v = _mm512_set1_ps(x2[k]);
+    c20 = _mm512_fmadd_ps(v, p0, c20);
+    c21 = _mm512_fmadd_ps(v, p1, c21);
+    v = _mm512_set1_ps(x3[k]);
+    c30 = _mm512_fmadd_ps(v, p0, c30);
+    c31 = _mm512_fmadd_ps(v, p1, c31);
+  }
+  _mm512_storeu_ps(dots + 0, c00);
+  _mm512_storeu_ps(dots + 16, c01);
+  _mm512_storeu_ps(dots + 32, c10);
+  _mm512_storeu_ps(dots + 48, c11);
+  _mm512_storeu_ps(dots + 64, c20);
+  _mm512_storeu_ps(dots + 80, c21);
+  _mm512_storeu_ps(dots + 96, c30);
+  _mm512_storeu_ps(dots + 112, c31);
+}
+#endif
+
+// The register-blocked dot kernel for panels of NR points.
+template <int64_t NR>
+inline void gram_dots_4x(const float* x0, const float* x1, const float* x2, const float* x3, const float* panel,
+                         int64_t d, float* dots) {
+  if constexpr (NR == 16) {
+    gram_dots_4x16(x0, x1, x2, x3, panel, d, dots);
+  } else {
+#if defined(ETWEEDIE_GRAM_AVX2) && defined(__AVX512F__)
+    static_assert(NR == 32, "gram_dots_4x: panels of 16 or 32 points");
+    gram_dots_4x32(x0, x1, x2, x3, panel, d, dots);
+#else
+    static_assert(NR == 16, "gram_dots_4x: panels of 32 points need AVX-512");
+#endif
+  }
 }
 
 inline bool gram_applicable(const at::Tensor& a, int64_t kind, int64_t n, int64_t m, int64_t d) {
@@ -353,7 +412,7 @@ struct GramTileView {
     for (int64_t ii = i0; ii < i1; ii += kGramMR) {
       const float* rows[kGramMR];
       for (int64_t t = 0; t < kGramMR; ++t) rows[t] = xr + std::min(ii + t, i1 - 1) * d;
-      gram_dots_4x16(rows[0], rows[1], rows[2], rows[3], panel, d, dots);
+      gram_dots_4x<kGramNR>(rows[0], rows[1], rows[2], rows[3], panel, d, dots);
       const int64_t nr = std::min(kGramMR, i1 - ii);
       for (int64_t t = 0; t < nr; ++t) row(t, ii + t, dots + t * kGramNR);
       group(ii, nr);
@@ -505,7 +564,7 @@ inline void gram_cy_4(const float* C, int64_t ldc, const float* Y, int64_t ldy, 
   float* outs[4] = {out0, out1, out2, out3};
   int64_t k0 = 0;
 #if defined(ETWEEDIE_GRAM_AVX2) && defined(__AVX512F__)
-  // 32 coordinates per step in two zmm per row: eight independent FMA chains (as gram_dots_4x16's)
+  // 32 coordinates per step in two zmm per row: eight independent FMA chains (as gram_dots_4xNR's)
   for (; k0 + 32 <= d; k0 += 32) {
     __m512 a00 = _mm512_setzero_ps(), a01 = _mm512_setzero_ps(), a10 = _mm512_setzero_ps(),
            a11 = _mm512_setzero_ps(), a20 = _mm512_setzero_ps(), a21 = _mm512_setzero_ps(),

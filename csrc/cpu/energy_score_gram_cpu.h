@@ -53,6 +53,9 @@ namespace etweedie {
 namespace cpu {
 
 constexpr int64_t kScoreGramMaxPoints = 256;  // n = M + 1; scratch per thread ≈ 4·n·d + n² floats
+// Points per panel of the row kernel's Gram matrix: 16 on every CPU (the pair engine's 32-point
+// panels on AVX-512 CPUs would be half padding for the usual 8–64 draws: 1.1–1.2× slower at M = 32).
+constexpr int64_t kScoreNR = 16;
 // Up to this many points every pair is formed from its exact difference (no Gram form).
 constexpr int64_t kScoreDirectMaxPoints = 4;
 // Coordinates per block of the gradient product C·V (n rows × 128 floats ≤ 32 KiB of L1 at n ≤ 64).
@@ -90,23 +93,23 @@ inline void gram_store_panel(const float* V, int64_t i0, int64_t cnt, int64_t d,
                    b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xEE),
                    b4 = _mm256_shuffle_ps(a4, a6, 0x44), b5 = _mm256_shuffle_ps(a4, a6, 0xEE),
                    b6 = _mm256_shuffle_ps(a5, a7, 0x44), b7 = _mm256_shuffle_ps(a5, a7, 0xEE);
-      float* dst = panel + k * kGramNR + t0;
-      _mm256_storeu_ps(dst + 0 * kGramNR, _mm256_permute2f128_ps(b0, b4, 0x20));
-      _mm256_storeu_ps(dst + 1 * kGramNR, _mm256_permute2f128_ps(b1, b5, 0x20));
-      _mm256_storeu_ps(dst + 2 * kGramNR, _mm256_permute2f128_ps(b2, b6, 0x20));
-      _mm256_storeu_ps(dst + 3 * kGramNR, _mm256_permute2f128_ps(b3, b7, 0x20));
-      _mm256_storeu_ps(dst + 4 * kGramNR, _mm256_permute2f128_ps(b0, b4, 0x31));
-      _mm256_storeu_ps(dst + 5 * kGramNR, _mm256_permute2f128_ps(b1, b5, 0x31));
-      _mm256_storeu_ps(dst + 6 * kGramNR, _mm256_permute2f128_ps(b2, b6, 0x31));
-      _mm256_storeu_ps(dst + 7 * kGramNR, _mm256_permute2f128_ps(b3, b7, 0x31));
+      float* dst = panel + k * kScoreNR + t0;
+      _mm256_storeu_ps(dst + 0 * kScoreNR, _mm256_permute2f128_ps(b0, b4, 0x20));
+      _mm256_storeu_ps(dst + 1 * kScoreNR, _mm256_permute2f128_ps(b1, b5, 0x20));
+      _mm256_storeu_ps(dst + 2 * kScoreNR, _mm256_permute2f128_ps(b2, b6, 0x20));
+      _mm256_storeu_ps(dst + 3 * kScoreNR, _mm256_permute2f128_ps(b3, b7, 0x20));
+      _mm256_storeu_ps(dst + 4 * kScoreNR, _mm256_permute2f128_ps(b0, b4, 0x31));
+      _mm256_storeu_ps(dst + 5 * kScoreNR, _mm256_permute2f128_ps(b1, b5, 0x31));
+      _mm256_storeu_ps(dst + 6 * kScoreNR, _mm256_permute2f128_ps(b2, b6, 0x31));
+      _mm256_storeu_ps(dst + 7 * kScoreNR, _mm256_permute2f128_ps(b3, b7, 0x31));
     }
     for (; k < d; ++k)
-      for (int64_t t = 0; t < 8; ++t) panel[k * kGramNR + t0 + t] = src[t * d + k];
+      for (int64_t t = 0; t < 8; ++t) panel[k * kScoreNR + t0 + t] = src[t * d + k];
   }
 #endif
   for (int64_t t = t0; t < cnt; ++t) {
     const float* src = V + (i0 + t) * d;
-    for (int64_t k = 0; k < d; ++k) panel[k * kGramNR + t] = src[k];
+    for (int64_t k = 0; k < d; ++k) panel[k * kScoreNR + t] = src[k];
   }
 }
 
@@ -291,7 +294,7 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
   // the panels hold the M draws only (the target's column of G is n dot products apart: at
   // M = 32 a third panel would cost as much as a second for one point); G and C are
   // (rows, ld) with ld ≥ n columns and the rows padded to whole groups of 4 (zero rows of C)
-  const int64_t n = M + 1, nbl = (M + kGramNR - 1) / kGramNR, ld = std::max(nbl * kGramNR, n);
+  const int64_t n = M + 1, nbl = (M + kScoreNR - 1) / kScoreNR, ld = std::max(nbl * kScoreNR, n);
   const int64_t rows = (n + kGramMR - 1) / kGramMR * kGramMR;
   const bool direct = n <= kScoreDirectMaxPoints;  // every pair from its exact difference
   const int64_t K = kind == kBlock ? prec.size(1) : 0;
@@ -306,12 +309,12 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
   const float nan = std::numeric_limits<float>::quiet_NaN();
   at::parallel_for(0, B, 1, [&](int64_t r0, int64_t r1) {
     // the panels' padding columns (after the M draws) are zero from here on: only draws are stored
-    std::vector<float> U(n * d), V(direct ? 0 : n * d), panels(direct ? 0 : nbl * d * kGramNR),
+    std::vector<float> U(n * d), V(direct ? 0 : n * d), panels(direct ? 0 : nbl * d * kScoreNR),
         G(direct ? 0 : rows * ld), C(need_grad ? rows * ld : 0), cy(need_grad ? n * d : 0), nrm(n),
         wdiff(d), pw(d), centre(d), Ctail(need_grad ? kGramMR * ld : 0);
     float q[kScoreGramMaxPoints], e[kScoreGramMaxPoints], sl[kScoreGramMaxPoints];
     bool exact[kScoreGramMaxPoints];
-    float dots[kGramMR * kGramNR];
+    float dots[kGramMR * kScoreNR];
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = xp + r * sx0;
       const float* yr = yp + r * sy0;
@@ -391,17 +394,17 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
       }
       if (!direct) {
         for (int64_t J = 0; J < nbl; ++J)
-          gram_store_panel(V.data(), J * kGramNR, std::min(kGramNR, M - J * kGramNR), d,
-                           panels.data() + J * d * kGramNR);
+          gram_store_panel(V.data(), J * kScoreNR, std::min(kScoreNR, M - J * kScoreNR), d,
+                           panels.data() + J * d * kScoreNR);
         // 4. G_ij = u_i·v_j for the draws' panels at or right of row i's (the upper triangle),
         // then the target's column j = M
         for (int64_t ii = 0; ii < M; ii += kGramMR) {
           const float* urows[kGramMR];
           for (int64_t t = 0; t < kGramMR; ++t) urows[t] = U.data() + std::min(ii + t, M - 1) * d;
-          for (int64_t J = ii / kGramNR; J < nbl; ++J) {
-            gram_dots_4x16(urows[0], urows[1], urows[2], urows[3], panels.data() + J * d * kGramNR, d, dots);
+          for (int64_t J = ii / kScoreNR; J < nbl; ++J) {
+            gram_dots_4x<kScoreNR>(urows[0], urows[1], urows[2], urows[3], panels.data() + J * d * kScoreNR, d, dots);
             for (int64_t t = 0; t < kGramMR && ii + t < M; ++t)
-              std::copy(dots + t * kGramNR, dots + (t + 1) * kGramNR, G.data() + (ii + t) * ld + J * kGramNR);
+              std::copy(dots + t * kScoreNR, dots + (t + 1) * kScoreNR, G.data() + (ii + t) * ld + J * kScoreNR);
           }
         }
         const float* vt = V.data() + M * d;
