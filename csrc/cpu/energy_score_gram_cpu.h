@@ -54,7 +54,7 @@ namespace cpu {
 
 constexpr int64_t kScoreGramMaxPoints = 256;  // n = M + 1; scratch per thread ≈ 4·n·d + n² floats
 // Points per panel of the row kernel's Gram matrix: 16 on every CPU (the pair engine's 32-point
-// panels on AVX-512 CPUs would be half padding for the usual 8–64 draws: 1.1–1.2× slower at M = 32).
+// panels on AVX-512 CPUs would be half padding for the usual 8–64 draws: 1.05–1.15× slower at M = 32).
 constexpr int64_t kScoreNR = 16;
 // Up to this many points every pair is formed from its exact difference (no Gram form).
 constexpr int64_t kScoreDirectMaxPoints = 4;
