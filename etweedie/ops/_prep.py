@@ -575,8 +575,9 @@ def kernel_checks_range(name: str, op: str = "et_score") -> bool:
     its min/max pass over the inputs: the CPU kernels of et_score, langevin_step and
     student_t_score flag every row with a draw out of their accurate range — a NaN or inf, a
     float32 squared norm that over- or underflows — with NaN (q_in_range,
-    csrc/common/et_score.h), and the op reruns a flagged float32 call in float64
-    (:func:`flagged`).  The other backends rely on :func:`scan`."""
+    csrc/common/et_score.h), and the op reruns a flagged float32 call in float64 (told by the
+    front op's non-finite report, or by :func:`flagged` on the Python form).  The other backends
+    rely on :func:`scan`."""
     return name == "cpu" and _CPU_RANGE_FLAGS.get(op, False)
 
 
