@@ -140,8 +140,8 @@ inline void stream_row(double* dst, const double* src, int64_t n) {
 
 // The same for an output in the draws' 16-bit format (∂L/∂x of bfloat16/float16 draws): src in
 // the compute type T, rounded once to X (csrc/common/low_precision.h), 16 values per 32-byte
-// streaming store; float32 values are rounded in registers (narrow16_fp16 / narrow16_bf16): the
-// portable loop's stack buffer costs a store-forwarding stall on its reload.
+// streaming store; float32 values are rounded in registers (narrow16_fp16 / narrow16_bf16, by the
+// hardware conversion instructions where the CPU has them).
 template <typename X, typename T, typename = std::enable_if_t<is_low_precision_v<X>>>
 inline void stream_row(X* dst, const T* src, int64_t n) {
   int64_t k = 0;
