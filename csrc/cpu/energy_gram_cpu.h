@@ -64,6 +64,102 @@ constexpr int64_t kGramNR = 16;      // points per panel = points per block: two
 constexpr int64_t kGramMR = 4;       // rows per micro-kernel call
 constexpr float kGramGuard = 1.0f / 64.0f;
 
+#ifdef ETWEEDIE_GRAM_AVX2
+// One register of floats, for the register-blocked kernels below, written once for both widths:
+// GramYmm (AVX2, 8 lanes) and, on AVX-512 CPUs, GramZmm (16 lanes).
+struct GramYmm {
+  using V = __m256;
+  static constexpr int64_t kLanes = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V splat(const float* p) { return _mm256_broadcast_ss(p); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+};
+#if defined(__AVX512F__)
+struct GramZmm {
+  using V = __m512;
+  static constexpr int64_t kLanes = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V splat(const float* p) { return _mm512_set1_ps(*p); }  // an embedded broadcast of the FMA
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+};
+#endif
+
+// dots[r·2L + j] = x_r · (column j of the panel), r < 4, for a (d, 2L) coordinate-major panel
+// (L = W::kLanes): 4 rows × 2 registers, eight independent FMA chains, 6 loads (two panel
+// registers, four broadcasts) per 8 FMAs.
+template <class W>
+inline void gram_dots_4x2w(const float* x0, const float* x1, const float* x2, const float* x3, const float* panel,
+                           int64_t d, float* dots) {
+  constexpr int64_t L = W::kLanes, NR = 2 * L;
+  typename W::V c00 = W::zero(), c01 = W::zero(), c10 = W::zero(), c11 = W::zero(), c20 = W::zero(),
+                c21 = W::zero(), c30 = W::zero(), c31 = W::zero();
+  for (int64_t k = 0; k < d; ++k) {
+    const auto p0 = W::load(panel + k * NR), p1 = W::load(panel + k * NR + L);
+    auto v = W::splat(x0 + k);
+    c00 = W::fma(v, p0, c00);
+    c01 = W::fma(v, p1, c01);
+    v = W::splat(x1 + k);
+    c10 = W::fma(v, p0, c10);
+    c11 = W::fma(v, p1, c11);
+    v = W::splat(x2 + k);
+    c20 = W::fma(v, p0, c20);
+    c21 = W::fma(v, p1, c21);
+    v = W::splat(x3 + k);
+    c30 = W::fma(v, p0, c30);
+    c31 = W::fma(v, p1, c31);
+  }
+  W::store(dots, c00);
+  W::store(dots + L, c01);
+  W::store(dots + 2 * L, c10);
+  W::store(dots + 3 * L, c11);
+  W::store(dots + 4 * L, c20);
+  W::store(dots + 5 * L, c21);
+  W::store(dots + 6 * L, c30);
+  W::store(dots + 7 * L, c31);
+}
+
+// gram_cy_4's register-blocked part: 2L coordinates per step (L = W::kLanes) from k0 while they
+// last, eight independent FMA chains; returns the first coordinate it did not do.
+template <class W>
+inline int64_t gram_cy_4_2w(const float* C, int64_t ldc, const float* Y, int64_t ldy, int64_t nj, int64_t d,
+                            int64_t k0, float* const* outs) {
+  constexpr int64_t L = W::kLanes;
+  for (; k0 + 2 * L <= d; k0 += 2 * L) {
+    typename W::V a00 = W::zero(), a01 = W::zero(), a10 = W::zero(), a11 = W::zero(), a20 = W::zero(),
+                  a21 = W::zero(), a30 = W::zero(), a31 = W::zero();
+    for (int64_t j = 0; j < nj; ++j) {
+      const float* yj = Y + j * ldy + k0;
+      const auto y0 = W::load(yj), y1 = W::load(yj + L);
+      auto c = W::splat(C + j);
+      a00 = W::fma(c, y0, a00);
+      a01 = W::fma(c, y1, a01);
+      c = W::splat(C + ldc + j);
+      a10 = W::fma(c, y0, a10);
+      a11 = W::fma(c, y1, a11);
+      c = W::splat(C + 2 * ldc + j);
+      a20 = W::fma(c, y0, a20);
+      a21 = W::fma(c, y1, a21);
+      c = W::splat(C + 3 * ldc + j);
+      a30 = W::fma(c, y0, a30);
+      a31 = W::fma(c, y1, a31);
+    }
+    const typename W::V acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
+    for (int t = 0; t < 4; ++t) {
+      float* o = outs[t] + k0;
+      W::store(o, W::add(W::load(o), acc[t][0]));
+      W::store(o + L, W::add(W::load(o + L), acc[t][1]));
+    }
+  }
+  return k0;
+}
+#endif
+
 inline bool gram_env_enabled() {
   static const bool on = [] {
     const char* s = std::getenv("ETWEEDIE_CPU_GRAM");
@@ -109,33 +205,7 @@ inline void gram_dots_4x16(const float* x0, const float* x1, const float* x2, co
   _mm512_storeu_ps(dots + 32, _mm512_add_ps(e2, o2));
   _mm512_storeu_ps(dots + 48, _mm512_add_ps(e3, o3));
 #elif defined(ETWEEDIE_GRAM_AVX2)
-  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(),
-         c11 = _mm256_setzero_ps(), c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(),
-         c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
-  for (int64_t k = 0; k < d; ++k) {
-    const __m256 p0 = _mm256_loadu_ps(panel + k * NR16);
-    const __m256 p1 = _mm256_loadu_ps(panel + k * NR16 + 8);
-    __m256 v = _mm256_broadcast_ss(x0 + k);
-    c00 = _mm256_fmadd_ps(v, p0, c00);
-    c01 = _mm256_fmadd_ps(v, p1, c01);
-    v = _mm256_broadcast_ss(x1 + k);
-    c10 = _mm256_fmadd_ps(v, p0, c10);
-    c11 = _mm256_fmadd_ps(v, p1, c11);
-    v = _mm256_broadcast_ss(x2 + k);
-    c20 = _mm256_fmadd_ps(v, p0, c20);
-    c21 = _mm256_fmadd_ps(v, p1, c21);
-    v = _mm256_broadcast_ss(x3 + k);
-    c30 = _mm256_fmadd_ps(v, p0, c30);
-    c31 = _mm256_fmadd_ps(v, p1, c31);
-  }
-  _mm256_storeu_ps(dots + 0, c00);
-  _mm256_storeu_ps(dots + 8, c01);
-  _mm256_storeu_ps(dots + 16, c10);
-  _mm256_storeu_ps(dots + 24, c11);
-  _mm256_storeu_ps(dots + 32, c20);
-  _mm256_storeu_ps(dots + 40, c21);
-  _mm256_storeu_ps(dots + 48, c30);
-  _mm256_storeu_ps(dots + 56, c31);
+  gram_dots_4x2w<GramYmm>(x0, x1, x2, x3, panel, d, dots);
 #else
   const float* xs[4] = {x0, x1, x2, x3};
   for (int r = 0; r < 4; ++r) {
@@ -151,44 +221,6 @@ inline void gram_dots_4x16(const float* x0, const float* x1, const float* x2, co
 #endif
 }
 
-#if defined(ETWEEDIE_GRAM_AVX2) && defined(__AVX512F__)
-// dots[r·32 + j] = x_r · (column j of the panel), r < 4; panel is (d, 32) coordinate-major: the
-// pair engine's panels on AVX-512 CPUs (kGramNR).
-inline void gram_dots_4x32(const float* x0, const float* x1, const float* x2, const float* x3, const float* panel,
-                           int64_t d, float* dots) {
-  constexpr int64_t NR = 32;
-  // 4 rows × 32 points: eight independent FMA chains, 6 loads (two panel vectors, four
-  // broadcasts) per 8 FMAs, so the two 512-bit FMA ports, not the loads, bound the loop.
-  __m512 c00 = _mm512_setzero_ps(), c01 = _mm512_setzero_ps(), c10 = _mm512_setzero_ps(),
-         c11 = _mm512_setzero_ps(), c20 = _mm512_setzero_ps(), c21 = _mm512_setzero_ps(),
-         c30 = _mm512_setzero_ps(), c31 = _mm512_setzero_ps();
-  for (int64_t k = 0; k < d; ++k) {
-    const __m512 p0 = _mm512_loadu_ps(panel + k * NR);
-    const __m512 p1 = _mm512_loadu_ps(panel + k * NR + 16);
-    __m512 v = _mm512_set1_ps(x0[k]);
-    c00 = _mm512_fmadd_ps(v, p0, c00);
-    c01 = _mm512_fmadd_ps(v, p1, c01);
-    v = _mm512_set1_ps(x1[k]);
-    c10 = _mm512_fmadd_ps(v, p0, c10);
-    c11 = _mm512_fmadd_ps(v, p1, c11);
-    v = _mm512_set1_ps(x2[k]);
-    c20 = _mm512_fmadd_ps(v, p0, c20);
-    c21 = _mm512_fmadd_ps(v, p1, c21);
-    v = _mm512_set1_ps(x3[k]);
-    c30 = _mm512_fmadd_ps(v, p0, c30);
-    c31 = _mm512_fmadd_ps(v, p1, c31);
-  }
-  _mm512_storeu_ps(dots + 0, c00);
-  _mm512_storeu_ps(dots + 16, c01);
-  _mm512_storeu_ps(dots + 32, c10);
-  _mm512_storeu_ps(dots + 48, c11);
-  _mm512_storeu_ps(dots + 64, c20);
-  _mm512_storeu_ps(dots + 80, c21);
-  _mm512_storeu_ps(dots + 96, c30);
-  _mm512_storeu_ps(dots + 112, c31);
-}
-#endif
-
 // The register-blocked dot kernel for panels of NR points.
 template <int64_t NR>
 inline void gram_dots_4x(const float* x0, const float* x1, const float* x2, const float* x3, const float* panel,
@@ -198,7 +230,7 @@ inline void gram_dots_4x(const float* x0, const float* x1, const float* x2, cons
   } else {
 #if defined(ETWEEDIE_GRAM_AVX2) && defined(__AVX512F__)
     static_assert(NR == 32, "gram_dots_4x: panels of 16 or 32 points");
-    gram_dots_4x32(x0, x1, x2, x3, panel, d, dots);
+    gram_dots_4x2w<GramZmm>(x0, x1, x2, x3, panel, d, dots);  // the pair engine's panels (kGramNR)
 #else
     static_assert(NR == 16, "gram_dots_4x: panels of 32 points need AVX-512");
 #endif
@@ -566,63 +598,10 @@ inline void gram_cy_4(const float* C, int64_t ldc, const float* Y, int64_t ldy, 
   float* outs[4] = {out0, out1, out2, out3};
   int64_t k0 = 0;
 #if defined(ETWEEDIE_GRAM_AVX2) && defined(__AVX512F__)
-  // 32 coordinates per step in two zmm per row: eight independent FMA chains (as gram_dots_4xNR's)
-  for (; k0 + 32 <= d; k0 += 32) {
-    __m512 a00 = _mm512_setzero_ps(), a01 = _mm512_setzero_ps(), a10 = _mm512_setzero_ps(),
-           a11 = _mm512_setzero_ps(), a20 = _mm512_setzero_ps(), a21 = _mm512_setzero_ps(),
-           a30 = _mm512_setzero_ps(), a31 = _mm512_setzero_ps();
-    for (int64_t j = 0; j < nj; ++j) {
-      const float* yj = Y + j * ldy + k0;
-      const __m512 y0 = _mm512_loadu_ps(yj), y1 = _mm512_loadu_ps(yj + 16);
-      __m512 c = _mm512_set1_ps(C[j]);
-      a00 = _mm512_fmadd_ps(c, y0, a00);
-      a01 = _mm512_fmadd_ps(c, y1, a01);
-      c = _mm512_set1_ps(C[ldc + j]);
-      a10 = _mm512_fmadd_ps(c, y0, a10);
-      a11 = _mm512_fmadd_ps(c, y1, a11);
-      c = _mm512_set1_ps(C[2 * ldc + j]);
-      a20 = _mm512_fmadd_ps(c, y0, a20);
-      a21 = _mm512_fmadd_ps(c, y1, a21);
-      c = _mm512_set1_ps(C[3 * ldc + j]);
-      a30 = _mm512_fmadd_ps(c, y0, a30);
-      a31 = _mm512_fmadd_ps(c, y1, a31);
-    }
-    const __m512 acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
-    for (int t = 0; t < 4; ++t) {
-      float* o = outs[t] + k0;
-      _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), acc[t][0]));
-      _mm512_storeu_ps(o + 16, _mm512_add_ps(_mm512_loadu_ps(o + 16), acc[t][1]));
-    }
-  }
+  k0 = gram_cy_4_2w<GramZmm>(C, ldc, Y, ldy, nj, d, k0, outs);  // 32 coordinates per step
 #endif
 #ifdef ETWEEDIE_GRAM_AVX2
-  for (; k0 + 16 <= d; k0 += 16) {
-    __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps(), a10 = _mm256_setzero_ps(),
-           a11 = _mm256_setzero_ps(), a20 = _mm256_setzero_ps(), a21 = _mm256_setzero_ps(),
-           a30 = _mm256_setzero_ps(), a31 = _mm256_setzero_ps();
-    for (int64_t j = 0; j < nj; ++j) {
-      const float* yj = Y + j * ldy + k0;
-      const __m256 y0 = _mm256_loadu_ps(yj), y1 = _mm256_loadu_ps(yj + 8);
-      __m256 c = _mm256_broadcast_ss(C + j);
-      a00 = _mm256_fmadd_ps(c, y0, a00);
-      a01 = _mm256_fmadd_ps(c, y1, a01);
-      c = _mm256_broadcast_ss(C + ldc + j);
-      a10 = _mm256_fmadd_ps(c, y0, a10);
-      a11 = _mm256_fmadd_ps(c, y1, a11);
-      c = _mm256_broadcast_ss(C + 2 * ldc + j);
-      a20 = _mm256_fmadd_ps(c, y0, a20);
-      a21 = _mm256_fmadd_ps(c, y1, a21);
-      c = _mm256_broadcast_ss(C + 3 * ldc + j);
-      a30 = _mm256_fmadd_ps(c, y0, a30);
-      a31 = _mm256_fmadd_ps(c, y1, a31);
-    }
-    const __m256 acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
-    for (int t = 0; t < 4; ++t) {
-      float* o = outs[t] + k0;
-      _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), acc[t][0]));
-      _mm256_storeu_ps(o + 8, _mm256_add_ps(_mm256_loadu_ps(o + 8), acc[t][1]));
-    }
-  }
+  k0 = gram_cy_4_2w<GramYmm>(C, ldc, Y, ldy, nj, d, k0, outs);  // then 16
 #endif
   for (int t = 0; t < 4; ++t) {
     const float* ct = C + t * ldc;
