@@ -614,18 +614,9 @@ def flagged(out: torch.Tensor) -> bool:
     value (an overflowing result also reruns in float64); read where value checks run (no GPU
     sync).  One sum: NaN and inf propagate through it (a sum that overflows from finite values
     also reads as flagged, and the float64 rerun is then merely unneeded), and unlike
-    ``isfinite(out).all()`` it allocates no mask.  A CPU output is summed by numpy, on the calling
-    thread: torch's sum of a (B, d) output wakes the intra-op threads for it, which cost more than
-    the sum (55–100 µs against 40–60 µs per call at B = 64, d = 784, two threads)."""
-    if not (value_checks(out) and out.numel() > 0):
-        return False
-    t = out.detach()
-    if t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) and type(t) is torch.Tensor:
-        try:
-            return not math.isfinite(float(t.numpy().sum()))
-        except (RuntimeError, TypeError):  # a tensor numpy cannot view (e.g. under a functorch transform)
-            pass
-    return not math.isfinite(float(t.sum()))
+    ``isfinite(out).all()`` it allocates no mask.  Only the Python form needs it (dense metrics,
+    torch.compile, functorch): the C++ front ops return the kernel's own report."""
+    return value_checks(out) and out.numel() > 0 and not math.isfinite(float(out.detach().sum()))
 
 
 def front(op: str, name: str, a: RowArgs, *tensors) -> bool:
