@@ -189,9 +189,9 @@ inline __m256i narrow16_fp16(const float* src) {
 // src[0:16] rounded to bfloat16 in one 256-bit register (the ∂L/∂x store of bfloat16 draws).
 // narrow16_bf16_exact: float_to_bf16's integer arithmetic on eight lanes at a time (round to
 // nearest even, NaN quieted with its sign kept: the same bits as the scalar function), the two
-// halves packed in registers.  narrow16_bf16: one vcvtneps2bf16 on AVX512-BF16 CPUs (about 1.1×
-// the whole fwd+bwd at 64 × 256 × 784, where the integer rounding took ~40% of the gradient
-// pass), the exact path for a block holding a subnormal and on other CPUs.
+// halves packed in registers.  narrow16_bf16: one vcvtneps2bf16 on AVX512-BF16 CPUs (the integer
+// rounding took ~40% of the backward's gradient pass: benchmarks/RESULTS.md, 16-bit draws), the
+// exact path for a block holding a subnormal and on other CPUs.
 inline __m256i narrow8_bf16_lanes(__m256 v) {  // the bfloat16 bits in the low half of each 32-bit lane
   const __m256i b = _mm256_castps_si256(v);
   const __m256i top = _mm256_srli_epi32(b, 16);

@@ -175,8 +175,8 @@ inline void gram_dots_4x16(const float* x0, const float* x1, const float* x2, co
 #if defined(ETWEEDIE_GRAM_AVX2) && defined(__AVX512F__)
   // One zmm holds a row's 16 dots; four rows would be four dependent FMA chains (one FMA per
   // cycle at a 4-cycle latency), so even and odd coordinates go to separate accumulators: eight
-  // independent chains, 10 loads per 8 FMAs (vs 6 per 8 half-width FMAs on AVX2): on a CPU with
-  // two 512-bit FMA ports the energy_distance forward ran 1.2× faster than with the AVX2 loop.
+  // independent chains, 10 loads per 8 FMAs (vs 6 per 8 half-width FMAs on AVX2), faster than the
+  // AVX2 loop on a CPU with two 512-bit FMA ports (benchmarks/probes/gram_microkernel.c).
   // Used for the 16-point panels of the energy_score row kernel; the pair engine takes 4 × 32.
   __m512 e0 = _mm512_setzero_ps(), e1 = _mm512_setzero_ps(), e2 = _mm512_setzero_ps(), e3 = _mm512_setzero_ps();
   __m512 o0 = _mm512_setzero_ps(), o1 = _mm512_setzero_ps(), o2 = _mm512_setzero_ps(), o3 = _mm512_setzero_ps();

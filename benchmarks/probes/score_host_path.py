@@ -1,0 +1,53 @@
+"""Where the public per-row op's time goes beyond its kernel (et_score, 64 × 256 × 784, float32).
+
+    python benchmarks/probes/score_host_path.py [--threads 2]
+
+Prints (1) medians of 200 alternating calls of the public op ``etweedie.et_score(y, x, 1.5)`` and
+of the raw kernel op ``torch.ops.etweedie.et_score_fwd`` on the canonical tensors, and (2) the mean
+wall time of 1,000 back-to-back calls each of the C++ front op ``torch.ops.etweedie.et_score`` and
+of the raw op (no alternation).
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import etweedie
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(0)
+    B, N, d = 64, 256, 784
+    y, x = torch.randn(B, d, generator=g), torch.randn(B, N, d, generator=g)
+    beta, lam, prec = torch.tensor(1.5), torch.tensor(1.0), torch.ones(())
+    flat = [t.expand(B) for t in (beta, lam, prec)]
+    calls = {
+        "public": lambda: etweedie.et_score(y, x, 1.5),
+        "raw": lambda: torch.ops.etweedie.et_score_fwd(y, x, *flat, 0),
+        "front": lambda: torch.ops.etweedie.et_score(y, x, beta, lam, prec, 0, [B]),
+    }
+    for f in calls.values():
+        f()
+    times = {"public": [], "raw": []}
+    for _ in range(200):
+        for name in times:
+            t0 = time.perf_counter()
+            calls[name]()
+            times[name].append(time.perf_counter() - t0)
+    pub, raw = (statistics.median(times[n]) * 1e6 for n in ("public", "raw"))
+    print(f"alternating: public {pub:.0f} µs, raw {raw:.0f} µs, public − raw {pub - raw:.0f} µs ({pub / raw:.2f}×)")
+    for name in ("front", "raw"):
+        t0 = time.perf_counter()
+        for _ in range(1000):
+            calls[name]()
+        print(f"back to back: {name} {(time.perf_counter() - t0) * 1e3:.0f} µs per call")
+
+
+if __name__ == "__main__":
+    main()
