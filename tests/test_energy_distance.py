@@ -130,6 +130,28 @@ def test_cpu_gram_path(kind, beta, d, seed):
     _check_cloud_grads_only(a, b, bt, metric, seed, f"gram {kind} beta={beta}")
 
 
+@pytest.mark.parametrize("rows", [2, 12], ids=["per-point", "row-parallel"])
+@pytest.mark.parametrize("grads", ["clouds", "all"])
+@pytest.mark.parametrize("offset", [0.0, 1e3], ids=["origin", "1e3"])
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "block2"])
+def test_cpu_close_pairs_from_source_points(kind, offset, grads, rows, seed):
+    """Pairs 1e-4 apart (within each cloud and across), β = 0.5, d = 72: the close pair's slope
+    dominates its points' gradients, so its difference must carry the inputs' precision.  The
+    Gram form's centred, whitened rows (gradients of the clouds only) and the whitened copies
+    of the pair engine (β and metric gradients too; per point and row-parallel) each round at
+    the size of the points: 10⁴× the pair's distance.  Both form close pairs from the inputs."""
+    a, b, bt, metric = _inputs(seed, rows, 37, 50, 72, kind, beta=0.5, offset=offset)
+    step = 1e-4 * torch.randn(rows, 72, generator=gen(seed + 1), dtype=torch.float64)
+    a[:, 4] = (a[:, 2] + step).float().double()
+    b[:, 9] = (b[:, 8] + step).float().double()
+    b[:, 11] = (a[:, 6] - step).float().double()
+    label = f"close pairs {kind} offset={offset:g}"
+    if grads == "all":
+        _check_all("cpu", "cpu", (a, b, bt, metric), seed, label)
+    else:
+        _check_cloud_grads_only(a, b, bt, metric, seed, label)
+
+
 def _check_cloud_grads_only(a, b, bt, metric, seed, label, unbiased=True):
     """Gradients for the clouds only (no β / metric gradient): the CPU backward's Gram form."""
 

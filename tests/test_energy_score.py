@@ -212,6 +212,31 @@ def test_cpu_score_gram_kernel(kind, beta, offset, M, seed):
     torch.testing.assert_close(gt, got[2], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("grads", ["draws", "all"])
+@pytest.mark.parametrize("offset", [0.0, 1e3], ids=["origin", "1e3"])
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "block2"])
+@pytest.mark.parametrize("B,M", [(3, 32), (3, 3), (12, 9)], ids=["gram", "direct", "many-rows"])
+def test_cpu_close_pairs_from_source_points(B, M, kind, offset, grads, seed):
+    """Two draws 1e-4 apart and a draw 1e-4 from the target, β = 0.5, d = 72: the close pairs'
+    slopes dominate their points' gradients, so their differences must carry the inputs'
+    precision.  The Gram row kernel's centred points (gradients of draws and target only) and
+    the pair engine's whitened copies (β and metric gradients too) each round at the size of
+    the points, 10⁴× the pairs' distance: both form close pairs from the inputs."""
+    samples, target, bt, metric = _inputs(seed, B, M, 72, kind, beta=0.5, offset=offset)
+    step = 1e-4 * torch.randn(B, 72, generator=gen(seed + 1), dtype=torch.float64)
+    samples[:, M - 1] = (samples[:, 0] + step).float().double()
+    samples[:, 1] = (target - step).float().double()
+    label = f"close pairs {kind} offset={offset:g}"
+    if grads == "all":
+        _check_all("cpu", "cpu", (samples, target, bt, metric), seed, label)
+        return
+    got = _gram_rows_run("cpu", torch.float32, samples, target, bt, metric, True)
+    r32 = _gram_rows_run("reference", torch.float32, samples, target, bt, metric, True)
+    r64 = _gram_rows_run("reference", torch.float64, samples, target, bt, metric, True)
+    for name, x, y, z in zip(["ES", "grad samples", "grad target"], got, r32, r64):
+        assert_close_to_ref(x, y, z, name=f"{name} [{label}]", seed=seed, atol_scale=3e-5)
+
+
 @pytest.mark.parametrize("scale", [1e-20, 1e20])
 @pytest.mark.parametrize("B,M", [(4, 17), (1, 255), (3, 2), (2, 1)], ids=["gram", "max-draws", "m2", "m1"])
 def test_cpu_score_gram_kernel_scale(scale, B, M, seed):

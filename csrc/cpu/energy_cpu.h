@@ -20,7 +20,8 @@
 // no precision — except the float32 forward with large d and many points, which takes the
 // Gram form with centring and a cancellation guard (energy_gram_cpu.h).  Diagonal and block metrics with
 // large d are whitened once per call and run isotropically (energy_forward / energy_backward
-// at the end of this file).  Memory: O(R·d) scratch per thread, O(#units) partial sums
+// at the end of this file); the backward forms their close pairs from the source points
+// (CloseSource), as the Gram form does.  Memory: O(R·d) scratch per thread, O(#units) partial sums
 // (doubles) for a deterministic reduction, O((n + m)·d) per row for the symmetric backward's
 // accumulators and the whitened clouds; nothing of size n·m.
 //
@@ -92,6 +93,81 @@ inline void accum_outer_soa(const RowPrec<T, kBlock, K>&, const T* ut, int64_t l
       }
 }
 
+// ------------------------------------------------------------------------- whitening
+
+// o = (x − c)·M blockwise for one point (c may be null), compile-time block size K.
+template <typename T, int K>
+inline void block_apply(const T* x, const T* c, const T* M, T* o, int64_t d) {
+  for (int64_t blk = 0; blk < d / K; ++blk) {
+    T u[K];
+#pragma GCC unroll 4
+    for (int a = 0; a < K; ++a) u[a] = x[blk * K + a] - (c ? c[blk * K + a] : T(0));
+#pragma GCC unroll 4
+    for (int j = 0; j < K; ++j) {
+      T acc = 0;
+#pragma GCC unroll 4
+      for (int a = 0; a < K; ++a) acc += u[a] * M[a * K + j];
+      o[blk * K + j] = acc;
+    }
+  }
+}
+
+// o = (x − c)·M for one point: M the diagonal scale (K = 0, d values) or a K×K block applied
+// blockwise (row-major, K ≤ 4); c may be null.
+template <typename T>
+inline void whiten_point(const T* x, const T* c, const T* M, int64_t K, int64_t d, T* o) {
+  switch (K) {
+    case 0:
+      if (c) {
+#pragma omp simd
+        for (int64_t k = 0; k < d; ++k) o[k] = (x[k] - c[k]) * M[k];
+      } else {
+#pragma omp simd
+        for (int64_t k = 0; k < d; ++k) o[k] = x[k] * M[k];
+      }
+      break;
+    case 1: block_apply<T, 1>(x, c, M, o, d); break;
+    case 2: block_apply<T, 2>(x, c, M, o, d); break;
+    case 3: block_apply<T, 3>(x, c, M, o, d); break;
+    default: block_apply<T, 4>(x, c, M, o, d); break;
+  }
+}
+
+template <typename T>
+inline T squared_norm(const T* z, int64_t d) {
+  T acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t k = 0; k < d; ++k) acc += z[k] * z[k];
+  return acc;
+}
+
+// Close pairs of whitened clouds.  With a diagonal or block metric at large d the pair loops
+// run on z = (x − x₀)·L (energy_backward below); each z carries the rounding of its own
+// centring and metric, up to ~2⁻²⁴|z| per coordinate (float), and a difference much smaller than
+// the points magnifies it — 10⁴× for a pair 10⁻⁴ apart at unit spread, where β < 1 makes that
+// pair's slope the largest term of its points' gradients.  A pair with ‖z_i − z_j‖² <
+// 2⁻⁶(‖z_i‖² + ‖z_j‖²) (the Gram form's guard, energy_gram_cpu.h) is therefore formed from its
+// source points instead: u = (x_i − x_j)·L, the source difference rounded once.
+template <typename T>
+struct CloseSource {
+  const T* xs;       // the source point of x
+  const T* cs;       // the source points of the run: cs + t·scs
+  int64_t scs;
+  T nx;              // ‖z_x‖²
+  const T* nc;       // ‖z_t‖² of the run's points
+  const T* L;        // the row's whitening factor (K = 0: diagonal scale)
+  int64_t K;
+  T* u;              // scratch, d values: the close pair's u
+  const T* zero;     // d zeros (u − 0 is the pair's difference in the metric's own loops)
+
+  // whether pair t with whitened ‖z_x − z_t‖² = q is close; if so u = its source difference
+  bool recompute(int64_t t, T q, int64_t d) const {
+    if (!(q < T(kGramGuard) * (nx + nc[t]))) return false;
+    whiten_point(xs, cs + t * scs, L, K, d, u);
+    return true;
+  }
+};
+
 // ------------------------------------------------------------------------- one point vs a run
 
 // Σ_t E(x − c_t) over the n points c_t = c + t·sc.
@@ -118,15 +194,23 @@ inline T run_energy(const Prec& P, const T* x, const T* c, int64_t sc, int64_t n
 // and, when acc_c is given (the symmetric backward), acc_c[t·d + k] −= cu slope_t (x − c_t)_k;
 // value (if given) += cu Σ_t E_t (the forward value, for the fused value-and-gradient pass).
 // gbeta / gp may be null (not requested, or pairs already counted by another unit).
+// close: the source points of whitened x and c (large d only: whitening is for d > kSmallD).
 template <typename T, typename Prec>
 inline void run_grad(const Prec& P, const T* x, const T* c, int64_t sc, int64_t n, int64_t d, T beta, T cu, T cp,
-                     T* acc, double* gbeta, T* gp, T* acc_c = nullptr, double* value = nullptr) {
+                     T* acc, double* gbeta, T* gp, T* acc_c = nullptr, double* value = nullptr,
+                     const CloseSource<T>* close = nullptr) {
   if (n <= 0) return;
   if (d > kSmallD) {
     double gb = 0, val = 0;
     for (int64_t t = 0; t < n; ++t) {
       const T* ct = c + t * sc;
-      const T q = P.quad(x, ct, d);
+      const T* xt = x;  // the pair's difference is xt − ct (a close pair's: u − 0)
+      T q = P.quad(xt, ct, d);
+      if (close != nullptr && close->recompute(t, q, d)) {
+        xt = close->u;
+        ct = close->zero;
+        q = P.quad(xt, ct, d);
+      }
       const T sl = pair_energy_slope(q, beta);
       if (gbeta || value) {
         const T e = pair_energy(q, beta);
@@ -139,15 +223,15 @@ inline void run_grad(const Prec& P, const T* x, const T* c, int64_t sc, int64_t 
         T* at = acc_c + t * d;
 #pragma omp simd
         for (int64_t k = 0; k < d; ++k) {
-          const T g = f * (x[k] - ct[k]);
+          const T g = f * (xt[k] - ct[k]);
           acc[k] += g;
           at[k] -= g;
         }
       } else {
 #pragma omp simd
-        for (int64_t k = 0; k < d; ++k) acc[k] += f * (x[k] - ct[k]);
+        for (int64_t k = 0; k < d; ++k) acc[k] += f * (xt[k] - ct[k]);
       }
-      if (gp) P.accum_outer(x, ct, T(0.5) * cp * sl, gp, d);
+      if (gp) P.accum_outer(xt, ct, T(0.5) * cp * sl, gp, d);
     }
     if (gbeta) *gbeta += cp * gb;
     if (value) *value += cu * val;
@@ -284,12 +368,21 @@ inline at::Tensor energy_pairs_forward(const char* op, const at::Tensor& a, cons
   return out;
 }
 
+// The source clouds of whitened ones (energy_backward), from which their close pairs are formed
+// (CloseSource).
+struct WhitenedSource {
+  at::Tensor a, b;    // the source clouds (B, n, d), (B, m, d), unit stride over d
+  at::Tensor na, nb;  // squared norms of the whitened clouds, (B, n) and (B, m) contiguous
+  at::Tensor L;       // the whitening factor: (B, d) diagonal scale (K = 0) or (B, K, K), contiguous
+  int64_t K = 0;
+};
+
 // Gradients of grad[r] · (weighted pair sums of row r) -> (grad_a, grad_b, grad_beta, grad_prec);
-// an unrequested gradient is an empty tensor.
+// an unrequested gradient is an empty tensor.  src: a and b are whitened clouds of src's.
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_backward(
     const char* op, const at::Tensor& grad, const at::Tensor& a, const at::Tensor& b, const at::Tensor& beta,
     const at::Tensor& prec, int64_t kind, PairWeights w, bool need_a, bool need_b, bool need_beta, bool need_prec,
-    at::Tensor* value = nullptr) {
+    at::Tensor* value = nullptr, const WhitenedSource* src = nullptr) {
   check_energy_canonical(op, a, b, beta, prec, kind);
   const int64_t B = a.size(0), n = a.size(1), m = b.size(1), d = a.size(2);
   auto g = grad.contiguous();
@@ -301,7 +394,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
   auto gbeta = need_beta ? at::zeros({B}, a.options()) : empty();
   std::vector<int64_t> psize(prec.sizes().begin(), prec.sizes().end());
   auto gprec = need_prec ? at::zeros(psize, a.options()) : empty();
-  if (value == nullptr && !need_beta && !need_prec && d > 0 && gram_applicable(a, kind, n, m, d)) {
+  if (src == nullptr && value == nullptr && !need_beta && !need_prec && d > 0 && gram_applicable(a, kind, n, m, d)) {
     std::pair<at::Tensor, at::Tensor> gram_grads;
     if (energy_gram_backward(g, a, b, beta, prec, w, need_a, need_b, &gram_grads))
       return {gram_grads.first, gram_grads.second, gbeta, gprec};
@@ -336,6 +429,27 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
     std::vector<double> part_prec(need_prec ? B * nu * ps : 0, 0.0);
     const int64_t sab = a.stride(0), san = a.stride(1), sbb = b.stride(0), sbn = b.stride(1);
     const int64_t sbeta = beta.stride(0), sp0 = prec.stride(0);
+    // one row of a cloud: points z + i·s; a whitened cloud's also carry their source points
+    // (src + i·ss) and squared norms (nrm), for the close pairs (CloseSource)
+    struct Cloud {
+      const T* z;
+      int64_t s;
+      const T* src = nullptr;
+      int64_t ss = 0;
+      const T* nrm = nullptr;
+    };
+    const T* Lp = src ? src->L.data_ptr<T>() : nullptr;
+    const int64_t K_src = src ? src->K : 0, lstride = src ? (K_src == 0 ? d : K_src * K_src) : 0;
+    auto cloud_a = [&](int64_t r) {
+      return src ? Cloud{ap + r * sab, san, src->a.data_ptr<T>() + r * src->a.stride(0), src->a.stride(1),
+                         src->na.data_ptr<T>() + r * n}
+                 : Cloud{ap + r * sab, san};
+    };
+    auto cloud_b = [&](int64_t r) {
+      return src ? Cloud{bp + r * sbb, sbn, src->b.data_ptr<T>() + r * src->b.stride(0), src->b.stride(1),
+                         src->nb.data_ptr<T>() + r * m}
+                 : Cloud{bp + r * sbb, sbn};
+    };
     ET_DISPATCH_METRIC(kind, energy_block_of(prec, kind), T, [&] {
       // Block I of cloud x: gradients of its points from the cross pairs with cloud c (weight
       // w_cross; counted for β/P when cross_param) and from all within pairs (weight w_within,
@@ -348,17 +462,24 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
         }
         pending = 0;
       };
-      // run_grad with its metric gradient summed into scratch, flushed to gpd every kFlushPairs pairs
-      // (not every call: at large d a call holds 8 pairs and the flush of a diagonal metric d values)
-      auto grad_pairs = [&](const Prec& P, const T* x, const T* c, int64_t sc, int64_t nc, T be, T cu, T cp, T* acc,
-                            double* gbe, double* gpd, T* scratch, int64_t& pending, T* acc_c = nullptr,
-                            double* val = nullptr) {
-        run_grad(P, x, c, sc, nc, d, be, cu, cp, acc, gbe, gpd ? scratch : nullptr, acc_c, val);
+      // run_grad of point i of X with points j0 … j0 + nc − 1 of C (row r), its metric gradient
+      // summed into scratch, flushed to gpd every kFlushPairs pairs (not every call: at large d a
+      // call holds 8 pairs and the flush of a diagonal metric d values); closebuf: 2d values of
+      // scratch, the last d zero (whitened clouds' close pairs)
+      auto grad_pairs = [&](const Prec& P, int64_t r, const Cloud& X, int64_t i, const Cloud& C, int64_t j0, int64_t nc,
+                            T be, T cu, T cp, T* acc, double* gbe, double* gpd, T* scratch, int64_t& pending,
+                            T* closebuf, T* acc_c = nullptr, double* val = nullptr) {
+        CloseSource<T> close{};
+        if (X.src != nullptr)
+          close = CloseSource<T>{X.src + i * X.ss, C.src + j0 * C.ss, C.ss, X.nrm[i], C.nrm + j0, Lp + r * lstride,
+                                 K_src, closebuf, closebuf + d};
+        run_grad(P, X.z + i * X.s, C.z + j0 * C.s, C.s, nc, d, be, cu, cp, acc, gbe, gpd ? scratch : nullptr, acc_c, val,
+                 X.src != nullptr ? &close : nullptr);
         if (gpd && (pending += nc) >= kFlushPairs) flush(gpd, scratch, pending);
       };
-      auto unit = [&](int64_t r, int64_t slot, const T* x, int64_t sx, int64_t np, int64_t I, const T* c, int64_t sc,
-                      int64_t nc, double w_cross, bool cross_param, double w_within, T* gout, std::vector<T>& acc,
-                      std::vector<T>& scratch) {
+      auto unit = [&](int64_t r, int64_t slot, const Cloud& X, int64_t np, int64_t I, const Cloud* C, int64_t nc,
+                      double w_cross, bool cross_param, double w_within, T* gout, std::vector<T>& acc,
+                      std::vector<T>& scratch, std::vector<T>& closebuf) {
         const Prec P{pp + r * sp0};
         const T be = betap[r * sbeta];
         const int64_t i0 = I * R, i1 = std::min(np, i0 + R);
@@ -368,20 +489,20 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
         std::fill(scratch.begin(), scratch.end(), T(0));
         int64_t pending = 0;
         const T wc = static_cast<T>(w_cross), ww = static_cast<T>(w_within);
-        if (w_cross != 0 && c != nullptr) {
+        if (w_cross != 0 && C != nullptr) {
           for (int64_t j0 = 0; j0 < nc; j0 += R) {
             const int64_t len = std::min(R, nc - j0);
             for (int64_t i = i0; i < i1; ++i)
-              grad_pairs(P, x + i * sx, c + j0 * sc, sc, len, be, wc, wc, acc.data() + (i - i0) * d,
-                         cross_param ? gbe : nullptr, cross_param ? gpd : nullptr, scratch.data(), pending);
+              grad_pairs(P, r, X, i, *C, j0, len, be, wc, wc, acc.data() + (i - i0) * d, cross_param ? gbe : nullptr,
+                         cross_param ? gpd : nullptr, scratch.data(), pending, closebuf.data());
           }
         }
         if (w_within != 0 && np > 1) {
           for (int64_t j0 = 0; j0 < np; j0 += R) {
             const int64_t len = std::min(R, np - j0);
             for (int64_t i = i0; i < i1; ++i)
-              grad_pairs(P, x + i * sx, x + j0 * sx, sx, len, be, ww, T(0.5) * ww, acc.data() + (i - i0) * d, gbe,
-                         gpd, scratch.data(), pending);
+              grad_pairs(P, r, X, i, X, j0, len, be, ww, T(0.5) * ww, acc.data() + (i - i0) * d, gbe, gpd,
+                         scratch.data(), pending, closebuf.data());
           }
         }
         if (gpd) flush(gpd, scratch.data(), pending);
@@ -394,13 +515,13 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
         // Enough rows to occupy every thread: one row per task, every pair formed once and its
         // gradient added to both points (the forward's pair count; no races across rows).
         at::parallel_for(0, B, 1, [&](int64_t r0, int64_t r1) {
-          std::vector<T> acc((n + m) * d), scratch(ps);
+          std::vector<T> acc((n + m) * d), scratch(ps), closebuf(src ? 2 * d : 0, T(0));
           std::vector<double> gp_row(need_prec ? ps : 0);
           for (int64_t r = r0; r < r1; ++r) {
             const Prec P{pp + r * sp0};
             const T be = betap[r * sbeta];
-            const T* x = ap + r * sab;
-            const T* c = bp + r * sbb;
+            const Cloud A = cloud_a(r), Bc = cloud_b(r);
+            T* cb = closebuf.data();
             T* acc_a = acc.data();
             T* acc_b = acc.data() + n * d;
             std::fill(acc.begin(), acc.end(), T(0));
@@ -415,15 +536,15 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
             const T wc = static_cast<T>(w.cross), wa = static_cast<T>(w.within_a), wb = static_cast<T>(w.within_b);
             if (w.cross != 0)
               for (int64_t i = 0; i < n; ++i)
-                grad_pairs(P, x + i * san, c, sbn, m, be, wc, wc, acc_a + i * d, gbep, gpd, sp, pending, acc_b, valp);
+                grad_pairs(P, r, A, i, Bc, 0, m, be, wc, wc, acc_a + i * d, gbep, gpd, sp, pending, cb, acc_b, valp);
             if (w.within_a != 0)
               for (int64_t i = 0; i + 1 < n; ++i)
-                grad_pairs(P, x + i * san, x + (i + 1) * san, san, n - i - 1, be, wa, wa, acc_a + i * d, gbep, gpd, sp,
-                           pending, acc_a + (i + 1) * d, valp);
+                grad_pairs(P, r, A, i, A, i + 1, n - i - 1, be, wa, wa, acc_a + i * d, gbep, gpd, sp, pending, cb,
+                           acc_a + (i + 1) * d, valp);
             if (w.within_b != 0)
               for (int64_t j = 0; j + 1 < m; ++j)
-                grad_pairs(P, c + j * sbn, c + (j + 1) * sbn, sbn, m - j - 1, be, wb, wb, acc_b + j * d, gbep, gpd, sp,
-                           pending, acc_b + (j + 1) * d, valp);
+                grad_pairs(P, r, Bc, j, Bc, j + 1, m - j - 1, be, wb, wb, acc_b + j * d, gbep, gpd, sp, pending, cb,
+                           acc_b + (j + 1) * d, valp);
             if (gpd) flush(gpd, sp, pending);
             const T gr = gp_in[r];
             if (gap)
@@ -439,21 +560,23 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_pairs_b
       }
       if (need_a || need_param) {
         at::parallel_for(0, B * nba, 1, [&](int64_t u0, int64_t u1) {
-          std::vector<T> acc(R * d), scratch(ps);
+          std::vector<T> acc(R * d), scratch(ps), closebuf(src ? 2 * d : 0, T(0));
           for (int64_t u = u0; u < u1; ++u) {
             const int64_t r = u / nba, I = u % nba;
-            unit(r, I, ap + r * sab, san, n, I, bp + r * sbb, sbn, m, w.cross, true, w.within_a,
-                 gap ? gap + r * n * d : nullptr, acc, scratch);
+            const Cloud A = cloud_a(r), Bc = cloud_b(r);
+            unit(r, I, A, n, I, &Bc, m, w.cross, true, w.within_a, gap ? gap + r * n * d : nullptr, acc, scratch,
+                 closebuf);
           }
         });
       }
       if (need_b || (need_param && w.within_b != 0)) {
         at::parallel_for(0, B * nbb, 1, [&](int64_t u0, int64_t u1) {
-          std::vector<T> acc(R * d), scratch(ps);
+          std::vector<T> acc(R * d), scratch(ps), closebuf(src ? 2 * d : 0, T(0));
           for (int64_t u = u0; u < u1; ++u) {
             const int64_t r = u / nbb, J = u % nbb;
-            unit(r, nba + J, bp + r * sbb, sbn, m, J, need_b ? ap + r * sab : nullptr, san, n, w.cross, false,
-                 w.within_b, gbp ? gbp + r * m * d : nullptr, acc, scratch);
+            const Cloud A = cloud_a(r), Bc = cloud_b(r);
+            unit(r, nba + J, Bc, m, J, need_b ? &A : nullptr, n, w.cross, false, w.within_b,
+                 gbp ? gbp + r * m * d : nullptr, acc, scratch, closebuf);
           }
         });
       }
@@ -492,36 +615,21 @@ namespace cpu {
 // so no whitened copy exists; otherwise the clouds are whitened once per call — z = (x − c)·L per row, with L = diag(√p) or the
 // Cholesky factor of P_k = L Lᵀ (O((n + m)·d·k) work, one pass) — and the pair loops run
 // isotropically on z.  The common centre c = a_0 keeps the whitened coordinates O(spread), so
-// clouds far from the origin lose no precision; the losses are translation invariant, so c
-// carries no gradient.  Backward maps back: ∂/∂x = (∂/∂z)·Lᵀ, and ∂/∂P = L⁻ᵀ G_z L⁻¹ (block) or
+// clouds far from the origin lose no precision, and the backward forms close pairs, whose
+// difference z's own roundings would dominate, from the source points (CloseSource); the
+// losses are translation invariant, so c carries no gradient.  Backward maps back: ∂/∂x = (∂/∂z)·Lᵀ, and ∂/∂P = L⁻ᵀ G_z L⁻¹ (block) or
 // G_z / p (diagonal), where G_z = Σ ½ slope z_u z_uᵀ is the metric gradient at P = I — the only
 // case that still runs the weighted pair loops.
 inline bool whiten_metric(int64_t kind, int64_t d) { return kind != kIsotropic && d > kSmallD; }
 
-// o = (x − c)·M blockwise for one point (c may be null), compile-time block size K.
-template <typename T, int K>
-inline void block_apply(const T* x, const T* c, const T* M, T* o, int64_t d) {
-  for (int64_t blk = 0; blk < d / K; ++blk) {
-    T u[K];
-#pragma GCC unroll 4
-    for (int a = 0; a < K; ++a) u[a] = x[blk * K + a] - (c ? c[blk * K + a] : T(0));
-#pragma GCC unroll 4
-    for (int j = 0; j < K; ++j) {
-      T acc = 0;
-#pragma GCC unroll 4
-      for (int a = 0; a < K; ++a) acc += u[a] * M[a * K + j];
-      o[blk * K + j] = acc;
-    }
-  }
-}
-
 // out (B, n, d) contiguous: per row b and point i, blockwise out = (x − c)·L_b (transpose = false)
 // or out = x·L_bᵀ (transpose = true, no centre); L (B, K, K) contiguous, or for K = 0 the
-// diagonal scale (B, d) contiguous.
+// diagonal scale (B, d) contiguous.  norms (if given): (B, n) squared norms of the outputs.
 inline at::Tensor metric_transform(const at::Tensor& x, const at::Tensor& centre, const at::Tensor& L, int64_t K,
-                                   bool transpose) {
+                                   bool transpose, at::Tensor* norms = nullptr) {
   const int64_t B = x.size(0), n = x.size(1), d = x.size(2);
   auto out = at::empty({B, n, d}, x.options());
+  if (norms) *norms = at::empty({B, n}, x.options());
   if (B == 0 || n == 0) return out;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "metric_transform", [&] {
     using T = scalar_t;
@@ -529,32 +637,20 @@ inline at::Tensor metric_transform(const at::Tensor& x, const at::Tensor& centre
     const T* cp = centre.defined() ? centre.data_ptr<T>() : nullptr;
     const T* lp = L.data_ptr<T>();
     T* op = out.data_ptr<T>();
+    T* np_ = norms ? norms->data_ptr<T>() : nullptr;
     const int64_t sx0 = x.stride(0), sx1 = x.stride(1), sc0 = cp ? centre.stride(0) : 0;
+    const int64_t lstride = K == 0 ? d : K * K;
     at::parallel_for(0, B * n, 16, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t b = p / n, i = p % n;
-        const T* xi = xp + b * sx0 + i * sx1;
-        const T* ci = cp ? cp + b * sc0 : nullptr;
-        T* o = op + p * d;
-        if (K == 0) {
-          const T* s = lp + b * d;
-          if (ci) {
-            for (int64_t k = 0; k < d; ++k) o[k] = (xi[k] - ci[k]) * s[k];
-          } else {
-            for (int64_t k = 0; k < d; ++k) o[k] = xi[k] * s[k];
-          }
-          continue;
-        }
-        const T* Lb = lp + b * K * K;
+        const T* Lb = lp + b * lstride;
         T Mb[16];  // out_block = u_block · Mb, Mb = L or Lᵀ
-        for (int64_t a = 0; a < K; ++a)
-          for (int64_t c = 0; c < K; ++c) Mb[a * K + c] = transpose ? Lb[c * K + a] : Lb[a * K + c];
-        switch (K) {
-          case 1: block_apply<T, 1>(xi, ci, Mb, o, d); break;
-          case 2: block_apply<T, 2>(xi, ci, Mb, o, d); break;
-          case 3: block_apply<T, 3>(xi, ci, Mb, o, d); break;
-          default: block_apply<T, 4>(xi, ci, Mb, o, d); break;
-        }
+        if (K > 0)
+          for (int64_t a = 0; a < K; ++a)
+            for (int64_t c = 0; c < K; ++c) Mb[a * K + c] = transpose ? Lb[c * K + a] : Lb[a * K + c];
+        T* o = op + p * d;
+        whiten_point(xp + b * sx0 + i * sx1, cp ? cp + b * sc0 : nullptr, K == 0 ? Lb : Mb, K, d, o);
+        if (np_) np_[p] = squared_norm(o, d);
       }
     });
   });
@@ -606,16 +702,18 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_backwar
     }
   }
   const auto centre = a.select(1, 0);
-  const auto za = metric_transform(a, centre, L, K, false), zb = metric_transform(b, centre, L, K, false);
+  WhitenedSource src{a, b, at::Tensor(), at::Tensor(), L, K};
+  const auto za = metric_transform(a, centre, L, K, false, &src.na), zb = metric_transform(b, centre, L, K, false, &src.nb);
   at::Tensor gza, gzb, gbeta, gz;
   if (need_prec) {
     // the metric gradient at P = I in whitened coordinates
     const auto unit = kind == kDiagonal ? at::ones({B, d}, a.options()) : at::eye(K, a.options()).expand({B, K, K}).contiguous();
-    std::tie(gza, gzb, gbeta, gz) = energy_pairs_backward(op, grad, za, zb, beta, unit, kind, w, need_a, need_b, need_beta, true, value);
+    std::tie(gza, gzb, gbeta, gz) =
+        energy_pairs_backward(op, grad, za, zb, beta, unit, kind, w, need_a, need_b, need_beta, true, value, &src);
   } else {
     const auto ones = at::ones({B}, a.options());
     std::tie(gza, gzb, gbeta, gz) =
-        energy_pairs_backward(op, grad, za, zb, beta, ones, kIsotropic, w, need_a, need_b, need_beta, false, value);
+        energy_pairs_backward(op, grad, za, zb, beta, ones, kIsotropic, w, need_a, need_b, need_beta, false, value, &src);
   }
   const at::Tensor none;
   auto ga = need_a ? metric_transform(gza, none, L, K, true) : gza;

@@ -258,6 +258,12 @@ struct GramWhiten {
 struct GramCloud {
   at::Tensor rows, norms, panels;
   int64_t n = 0, nblocks = 0;
+  // The source points (the input), from which close pairs are recomputed (gram_close_difference),
+  // with the metric and, per row, the range control's power of two (GramRange; 1 unless rescaled).
+  const float* src = nullptr;
+  int64_t s0 = 0, s1 = 0, lstride = 0;
+  GramWhiten wh;
+  std::vector<double> scale;
 };
 
 // z = u·L in place for one point (block K ≤ 4, or K = 0: diagonal scale).
@@ -276,6 +282,23 @@ inline void gram_whiten_point(float* u, const float* L, int64_t K, int64_t d) {
     }
     for (int64_t j = 0; j < K; ++j) u[b + j] = t[j];
   }
+}
+
+// z_i − z_j of a close pair of row r (point i of X, point j of Y) from its source points:
+// ((x_i − y_j)·s)·L, the source difference rounded once (two floats differ exactly in double
+// unless their exponents are 29 apart, and then by a double rounding), s the row's power of two.
+// The packed rows cannot give it: each carries the rounding of its own centring and metric,
+// up to 2⁻²⁴ of |z| per coordinate, and a difference much smaller than the points magnifies it
+// (10⁴× for a pair 10⁻⁴ apart at unit spread: β < 1 makes such a pair's slope the largest).
+inline void gram_close_difference(const GramCloud& X, const GramCloud& Y, int64_t r, int64_t i, int64_t j,
+                                  int64_t d, float* out) {
+  const float* xi = X.src + r * X.s0 + i * X.s1;
+  const float* yj = Y.src + r * Y.s0 + j * Y.s1;
+  const double s = X.scale[r];
+#pragma omp simd
+  for (int64_t k = 0; k < d; ++k)
+    out[k] = static_cast<float>((static_cast<double>(xi[k]) - static_cast<double>(yj[k])) * s);
+  if (X.wh.L != nullptr) gram_whiten_point(out, X.wh.L + r * X.lstride, X.wh.K, d);
 }
 
 // Centre (x − c, c the pooled mean rounded to float: any common centre preserves the
@@ -299,6 +322,12 @@ inline GramCloud gram_pack(const at::Tensor& x, const at::Tensor& centre, bool n
   float* pp = need_panels ? c.panels.data_ptr<float>() : nullptr;
   const int64_t sx0 = x.stride(0), sx1 = x.stride(1), n = c.n;
   const int64_t lstride = wh.L == nullptr ? 0 : (wh.K == 0 ? d : wh.K * wh.K);
+  c.src = xp;
+  c.s0 = sx0;
+  c.s1 = sx1;
+  c.wh = wh;
+  c.lstride = lstride;
+  c.scale.assign(B, 1.0);
   at::parallel_for(0, B * n, 64, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t b = p / n, i = p % n;
@@ -339,6 +368,7 @@ struct GramRange {
 
 inline void gram_rescale_cloud(GramCloud& X, int64_t r, int e, int64_t d) {
   const float s = std::ldexp(1.0f, -e);
+  X.scale[r] = std::ldexp(1.0, -e);
   const int64_t npad = X.norms.size(1);
   float* rows = X.rows.data_ptr<float>() + r * X.n * d;
   float* norms = X.norms.data_ptr<float>() + r * npad;
@@ -424,18 +454,23 @@ struct GramTileView {
   const float* nx;     // X's norms
   const float* ny;     // Y's norms from the panel's first point
   const float* panel;  // Y's panel J, (d, 16)
-  int64_t i0, i1, j0, nj, d;
+  const GramCloud& X;  // the clouds (close pairs: gram_close_difference)
+  const GramCloud& Y;
+  int64_t r, i0, i1, j0, nj, d;
 
-  GramTileView(const GramCloud& X, const GramCloud& Y, int64_t r, int64_t I, int64_t J, int64_t d_)
-      : xr(X.rows.data_ptr<float>() + r * X.n * d_),
-        yr(Y.rows.data_ptr<float>() + r * Y.n * d_),
-        nx(X.norms.data_ptr<float>() + r * X.norms.size(1)),
-        ny(Y.norms.data_ptr<float>() + r * Y.norms.size(1) + J * kGramNR),
-        panel(Y.panels.data_ptr<float>() + (r * Y.nblocks + J) * d_ * kGramNR),
+  GramTileView(const GramCloud& X_, const GramCloud& Y_, int64_t r_, int64_t I, int64_t J, int64_t d_)
+      : xr(X_.rows.data_ptr<float>() + r_ * X_.n * d_),
+        yr(Y_.rows.data_ptr<float>() + r_ * Y_.n * d_),
+        nx(X_.norms.data_ptr<float>() + r_ * X_.norms.size(1)),
+        ny(Y_.norms.data_ptr<float>() + r_ * Y_.norms.size(1) + J * kGramNR),
+        panel(Y_.panels.data_ptr<float>() + (r_ * Y_.nblocks + J) * d_ * kGramNR),
+        X(X_),
+        Y(Y_),
+        r(r_),
         i0(I * kGramNR),
-        i1(std::min(X.n, I * kGramNR + kGramNR)),
+        i1(std::min(X_.n, I * kGramNR + kGramNR)),
         j0(J * kGramNR),
-        nj(std::min(kGramNR, Y.n - J * kGramNR)),
+        nj(std::min(kGramNR, Y_.n - J * kGramNR)),
         d(d_) {}
 
   // For each group of 4 rows: the dots with the panel, then row(t, i, dots of row i) for its
@@ -454,9 +489,11 @@ struct GramTileView {
   }
 
   // q[j] = p‖x_i − y_j‖² of row i from its dots, 0 where j is not a pair (j < jlo, j ≥ nj or
-  // j = skip).  Pairs with q < 2⁻⁶(‖x_i‖² + ‖y_j‖²) are recomputed from the exact differences
-  // and flagged in exact[j] (when given); returns whether any was.
-  bool row_q(int64_t i, const float* dt, int64_t jlo, int64_t skip, float p, float* q, bool* exact) const {
+  // j = skip).  Pairs with q < 2⁻⁶(‖x_i‖² + ‖y_j‖²) are recomputed from their source points
+  // (gram_close_difference, into dz: d floats of scratch) and flagged in exact[j] (when given);
+  // returns whether any was.
+  bool row_q(int64_t i, const float* dt, int64_t jlo, int64_t skip, float p, float* q, bool* exact,
+             float* dz) const {
     const float nxi = nx[i];
     int flagged = 0;  // an int | reduction: GCC leaves a bool || reduction as a scalar loop
 #pragma omp simd reduction(| : flagged)
@@ -470,16 +507,12 @@ struct GramTileView {
     const bool guard = flagged != 0;
     if (exact) std::fill(exact, exact + kGramNR, false);
     if (guard) {
-      const float* xi = xr + i * d;
       for (int64_t j = std::max<int64_t>(jlo, 0); j < nj; ++j) {
         if (j == skip || q[j] >= kGramGuard * (nxi + ny[j])) continue;
-        const float* yj = yr + (j0 + j) * d;
+        gram_close_difference(X, Y, r, i, j0 + j, d, dz);
         float acc = 0;
 #pragma omp simd reduction(+ : acc)
-        for (int64_t k = 0; k < d; ++k) {
-          const float u = xi[k] - yj[k];
-          acc += u * u;
-        }
+        for (int64_t k = 0; k < d; ++k) acc += dz[k] * dz[k];
         q[j] = acc;
         if (exact) exact[j] = true;
       }
@@ -492,13 +525,13 @@ struct GramTileView {
 
 // Σ over the valid pairs of one tile of E(p q).  tri: X = Y and I = J, so only pairs j > i count.
 inline double gram_tile(const GramCloud& X, const GramCloud& Y, int64_t r, int64_t I, int64_t J, bool tri, float p,
-                        float beta, int64_t d) {
+                        float beta, int64_t d, float* dz) {
   const GramTileView v(X, Y, r, I, J, d);
   float q[kGramNR];
   double total = 0;
   v.for_groups(
       [&](int64_t, int64_t i, const float* dt) {
-        v.row_q(i, dt, tri ? i - v.j0 + 1 : 0, -1, p, q, nullptr);
+        v.row_q(i, dt, tri ? i - v.j0 + 1 : 0, -1, p, q, nullptr, dz);
         total += tile_energy_sum(q, kGramNR, beta);
       },
       [](int64_t, int64_t) {});
@@ -537,6 +570,7 @@ inline bool energy_gram_forward(const at::Tensor& a, const at::Tensor& b, const 
     return (nblk % 2) ? (nblk - 1) / 2 : (I < nblk / 2 ? nblk / 2 : nblk / 2 - 1);
   };
   at::parallel_for(0, B * per_row, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> dz(d);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r = t / per_row;
       int64_t k = t % per_row;
@@ -547,19 +581,19 @@ inline bool energy_gram_forward(const at::Tensor& a, const at::Tensor& b, const 
         continue;
       }
       if (k < t_cross) {
-        v = w.cross * gram_tile(A, Bc, r, k / nb, k % nb, false, p, be, d);
+        v = w.cross * gram_tile(A, Bc, r, k / nb, k % nb, false, p, be, d, dz.data());
       } else if ((k -= t_cross) < t_wa) {
         const int64_t I = k / wa, off = k % wa;
         if (off <= circulant_h(I, na)) {
           const int64_t J = (I + off) % na;
-          v = w.within_a * gram_tile(A, A, r, I, J, J == I, p, be, d);
+          v = w.within_a * gram_tile(A, A, r, I, J, J == I, p, be, d, dz.data());
         }
       } else {
         k -= t_wa;
         const int64_t I = k / wb, off = k % wb;
         if (off <= circulant_h(I, nb)) {
           const int64_t J = (I + off) % nb;
-          v = w.within_b * gram_tile(Bc, Bc, r, I, J, J == I, p, be, d);
+          v = w.within_b * gram_tile(Bc, Bc, r, I, J, J == I, p, be, d, dz.data());
         }
       }
       part[t] = v;
@@ -617,8 +651,9 @@ inline void gram_cy_4(const float* C, int64_t ldc, const float* Y, int64_t ldy, 
 
 // One tile's contribution to the gradients of block I of X against panel J of Y:
 // cs[i − i0] += Σ_j c_ij, cy rows (i − i0) += Σ_j c_ij y_j.  self: X = Y and I = J (skip j = i).
+// dz: d floats of scratch (close pairs).
 inline void gram_grad_tile(const GramCloud& X, const GramCloud& Y, int64_t r, int64_t I, int64_t J, bool self,
-                           float p, float beta, float w, int64_t d, float* cs, float* cy) {
+                           float p, float beta, float w, int64_t d, float* cs, float* cy, float* dz) {
   const GramTileView v(X, Y, r, I, J, d);
   const float wp = w * p;
   float C[kGramMR * kGramNR];
@@ -627,22 +662,21 @@ inline void gram_grad_tile(const GramCloud& X, const GramCloud& Y, int64_t r, in
   v.for_groups(
       [&](int64_t t, int64_t i, const float* dt) {
         float* ct = C + t * kGramNR;
-        const bool guarded = v.row_q(i, dt, 0, self ? i - v.j0 : -1, p, q, exact);
+        const bool guarded = v.row_q(i, dt, 0, self ? i - v.j0 : -1, p, q, exact, dz);
         tile_slopes(q, kGramNR, beta, ct);
 #pragma omp simd
         for (int64_t j = 0; j < kGramNR; ++j) ct[j] *= wp;
         if (guarded) {
-          // A close pair's c (x_i − y_j) from the exact difference: in the split form
-          // c x_i − c y_j the difference would cancel, and c is large there (β < 2).
+          // A close pair's c (z_i − z_j) from its source points: in the split form
+          // c z_i − c z_j the difference would cancel, and c is large there (β < 2).
           float* cyi = cy + (i - v.i0) * d;
-          const float* xi = v.xr + i * d;
           for (int64_t j = 0; j < v.nj; ++j) {
             if (!exact[j]) continue;
             const float c = ct[j];
             ct[j] = 0.0f;
-            const float* yj = v.yr + (v.j0 + j) * d;
+            gram_close_difference(X, Y, r, i, v.j0 + j, d, dz);
 #pragma omp simd
-            for (int64_t k = 0; k < d; ++k) cyi[k] -= c * (xi[k] - yj[k]);
+            for (int64_t k = 0; k < d; ++k) cyi[k] -= c * dz[k];
           }
         }
         float sum = 0;
@@ -689,7 +723,7 @@ inline bool energy_gram_backward(const at::Tensor& grad, const at::Tensor& a, co
   float* gbp = need_b ? gb.data_ptr<float>() : nullptr;
   const int64_t sbeta = beta.stride(0), sp = prec.stride(0);
   at::parallel_for(0, B * per_row, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> cs(kGramNR), cy(kGramNR * d), LT(16);
+    std::vector<float> cs(kGramNR), cy(kGramNR * d), LT(16), dz(d);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r = t / per_row, k = t % per_row;
       const bool on_a = k < ta;
@@ -709,10 +743,11 @@ inline bool energy_gram_backward(const at::Tensor& grad, const at::Tensor& a, co
       std::fill(cy.begin(), cy.end(), 0.0f);
       if (cross)
         for (int64_t J = 0; J < Other.nblocks; ++J)
-          gram_grad_tile(X, Other, r, I, J, false, p, be, static_cast<float>(w.cross), d, cs.data(), cy.data());
+          gram_grad_tile(X, Other, r, I, J, false, p, be, static_cast<float>(w.cross), d, cs.data(), cy.data(),
+                         dz.data());
       if (self_pairs)
         for (int64_t J = 0; J < X.nblocks; ++J)
-          gram_grad_tile(X, X, r, I, J, J == I, p, be, w_self, d, cs.data(), cy.data());
+          gram_grad_tile(X, X, r, I, J, J == I, p, be, w_self, d, cs.data(), cy.data(), dz.data());
       const float gr = static_cast<float>(gp[r] * range.grad_scale(r, be));
       const float* xr = X.rows.data_ptr<float>() + r * X.n * d;
       float* out = (on_a ? gap : gbp) + r * X.n * d;

@@ -16,8 +16,9 @@
 //   4. G_ij = u_i·v_j for j > i with the 4 × 16 register-blocked micro-kernel of
 //      energy_gram_cpu.h (one FMA per coordinate per pair) over panels of the draws, and the
 //      target's column by n dot products; q_ij = n_i + n_j − 2 G_ij;
-//   5. cancellation control: a pair with q_ij < 2⁻⁶ (n_i + n_j) is recomputed from the exact
-//      difference w = u_i − u_j as wᵀPw (coincident points therefore give exactly 0), and its
+//   5. cancellation control: a pair with q_ij < 2⁻⁶ (n_i + n_j) is recomputed from the
+//      difference of its source points, w = (x_i − x_j)·2^{-e} rounded once, as wᵀPw (coincident
+//      points therefore give exactly 0; u_i − u_j would carry the centring's roundings), and its
 //      gradient c·Pw is added from that difference, not from the split form below;
 //   6. energies and slopes s_ij (one power per pair), c_ij = w_ij s_ij, and the gradient
 //        ∂/∂x_i = Σ_j c_ij P (u_i − u_j) = (Σ_j c_ij) v_i − (C V)_i
@@ -415,13 +416,17 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
         std::fill(C.begin(), C.end(), 0.0f);
         std::fill(cy.begin(), cy.end(), 0.0f);
       }
-      // a close pair's (or, in the direct form, every pair's) w = u_i − u_j and P'w
+      // a close pair's (or, in the direct form, every pair's) w = u'_i − u'_j and P'w, w from the
+      // source points, (x_i − x_j)·2^{-e} with one rounding: the centred u each carry a rounding
+      // of up to 2⁻²⁴|u| per coordinate, which a difference much smaller than the points magnifies
+      // (10⁴× for draws 10⁻⁴ apart at unit spread, where β < 1 makes the pair's slope the largest)
       auto exact_difference = [&](int64_t i, int64_t j) {
-        const float* ui = U.data() + i * d;
-        const float* uj = U.data() + j * d;
+        const float* xi = point(i);
+        const float* xj = point(j);
         float* wd = wdiff.data();
 #pragma omp simd
-        for (int64_t k = 0; k < d; ++k) wd[k] = ui[k] - uj[k];
+        for (int64_t k = 0; k < d; ++k)
+          wd[k] = static_cast<float>((static_cast<double>(xi[k]) - static_cast<double>(xj[k])) * su);
         P.apply(wd, pw.data(), d);
       };
       double value = 0;
