@@ -97,6 +97,15 @@ def test_many_blocks(backend, device, shape, seed):
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("d", [8, 40])
+def test_dense_metric_far_from_origin(backend, device, d, seed):
+    """Clouds 1e3 from the origin under a dense metric, value and every gradient: the host
+    whitens x − c, c the first cloud's first point (whitening the points themselves cancelled
+    in the metric gradient, Σ_p x_p g_pᵀ with Σ_p g_p = 0: 1–7× the tolerance)."""
+    _check_all(backend, device, _inputs(seed, 2, 37, 50, d, "dense", offset=1e3), seed, f"dense d={d} offset 1e3")
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
 @pytest.mark.parametrize("beta", [0.5, 1.0, 2.0, 0.05])
 def test_coincident_points_no_nan(backend, device, beta, seed):
     a, b, bt, metric = _inputs(seed, 2, 8, 7, 4, "block2", beta=beta)

@@ -100,6 +100,15 @@ def test_far_from_origin(backend, device, d, seed):
         _check_all(backend, device, _inputs(seed, B, 17, d, "isotropic", offset=1e3), seed, "offset 1e3")
 
 
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("kind", ["diagonal", "block2", "dense"])
+def test_metric_far_from_origin(backend, device, kind, seed):
+    """Draws and target 1e3 from the origin under a diagonal, block or dense metric, value and
+    every gradient (a dense metric is whitened on the host as z = (x − c)·L, c the target)."""
+    for B in (3, 12):  # per-point and per-row backward
+        _check_all(backend, device, _inputs(seed, B, 17, 40, kind, offset=1e3), seed, f"{kind} offset 1e3")
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("d", [1, 2, 3, 16])
 @pytest.mark.parametrize("fair", [True, False], ids=["fair", "biased"])

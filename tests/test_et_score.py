@@ -78,7 +78,8 @@ def _row_gradient_floors(y, x, beta, lam, metric):
     for β), with _run's upstream g; it can cancel to far below its terms (a single row, one draw:
     ∂L/∂β = ½ log q · g·s), and float32 rounding scales with the terms, not with the sum.  The
     floor is 1e-6 × Σ|terms| (≈ 16 float32 ulps of the terms), evaluated in float64."""
-    B, N, d = x.shape
+    B, d = y.shape
+    x = x.expand(B, *x.shape[-2:])  # a shared cloud (1, N, d) serves every row
     g = torch.linspace(-1, 1, B * d, dtype=torch.float64).reshape(B, 1, d)
     m = metric if metric is not None else etweedie.Metric.isotropic(torch.ones((), dtype=torch.float64))
     u = y.unsqueeze(1) - x  # (B, N, d)
@@ -98,6 +99,21 @@ def test_matches_float64_reference(backend, device, kind, shape, seed):
     B, N, d = shape
     y, x, beta, lam, metric = _inputs(seed, B, N, d, kind)
     _check_against_reference(backend, device, (y, x, beta, lam), metric, f"[{kind}]", seed)
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("cloud", ["per-row", "shared"])
+@pytest.mark.parametrize("kind", ["diagonal", "block2", "dense"])
+def test_far_from_origin(backend, device, kind, cloud, seed):
+    """Queries and draws 1e3 from the origin, score and every gradient: the kernels see y − x_i
+    only.  A dense metric is whitened on the host, as z = (u − c)·L with c the query (or a shared
+    cloud's first draw); whitening the points themselves put errors 80–140× the float32
+    tolerance into the score."""
+    y, x, beta, lam, metric = _inputs(seed, 3, 33, 48, kind, per_row=cloud == "per-row")
+    if cloud == "shared":
+        x = x[:1]  # one cloud (1, N, d) for every query: a broadcast through the whitening
+    y, x = (y + 1e3).float().double(), (x + 1e3).float().double()
+    _check_against_reference(backend, device, (y, x, beta, lam), metric, f"[{kind} {cloud} 1e3]", seed)
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)

@@ -430,12 +430,16 @@ def test_two_dimensional_x_is_one_shared_cloud():
 
 
 def test_dense_metric_keeps_a_shared_cloud_a_broadcast():
-    from etweedie.ops._prep import rows_matmul
+    from etweedie.ops._prep import centred_rows_matmul, dense_centre
 
     x = torch.randn(1, 5, 3).expand(1000, 5, 3)
     L = torch.eye(3) * 2
-    z = rows_matmul(x, L)
-    assert z.stride(0) == 0 and torch.equal(z[7], x[0] @ L)
+    c = dense_centre(x, torch.randn(1000, 1, 3), L)  # a shared cloud's centre: its first point
+    assert c.shape == (1, 1, 3) and torch.equal(c[0, 0], x[0, 0])
+    z = centred_rows_matmul(x, c, L)
+    assert z.stride(0) == 0 and torch.equal(z[7], (x[0] - x[0, 0]) @ L)
+    own = torch.randn(1000, 1, 3)  # a cloud of each row's own is centred on the row's point
+    assert torch.equal(dense_centre(x.contiguous(), own, L), own)
     g = _g(13)
     A = torch.randn(3, 3, generator=g, dtype=torch.float64)
     m = Metric.dense(A @ A.T + torch.eye(3, dtype=torch.float64))

@@ -14,11 +14,14 @@ from conftest import BACKEND_DEVICE, BACKEND_IDS, assert_close_to_ref, gen, rand
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
 @pytest.mark.parametrize("kind", ["none", "isotropic", "diagonal", "block2", "dense"])
 @pytest.mark.parametrize("beta", [1.0, 1.4, 2.0])
-def test_matches_float64_reference(backend, device, kind, beta, seed):
+@pytest.mark.parametrize("offset", [0.0, 1e3], ids=["origin", "1e3"])
+def test_matches_float64_reference(backend, device, kind, beta, offset, seed):
+    """Score, posterior mean and ESS; a bank 1e3 from the origin too (a dense metric whitens
+    y − c and the bank − c, c its first point, and shifts the mean back)."""
     g = gen(seed)
     Q, M, d = 37, 1000, 4  # M not a multiple of the kernel's tile
-    bank = torch.randn(M, d, generator=g, dtype=torch.float64)
-    y = bank[:Q] + 0.6 * torch.randn(Q, d, generator=g, dtype=torch.float64)
+    bank = (torch.randn(M, d, generator=g, dtype=torch.float64) + offset).float().double()
+    y = (bank[:Q] + 0.6 * torch.randn(Q, d, generator=g, dtype=torch.float64)).float().double()
     y[0] = bank[5]  # a query exactly on a bank point
     metric = random_metric(kind, 1, d, g, per_row=False)
     outs = {}

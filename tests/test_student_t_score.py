@@ -73,6 +73,15 @@ def test_matches_float64_reference(backend, device, kind, shape, seed):
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("kind", ["block2", "dense"])
+def test_far_from_origin(backend, device, kind, seed):
+    """Queries and draws 1e3 from the origin (a dense metric whitens y − c and x − c, c the query)."""
+    y, x, c, metric = _inputs(seed, 3, 33, 48, kind)
+    y, x = (y + 1e3).float().double(), (x + 1e3).float().double()
+    _check(backend, device, (y, x, c, metric), f"[{kind} 1e3]", seed)
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
 @pytest.mark.parametrize("kind", ["isotropic", "block2"])
 def test_shared_metric_and_coincident_draws(backend, device, kind, seed):
     """A metric shared by all rows (stride 0 over B) and draws equal to the query (w = 1, u = 0)."""

@@ -639,28 +639,41 @@ def front_applies(op: str, name: str, kind: int, *tensors) -> bool:
 
 
 def whiten_dense(c: Canonical) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For a dense metric: (z_y, z_x, ones, L) with z = Lᵀu per row, P = L Lᵀ (one GEMM each).
+    """For a dense metric: (z_y, z_x, ones, L) with z = Lᵀ(u − c) per row, P = L Lᵀ (one GEMM each).
 
     The kernels then run isotropically with unit precision; map a score back with ``s @ Lᵀ``.
-    The whitened draws are in y's dtype: 16-bit draws enter the GEMM widened (the GEMM writes a
-    new cloud in y's dtype anyway, so dense metrics do not keep the 16-bit byte count).
+    The centre c (:func:`dense_centre`: the query itself, or the first draw of a cloud shared by
+    every row) is a constant the scores do not depend on (they see y − x_i only); it keeps the
+    whitened coordinates, and so their rounding, at the size of y − x_i rather than of the
+    points: whitening points 1e3 from the origin put errors 80–140× the float32 tolerance into
+    the score.  The whitened draws are in y's dtype: 16-bit draws enter the GEMM widened (the
+    GEMM writes a new cloud in y's dtype anyway, so dense metrics do not keep the 16-bit byte count).
     """
     Lb = row_whitening_factor(c.metric, c.batch, c.y.dtype)
-    if Lb.dim() == 2:
-        zy, zx = c.y @ Lb, rows_matmul(c.x, Lb)
-    else:
-        zy = (c.y.unsqueeze(1) @ Lb).squeeze(1)
-        zx = c.x.to(c.y.dtype) @ Lb
+    centre = dense_centre(c.x, c.y.unsqueeze(1), Lb)
+    zy = ((c.y.unsqueeze(1) - centre) @ Lb).squeeze(1)
+    zx = centred_rows_matmul(c.x, centre, Lb)
     ones = torch.ones((), dtype=c.y.dtype, device=c.y.device).expand(c.y.shape[0])
     return zy.contiguous(), zx, ones, Lb
 
 
-def rows_matmul(x: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
-    """x @ L for x (B, N, d) and a shared L (d, d), keeping a broadcast cloud (stride 0 over B)
-    a broadcast: the product of its one distinct row is expanded, not materialized B times."""
+def dense_centre(x: torch.Tensor, own: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
+    """The centre of a dense metric's whitening, detached (a constant: the ops are translation
+    invariant): ``own`` (B, 1, d), a point of each row's own (the query, the target, a first
+    point), or, for a cloud x (B, N, d) shared by every row (stride 0 over B) under a shared L,
+    its first point (1, 1, d), which keeps the whitened cloud a broadcast (:func:`centred_rows_matmul`)."""
     if L.dim() == 2 and x.shape[0] > 1 and x.stride(0) == 0:
-        return (x[:1].to(L.dtype) @ L).expand(x.shape[0], *x.shape[1:])
-    return x.to(L.dtype) @ L
+        return x[:1, :1].detach().to(L.dtype)
+    return own.detach().to(L.dtype)
+
+
+def centred_rows_matmul(x: torch.Tensor, centre: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
+    """(x − centre) @ L for x (B, N, d), centre (B, 1, d) or (1, 1, d), L (d, d) shared or
+    (B, d, d) per row; a broadcast cloud (stride 0 over B) with a common centre and a shared L
+    stays a broadcast: the product of its one distinct row is expanded, not materialized B times."""
+    if L.dim() == 2 and x.shape[0] > 1 and x.stride(0) == 0 and centre.shape[0] == 1:
+        return ((x[:1].to(L.dtype) - centre) @ L).expand(x.shape[0], *x.shape[1:])
+    return (x.to(L.dtype) - centre) @ L
 
 
 def unwhiten_score(s_iso: torch.Tensor, L: torch.Tensor) -> torch.Tensor:

@@ -24,17 +24,18 @@ from ._prep import (
     DENSE,
     as_param,
     broadcast_batch,
+    centred_rows_matmul,
     check_beta,
     check_finite,
     check_metric,
     check_tensor,
+    dense_centre,
     flat,
     kernel_or_reference,
     metric_param,
     nan_rows,
     register_pairwise_op,
     row_whitening_factor,
-    rows_matmul,
     scan,
     value_checks,
     widen,
@@ -122,9 +123,12 @@ def energy_distance(
     if name == "reference":
         out = reference.energy_distance(ac, bc, betas, prec, kind, unbiased)
     elif kind == DENSE:
-        Lb = row_whitening_factor(metric, batch, a.dtype, _OP)  # P = L Lᵀ: isotropic kernel on z = Lᵀx
+        # P = L Lᵀ: the isotropic kernel on z = Lᵀ(x − c), c a constant point of the row (whitened
+        # coordinates, and their rounding, at the clouds' spread: see whiten_dense)
+        Lb = row_whitening_factor(metric, batch, a.dtype, _OP)
+        c = dense_centre(ac, ac[:, :1], Lb)
         ones = torch.ones((), dtype=ac.dtype, device=ac.device).expand(B)
-        out = _kernel(name, rows_matmul(ac, Lb), rows_matmul(bc, Lb), betas, ones, 0, unbiased)
+        out = _kernel(name, centred_rows_matmul(ac, c, Lb), centred_rows_matmul(bc, c, Lb), betas, ones, 0, unbiased)
     else:
         out = _kernel(name, ac, bc, betas, prec, kind, unbiased)
     if finite and value_checks(a):

@@ -30,10 +30,12 @@ from ._prep import (
     DENSE,
     as_param,
     broadcast_batch,
+    centred_rows_matmul,
     check_beta,
     check_finite,
     check_metric,
     check_tensor,
+    dense_centre,
     flat,
     front_applies,
     kernel_or_reference,
@@ -42,7 +44,6 @@ from ._prep import (
     precision_of,
     register_pairwise_op,
     row_whitening_factor,
-    rows_matmul,
     scan,
     value_checks,
     widen,
@@ -138,9 +139,12 @@ def energy_score(
     if name == "reference":
         out = reference.energy_score(xs, yt, betas, prec, kind, fair)
     elif kind == DENSE:
-        Lb = row_whitening_factor(metric, batch, samples.dtype, _OP)  # P = L Lᵀ: isotropic kernel on z = Lᵀx
-        zs = rows_matmul(xs, Lb)
-        zt = (yt.unsqueeze(1) @ Lb).squeeze(1).contiguous()
+        # P = L Lᵀ: the isotropic kernel on z = Lᵀ(x − c), c the target (or a shared cloud's first
+        # draw), a constant: whitened coordinates, and their rounding, at the draws' spread (see whiten_dense)
+        Lb = row_whitening_factor(metric, batch, samples.dtype, _OP)
+        c = dense_centre(xs, yt.unsqueeze(1), Lb)
+        zs = centred_rows_matmul(xs, c, Lb)
+        zt = ((yt.unsqueeze(1) - c) @ Lb).squeeze(1).contiguous()
         ones = torch.ones((), dtype=xs.dtype, device=xs.device).expand(B)
         out = _kernel(name, zs, zt, betas, ones, 0, fair)
     else:

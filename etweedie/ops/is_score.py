@@ -93,11 +93,15 @@ def is_score(
         if name == "reference":
             score, mean, ess = reference.is_score(yq, bank, b, l, prec, kind, chunk=chunk)
         elif kind == DENSE:
+            # z = Lᵀ(u − c) with c the bank's first point: whitened coordinates, and their
+            # rounding, at the bank's spread rather than its distance from the origin (the
+            # weights see y − x_j only; the mean is shifted back by c)
             L = row_whitening_factor(metric, torch.Size([1]), y.dtype, op)
+            c = bank[:1].to(y.dtype)
             ones = torch.ones(1, dtype=y.dtype, device=y.device)
-            zs, zmean, ess = _kernel(name, yq @ L, (bank @ L).contiguous(), b, l, ones, 0)
+            zs, zmean, ess = _kernel(name, (yq - c) @ L, ((bank - c) @ L).contiguous(), b, l, ones, 0)
             score = zs @ L.T
-            mean = torch.linalg.solve_triangular(L.T, zmean.T, upper=True).T
+            mean = torch.linalg.solve_triangular(L.T, zmean.T, upper=True).T + c
         else:
             score, mean, ess = _kernel(name, yq, bank.contiguous(), b, l, prec.contiguous(), kind)
     # a NaN/inf query (or bank point) makes every weight of its row undefined: NaN out, not an

@@ -101,8 +101,7 @@ def kernel_score(
     if potential == "student_t":
         ks = reference.student_t_kernel_score(xs, yt, prec, kind, fair)
     elif callable(potential):
-        zx = reference.whiten_rows(xs, prec, kind)
-        zy = reference.whiten_rows(yt.unsqueeze(1), prec, kind)
+        zx, zy = reference.whiten_centred(xs, yt.unsqueeze(1), yt.unsqueeze(1), prec, kind)
         cross = potential(zx - zy).sum(1) / M
         within = potential(zx.unsqueeze(2) - zx.unsqueeze(1))
         within = (within * (1 - torch.eye(M, dtype=within.dtype, device=within.device))).sum((1, 2))

@@ -109,6 +109,15 @@ def whiten_rows(x: torch.Tensor, prec: torch.Tensor, kind: int) -> torch.Tensor:
     raise ValueError(f"kind must be 0..3, got {kind}")
 
 
+def whiten_centred(a: torch.Tensor, b: torch.Tensor, centre: torch.Tensor, prec: torch.Tensor, kind: int):
+    """whiten_rows of a − c and b − c, c = centre (B, 1, d) detached: the pair losses see
+    differences only, and a centre inside the clouds keeps the whitened coordinates, and their
+    rounding, at the clouds' spread rather than their distance from the origin (a point equal to
+    the centre whitens to exactly 0, so a draw on the target is an exact coincidence)."""
+    c = centre.detach()
+    return whiten_rows(a - c, prec, kind), whiten_rows(b - c, prec, kind)
+
+
 def pair_energy(za: torch.Tensor, zb: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     """‖za_i − zb_j‖^β, shape (B, n, m); 0 with a zero gradient where the points coincide."""
     r = torch.cdist(za, zb, compute_mode="donot_use_mm_for_euclid_dist")
@@ -123,8 +132,7 @@ def energy_score(samples, target, beta, prec, kind, fair: bool = True) -> torch.
     samples (B, M, d), target (B, d); ``fair=False`` uses 1/(2M²) Σ_{i,j} (biased).
     """
     M = samples.shape[1]
-    zx = whiten_rows(samples, prec, kind)
-    zy = whiten_rows(target.unsqueeze(1), prec, kind)
+    zx, zy = whiten_centred(samples, target.unsqueeze(1), target.unsqueeze(1), prec, kind)
     cross = pair_energy(zx, zy, beta).sum((1, 2)) / M
     within = pair_energy(zx, zx, beta).sum((1, 2))
     return cross - within / (2 * M * (M - 1) if fair else 2 * M * M)
@@ -137,7 +145,7 @@ def energy_distance(a, b, beta, prec, kind, unbiased: bool = True) -> torch.Tens
     U-statistic); otherwise over all (i, j) (the V-statistic, ≥ 0 for β ∈ (0, 2)).
     """
     n, m = a.shape[1], b.shape[1]
-    za, zb = whiten_rows(a, prec, kind), whiten_rows(b, prec, kind)
+    za, zb = whiten_centred(a, b, a[:, :1], prec, kind)
     cross = pair_energy(za, zb, beta).sum((1, 2)) / (n * m)
     within_a = pair_energy(za, za, beta).sum((1, 2)) / (n * (n - 1) if unbiased else n * n)
     within_b = pair_energy(zb, zb, beta).sum((1, 2)) / (m * (m - 1) if unbiased else m * m)
@@ -147,8 +155,7 @@ def energy_distance(a, b, beta, prec, kind, unbiased: bool = True) -> torch.Tens
 def student_t_kernel_score(samples, target, prec, kind, fair: bool = True) -> torch.Tensor:
     """Kernel score with the Student-t matched potential E(u) = log(1 + ‖u‖_P²), shape (B,)."""
     M = samples.shape[1]
-    zx = whiten_rows(samples, prec, kind)
-    zy = whiten_rows(target.unsqueeze(1), prec, kind)
+    zx, zy = whiten_centred(samples, target.unsqueeze(1), target.unsqueeze(1), prec, kind)
     cross = torch.log1p(((zx - zy) ** 2).sum(-1)).sum(1) / M
     within = torch.log1p(((zx.unsqueeze(2) - zx.unsqueeze(1)) ** 2).sum(-1)).sum((1, 2))
     return cross - within / (2 * M * (M - 1) if fair else 2 * M * M)
