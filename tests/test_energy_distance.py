@@ -106,6 +106,29 @@ def test_dense_metric_far_from_origin(backend, device, d, seed):
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("scale", [1.0, 1e-30])
+def test_dense_metric_clouds_sharing_points(backend, device, scale, seed):
+    """b = the first points of a, under a shared dense metric (float64, β = 0.3): both clouds are
+    whitened in one product, so equal points stay exactly equal.  Two products of different
+    shapes may round differently (they did for 4 + 2 points in d = 3, about half of all draws),
+    and a spurious distance of 1e-16 relative costs (1e-16)^0.3 ≈ 2e-5 of the terms at β = 0.3."""
+    g = gen(seed)
+    d = 3
+    a = scale * torch.randn(4, d, generator=g, dtype=torch.float64)
+    A = torch.randn(d, d, generator=g, dtype=torch.float64)
+    metric = etweedie.Metric.dense(A @ A.T / d + 0.5 * torch.eye(d, dtype=torch.float64))
+    got = etweedie.energy_distance(a.to(device), a[:2].to(device), 0.3, metric.to(device), unbiased=False,
+                                   backend=backend).cpu()
+    # the exact value: every pair from its own difference (no whitened points at all)
+    u = lambda x, y: (x[:, None] - y[None]).reshape(-1, d)  # noqa: E731
+    e = lambda x, y: metric.sq_norm(u(x, y)).clamp_min(0).pow(0.15).mean()  # noqa: E731
+    want = 2 * e(a, a[:2]) - e(a, a) - e(a[:2], a[:2])
+    terms = e(a, a)
+    assert float((got - want).abs()) <= 1e-12 * float(terms), (
+        f"ED = {float(got):.6e}, exact {float(want):.6e}, terms {float(terms):.3e} (seed {seed})")
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
 @pytest.mark.parametrize("beta", [0.5, 1.0, 2.0, 0.05])
 def test_coincident_points_no_nan(backend, device, beta, seed):
     a, b, bt, metric = _inputs(seed, 2, 8, 7, 4, "block2", beta=beta)

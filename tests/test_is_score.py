@@ -13,7 +13,7 @@ from conftest import BACKEND_DEVICE, BACKEND_IDS, assert_close_to_ref, gen, rand
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
 @pytest.mark.parametrize("kind", ["none", "isotropic", "diagonal", "block2", "dense"])
-@pytest.mark.parametrize("beta", [1.0, 1.4, 2.0])
+@pytest.mark.parametrize("beta", [0.3, 1.0, 1.4, 2.0])
 @pytest.mark.parametrize("offset", [0.0, 1e3], ids=["origin", "1e3"])
 def test_matches_float64_reference(backend, device, kind, beta, offset, seed):
     """Score, posterior mean and ESS; a bank 1e3 from the origin too (a dense metric whitens

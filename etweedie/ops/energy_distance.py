@@ -127,8 +127,15 @@ def energy_distance(
         # coordinates, and their rounding, at the clouds' spread: see whiten_dense)
         Lb = row_whitening_factor(metric, batch, a.dtype, _OP)
         c = dense_centre(ac, ac[:, :1], Lb)
+        if ac.stride(0) == 0 or bc.stride(0) == 0:  # a shared cloud stays a broadcast
+            za, zb = centred_rows_matmul(ac, c, Lb), centred_rows_matmul(bc, c, Lb)
+        else:
+            # one product for both clouds, so that a point of a equal to a point of b whitens to
+            # the same z (two products of different shapes may round differently: a spurious
+            # distance of 1e-16 relative, and at β < 1 a spurious energy far above it)
+            za, zb = centred_rows_matmul(torch.cat([ac, bc], dim=1), c, Lb).split([n, m], dim=1)
         ones = torch.ones((), dtype=ac.dtype, device=ac.device).expand(B)
-        out = _kernel(name, centred_rows_matmul(ac, c, Lb), centred_rows_matmul(bc, c, Lb), betas, ones, 0, unbiased)
+        out = _kernel(name, za, zb, betas, ones, 0, unbiased)
     else:
         out = _kernel(name, ac, bc, betas, prec, kind, unbiased)
     if finite and value_checks(a):

@@ -115,7 +115,9 @@ def whiten_centred(a: torch.Tensor, b: torch.Tensor, centre: torch.Tensor, prec:
     rounding, at the clouds' spread rather than their distance from the origin (a point equal to
     the centre whitens to exactly 0, so a draw on the target is an exact coincidence)."""
     c = centre.detach()
-    return whiten_rows(a - c, prec, kind), whiten_rows(b - c, prec, kind)
+    # one product for both (equal points whiten to equal z: two products may round differently)
+    z = whiten_rows(torch.cat([a, b], dim=1) - c, prec, kind)
+    return z.split([a.shape[1], b.shape[1]], dim=1)
 
 
 def pair_energy(za: torch.Tensor, zb: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
