@@ -271,9 +271,11 @@ def test_is_score(data, backend):
         assert type(err) is type(err64), f"is_score: {err!r} vs {err64!r}"
         return
     ref32, _ = _call(etweedie.is_score, (y, bank, law), {"backend": "reference"})
-    # score and mean against the rule (the mean averages bank points: its rounding scales with
-    # them, not with the mean, which can cancel to ~0); ESS (a count) where the float32 weights agree
-    _check(f"is_score/{backend}", out[0], ref32[0], ref64[0], dtype, 0.0)
+    # score and mean against the rule, each judged by the size of what it sums, since either can
+    # cancel to ~0: the score's terms λ P ‖u‖^{β−2} u (as et_score's), the mean's bank points;
+    # ESS (a count) where the float32 weights agree
+    terms = math.sqrt(_prec_max(metric)) * _pair_scale(y.reshape(-1, y.shape[-1]), bank, metric, beta - 1)
+    _check(f"is_score/{backend}", out[0], ref32[0], ref64[0], dtype, terms if math.isfinite(terms) else 0.0)
     finite_bank = bank[torch.isfinite(bank)]
     _check(f"is_score/{backend} mean", out[1], ref32[1], ref64[1], dtype,
            float(finite_bank.abs().max()) if finite_bank.numel() else 0.0)
