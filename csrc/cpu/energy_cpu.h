@@ -95,44 +95,6 @@ inline void accum_outer_soa(const RowPrec<T, kBlock, K>&, const T* ut, int64_t l
 
 // ------------------------------------------------------------------------- whitening
 
-// o = (x − c)·M blockwise for one point (c may be null), compile-time block size K.
-template <typename T, int K>
-inline void block_apply(const T* x, const T* c, const T* M, T* o, int64_t d) {
-  for (int64_t blk = 0; blk < d / K; ++blk) {
-    T u[K];
-#pragma GCC unroll 4
-    for (int a = 0; a < K; ++a) u[a] = x[blk * K + a] - (c ? c[blk * K + a] : T(0));
-#pragma GCC unroll 4
-    for (int j = 0; j < K; ++j) {
-      T acc = 0;
-#pragma GCC unroll 4
-      for (int a = 0; a < K; ++a) acc += u[a] * M[a * K + j];
-      o[blk * K + j] = acc;
-    }
-  }
-}
-
-// o = (x − c)·M for one point: M the diagonal scale (K = 0, d values) or a K×K block applied
-// blockwise (row-major, K ≤ 4); c may be null.
-template <typename T>
-inline void whiten_point(const T* x, const T* c, const T* M, int64_t K, int64_t d, T* o) {
-  switch (K) {
-    case 0:
-      if (c) {
-#pragma omp simd
-        for (int64_t k = 0; k < d; ++k) o[k] = (x[k] - c[k]) * M[k];
-      } else {
-#pragma omp simd
-        for (int64_t k = 0; k < d; ++k) o[k] = x[k] * M[k];
-      }
-      break;
-    case 1: block_apply<T, 1>(x, c, M, o, d); break;
-    case 2: block_apply<T, 2>(x, c, M, o, d); break;
-    case 3: block_apply<T, 3>(x, c, M, o, d); break;
-    default: block_apply<T, 4>(x, c, M, o, d); break;
-  }
-}
-
 template <typename T>
 inline T squared_norm(const T* z, int64_t d) {
   T acc = 0;

@@ -266,24 +266,6 @@ struct GramCloud {
   std::vector<double> scale;
 };
 
-// z = u·L in place for one point (block K ≤ 4, or K = 0: diagonal scale).
-inline void gram_whiten_point(float* u, const float* L, int64_t K, int64_t d) {
-  if (K == 0) {
-#pragma omp simd
-    for (int64_t k = 0; k < d; ++k) u[k] *= L[k];
-    return;
-  }
-  for (int64_t b = 0; b < d; b += K) {
-    float t[4];
-    for (int64_t j = 0; j < K; ++j) {
-      float acc = 0.0f;
-      for (int64_t a = 0; a < K; ++a) acc += u[b + a] * L[a * K + j];
-      t[j] = acc;
-    }
-    for (int64_t j = 0; j < K; ++j) u[b + j] = t[j];
-  }
-}
-
 // z_i − z_j of a close pair of row r (point i of X, point j of Y) from its source points:
 // ((x_i − y_j)·s)·L, the source difference rounded once (two floats differ exactly in double
 // unless their exponents are 29 apart, and then by a double rounding), s the row's power of two.
@@ -298,7 +280,7 @@ inline void gram_close_difference(const GramCloud& X, const GramCloud& Y, int64_
 #pragma omp simd
   for (int64_t k = 0; k < d; ++k)
     out[k] = static_cast<float>((static_cast<double>(xi[k]) - static_cast<double>(yj[k])) * s);
-  if (X.wh.L != nullptr) gram_whiten_point(out, X.wh.L + r * X.lstride, X.wh.K, d);
+  if (X.wh.L != nullptr) whiten_point<float>(out, nullptr, X.wh.L + r * X.lstride, X.wh.K, d, out);
 }
 
 // Centre (x − c, c the pooled mean rounded to float: any common centre preserves the
@@ -336,7 +318,7 @@ inline GramCloud gram_pack(const at::Tensor& x, const at::Tensor& centre, bool n
       float* ri = rp + p * d;
 #pragma omp simd
       for (int64_t k = 0; k < d; ++k) ri[k] = xi[k] - cb[k];
-      if (wh.L != nullptr) gram_whiten_point(ri, wh.L + b * lstride, wh.K, d);
+      if (wh.L != nullptr) whiten_point<float>(ri, nullptr, wh.L + b * lstride, wh.K, d, ri);
       double nrm = 0;
       for (int64_t k = 0; k < d; ++k) nrm += static_cast<double>(ri[k]) * ri[k];
       np_[b * npad + i] = static_cast<float>(nrm);
@@ -763,7 +745,7 @@ inline bool energy_gram_backward(const at::Tensor& grad, const at::Tensor& a, co
         float* o = out + i * d;
 #pragma omp simd
         for (int64_t kk = 0; kk < d; ++kk) o[kk] = gr * (c * xi[kk] - cyi[kk]);
-        if (Lr != nullptr) gram_whiten_point(o, wh.K == 0 ? Lr : LT.data(), wh.K, d);
+        if (Lr != nullptr) whiten_point<float>(o, nullptr, wh.K == 0 ? Lr : LT.data(), wh.K, d, o);
       }
     }
   });

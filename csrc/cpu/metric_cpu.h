@@ -355,5 +355,46 @@ inline void prepare_row(RowPrec<T, kBlock, K>& P, std::vector<T>& buf, int64_t d
     }                                                                                 \
   }()
 
+// ------------------------------------------------------------------------- whitening
+
+// o = (x − c)·M blockwise for one point (c may be null), compile-time block size K.
+template <typename T, int K>
+inline void block_apply(const T* x, const T* c, const T* M, T* o, int64_t d) {
+  for (int64_t blk = 0; blk < d / K; ++blk) {
+    T u[K];
+#pragma GCC unroll 4
+    for (int a = 0; a < K; ++a) u[a] = x[blk * K + a] - (c ? c[blk * K + a] : T(0));
+#pragma GCC unroll 4
+    for (int j = 0; j < K; ++j) {
+      T acc = 0;
+#pragma GCC unroll 4
+      for (int a = 0; a < K; ++a) acc += u[a] * M[a * K + j];
+      o[blk * K + j] = acc;
+    }
+  }
+}
+
+// o = (x − c)·M for one point: M the diagonal scale (K = 0, d values) or a K×K block applied
+// blockwise (row-major, K ≤ 4); c may be null; o may be x (in place: each block is read before
+// it is written).  The whitening of the energy ops (energy_cpu.h, energy_gram_cpu.h).
+template <typename T>
+inline void whiten_point(const T* x, const T* c, const T* M, int64_t K, int64_t d, T* o) {
+  switch (K) {
+    case 0:
+      if (c) {
+#pragma omp simd
+        for (int64_t k = 0; k < d; ++k) o[k] = (x[k] - c[k]) * M[k];
+      } else {
+#pragma omp simd
+        for (int64_t k = 0; k < d; ++k) o[k] = x[k] * M[k];
+      }
+      break;
+    case 1: block_apply<T, 1>(x, c, M, o, d); break;
+    case 2: block_apply<T, 2>(x, c, M, o, d); break;
+    case 3: block_apply<T, 3>(x, c, M, o, d); break;
+    default: block_apply<T, 4>(x, c, M, o, d); break;
+  }
+}
+
 }  // namespace cpu
 }  // namespace etweedie

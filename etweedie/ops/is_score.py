@@ -97,12 +97,12 @@ def is_score(
             # the bank's spread rather than its distance from the origin (the weights see
             # y − x_j only; the mean is shifted back by c, which near the origin is ≈ 0)
             L = row_whitening_factor(metric, torch.Size([1]), y.dtype, op)
-            c = bank.mean(0, keepdim=True).to(y.dtype)
+            c = bank.mean(0, keepdim=True)
             ones = torch.ones(1, dtype=y.dtype, device=y.device)
             # one product for queries and bank: a query equal to a bank point whitens to the same z
             # (two products of different shapes may round differently, and at β < 2 the spurious
             # distance's term ‖u‖^{β−2}u is far above the score)
-            zq, zb = ((torch.cat([yq, bank.to(y.dtype)]) - c) @ L).split([yq.shape[0], bank.shape[0]])
+            zq, zb = ((torch.cat([yq, bank]) - c) @ L).split([yq.shape[0], bank.shape[0]])
             zs, zmean, ess = _kernel(name, zq.contiguous(), zb.contiguous(), b, l, ones, 0)
             score = zs @ L.T
             mean = torch.linalg.solve_triangular(L.T, zmean.T, upper=True).T + c
