@@ -283,13 +283,58 @@ def test_same_law_near_zero_different_laws_positive(backend, device, seed):
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE + [("reference", "cpu")], ids=BACKEND_IDS + ["reference"])
-def test_beta2_v_statistic_is_mean_difference(backend, device, seed):
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["number", "grad-tensor"])
+def test_beta2_v_statistic_is_mean_difference(backend, device, as_tensor, seed):
+    """β = 2 as a number takes the closed form; as a tensor that requires a gradient, the pair
+    kernels (which must agree with the closed form's mean difference)."""
     a, b, _, metric = _inputs(seed, 3, 10, 14, 6, "diagonal")
     m, _ = metric_to(metric, torch.float64, device)
-    ed = etweedie.energy_distance(a.to(device), b.to(device), 2.0, m, unbiased=False, backend=backend)
+    beta = torch.full((3,), 2.0, dtype=torch.float64, device=device, requires_grad=True) if as_tensor else 2.0
+    ed = etweedie.energy_distance(a.to(device), b.to(device), beta, m, unbiased=False, backend=backend)
     delta = a.mean(1) - b.mean(1)
     want = 2 * (delta * metric.apply_precision(delta)).sum(-1)
-    torch.testing.assert_close(ed.cpu(), want, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ed.detach().cpu(), want, rtol=1e-10, atol=1e-10)
+
+
+def _run_beta2_number(backend, device, dtype, a, b, metric, unbiased):
+    leaves = [t.detach().to(device=device, dtype=dtype).clone().requires_grad_() for t in (a, b)]
+    m, p = metric_to(metric, dtype, device, requires_grad=True)
+    out = etweedie.energy_distance(*leaves, 2.0, m, unbiased=unbiased, backend=backend)
+    up = torch.linspace(0.5, 1.5, out.numel(), dtype=dtype, device=device).reshape(out.shape)
+    gs = list(torch.autograd.grad((out * up).sum(), leaves + ([p] if p is not None else [])))
+    if m is not None and m.kind == "dense":
+        gs[-1] = (gs[-1] + gs[-1].transpose(-1, -2)) / 2
+    return out, gs
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("unbiased", [True, False], ids=["U", "V"])
+@pytest.mark.parametrize("offset", [0.0, 1e3])
+def test_beta2_closed_form_matches_pair_sums(backend, device, kind, unbiased, offset, seed):
+    """β = 2 given as a number: the closed form (means and spreads) against the float64 pair sums
+    of the reference, value and the gradients of both clouds and the metric, near and far from
+    the origin."""
+    a, b, _, metric = _inputs(seed, 3, 9, 12, 8, kind, offset=offset)
+    out, gout = _run_beta2_number(backend, device, torch.float32, a, b, metric, unbiased)
+    r32, g32 = _run_beta2_number("reference", "cpu", torch.float32, a, b, metric, unbiased)
+    r64, g64 = _run_beta2_number("reference", "cpu", torch.float64, a, b, metric, unbiased)
+    scale = _term_scale(a, b, torch.full((3,), 2.0, dtype=torch.float64), metric)
+    assert_close_to_ref(out, r32, r64, name=f"ED beta=2 [{kind}]", seed=seed,
+                        atol_floor=2 * torch.finfo(torch.float32).eps * scale)
+    for name, x, y, z in zip(["a", "b", "metric"], gout, g32, g64):
+        assert_close_to_ref(x, y, z, name=f"grad {name} beta=2 [{kind}]", seed=seed, atol_scale=3e-5)
+
+
+@pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
+@pytest.mark.parametrize("magnitude", [1.0, 1e20, 1e30])
+def test_beta2_equal_clouds_exactly_zero(backend, device, magnitude, seed):
+    """Equal float32 clouds at β = 2, V-statistic: exactly 0 at every magnitude.  At 1e30 the
+    call reruns in float64, where the pair sums' rounding (~1e-16 of terms of 1e60) lies beyond
+    float32's range: they returned inf (found by the randomized property tests)."""
+    a = (magnitude * torch.randn(3, 4, 3, generator=gen(seed), dtype=torch.float64)).float().to(device)
+    ed = etweedie.energy_distance(a, a.clone(), 2.0, unbiased=False, backend=backend)
+    assert torch.equal(ed.cpu(), torch.zeros(3)), f"{ed} (seed {seed})"
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)

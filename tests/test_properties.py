@@ -185,9 +185,10 @@ def _compare(name, fn, args, kwargs, backend, dtype, scale=0.0):
 
 def _pair_scale(a, b, metric, beta) -> float:
     """Size of the pair terms ‖a_i − b_j‖_P^β that the energy ops sum (their rounding error
-    scales with the terms, not with the result, which can cancel to ~0)."""
+    scales with the terms, not with the result, which can cancel to ~0).  Pairs with a NaN or
+    an infinity are left out: their rows are NaN, and the other rows keep their own scale."""
     a, b = a.double(), b.double()
-    if a.numel() == 0 or b.numel() == 0 or not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+    if a.numel() == 0 or b.numel() == 0:
         return 0.0
     u = a.unsqueeze(-2) - b.unsqueeze(-3)
     if u.numel() == 0 or (metric is not None and metric.param.numel() == 0):
@@ -198,8 +199,28 @@ def _pair_scale(a, b, metric, beta) -> float:
         m = Metric.trusted(metric.kind, metric.param.double())
         q = m.sq_norm(u, sample_dims=2) if not m.batch_shape else (u * u).sum(-1) * float(
             1.0 / m.param.abs().amin().clamp_min(1e-300))
-    q = q[q > 0]
+    q = q[(q > 0) & torch.isfinite(q)]
     return float(q.pow(beta / 2).max()) if q.numel() else 0.0
+
+
+def _log_weight_size(y, bank, metric, beta) -> float:
+    """1 + the largest log-weight (1/β)‖y − x_j‖_P^β (λ = 1) among the weights that matter: each
+    is rounded to ~ε of itself, which moves a self-normalized weight by that much relative, so
+    the weighted sums' rounding scales with it.  A weight matters within ~17 of its query's
+    smallest log-weight (e^{−17} ≈ float32's ε)."""
+    y, bank = y.double(), bank.double()
+    if y.numel() == 0 or bank.numel() == 0:
+        return 1.0
+    u = y.unsqueeze(-2) - bank
+    if metric is None:
+        q = (u * u).sum(-1)
+    else:
+        q = Metric.trusted(metric.kind, metric.param.double()).sq_norm(u, sample_dims=1)
+    logw = q.clamp_min(0).pow(beta / 2) / beta
+    logw = torch.where(torch.isfinite(logw), logw, torch.full_like(logw, math.inf))
+    smallest = logw.amin(-1, keepdim=True)
+    matter = logw[torch.isfinite(logw) & (logw <= smallest + 17.0)]
+    return 1.0 + (float(matter.max()) if matter.numel() else 0.0)
 
 
 def _prec_max(metric) -> float:
@@ -274,11 +295,13 @@ def test_is_score(data, backend):
     # score and mean against the rule, each judged by the size of what it sums, since either can
     # cancel to ~0: the score's terms λ P ‖u‖^{β−2} u (as et_score's), the mean's bank points;
     # ESS (a count) where the float32 weights agree
-    terms = math.sqrt(_prec_max(metric)) * _pair_scale(y.reshape(-1, y.shape[-1]), bank, metric, beta - 1)
-    _check(f"is_score/{backend}", out[0], ref32[0], ref64[0], dtype, terms if math.isfinite(terms) else 0.0)
+    yq = y.reshape(-1, y.shape[-1])
+    terms = math.sqrt(_prec_max(metric)) * _pair_scale(yq, bank, metric, beta - 1)
+    sens = _log_weight_size(yq, bank, metric, beta)
+    _check(f"is_score/{backend}", out[0], ref32[0], ref64[0], dtype, terms * sens if math.isfinite(terms) else 0.0)
     finite_bank = bank[torch.isfinite(bank)]
     _check(f"is_score/{backend} mean", out[1], ref32[1], ref64[1], dtype,
-           float(finite_bank.abs().max()) if finite_bank.numel() else 0.0)
+           float(finite_bank.abs().max()) * sens if finite_bank.numel() else 0.0)
     ess_ok = torch.isfinite(ref64[2])
     assert bool((torch.isfinite(out[2]) == ess_ok).all())
 
