@@ -40,17 +40,18 @@ def _inputs(seed, B, N, d, kind, per_row=True, beta=None):
     return y, x, beta, lam, metric
 
 
-def _run(backend, device, dtype, y, x, beta, lam, metric, grads=True, x_dtype=None):
-    """Forward (and gradients wrt every input) at dtype on device with backend (the draws at
-    x_dtype when given: 16-bit draws)."""
+def _run(backend, device, dtype, y, x, beta, lam, metric, grads=True, x_dtype=None, metric_grad=True, upstream=1.0):
+    """Forward (and gradients wrt every input, the metric's when metric_grad) at dtype on device
+    with backend (the draws at x_dtype when given: 16-bit draws); the upstream gradient is
+    ``upstream`` times a ramp over [−1, 1]."""
     leaves = [t.detach().to(device=device, dtype=dtype if i != 1 or x_dtype is None else x_dtype).clone().requires_grad_(grads)
               for i, t in enumerate((y, x, beta, lam))]
-    m, p = metric_to(metric, dtype, device, requires_grad=grads)
+    m, p = metric_to(metric, dtype, device, requires_grad=grads and metric_grad)
     s = etweedie.et_score(*leaves, metric=m, backend=backend)
     if not grads:
         return s, []
-    up = torch.linspace(-1, 1, s.numel(), dtype=dtype, device=device).reshape(s.shape)
-    inputs = leaves + ([p] if p is not None else [])
+    up = upstream * torch.linspace(-1, 1, s.numel(), dtype=torch.float64, device=device).reshape(s.shape).to(dtype)
+    inputs = leaves + ([p] if p is not None and metric_grad else [])
     grads = list(torch.autograd.grad((s * up).sum(), inputs))
     if m is not None and m.kind == "dense":
         # Σ enters through a Cholesky factor on the kernel path, whose backward returns the
@@ -410,6 +411,66 @@ def test_generic_loops_four_draw_sweeps(kind, shape, seed):
     y, x, beta, lam, metric = _inputs(seed, B, N, d, kind)
     x[:, ::3] = y.unsqueeze(1)
     _check_against_reference("cpu", "cpu", (y, x, beta, lam), metric, f"[generic {kind}]", seed)
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32] + LOW_PRECISION, ids=["f32"] + LOW_PRECISION_IDS)
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "none"])
+@pytest.mark.parametrize("shape", [(3, 70, 48), (2, 9, 784)], ids=["d48", "d784"])
+def test_backward_in_register_lanes(x_dtype, kind, shape, seed):
+    """The CPU backward of an isotropic or diagonal metric with d a multiple of 16 and no metric
+    gradient keeps both passes in registers and streams ∂L/∂x from them, rounded to x's format
+    (lanes16_cpu.h): gradients of y, x, β and λ against the float64 reference, every third draw
+    on its query (coincident draws in the four-draw groups and among the single draws after them:
+    N = 70, 9), and against the generic loops, which a metric gradient selects."""
+    B, N, d = shape
+    y, x, beta, lam, metric = _inputs(seed, B, N, d, kind)
+    y = y.to(x_dtype).double()  # on the draws' grid, so that coincident draws are exact
+    x[:, ::3] = y.unsqueeze(1)
+    args = (y, x.to(x_dtype).double(), beta, lam)
+    names = ["y", "x", "beta", "lam"]
+    out, gout = _run("cpu", "cpu", torch.float32, *args, metric, x_dtype=x_dtype, metric_grad=False)
+    r32, g32 = _run("reference", "cpu", torch.float32, *args, metric, x_dtype=x_dtype, metric_grad=False)
+    r64, g64 = _run("reference", "cpu", torch.float64, *args, metric, metric_grad=False)
+    tag = f"[{x_dtype} bwd lanes {kind}]"
+    if x_dtype == torch.float32:
+        floors = _row_gradient_floors(*args, metric)
+        for name, a, b, c in zip(names, gout, g32, g64):
+            assert_close_to_ref(a, b, c, name=f"grad {name}{tag}", seed=seed, atol_scale=3e-5,
+                                atol_floor=floors.get(name, 0.0))
+    else:
+        assert_low_precision_close(out, gout, (r32, g32), (r64, g64), names, what=f"score{tag}", x_dtype=x_dtype,
+                                   seed=seed)
+    assert all(bool((gx == 0).all()) for gx in gout[1][:, ::3].unbind(1)), "coincident draws: zero gradient rows"
+    _, generic = _run("cpu", "cpu", torch.float32, *args, metric, x_dtype=x_dtype)  # with the metric gradient
+    for name, a, b in zip(names, gout, generic):
+        scale = b.abs().max().item()
+        rtol = 2e-5 if a.dtype == torch.float32 else torch.finfo(a.dtype).eps
+        torch.testing.assert_close(a.float(), b.float(), rtol=rtol, atol=rtol * scale,
+                                   msg=lambda m: f"grad {name}{tag} vs the generic loops: {m} (seed {seed})")
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32] + LOW_PRECISION, ids=["f32"] + LOW_PRECISION_IDS)
+def test_backward_in_register_lanes_subnormal_gradients(x_dtype, seed):
+    """An upstream gradient that puts ∂L/∂x at most at 8e-39 makes every value a float32
+    subnormal: rounded to bfloat16 by the integer path (vcvtneps2bf16 flushes subnormals to zero),
+    to float16 (0 or its smallest values), kept as they are in float32; each within half a
+    quantum of its format plus its relative rounding of the float64 reference."""
+    y, x, beta, lam, metric = _inputs(seed, 2, 9, 48, "diagonal")
+    args = (y.float().double(), x.to(x_dtype).double(), beta, lam)
+    _, g1 = _run("reference", "cpu", torch.float64, *args, metric, metric_grad=False)
+    up = 8e-39 / float(g1[1].abs().max())
+    _, gout = _run("cpu", "cpu", torch.float32, *args, metric, x_dtype=x_dtype, metric_grad=False, upstream=up)
+    _, g64 = _run("reference", "cpu", torch.float64, *args, metric, metric_grad=False, upstream=up)
+    gx, want = gout[1].double(), g64[1]
+    assert gx.dtype == torch.float64 and gout[1].dtype == x_dtype
+    assert want.abs().max() < torch.finfo(torch.float32).tiny, "the test wants subnormal gradients"
+    fi = torch.finfo(x_dtype)
+    quantum = fi.smallest_normal * fi.eps  # the subnormal spacing of x's format
+    # float32 arithmetic on subnormal operands: its own quantum (2^-149) per operation
+    bound = fi.eps * want.abs() + quantum + 64 * 2.0**-149
+    err = (gx - want).abs()
+    assert bool((err <= bound).all()), f"max error {float(err.max()):.3e} (seed {seed})"
+    assert x_dtype == torch.float16 or bool((gx != 0).sum() > gx.numel() // 2), "subnormal gradients flushed to 0"
 
 
 @pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)

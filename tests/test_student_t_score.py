@@ -41,24 +41,25 @@ def _inputs(seed, B, N, d, kind, per_row=True):
     return y, x, c, metric
 
 
-def _run(backend, device, dtype, y, x, c, metric, x_dtype=None):
-    """Score and its gradients wrt y, x, c and the metric parameter at dtype (x at x_dtype when given)."""
+def _run(backend, device, dtype, y, x, c, metric, x_dtype=None, metric_grad=True):
+    """Score and its gradients wrt y, x, c and (metric_grad) the metric parameter at dtype (x at
+    x_dtype when given)."""
     leaves = [t.detach().to(device=device, dtype=dtype if i != 1 or x_dtype is None else x_dtype).clone().requires_grad_()
               for i, t in enumerate((y, x, c))]
-    m, p = metric_to(metric, dtype, device, requires_grad=True)
+    m, p = metric_to(metric, dtype, device, requires_grad=metric_grad)
     s = etweedie.student_t_score(*leaves, metric=m, backend=backend)
     up = torch.linspace(-1, 1, s.numel(), dtype=dtype, device=device).reshape(s.shape)
-    inputs = leaves + ([p] if p is not None else [])
+    inputs = leaves + ([p] if p is not None and metric_grad else [])
     grads = list(torch.autograd.grad((s * up).sum(), inputs))
     if m is not None and m.kind == "dense":
         grads[-1] = (grads[-1] + grads[-1].transpose(-1, -2)) / 2  # only the symmetric part is defined
     return s, grads
 
 
-def _check(backend, device, args, tag, seed):
-    out, gout = _run(backend, device, torch.float32, *args)
-    r32, g32 = _run("reference", "cpu", torch.float32, *args)
-    r64, g64 = _run("reference", "cpu", torch.float64, *args)
+def _check(backend, device, args, tag, seed, metric_grad=True):
+    out, gout = _run(backend, device, torch.float32, *args, metric_grad=metric_grad)
+    r32, g32 = _run("reference", "cpu", torch.float32, *args, metric_grad=metric_grad)
+    r64, g64 = _run("reference", "cpu", torch.float64, *args, metric_grad=metric_grad)
     assert_close_to_ref(out, r32, r64, name=f"score{tag}", seed=seed)
     for name, a, b, c in zip(["y", "x", "c", "metric"], gout, g32, g64):
         assert_close_to_ref(a, b, c, name=f"grad {name}{tag}", seed=seed, atol_scale=3e-5)
@@ -70,6 +71,17 @@ def _check(backend, device, args, tag, seed):
 def test_matches_float64_reference(backend, device, kind, shape, seed):
     B, N, d = shape
     _check(backend, device, _inputs(seed, B, N, d, kind), f"[{backend} {kind} {shape}]", seed)
+
+
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal"])
+@pytest.mark.parametrize("shape", [(3, 70, 48), (2, 9, 784)], ids=["d48", "d784"])
+def test_backward_in_register_lanes(kind, shape, seed):
+    """d a multiple of 16 and no metric gradient: the CPU backward's register sweeps (et_score's,
+    lanes16_cpu.h), single draws after the four-draw groups and one draw on its query."""
+    B, N, d = shape
+    y, x, c, metric = _inputs(seed, B, N, d, kind)
+    x[:, 4] = y
+    _check("cpu", "cpu", (y, x, c, metric), f"[bwd lanes {kind} {shape}]", seed, metric_grad=False)
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)

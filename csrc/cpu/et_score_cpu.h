@@ -288,6 +288,14 @@ template <typename T, typename Prec, typename X, typename Weight>
 T weighted_residual_sum_bwd(const Prec& P, const Weight& weight, const T* y, const X* x, int64_t sxn, int64_t N,
                             int64_t d, const T* h, T* gy, X* gx, T* gp, bool want_shape, DrawRows<X>& rows,
                             T* gxrow) {
+#if ETWEEDIE_LANES16
+  if constexpr (kLanes16<T, X, Prec> && kElementwiseMetric<Prec>) {
+    // both passes in registers, ∂L/∂x rounded and streamed from them (lanes16_cpu.h)
+    if (d % 16 == 0 && gp == nullptr && (gx == nullptr || (reinterpret_cast<uintptr_t>(gx) & 31) == 0)) {
+      return weighted_residual_sum_bwd16<X>(P, weight, y, x, sxn, N, d, h, gy, gx, want_shape);
+    }
+  }
+#endif
   using R = typename DrawRows<X>::Row;  // float16 rows staged as float (draw_rows_cpu.h)
   const T inv_n = T(1) / static_cast<T>(N);
   T gshape = 0;
