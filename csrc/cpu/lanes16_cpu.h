@@ -272,9 +272,10 @@ bool weighted_residual_sum16(const Prec& prec, const float* y, const X* x, int64
 
 // ---------------------------------------------------------------------------- backward
 
-// 16 gradient values in the lanes' order of X, rounded to X in coordinate order and written with
-// a streaming store to dst (32-byte aligned): ∂L/∂x goes from registers to memory, with no L1 row
-// to round and copy afterwards.
+// 16 gradient values in the lanes' order of X (float32 and float16: coordinate order), rounded to
+// X and written with a streaming store to dst (32-byte aligned): ∂L/∂x goes from registers to
+// memory, with no L1 row to round and copy afterwards.  bfloat16 draws keep that L1 row (the
+// caller, weighted_residual_sum_bwd, does not take this path for their ∂L/∂x).
 template <typename X>
 struct Stream16;
 
@@ -283,13 +284,6 @@ struct Stream16<float> {
   static void store(float* dst, V16 g) {
     _mm256_stream_ps(dst, g.lo);
     _mm256_stream_ps(dst + 8, g.hi);
-  }
-};
-
-template <>
-struct Stream16<bf16> {
-  static void store(bf16* dst, V16 g) {
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), narrow16_bf16_unpacked(g.lo, g.hi));
   }
 };
 
@@ -351,7 +345,9 @@ inline void grad16(const float* yp, const float* hp, const float* pw, const X* c
         if (pw != nullptr) u = vmul(vload(pw + j), u);
         const V16 ng = vfma(nc[t], u, vmul(na[t], hv));  // −g_t, rounded as g_t
         sum = vsub(sum, ng);
-        if (gx != nullptr) Stream16<X>::store(gx[t] + j, ng);
+        if constexpr (!std::is_same_v<X, bf16>) {
+          if (gx != nullptr) Stream16<X>::store(gx[t] + j, ng);
+        }
       }
       vstore(gyp + j, sum);
     }
@@ -359,7 +355,7 @@ inline void grad16(const float* yp, const float* hp, const float* pw, const X* c
 }
 
 // weighted_residual_sum_bwd (et_score_cpu.h) for an isotropic or diagonal metric, d % 16 == 0,
-// no metric gradient, and gx (N rows of d values, or null) 32-byte aligned: the same contract and
+// no metric gradient, and gx (N rows of d values, or null; float32 or float16) 32-byte aligned: the same contract and
 // the same four-draw groups, with both passes in registers (quad_dot16, grad16).  Returns the
 // weight parameter's gradient (1/N) Σ_i shape_term when want_shape, else 0.
 template <typename X, typename Prec, typename Weight>
