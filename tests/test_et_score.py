@@ -414,12 +414,12 @@ def test_generic_loops_four_draw_sweeps(kind, shape, seed):
 
 
 @pytest.mark.parametrize("x_dtype", [torch.float32] + LOW_PRECISION, ids=["f32"] + LOW_PRECISION_IDS)
-@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "none"])
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "none", "block1", "block2", "block4"])
 @pytest.mark.parametrize("shape", [(3, 70, 48), (2, 9, 784)], ids=["d48", "d784"])
 def test_backward_in_register_lanes(x_dtype, kind, shape, seed):
-    """The CPU backward of an isotropic or diagonal metric with d a multiple of 16 and no metric
-    gradient keeps both passes in registers and streams ∂L/∂x from them, rounded to x's format
-    (lanes16_cpu.h): gradients of y, x, β and λ against the float64 reference, every third draw
+    """The CPU backward of an isotropic, diagonal or k = 1, 2, 4 block metric with d a multiple of
+    16 and no metric gradient keeps both passes in registers and streams ∂L/∂x of float32 and
+    float16 draws from them, rounded to x's format (lanes16_cpu.h): gradients of y, x, β and λ against the float64 reference, every third draw
     on its query (coincident draws in the four-draw groups and among the single draws after them:
     N = 70, 9), and against the generic loops, which a metric gradient selects."""
     B, N, d = shape

@@ -73,7 +73,7 @@ def test_matches_float64_reference(backend, device, kind, shape, seed):
     _check(backend, device, _inputs(seed, B, N, d, kind), f"[{backend} {kind} {shape}]", seed)
 
 
-@pytest.mark.parametrize("kind", ["isotropic", "diagonal"])
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "block2", "block4"])
 @pytest.mark.parametrize("shape", [(3, 70, 48), (2, 9, 784)], ids=["d48", "d784"])
 def test_backward_in_register_lanes(kind, shape, seed):
     """d a multiple of 16 and no metric gradient: the CPU backward's register sweeps (et_score's,

@@ -1,9 +1,13 @@
 """CPU times of the et_score backward by draws dtype, for A/B runs of two builds (run it once
 per build, alternating; PYTHONPATH selects the build):
 
-    PYTHONPATH=<checkout> python benchmarks/probes/score_backward_ab.py [threads]
+    PYTHONPATH=<checkout> python benchmarks/probes/score_backward_ab.py [threads] [iso|block2]
 
-Isotropic metric, 64 × 256 × 784 standard normal draws about their queries, β = 1.4:
+(run it from outside the checkout's directory, or with ``python -m`` from inside the one it
+measures: ``python -m`` puts the working directory first on ``sys.path``, before PYTHONPATH).
+
+An isotropic metric (default) or one 2×2 block metric per row (the precision of
+Σ = [[1, 0.3], [0.3, 0.8]]), 64 × 256 × 784 standard normal draws about their queries, β = 1.4:
 
   raw dy / raw dy+dx   the raw backward op (``etweedie::et_score_bwd`` on canonical tensors),
                        ∂/∂y alone and with ∂/∂x (written in the draws' dtype)
@@ -33,21 +37,25 @@ def main() -> None:
     x = y.unsqueeze(1) + torch.randn(B, N, d, generator=g)
     gup = torch.randn(B, d, generator=g)
     gm = torch.zeros(B, d)
-    beta, lam, prec = torch.full((B,), 1.4), torch.ones(B), torch.ones(B)
+    beta, lam = torch.full((B,), 1.4), torch.ones(B)
+    block = len(sys.argv) > 2 and sys.argv[2] == "block2"
+    sigma = torch.tensor([[1.0, 0.3], [0.3, 0.8]])
+    metric = etweedie.Metric.block(sigma.expand(B, 2, 2)) if block else None
+    prec, kind = (torch.linalg.inv(sigma).expand(B, 2, 2).contiguous(), 2) if block else (torch.ones(B), 0)
     cases = {}
     for name, dt in DTYPES.items():
         xd = x.to(dt)
-        _, m = torch.ops.etweedie.et_score_fwd(y, xd, beta, lam, prec, 0)
+        _, m = torch.ops.etweedie.et_score_fwd(y, xd, beta, lam, prec, kind)
         for need_x in (False, True):
             cases[("raw dy+dx" if need_x else "raw dy", name)] = (
                 lambda xd=xd, m=m, need_x=need_x: torch.ops.etweedie.et_score_bwd(
-                    gup, gm, y, xd, beta, lam, prec, 0, m, True, need_x, False, False, False))
+                    gup, gm, y, xd, beta, lam, prec, kind, m, True, need_x, False, False, False))
 
         yl, xl = y.clone().requires_grad_(), xd.clone().requires_grad_()  # made once: a fresh 51 MB
         # clone costs more than the step (first touch of its pages)
 
         def step(yl=yl, xl=xl):
-            torch.autograd.grad(etweedie.et_score(yl, xl, 1.4).sum(), (yl, xl))
+            torch.autograd.grad(etweedie.et_score(yl, xl, 1.4, metric=metric).sum(), (yl, xl))
 
         cases[("fwd+bwd", name)] = step
     times = {k: [] for k in cases}

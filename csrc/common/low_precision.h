@@ -207,17 +207,36 @@ inline __m256i narrow16_bf16_exact(const float* src) {
   // packus works per 128-bit lane (lo0-3 hi0-3 | lo4-7 hi4-7); the permute puts lo before hi
   return _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);
 }
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+// vcvtneps2bf16 rounds the same way (nearest even, NaN -> (bits >> 16) | 0x40) but treats
+// subnormal inputs as zero: a block holding one takes the integer path.
+inline bool bf16_hw_rounds(__m512 v) {
+  const __m512i mag = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
+  return _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(mag, mag), mag, _mm512_set1_epi32(0x00800000)) == 0;
+}
+#endif
 inline __m256i narrow16_bf16(const float* src) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
-  // vcvtneps2bf16 rounds the same way (nearest even, NaN -> (bits >> 16) | 0x40) but treats
-  // subnormal inputs as zero: a block holding one takes the integer path.
   const __m512 v = _mm512_loadu_ps(src);
-  const __m512i mag = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
-  const __mmask16 subnormal =
-      _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(mag, mag), mag, _mm512_set1_epi32(0x00800000));
-  if (subnormal == 0) return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+  if (bf16_hw_rounds(v)) return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
 #endif
   return narrow16_bf16_exact(src);
+}
+#endif
+
+#if defined(__AVX2__)
+// 16 floats held in the order that widening bfloat16 by unpacks leaves (lo: coordinates 0–3 and
+// 8–11, hi: 4–7 and 12–15; csrc/cpu/lanes16_cpu.h) rounded to bfloat16 in coordinate order:
+// packus per 128-bit lane is the unpacks' inverse, so the exact path needs no permute; on
+// AVX512-BF16 one vcvtneps2bf16 (the quads then come out as 0, 2, 1, 3: one permute), with the
+// exact path for a block holding a subnormal, as in narrow16_bf16.
+inline __m256i narrow16_bf16_unpacked(__m256 lo, __m256 hi) {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+  const __m512 v = _mm512_castpd_ps(
+      _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+  if (bf16_hw_rounds(v)) return _mm256_permute4x64_epi64(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)), 0xD8);
+#endif
+  return _mm256_packus_epi32(narrow8_bf16_lanes(lo), narrow8_bf16_lanes(hi));
 }
 #endif
 

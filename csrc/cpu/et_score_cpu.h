@@ -289,13 +289,15 @@ T weighted_residual_sum_bwd(const Prec& P, const Weight& weight, const T* y, con
                             int64_t d, const T* h, T* gy, X* gx, T* gp, bool want_shape, DrawRows<X>& rows,
                             T* gxrow) {
 #if ETWEEDIE_LANES16
-  if constexpr (kLanes16<T, X, Prec> && kElementwiseMetric<Prec>) {
+  if constexpr (kLanes16<T, X, Prec>) {
     // both passes in registers, ∂L/∂x rounded and streamed from them (lanes16_cpu.h).  Not for
-    // ∂L/∂x of bfloat16 draws: rounding 16 values held in the unpacked lane order costs a
-    // permute or the integer path per step, and the L1 row below, rounded 16 values per
-    // vcvtneps2bf16 in coordinate order, was faster (benchmarks/RESULTS.md, 16-bit draws)
-    if (d % 16 == 0 && gp == nullptr && (gx == nullptr || (!std::is_same_v<X, bf16> &&
-                                                           (reinterpret_cast<uintptr_t>(gx) & 31) == 0))) {
+    // ∂L/∂x of bfloat16 draws under an isotropic or diagonal metric: rounding 16 values held in
+    // the unpacked lane order costs a permute per step, and the four-draw loops' L1 row below,
+    // rounded 16 values per vcvtneps2bf16 in coordinate order, was faster (benchmarks/RESULTS.md,
+    // CPU: et_score backward); a block metric's loops below go draw by draw, slower than either
+    constexpr bool kL1Row = std::is_same_v<X, bf16> && kElementwiseMetric<Prec>;
+    if (d % 16 == 0 && gp == nullptr &&
+        (gx == nullptr || (!kL1Row && (reinterpret_cast<uintptr_t>(gx) & 31) == 0))) {
       return weighted_residual_sum_bwd16<X>(P, weight, y, x, sxn, N, d, h, gy, gx, want_shape);
     }
   }

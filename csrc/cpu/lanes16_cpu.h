@@ -1,5 +1,5 @@
 // The forward's weighted residual sum (et_score, langevin_step, student_t_score), and its
-// backward for isotropic and diagonal metrics (the end of this file), with 16
+// backward (the end of this file), with 16
 // coordinates per step held in registers (V16: two 8-lane AVX2 vectors), for float32, bfloat16
 // and float16 draws, isotropic, diagonal and k×k block metrics with k = 1, 2 or 4, d a multiple
 // of 16, on CPUs with AVX2 + FMA.
@@ -272,10 +272,11 @@ bool weighted_residual_sum16(const Prec& prec, const float* y, const X* x, int64
 
 // ---------------------------------------------------------------------------- backward
 
-// 16 gradient values in the lanes' order of X (float32 and float16: coordinate order), rounded to
-// X and written with a streaming store to dst (32-byte aligned): ∂L/∂x goes from registers to
-// memory, with no L1 row to round and copy afterwards.  bfloat16 draws keep that L1 row (the
-// caller, weighted_residual_sum_bwd, does not take this path for their ∂L/∂x).
+// 16 gradient values in the lanes' order of X, rounded to X in coordinate order and written with
+// a streaming store to dst (32-byte aligned): ∂L/∂x goes from registers to memory, with no L1 row
+// to round and copy afterwards.  bfloat16 in the unpacked order costs a permute after
+// vcvtneps2bf16 (narrow16_bf16_unpacked), so the isotropic and diagonal metrics' four-draw loops
+// keep their L1 row for it (weighted_residual_sum_bwd).
 template <typename X>
 struct Stream16;
 
@@ -284,6 +285,13 @@ struct Stream16<float> {
   static void store(float* dst, V16 g) {
     _mm256_stream_ps(dst, g.lo);
     _mm256_stream_ps(dst + 8, g.hi);
+  }
+};
+
+template <>
+struct Stream16<bf16> {
+  static void store(bf16* dst, V16 g) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), narrow16_bf16_unpacked(g.lo, g.hi));
   }
 };
 
@@ -298,13 +306,12 @@ struct Stream16<fp16> {
 };
 #endif
 
-// The backward's first pass for R draws (R = 1 or 4) and an elementwise metric (pw: the diagonal
-// precisions in the lanes' order, or null for an isotropic one, whose scale the caller applies):
-// q_t = Σ p u_t², hu_t = h·u_t, u_t = y − x_t.  One 8-lane accumulator per sum (16 coordinates
-// are two FMAs into it): the 2R sums are the independent chains, and they leave registers for
-// y, h and u.
-template <int R, typename X>
-inline void quad_dot16(const float* yp, const float* hp, const float* pw, const X* const* xs, int64_t d, float* q,
+// The backward's first pass for R draws (R = 1 or 4): q_t = u_tᵀ P u_t, hu_t = h·u_t,
+// u_t = y − x_t; pu(u, j) is P u for the 16 lanes from j (an isotropic metric: u, its scale applied
+// by the caller).  One 8-lane accumulator per sum (16 coordinates are two FMAs into it): the 2R
+// sums are the independent chains, and they leave registers for y, h and u.
+template <int R, typename X, typename PU>
+inline void quad_dot16(const float* yp, const float* hp, const X* const* xs, int64_t d, const PU& pu, float* q,
                        float* hu) {
   __m256 aq[R], ah[R];
   for (int t = 0; t < R; ++t) aq[t] = ah[t] = _mm256_setzero_ps();
@@ -313,9 +320,9 @@ inline void quad_dot16(const float* yp, const float* hp, const float* pw, const 
 #pragma GCC unroll 4
     for (int t = 0; t < R; ++t) {
       const V16 u = vsub(yv, Lanes16<X>::load16(xs[t] + j));
-      const V16 pu = pw != nullptr ? vmul(vload(pw + j), u) : u;
-      aq[t] = _mm256_fmadd_ps(u.lo, pu.lo, aq[t]);
-      aq[t] = _mm256_fmadd_ps(u.hi, pu.hi, aq[t]);
+      const V16 pv = pu(u, j);
+      aq[t] = _mm256_fmadd_ps(u.lo, pv.lo, aq[t]);
+      aq[t] = _mm256_fmadd_ps(u.hi, pv.hi, aq[t]);
       ah[t] = _mm256_fmadd_ps(hv.lo, u.lo, ah[t]);
       ah[t] = _mm256_fmadd_ps(hv.hi, u.hi, ah[t]);
     }
@@ -326,13 +333,13 @@ inline void quad_dot16(const float* yp, const float* hp, const float* pw, const 
   }
 }
 
-// The backward's second pass for R draws (still in L1): g_t = a_t h + c_t p ⊙ u_t, gyp += Σ_t g_t
-// (lanes' order), and −g_t streamed to gx[t] (x's format; gx null: ∂L/∂x not wanted).  c holds
-// c_t·p for an isotropic metric (pw null).  next (R rows, or null) is prefetched into L1 along
-// the way, as in accumulate16.
-template <int R, typename X>
-inline void grad16(const float* yp, const float* hp, const float* pw, const X* const* xs, const float* a,
-                   const float* c, int64_t d, float* gyp, X* const* gx, const X* const* next) {
+// The backward's second pass for R draws (still in L1): g_t = a_t h + c_t P u_t, gyp += Σ_t g_t
+// (lanes' order), and −g_t streamed to gx[t] (x's format; gx null: ∂L/∂x not wanted); pu as in
+// quad_dot16 (c holds c_t·p for an isotropic metric).  next (R rows, or null) is prefetched into
+// L1 along the way, as in accumulate16.
+template <int R, typename X, typename PU>
+inline void grad16(const float* yp, const float* hp, const X* const* xs, const float* a, const float* c, int64_t d,
+                   const PU& pu, float* gyp, X* const* gx, const X* const* next) {
   V16 na[R], nc[R];
   for (int t = 0; t < R; ++t) na[t] = vset1(-a[t]), nc[t] = vset1(-c[t]);
   with_next_prefetched<X>(d, next, [&](int64_t j0, int64_t j1) {
@@ -341,33 +348,32 @@ inline void grad16(const float* yp, const float* hp, const float* pw, const X* c
       V16 sum = vload(gyp + j);
 #pragma GCC unroll 4
       for (int t = 0; t < R; ++t) {
-        V16 u = vsub(yv, Lanes16<X>::load16(xs[t] + j));
-        if (pw != nullptr) u = vmul(vload(pw + j), u);
+        const V16 u = pu(vsub(yv, Lanes16<X>::load16(xs[t] + j)), j);
         const V16 ng = vfma(nc[t], u, vmul(na[t], hv));  // −g_t, rounded as g_t
         sum = vsub(sum, ng);
-        if constexpr (!std::is_same_v<X, bf16>) {
-          if (gx != nullptr) Stream16<X>::store(gx[t] + j, ng);
-        }
+        if (gx != nullptr) Stream16<X>::store(gx[t] + j, ng);
       }
       vstore(gyp + j, sum);
     }
   });
 }
 
-// weighted_residual_sum_bwd (et_score_cpu.h) for an isotropic or diagonal metric, d % 16 == 0,
-// no metric gradient, and gx (N rows of d values, or null; float32 or float16) 32-byte aligned: the same contract and
-// the same four-draw groups, with both passes in registers (quad_dot16, grad16).  Returns the
-// weight parameter's gradient (1/N) Σ_i shape_term when want_shape, else 0.
+// weighted_residual_sum_bwd (et_score_cpu.h) for an isotropic, diagonal or k×k block (k = 1, 2,
+// 4) metric, d % 16 == 0, no metric gradient, and gx (N rows of d values, or null) 32-byte
+// aligned: the same contract and the same four-draw groups, with both passes in
+// registers (quad_dot16, grad16; a block applied by in-lane permutes, block_apply16).  Returns
+// the weight parameter's gradient (1/N) Σ_i shape_term when want_shape, else 0.
 template <typename X, typename Prec, typename Weight>
 float weighted_residual_sum_bwd16(const Prec& P, const Weight& weight, const float* y, const X* x, int64_t sxn,
                                   int64_t N, int64_t d, const float* h, float* gy, X* gx, bool want_shape) {
   constexpr bool kDiag = std::is_same_v<Prec, RowPrec<float, kDiagonal, 0>>;
+  constexpr int K = Block16<Prec>::value;  // 0: isotropic or diagonal
   thread_local std::vector<float> buf;
   if (static_cast<int64_t>(buf.size()) < 4 * d) buf.resize(4 * d);
   float* yp = buf.data();
   float* hp = buf.data() + d;
   float* gyp = buf.data() + 2 * d;
-  float* pw = kDiag ? buf.data() + 3 * d : nullptr;
+  float* pw = buf.data() + 3 * d;  // diagonal precisions
   for (int64_t j = 0; j < d; ++j) {
     const int64_t l = Lanes16<X>::lane_of(j);
     yp[l] = y[j];
@@ -375,7 +381,24 @@ float weighted_residual_sum_bwd16(const Prec& P, const Weight& weight, const flo
     if (kDiag) pw[l] = P.p[j];
     gyp[j] = 0.0f;
   }
-  const float scale = kDiag ? 1.0f : P.p[0];  // an isotropic metric's p, applied to q and c
+  V16 cb[4];  // a block metric's coefficient vectors (block_apply16)
+  if constexpr (K > 0) {
+    float lanes[16];
+    for (int r = 0; r < K; ++r) {
+      for (int l = 0; l < 16; ++l) lanes[l] = P.p[(l % K) * K + (l % K + r) % K];
+      cb[r] = vload(lanes);
+    }
+  }
+  auto pu = [&](V16 u, int64_t j) {
+    if constexpr (K > 0) {
+      return block_apply16<K>(cb, u);
+    } else if constexpr (kDiag) {
+      return vmul(vload(pw + j), u);
+    } else {
+      return u;
+    }
+  };
+  const float scale = K == 0 && !kDiag ? P.p[0] : 1.0f;  // an isotropic metric's p, applied to q and c
   const float inv_n = 1.0f / static_cast<float>(N);
   float gshape = 0.0f;
   // a, c of R draws from their q, h·u (c scaled by an isotropic p for grad16)
@@ -397,22 +420,22 @@ float weighted_residual_sum_bwd16(const Prec& P, const Weight& weight, const flo
       for (int t = 0; t < 4; ++t) gr[t] = gx + (i + t) * d;
     }
     float q[4], hu[4], a[4], c[4];
-    quad_dot16<4, X>(yp, hp, pw, xs, d, q, hu);
+    quad_dot16<4, X>(yp, hp, xs, d, pu, q, hu);
     coefficients(4, q, hu, a, c);
     const X* nx[4] = {xs[0] + 4 * sxn, xs[1] + 4 * sxn, xs[2] + 4 * sxn, xs[3] + 4 * sxn};
-    grad16<4, X>(yp, hp, pw, xs, a, c, d, gyp, gx != nullptr ? gr : nullptr, i + 8 <= N ? nx : nullptr);
+    grad16<4, X>(yp, hp, xs, a, c, d, pu, gyp, gx != nullptr ? gr : nullptr, i + 8 <= N ? nx : nullptr);
   }
   for (; i < N; ++i) {
     const X* xi = x + i * sxn;
     X* gr = gx != nullptr ? gx + i * d : nullptr;
     float q, hu, a, c;
-    quad_dot16<1, X>(yp, hp, pw, &xi, d, &q, &hu);
+    quad_dot16<1, X>(yp, hp, &xi, d, pu, &q, &hu);
     coefficients(1, &q, &hu, &a, &c);
     if (a == 0.0f && c == 0.0f) {  // coincident draw (or q = ∞): contributes nothing
       if (gr != nullptr) std::fill(gr, gr + d, narrow<X>(0.0f));
       continue;
     }
-    grad16<1, X>(yp, hp, pw, &xi, &a, &c, d, gyp, gx != nullptr ? &gr : nullptr, nullptr);
+    grad16<1, X>(yp, hp, &xi, &a, &c, d, pu, gyp, gx != nullptr ? &gr : nullptr, nullptr);
   }
   for (int64_t j = 0; j < d; ++j) gy[j] += gyp[Lanes16<X>::lane_of(j)];
   return gshape * inv_n;
