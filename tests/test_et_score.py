@@ -450,12 +450,13 @@ def test_backward_in_register_lanes(x_dtype, kind, shape, seed):
 
 
 @pytest.mark.parametrize("x_dtype", [torch.float32] + LOW_PRECISION, ids=["f32"] + LOW_PRECISION_IDS)
-def test_backward_in_register_lanes_subnormal_gradients(x_dtype, seed):
+@pytest.mark.parametrize("kind", ["diagonal", "block2"])  # bfloat16 ∂L/∂x: the L1 row; the register lanes
+def test_backward_in_register_lanes_subnormal_gradients(x_dtype, kind, seed):
     """An upstream gradient that puts ∂L/∂x at most at 8e-39 makes every value a float32
     subnormal: rounded to bfloat16 by the integer path (vcvtneps2bf16 flushes subnormals to zero),
     to float16 (0 or its smallest values), kept as they are in float32; each within half a
     quantum of its format plus its relative rounding of the float64 reference."""
-    y, x, beta, lam, metric = _inputs(seed, 2, 9, 48, "diagonal")
+    y, x, beta, lam, metric = _inputs(seed, 2, 9, 48, kind)
     args = (y.float().double(), x.to(x_dtype).double(), beta, lam)
     _, g1 = _run("reference", "cpu", torch.float64, *args, metric, metric_grad=False)
     up = 8e-39 / float(g1[1].abs().max())
