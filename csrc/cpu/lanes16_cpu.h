@@ -200,14 +200,44 @@ inline void accumulate16(const float* yp, const X* const* xs, const float* w, in
   });
 }
 
+// P u for the 16 lanes from j under an isotropic, diagonal or k×k block (k = 1, 2, 4) metric,
+// the form the sweeps take as their pu: an isotropic metric returns u (its p is `scale`, which
+// the caller applies to q and to the gradient's coefficient; 1 for the other kinds), a diagonal
+// one multiplies by its precisions in the lanes' order (pw), a block one applies block_apply16.
+template <typename Prec>
+struct MetricLanes16 {
+  static constexpr int K = Block16<Prec>::value;  // 0: isotropic or diagonal
+  static constexpr bool kDiag = std::is_same_v<Prec, RowPrec<float, kDiagonal, 0>>;
+  V16 c[4];         // a block metric's coefficient vectors
+  const float* pw;  // a diagonal metric's precisions in the lanes' order
+  float scale;
+  MetricLanes16(const Prec& P, const float* pw_lanes) : pw(pw_lanes), scale(K == 0 && !kDiag ? P.p[0] : 1.0f) {
+    if constexpr (K > 0) {
+      float lanes[16];
+      for (int r = 0; r < K; ++r) {
+        for (int l = 0; l < 16; ++l) lanes[l] = P.p[(l % K) * K + (l % K + r) % K];
+        c[r] = vload(lanes);
+      }
+    }
+  }
+  V16 operator()(V16 u, int64_t j) const {
+    if constexpr (K > 0) {
+      return block_apply16<K>(c, u);
+    } else if constexpr (kDiag) {
+      return vmul(vload(pw + j), u);
+    } else {
+      return u;
+    }
+  }
+};
+
 // weighted_residual_sum (et_score_cpu.h) for an isotropic, diagonal or k×k block (k = 1, 2, 4)
 // metric, d % 16 == 0: the same contract (acc += Σ_i w(q_i) u_i, false when a draw is out of
 // range), the same four-draw sweeps and skipped zero-weight single draws.
 template <typename X, typename Prec, typename Weight>
 bool weighted_residual_sum16(const Prec& prec, const float* y, const X* x, int64_t sxn, int64_t N, int64_t d,
                              const Weight& weight, float* acc) {
-  constexpr bool kDiag = std::is_same_v<Prec, RowPrec<float, kDiagonal, 0>>;
-  constexpr int K = Block16<Prec>::value;  // 0: isotropic or diagonal
+  constexpr bool kDiag = MetricLanes16<Prec>::kDiag;
   thread_local std::vector<float> buf;
   if (static_cast<int64_t>(buf.size()) < 3 * d) buf.resize(3 * d);
   float* yp = buf.data();
@@ -219,25 +249,13 @@ bool weighted_residual_sum16(const Prec& prec, const float* y, const X* x, int64
     if (kDiag) pw[l] = prec.p[j];
     ap[j] = 0.0f;
   }
-  V16 c[4];  // a block metric's coefficient vectors (block_apply16)
-  if constexpr (K > 0) {
-    float lanes[16];
-    for (int r = 0; r < K; ++r) {
-      for (int l = 0; l < 16; ++l) lanes[l] = prec.p[(l % K) * K + (l % K + r) % K];
-      c[r] = vload(lanes);
-    }
-  }
-  const float scale = K == 0 && !kDiag ? prec.p[0] : 1.0f;
+  const MetricLanes16<Prec> pu(prec, pw);
   // q of R draws at once (quad16)
   auto quad = [&](auto r, const X* const* xr, float* q) {
     constexpr int R = decltype(r)::value;
-    if constexpr (K > 0) {
-      quad16<R>(yp, xr, d, [&c](V16 u, int64_t) { return block_apply16<Block16<Prec>::value>(c, u); }, q);
-    } else if constexpr (kDiag) {
-      quad16<R>(yp, xr, d, [pw](V16 u, int64_t j) { return vmul(vload(pw + j), u); }, q);
-    } else {
-      quad16<R>(yp, xr, d, [](V16 u, int64_t) { return u; }, q);
-      for (int t = 0; t < R; ++t) q[t] *= scale;
+    quad16<R>(yp, xr, d, pu, q);
+    if constexpr (MetricLanes16<Prec>::K == 0 && !kDiag) {
+      for (int t = 0; t < R; ++t) q[t] *= pu.scale;
     }
   };
   bool in_range = true;
@@ -366,8 +384,7 @@ inline void grad16(const float* yp, const float* hp, const X* const* xs, const f
 template <typename X, typename Prec, typename Weight>
 float weighted_residual_sum_bwd16(const Prec& P, const Weight& weight, const float* y, const X* x, int64_t sxn,
                                   int64_t N, int64_t d, const float* h, float* gy, X* gx, bool want_shape) {
-  constexpr bool kDiag = std::is_same_v<Prec, RowPrec<float, kDiagonal, 0>>;
-  constexpr int K = Block16<Prec>::value;  // 0: isotropic or diagonal
+  constexpr bool kDiag = MetricLanes16<Prec>::kDiag;
   thread_local std::vector<float> buf;
   if (static_cast<int64_t>(buf.size()) < 4 * d) buf.resize(4 * d);
   float* yp = buf.data();
@@ -381,24 +398,8 @@ float weighted_residual_sum_bwd16(const Prec& P, const Weight& weight, const flo
     if (kDiag) pw[l] = P.p[j];
     gyp[j] = 0.0f;
   }
-  V16 cb[4];  // a block metric's coefficient vectors (block_apply16)
-  if constexpr (K > 0) {
-    float lanes[16];
-    for (int r = 0; r < K; ++r) {
-      for (int l = 0; l < 16; ++l) lanes[l] = P.p[(l % K) * K + (l % K + r) % K];
-      cb[r] = vload(lanes);
-    }
-  }
-  auto pu = [&](V16 u, int64_t j) {
-    if constexpr (K > 0) {
-      return block_apply16<K>(cb, u);
-    } else if constexpr (kDiag) {
-      return vmul(vload(pw + j), u);
-    } else {
-      return u;
-    }
-  };
-  const float scale = K == 0 && !kDiag ? P.p[0] : 1.0f;  // an isotropic metric's p, applied to q and c
+  const MetricLanes16<Prec> pu(P, pw);
+  const float scale = pu.scale;  // an isotropic metric's p, applied to q and c
   const float inv_n = 1.0f / static_cast<float>(N);
   float gshape = 0.0f;
   // a, c of R draws from their q, h·u (c scaled by an isotropic p for grad16)
