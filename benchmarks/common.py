@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
@@ -75,8 +76,14 @@ def time_calls(
     count so that it takes about ``budget_s`` (between ``min_repeats`` and ``max_repeats``
     calls): a 5 ms kernel gets hundreds of samples, a 20 s oracle the minimum.  The functions
     are timed in interleaved rounds, so load from other processes that comes and goes hits
-    the kernel and its baselines alike and their ratios stay meaningful.
+    the kernel and its baselines alike and their ratios stay meaningful.  Each round runs the
+    functions in a fresh random order (seeded: the same orders every run), so that none of them
+    always runs right after the same neighbour: a call that follows a pass which evicts the
+    caches (the 256 MiB copy, the eager reference's temporaries) or that leaves the cloud warm
+    (another read of it) is slower or faster for it, and a fixed order gave that bias to one
+    function in every round.
     """
+    order = random.Random(0)
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -87,8 +94,11 @@ def time_calls(
         fn()
         times[name] = [clock() - t0]
         repeats[name] = int(min(max_repeats, max(min_repeats, budget_s / max(times[name][0], 1e-9))))
+    names = list(fns)
     for r in range(1, max(repeats.values(), default=0)):
-        for name, fn in fns.items():
+        order.shuffle(names)
+        for name in names:
+            fn = fns[name]
             if r < repeats[name]:
                 t0 = clock()
                 fn()

@@ -61,7 +61,7 @@ def _cacheable(p: torch.Tensor) -> bool:
         return False  # computed inside a CUDA graph capture: its value exists only once the graph runs
     if _functorch_wrapped(p):
         return False
-    return fwAD.unpack_dual(p).tangent is None
+    return fwAD._current_level < 0 or fwAD.unpack_dual(p).tangent is None  # no tangent outside a dual level
 
 
 def _as_float_tensor(value, name: str, like: Optional[torch.Tensor] = None) -> torch.Tensor:

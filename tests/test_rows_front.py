@@ -46,6 +46,9 @@ def _case(seed: int, layout: str, kind: str, x_dtype=torch.float32, dtype=torch.
     elif layout == "broadcast_batch":  # y (2, 1, d) against x (3, N, d): batch (2, 3), β per column
         y, x = torch.randn(2, 1, d, generator=g), torch.randn(3, N, d, generator=g)
         beta, lam, mb = 0.5 + 1.5 * torch.rand(3, generator=g), 1.0, 0
+    elif layout == "leading_one":  # batch (1, 3): a per-row β already (B,), the output unflattened
+        y, x = torch.randn(1, 3, d, generator=g), torch.randn(3, N, d, generator=g)
+        beta, lam, mb = 0.5 + 1.5 * torch.rand(3, generator=g), torch.tensor(0.8), 0
     elif layout == "empty":
         y, x = torch.randn(0, d, generator=g), torch.randn(0, N, d, generator=g)
         beta, lam, mb = 1.5, 1.0, 0
@@ -58,7 +61,7 @@ def _case(seed: int, layout: str, kind: str, x_dtype=torch.float32, dtype=torch.
     return cast(y), x.to(x_dtype if x_dtype != torch.float32 else dtype), cast(beta), cast(lam), metric
 
 
-LAYOUTS = ["plain", "shared_cloud", "noncontiguous", "broadcast_batch", "empty"]
+LAYOUTS = ["plain", "shared_cloud", "noncontiguous", "broadcast_batch", "leading_one", "empty"]
 KINDS = ["none", "isotropic", "diagonal", "block2"]
 
 
@@ -216,8 +219,13 @@ def test_float_parameters_are_made_once(seed):
     assert a1.beta is a2.beta and a1.lam is a2.lam and a1.prec is a2.prec
     assert float(a1.beta) == 1.25 and float(a1.lam) == 0.75 and float(a1.prec) == 1.0
     assert a1.beta.shape == () and not a1.beta.requires_grad
+    # a number that passed one parameter's rule, or one dtype's range, is not taken as checked for another
+    _prep.rows_args("et_score", y, x, 1.25, 2.5, None)
     with pytest.raises(ValueError, match="beta must lie in"):
         _prep.rows_args("et_score", y, x, 2.5, 1.0, None)
+    _prep.rows_args("et_score", y.double(), x.double(), 1.25, 1e-300, None)
+    with pytest.raises(ValueError, match="not representable in torch.float32"):
+        _prep.rows_args("et_score", y, x, 1.25, 1e-300, None)
     with pytest.raises(ValueError, match="beta must lie in"):
         _prep.rows_args("et_score", y, x, torch.tensor([1.0, 2.5, 1.0]), 1.0, None)
     with pytest.raises(ValueError, match="lam must be > 0"):

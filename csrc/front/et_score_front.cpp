@@ -19,7 +19,7 @@ std::tuple<at::Tensor, bool> et_score_rows(const at::Tensor& y, const at::Tensor
     Rows r = rows(y, x, batch);
     at::Tensor s = std::get<0>(fwd.call(r.y, r.x, flat(beta, batch, r.B, {}), flat(lam, batch, r.B, {}),
                                         prec_rows(prec, kind, batch, r.B), kind));
-    return s.reshape(joined(batch, {r.d}));
+    return unflat(s, batch, {r.d});
   };
   return reported({&y, &x, &beta, &lam, &prec}, run);
 }

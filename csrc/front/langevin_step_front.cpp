@@ -21,7 +21,7 @@ std::tuple<at::Tensor, bool> langevin_step_rows(const at::Tensor& y, const at::T
     at::Tensor out = std::get<0>(fwd.call(r.y, r.x, flat(noise, batch, r.B, {r.d}).contiguous(),
                                           flat(step, batch, r.B, {}), flat(beta, batch, r.B, {}),
                                           flat(lam, batch, r.B, {}), prec_rows(prec, kind, batch, r.B), kind));
-    return out.reshape(joined(batch, {r.d}));
+    return unflat(out, batch, {r.d});
   };
   return reported({&y, &x, &noise, &step, &beta, &lam, &prec}, run);
 }

@@ -42,9 +42,21 @@ inline std::vector<int64_t> joined(at::IntArrayRef head, at::IntArrayRef tail) {
 }
 
 // t expanded to (*batch, *core) and its batch flattened to B rows (a view where strides allow).
+// Each view is a dispatcher call and a new TensorImpl, which a call with cold caches (the one
+// after a 51 MB kernel) pays several times over, so the common shapes take fewer: t already
+// (B, *core) is returned as it is, and a one-dimensional batch needs the expand only.
 inline at::Tensor flat(const at::Tensor& t, at::IntArrayRef batch, int64_t B, at::IntArrayRef core) {
   const int64_t rows[1] = {B};
-  return t.expand(joined(batch, core)).reshape(joined(rows, core));
+  const std::vector<int64_t> target = joined(rows, core);
+  if (t.sizes().equals(target)) return t;
+  if (batch.size() == 1) return t.expand(target);
+  return t.expand(joined(batch, core)).reshape(target);
+}
+
+// out (B, *core) with its rows unflattened to (*batch, *core); out itself for a one-dimensional batch.
+inline at::Tensor unflat(const at::Tensor& out, at::IntArrayRef batch, at::IntArrayRef core) {
+  if (batch.size() == 1) return out;
+  return out.reshape(joined(batch, core));
 }
 
 struct Rows {

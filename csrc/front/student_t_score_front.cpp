@@ -18,7 +18,7 @@ std::tuple<at::Tensor, bool> student_t_score_rows(const at::Tensor& y, const at:
     Rows r = rows(y, x, batch);
     at::Tensor s = std::get<0>(
         fwd.call(r.y, r.x, flat(c, batch, r.B, {}), prec_rows(prec, kind, batch, r.B), kind));
-    return s.reshape(joined(batch, {r.d}));
+    return unflat(s, batch, {r.d});
   };
   return reported({&y, &x, &c, &prec}, run);
 }

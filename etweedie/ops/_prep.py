@@ -135,6 +135,10 @@ def as_param(value, name: str, op: str, like: torch.Tensor) -> torch.Tensor:
     A plain number is range-checked here (rules in ``_SCALAR_RULES``) and becomes a 0-d tensor
     on the device (:func:`constant`: no host-to-device copy, made once per value).
     """
+    if type(value) is float and not _is_compiling():
+        t = _CHECKED.get((name, value, like.dtype, like.device))  # this float passed its rule before
+        if t is not None:
+            return t
     if isinstance(value, torch.Tensor):
         if not value.is_floating_point():
             raise TypeError(f"{op}: {name} must be a float or a floating-point tensor, got dtype {value.dtype}")
@@ -148,7 +152,17 @@ def as_param(value, name: str, op: str, like: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"{op}: {name} must {rule[1]}, got {float(value):.6g}")
     if rule is not None and not rule[0](_rounded(float(value), like.dtype)):
         raise ValueError(f"{op}: {name} = {float(value):.6g} is not representable in {like.dtype} (it rounds to 0 or inf)")
-    return constant(float(value), like.dtype, like.device)
+    t = constant(float(value), like.dtype, like.device)
+    if type(value) is float and _CONSTANTS.get((value, like.dtype, like.device)) is t:  # cached, so reusable
+        if len(_CHECKED) >= 256:
+            _CHECKED.clear()
+        _CHECKED[(name, value, like.dtype, like.device)] = t
+    return t
+
+
+# (parameter name, value, dtype, device) -> constant(value) for plain floats that passed the
+# parameter's rule: a sampler or training loop passes the same β, λ, step on every call.
+_CHECKED: dict = {}
 
 
 def check_positive(t: torch.Tensor, name: str, op: str) -> None:
@@ -425,9 +439,15 @@ def _any_tensor(test, args) -> bool:
     return False
 
 
+def _tangent(t: torch.Tensor) -> bool:
+    return fwAD.unpack_dual(t).tangent is not None
+
+
 def has_forward_tangent(*tensors) -> bool:
-    """Whether any argument carries a forward-mode tangent (torch.func.jvp or forward_ad)."""
-    return _any_tensor(lambda t: fwAD.unpack_dual(t).tangent is not None, tensors)
+    """Whether any argument carries a forward-mode tangent (torch.func.jvp or forward_ad).  Only
+    inside a dual level (``forward_ad``'s own rule: ``unpack_dual`` finds no tangent outside one,
+    and torch.func.jvp enters one), so a plain call reads one module global, not every tensor."""
+    return fwAD._current_level >= 0 and _any_tensor(_tangent, tensors)
 
 
 def functorch_transformed(*tensors) -> bool:
@@ -494,25 +514,31 @@ class Canonical:
 
 
 def rows_args(op: str, y, x, beta, lam, metric) -> RowArgs:
-    """Validate the arguments of a per-row op and resolve its broadcast batch."""
+    """Validate the arguments of a per-row op and resolve its broadcast batch.
+
+    Every sampler step and training step pays this on the host, so the common case (one batch
+    shape for y and x, parameters as numbers or 0-d tensors, a shared metric) reads each shape
+    once and skips the general broadcast."""
     y = check_tensor(y, "y", op)
     x = check_draws(x, y, op)
-    if y.dim() < 1:
+    ys, xs = y.shape, x.shape
+    if not ys:
         raise ValueError(f"{op}: y must have shape (*batch, d), got a 0-d tensor")
-    if x.dim() < 2:
-        raise ValueError(f"{op}: x must have shape (*batch, N, d), got shape {tuple(x.shape)}")
+    if len(xs) < 2:
+        raise ValueError(f"{op}: x must have shape (*batch, N, d), got shape {tuple(xs)}")
     if x.device != y.device:
         raise ValueError(f"{op}: x is on {x.device} but y is on {y.device}")
-    d, N = y.shape[-1], x.shape[-2]
-    if x.shape[-1] != d:
-        raise ValueError(f"{op}: x must have shape (*batch, N, d={d}) to match y, got {tuple(x.shape)}")
+    d, N = ys[-1], xs[-2]
+    if xs[-1] != d:
+        raise ValueError(f"{op}: x must have shape (*batch, N, d={d}) to match y, got {tuple(xs)}")
     if d == 0:
-        raise ValueError(f"{op}: the dimension d must be >= 1, got y of shape {tuple(y.shape)}")
+        raise ValueError(f"{op}: the dimension d must be >= 1, got y of shape {tuple(ys)}")
     if N == 0:
-        raise ValueError(f"{op}: x must hold at least one posterior draw (N >= 1), got shape {tuple(x.shape)}")
+        raise ValueError(f"{op}: x must hold at least one posterior draw (N >= 1), got shape {tuple(xs)}")
     beta_t = as_param(beta, "beta", op, y)
     lam_t = as_param(lam, "lam", op, y)
-    check_finite(op, y=y, x=x)
+    if _DEBUG["on"]:
+        check_finite(op, y=y, x=x)
     # a parameter given as a number was range-checked by as_param; a tensor's values are checked here
     if isinstance(beta, torch.Tensor):
         check_beta(beta_t, op)
@@ -520,9 +546,11 @@ def rows_args(op: str, y, x, beta, lam, metric) -> RowArgs:
         check_positive(lam_t, "lam", op)
     default = metric is None
     metric = check_metric(metric, d, y, op)
-    batch = broadcast_batch(
-        op, y=y.shape[:-1], x=x.shape[:-2], beta=beta_t.shape, lam=lam_t.shape, metric=metric.batch_shape
-    )
+    yb, xb, mb = ys[:-1], xs[:-2], metric.batch_shape
+    if yb == xb and not mb and not beta_t.dim() and not lam_t.dim():
+        batch = yb  # nothing to broadcast
+    else:
+        batch = broadcast_batch(op, y=yb, x=xb, beta=beta_t.shape, lam=lam_t.shape, metric=mb)
     prec = metric.param if default else precision_of(metric, y.dtype, op)  # Σ = I: P = I, the same 1
     return RowArgs(y, x, beta_t, lam_t, prec, _KIND[metric.kind], batch, metric)
 

@@ -78,7 +78,7 @@ def et_score(
     def run():  # (score, whether the CPU kernel wrote NaN/inf: known from the front op only)
         if front(op, name, a):
             return torch.ops.etweedie.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
-        return python_form(), None
+        return python_form().reshape(*a.batch, a.y.shape[-1]), None  # the front op returns (*batch, d) too
 
     def python_form():
         c = shape_rows(a)
@@ -93,7 +93,7 @@ def et_score(
     s = range_guarded(op, name, metric, a.y, a.x, a.batch, run)
     if s is None:
         return _widened(y, x, beta, lam, metric, backend)
-    return s.reshape(*a.batch, a.y.shape[-1])
+    return s
 
 
 def _widened(y, x, beta, lam, metric, backend) -> torch.Tensor:

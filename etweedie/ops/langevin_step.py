@@ -91,7 +91,7 @@ def langevin_step(
     def run():  # (step, whether the CPU kernel wrote NaN/inf: known from the front op only)
         if front(op, name, a, noise, step_t):
             return torch.ops.etweedie.langevin_step(a.y, a.x, noise, step_t, a.beta, a.lam, a.prec, a.kind, a.batch)
-        return python_form(), None
+        return python_form().reshape(*a.batch, d), None  # the front op returns (*batch, d) too
 
     def python_form():
         c = shape_rows(a)
@@ -110,7 +110,7 @@ def langevin_step(
     out = range_guarded(op, name, metric, a.y, a.x, a.batch, run)
     if out is None:
         return _widened(y, x, noise, step, beta, lam, metric, backend)
-    return out.reshape(*a.batch, d)
+    return out
 
 
 def _widened(y, x, noise, step, beta, lam, metric, backend) -> torch.Tensor:

@@ -87,7 +87,7 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
     def run():  # (score, whether the CPU kernel wrote NaN/inf: known from the front op only)
         if front(_OP, name, a, cv):
             return torch.ops.etweedie.student_t_score(a.y, a.x, cv, a.prec, a.kind, a.batch)
-        return python_form(), None
+        return python_form().reshape(*a.batch, d), None  # the front op returns (*batch, d) too
 
     def python_form():
         cn = shape_rows(a)
@@ -102,7 +102,7 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
     s = range_guarded(_OP, name, metric, a.y, a.x, a.batch, run)
     if s is None:  # float32 norms that over/underflow: compute in float64, round the result
         return _widened(y, x, c, metric, backend)
-    return s.reshape(*a.batch, d)
+    return s
 
 
 def _widened(y, x, c, metric, backend) -> torch.Tensor:
