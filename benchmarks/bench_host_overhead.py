@@ -70,16 +70,16 @@ def cases():
     prec_b = torch.linalg.inv(block.param).contiguous().expand(1, 2, 2)
     ops = torch.ops.etweedie
     b0, one0, step0, p_b = torch.tensor(1.5), torch.tensor(1.0), torch.tensor(step), prec_b[0].contiguous()
-    has_front = hasattr(ops, "et_score") and hasattr(ops, "langevin_step")
+    has_front = hasattr(ops, "et_score") and hasattr(ops, "langevin_step")  # each returns (out, nonfinite)
     rows = [
         ("et_score iso", lambda: etweedie.et_score(y, x, 1.5), lambda: ops.et_score_fwd(y, x, beta, one, one, 0),
-         (lambda: ops.et_score(y, x, b0, one0, one0, 0, [1])) if has_front else None),
+         (lambda: ops.et_score(y, x, b0, one0, one0, 0, [1])[0]) if has_front else None),
         ("et_score block", lambda: etweedie.et_score(y, x, 1.5, 1.0, block),
          lambda: ops.et_score_fwd(y, x, beta, one, prec_b, 2),
-         (lambda: ops.et_score(y, x, b0, one0, p_b, 2, [1])) if has_front else None),
+         (lambda: ops.et_score(y, x, b0, one0, p_b, 2, [1])[0]) if has_front else None),
         ("langevin_step block", lambda: etweedie.langevin_step(y, x, noise, step, 1.5, 1.0, block),
          lambda: ops.langevin_step_fwd(y, x, noise, torch.full((1,), step), beta, one, prec_b, 2),
-         (lambda: ops.langevin_step(y, x, noise, step0, b0, one0, p_b, 2, [1])) if has_front else None),
+         (lambda: ops.langevin_step(y, x, noise, step0, b0, one0, p_b, 2, [1])[0]) if has_front else None),
     ]
     xg = x.clone().requires_grad_()
     has_es_front = hasattr(ops, "energy_score")
@@ -96,7 +96,7 @@ def cases():
         *rows,
         ("et_score block fwd+bwd", lambda: grad_y(etweedie.et_score(yg, x, 1.5, 1.0, block)),
          lambda: grad_y(ops.et_score_fwd(yg, x, beta, one, prec_b, 2)[0]),
-         (lambda: grad_y(ops.et_score(yg, x, b0, one0, p_b, 2, [1]))) if has_front else None),
+         (lambda: grad_y(ops.et_score(yg, x, b0, one0, p_b, 2, [1])[0])) if has_front else None),
         ("energy_score block", lambda: etweedie.energy_score(x, y, 1.5, block),
          lambda: ops.energy_score_fwd(x, y, beta, prec_b, 2, True),
          (lambda: ops.energy_score(x, y, b0, p_b, 2, True, [1], False, True)) if has_es_front else None),
