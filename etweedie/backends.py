@@ -112,6 +112,10 @@ def available() -> Dict[str, Tuple[bool, str]]:
     return dict(_available_cached(os.environ.get("TRITON_INTERPRET")))
 
 
+def _cpu_available() -> bool:
+    return _EXT_OK and _has_op("et_score_fwd", "CPU")
+
+
 @functools.lru_cache(maxsize=None)
 def _available_cached(_triton_interpret: Optional[str]) -> Tuple[Tuple[str, Tuple[bool, str]], ...]:
     cuda_ok = _has_op("et_score_fwd", "CUDA")
@@ -125,7 +129,7 @@ def _available_cached(_triton_interpret: Optional[str]) -> Tuple[Tuple[str, Tupl
         cuda_why = "etweedie._C was built without CUDA (no CUDA_HOME at build time, or FORCE_ONLY_CPU=1)"
     return (
         ("reference", (True, "pure PyTorch")),
-        ("cpu", (_EXT_OK and _has_op("et_score_fwd", "CPU"), _EXT_WHY)),
+        ("cpu", (_cpu_available(), _EXT_WHY)),
         ("cuda", (cuda_ok, cuda_why)),
         ("triton", _triton_status()),
     )
@@ -183,7 +187,8 @@ def resolve(op: str, device: torch.device, backend: Optional[str] = None, *, sup
         return "reference" if device.type == "cpu" else _auto_gpu(supported)
     want = requested(backend)
     if want is None:
-        return _automatic(device.type, supported, os.environ.get("TRITON_INTERPRET"))
+        kind = device.type  # a CPU tensor never runs Triton: TRITON_INTERPRET is read for GPU tensors only
+        return _automatic(kind, supported, None if kind == "cpu" else os.environ.get("TRITON_INTERPRET"))
     status = available()
     if want is not None:
         ok, why = status[want]
@@ -204,8 +209,10 @@ def resolve(op: str, device: torch.device, backend: Optional[str] = None, *, sup
 def _automatic(device_type: str, supported: Tuple[str, ...], triton_interpret: Optional[str]) -> str:
     """The automatic choice for a device type (fixed for the process, given TRITON_INTERPRET):
     computed once, as every op call asks for it."""
+    if device_type == "cpu":  # triton_interpret is None here (resolve reads it for GPU tensors only)
+        return "cpu" if "cpu" in supported and _cpu_available() else "reference"
     status = dict(_available_cached(triton_interpret))
-    order = ("cpu",) if device_type == "cpu" else ("cuda", "triton")
+    order = ("cuda", "triton")
     for name in order:
         if name in supported and status[name][0]:
             return name

@@ -432,9 +432,10 @@ def _any_tensor(test, args) -> bool:
     if _is_compiling():
         return False
     for t in args:
-        if isinstance(t, Metric):
-            t = t.param
-        if isinstance(t, torch.Tensor) and test(t):
+        if isinstance(t, torch.Tensor):
+            if test(t):
+                return True
+        elif isinstance(t, Metric) and test(t.param):
             return True
     return False
 
