@@ -9,7 +9,8 @@ Two regimes, timed in one process:
   float32 range test: a few small reductions per call);
 * ``gpu-like``: the same CPU tensors with value checks switched off exactly as a GPU tensor sees
   them without ``etweedie.set_debug(True)`` (``value_checks`` answers False in every etweedie
-  module that uses it): the part of the host path a GPU call pays, measurable here without a GPU.
+  module that uses it) and without the per-row ops' plain CPU call (``_prep.plain_rows``, which
+  takes CPU tensors only): the part of the host path a GPU call pays, measurable here without a GPU.
   For the energy ops that includes the NaN-row pass a GPU call runs instead of reading its
   inputs back to the host.
 
@@ -51,6 +52,14 @@ def _per_call_us(fn, repeats: int, rounds: int = 7):
         times.append((time.perf_counter() - t0) / repeats * 1e6)
     times.sort()
     return statistics.median(times), times[1], times[-2]
+
+
+def _set_plain_rows(fn) -> None:
+    """``plain_rows`` replaced by ``fn`` in every etweedie module that imported it: the plain
+    call is a CPU-tensor path, which a GPU call never takes."""
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("etweedie") and hasattr(mod, "plain_rows"):
+            mod.plain_rows = fn
 
 
 def _set_value_checks(fn) -> None:
@@ -114,10 +123,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = []
-    real_checks = _prep.value_checks
+    real_checks, real_plain = _prep.value_checks, getattr(_prep, "plain_rows", None)
     try:
         for regime in ("cpu", "gpu-like"):
             _set_value_checks(real_checks if regime == "cpu" else (lambda t: False))
+            if real_plain is not None:
+                _set_plain_rows(real_plain if regime == "cpu" else (lambda *a: None))
             for name, wrapped, raw, front in cases():
                 torch.testing.assert_close(wrapped().reshape(-1), raw()[0].reshape(-1) if isinstance(raw(), tuple)
                                            else raw().reshape(-1))
@@ -130,6 +141,8 @@ def main(argv=None) -> int:
                                  raw_us=r[0], front_us=f, overhead_us=w[0] - r[0]))
     finally:
         _set_value_checks(real_checks)
+        if real_plain is not None:
+            _set_plain_rows(real_plain)
     print(f"host cost per call, {torch.get_num_threads()} thread(s), torch {torch.__version__}, etweedie {etweedie.__version__}")
     print("| op | regime | wrapper µs (p20–p80) | raw op µs | front op µs | wrapper overhead µs |")
     print("|---|---|---|---|---|---|")

@@ -319,3 +319,107 @@ def test_public_ops_read_the_report_not_the_output(op, monkeypatch, seed):
     got = call(y, x, noise)
     torch.testing.assert_close(got, want, equal_nan=True)
     assert torch.isnan(got[2]).all() and torch.isfinite(got[[0, 1, 3]]).all()
+
+
+# ----------------------------------------------------------------------------- the plain call
+
+def _plain_case(seed: int, kind: str, dtype, x_dtype):
+    """(y, x, metric) for the plain call: y (B, d), x (B, N, d), a shared metric in y's dtype."""
+    g = gen(seed)
+    B, N, d = 3, 6, 8
+    y = torch.randn(B, d, generator=g, dtype=dtype)
+    x = (y.unsqueeze(1) + torch.randn(B, N, d, generator=g, dtype=dtype)).to(x_dtype)
+    m = random_metric(kind, 0, d, g, dtype=dtype, per_row=False) if kind != "none" else None
+    return y, x, m
+
+
+def _call(op: str, y, x, metric, *, plain: bool, monkeypatch):
+    """op's output and ∂/∂y with the plain path on or off (its module's plain_rows patched to None)."""
+    mod = MODULES[op]
+    if not plain:
+        monkeypatch.setattr(mod, "plain_rows", lambda *a: None)
+    yg = y.clone().requires_grad_()
+    if op == "et_score":
+        out = etweedie.et_score(yg, x, 1.3, 0.7, metric)
+    elif op == "langevin_step":
+        out = etweedie.langevin_step(yg, x, torch.ones_like(y), 0.05, 1.3, 0.7, metric)
+    else:
+        out = etweedie.student_t_score(yg, x, 6.0, metric)
+    grad = torch.autograd.grad(out.sum(), yg)[0]
+    monkeypatch.undo()
+    return out.detach(), grad
+
+
+@pytest.mark.parametrize("op", ["et_score", "langevin_step", "student_t_score"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype,x_dtype", [(torch.float32, torch.float32), (torch.float32, torch.bfloat16),
+                                           (torch.float64, torch.float64)], ids=["f32", "bf16", "f64"])
+def test_plain_call_equals_the_general_path(op, kind, dtype, x_dtype, monkeypatch, seed):
+    """The plain call (plain_rows) hands the front op what the general path builds: equal values
+    and gradients bit for bit, and it is the path taken (after one call has checked the floats)."""
+    if op == "student_t_score" and not STUDENT_T_FRONT:
+        pytest.skip("no student_t_score front op")
+    y, x, metric = _plain_case(seed, kind, dtype, x_dtype)
+    general = _call(op, y, x, metric, plain=False, monkeypatch=monkeypatch)
+    taken = []
+    real = MODULES[op].plain_rows
+    monkeypatch.setattr(MODULES[op], "plain_rows", lambda *a: taken.append(real(*a)) or taken[-1])
+    yg = y.clone().requires_grad_()
+    got = _call(op, y, x, metric, plain=True, monkeypatch=monkeypatch)
+    assert taken and taken[-1] is not None, "the plain call did not take the plain path"
+    assert torch.equal(got[0], general[0]) and torch.equal(got[1], general[1])
+    del yg
+
+
+def test_plain_call_declines_what_it_does_not_cover(monkeypatch, seed):
+    """plain_rows answers None (the general path decides, and raises) outside the plain call."""
+    y, x, metric = _plain_case(seed, "block2", torch.float32, torch.float32)
+    etweedie.et_score(y, x, 1.3, 0.7, metric)  # β = 1.3 and λ = 0.7 now checked for float32
+    plain = lambda *args, backend=None: _prep.plain_rows("et_score", *args, backend)  # noqa: E731
+    assert plain(y, x, 1.3, 0.7, metric) is not None
+    assert plain(y, x, 1.3, 0.7, None) is not None
+    declined = {
+        "backend": plain(y, x, 1.3, 0.7, metric, backend="cpu"),
+        "tensor beta": plain(y, x, torch.tensor(1.3), 0.7, metric),
+        "unchecked float": plain(y, x, 1.2999, 0.7, metric),
+        "an int": plain(y, x, 1, 0.7, metric),
+        "shared cloud": plain(y, x[0], 1.3, 0.7, metric),
+        "batch of two dims": plain(y.unsqueeze(0), x.unsqueeze(0), 1.3, 0.7, metric),
+        "no draws": plain(y, x[:, :0], 1.3, 0.7, metric),
+        "float64 metric, float32 data": plain(y, x, 1.3, 0.7, etweedie.Metric.block(metric.param.double())),
+        "metric batch": plain(y, x, 1.3, 0.7, etweedie.Metric.isotropic(torch.ones(3))),
+        "block not dividing d": plain(y[:, :7], x[:, :, :7], 1.3, 0.7, metric),
+        "diagonal of another d": plain(y, x, 1.3, 0.7, etweedie.Metric.diagonal(torch.ones(5))),
+        "dense metric": plain(y, x, 1.3, 0.7, etweedie.Metric.dense(torch.eye(8))),
+        "a Parameter": plain(torch.nn.Parameter(y), x, 1.3, 0.7, metric),
+        "int draws": plain(y, x.to(torch.int32), 1.3, 0.7, metric),
+    }
+    with etweedie.use_backend("reference"):
+        declined["use_backend"] = plain(y, x, 1.3, 0.7, metric)
+    with torch.autograd.forward_ad.dual_level():
+        declined["dual level"] = plain(y, x, 1.3, 0.7, metric)
+    monkeypatch.setenv("ETWEEDIE_BACKEND", "cpu")
+    declined["ETWEEDIE_BACKEND"] = plain(y, x, 1.3, 0.7, metric)
+    monkeypatch.delenv("ETWEEDIE_BACKEND")
+    etweedie.set_debug(True)
+    try:
+        declined["debug checks"] = plain(y, x, 1.3, 0.7, metric)
+    finally:
+        etweedie.set_debug(False)
+    seen = []
+    torch.func.vjp(lambda t: seen.append(plain(t, x, 1.3, 0.7, metric)) or t, y)
+    declined["functorch"] = seen[0]
+    assert {k: v for k, v in declined.items() if v is not None} == {}
+
+
+def test_plain_call_reruns_flagged_rows_on_the_general_path(monkeypatch, seed):
+    """A row the kernel flags (a draw out of float32's accurate range) sends the plain call to the
+    general path, which reruns it in float64: the result is the general path's."""
+    y, x, metric = _plain_case(seed, "diagonal", torch.float32, torch.float32)
+    x[1, 2] = 1e30
+    etweedie.et_score(y, x, 1.3, 0.7, metric)
+    assert _prep.plain_rows("et_score", y, x, 1.3, 0.7, metric, None) is not None
+    general = _call("et_score", y, x, metric, plain=False, monkeypatch=monkeypatch)
+    got = _call("et_score", y, x, metric, plain=True, monkeypatch=monkeypatch)
+    assert torch.isfinite(got[0]).all()
+    assert torch.equal(got[0], general[0]) and torch.equal(got[1], general[1])

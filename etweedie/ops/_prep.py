@@ -556,6 +556,63 @@ def rows_args(op: str, y, x, beta, lam, metric) -> RowArgs:
     return RowArgs(y, x, beta_t, lam_t, prec, _KIND[metric.kind], batch, metric)
 
 
+_CPU = torch.device("cpu")
+
+
+def checked_cpu_param(name: str, value, dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """The CPU 0-d tensor of a float parameter that passed its rule in ``dtype`` before
+    (:func:`as_param` remembered it), or None."""
+    return _CHECKED.get((name, value, dtype, _CPU)) if type(value) is float else None
+
+
+def plain_rows(op: str, y, x, beta, lam, metric, backend) -> Optional[tuple]:
+    """``(beta, lam, prec, kind, batch)`` for the C++ front op of a per-row op when the call is the
+    plain one a sampler or training loop makes on the CPU, or None: then the general path
+    (:func:`rows_args`, the backend choice, :func:`kernel_or_reference`, :func:`range_guarded`)
+    runs, and raises whatever is wrong with the arguments.
+
+    Plain: automatic backend (no argument, context or ETWEEDIE_BACKEND) resolving to "cpu"; no
+    debug checks, forward-mode dual level, torch.compile trace or functorch transform; y (B, d)
+    and x (B, N, d) plain CPU tensors with N, d ≥ 1 in the dtype rule; β and λ floats that
+    passed their rules before (:func:`as_param` remembered them); no metric, or an isotropic,
+    diagonal or block metric without a batch, in y's dtype, that fits d.  Every such call gets
+    exactly the front op arguments the general path would build (tests/test_rows_front.py), with
+    a fraction of its Python: after a pass that evicts the caches (the 256 MiB copy of the
+    benchmark table), each object the general path touches is a miss to memory, and its
+    120–150 µs were 10% of a 64 × 256 × 784 call (benchmarks/RESULTS.md, run N)."""
+    if _is_compiling() or backend is not None or not _FRONT.get(op, False) or _DEBUG["on"] or fwAD._current_level >= 0:
+        return None
+    if type(y) is not torch.Tensor or type(x) is not torch.Tensor or not (y.is_cpu and x.is_cpu):
+        return None
+    dt = y.dtype
+    if (dt is not torch.float32 and dt is not torch.float64) or (x.dtype is not dt and x.dtype not in LOW_PRECISION_DRAWS):
+        return None
+    ys, xs = y.shape, x.shape
+    if len(ys) != 2 or len(xs) != 3 or xs[0] != ys[0] or xs[2] != ys[1] or not xs[1] or not ys[1]:
+        return None
+    beta_t, lam_t = checked_cpu_param("beta", beta, dt), checked_cpu_param("lam", lam, dt)
+    if beta_t is None or lam_t is None or _functorch_wrapped(y) or _functorch_wrapped(x):
+        return None
+    if metric is None:
+        prec, kind = _CONSTANTS.get((1.0, dt, _CPU)), ISOTROPIC
+        if prec is None:
+            return None
+    else:
+        if type(metric) is not Metric:
+            return None
+        p, kind = metric.param, _KIND.get(metric.kind)
+        if kind is None or kind == DENSE or p.dim() != kind or p.dtype is not dt or not p.is_cpu or _functorch_wrapped(p):
+            return None  # dense (whitened in Python), a metric batch, another dtype or device
+        if (kind == DIAGONAL and p.shape[0] != ys[1]) or (kind == BLOCK and ys[1] % p.shape[0]):
+            return None
+        prec = precision_of(metric, dt, op)
+    if backends._requested.get() is not None or os.environ.get("ETWEEDIE_BACKEND"):
+        return None
+    if backends._automatic("cpu", backends.BACKENDS, None) != "cpu":
+        return None
+    return beta_t, lam_t, prec, kind, ys[:-1]
+
+
 def shape_rows(a: RowArgs) -> Canonical:
     """The canonical form of validated arguments (what the C++ front ops build in one call)."""
     batch, d, N = a.batch, a.y.shape[-1], a.x.shape[-2]

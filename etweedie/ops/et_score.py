@@ -22,6 +22,7 @@ from ._prep import (
     DENSE,
     front,
     kernel_or_reference,
+    plain_rows,
     range_guarded,
     rows_args,
     shape_rows,
@@ -71,6 +72,11 @@ def et_score(
         tensor([[0.5000, 1.0000]])
     """
     op = "et_score"
+    plain = plain_rows(op, y, x, beta, lam, metric, backend)
+    if plain is not None:
+        s, nonfinite = torch.ops.etweedie.et_score(y, x, *plain)
+        if not nonfinite:
+            return s  # a flagged row: the general path below reruns the call (in float64 where needed)
     a = rows_args(op, y, x, beta, lam, metric)
     name = backends.resolve(op, a.y.device, backend)
     name = kernel_or_reference(op, name, backend, y, x, beta, lam, metric)

@@ -23,10 +23,13 @@ from ._prep import (
     broadcast_batch,
     check_finite,
     check_positive,
+    checked_cpu_param,
     check_tensor,
     flat,
     front,
+    functorch_transformed,
     kernel_or_reference,
+    plain_rows,
     range_guarded,
     rows_args,
     shape_rows,
@@ -71,6 +74,14 @@ def langevin_step(
         tensor([[0.5000, 0.5000]])
     """
     op = "langevin_step"
+    plain = plain_rows(op, y, x, beta, lam, metric, backend)
+    if plain is not None and type(noise) is torch.Tensor and noise.shape == y.shape and noise.dtype is y.dtype \
+            and noise.is_cpu and not functorch_transformed(noise):
+        step_t = checked_cpu_param("step", step, y.dtype)  # a step that passed its rule before
+        if step_t is not None:
+            out, nonfinite = torch.ops.etweedie.langevin_step(y, x, noise, step_t, *plain)
+            if not nonfinite:
+                return out  # a flagged row: the general path below reruns the call (in float64 where needed)
     a = rows_args(op, y, x, beta, lam, metric)
     noise = check_tensor(noise, "noise", op)
     if noise.shape != y.shape:

@@ -27,9 +27,11 @@ from ._prep import (
     DENSE,
     as_param,
     check_tensor,
+    checked_cpu_param,
     flat,
     front,
     kernel_or_reference,
+    plain_rows,
     range_guarded,
     rows_args,
     shape_rows,
@@ -66,6 +68,13 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
         >>> etweedie.student_t_score(torch.zeros(1, 1), torch.ones(1, 1, 1), c=1.0)
         tensor([[1.]])
     """
+    plain = plain_rows(_OP, y, x, 2.0, 1.0, metric, backend)  # β and λ unused, as below
+    if plain is not None and "cpu" in _SUPPORTED:
+        cp = checked_cpu_param("c", c, y.dtype)
+        if cp is not None and c > y.shape[-1] / 2:
+            s, nonfinite = torch.ops.etweedie.student_t_score(y, x, cp, *plain[2:])
+            if not nonfinite:
+                return s  # a flagged row: the general path below reruns the call (in float64 where needed)
     y = check_tensor(y, "y", _OP)
     cv = as_param(c, "c", _OP, y)
     if isinstance(x, torch.Tensor) and y.dim() == 1 and x.dim() == 2 and cv.dim() == 0:
