@@ -333,18 +333,18 @@ def _plain_case(seed: int, kind: str, dtype, x_dtype):
     return y, x, m
 
 
-def _call(op: str, y, x, metric, *, plain: bool, monkeypatch):
+def _call(op: str, y, x, metric, *, plain: bool, monkeypatch, backend=None):
     """op's output and ∂/∂y with the plain path on or off (its module's plain_rows patched to None)."""
     mod = MODULES[op]
     if not plain:
         monkeypatch.setattr(mod, "plain_rows", lambda *a: None)
     yg = y.clone().requires_grad_()
     if op == "et_score":
-        out = etweedie.et_score(yg, x, 1.3, 0.7, metric)
+        out = etweedie.et_score(yg, x, 1.3, 0.7, metric, backend=backend)
     elif op == "langevin_step":
-        out = etweedie.langevin_step(yg, x, torch.ones_like(y), 0.05, 1.3, 0.7, metric)
+        out = etweedie.langevin_step(yg, x, torch.ones_like(y), 0.05, 1.3, 0.7, metric, backend=backend)
     else:
-        out = etweedie.student_t_score(yg, x, 6.0, metric)
+        out = etweedie.student_t_score(yg, x, 6.0, metric, backend=backend)
     grad = torch.autograd.grad(out.sum(), yg)[0]
     monkeypatch.undo()
     return out.detach(), grad
@@ -354,21 +354,20 @@ def _call(op: str, y, x, metric, *, plain: bool, monkeypatch):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype,x_dtype", [(torch.float32, torch.float32), (torch.float32, torch.bfloat16),
                                            (torch.float64, torch.float64)], ids=["f32", "bf16", "f64"])
-def test_plain_call_equals_the_general_path(op, kind, dtype, x_dtype, monkeypatch, seed):
+@pytest.mark.parametrize("backend", [None, "cpu"])
+def test_plain_call_equals_the_general_path(op, kind, dtype, x_dtype, backend, monkeypatch, seed):
     """The plain call (plain_rows) hands the front op what the general path builds: equal values
     and gradients bit for bit, and it is the path taken (after one call has checked the floats)."""
     if op == "student_t_score" and not STUDENT_T_FRONT:
         pytest.skip("no student_t_score front op")
     y, x, metric = _plain_case(seed, kind, dtype, x_dtype)
-    general = _call(op, y, x, metric, plain=False, monkeypatch=monkeypatch)
+    general = _call(op, y, x, metric, plain=False, monkeypatch=monkeypatch, backend=backend)
     taken = []
     real = MODULES[op].plain_rows
     monkeypatch.setattr(MODULES[op], "plain_rows", lambda *a: taken.append(real(*a)) or taken[-1])
-    yg = y.clone().requires_grad_()
-    got = _call(op, y, x, metric, plain=True, monkeypatch=monkeypatch)
+    got = _call(op, y, x, metric, plain=True, monkeypatch=monkeypatch, backend=backend)
     assert taken and taken[-1] is not None, "the plain call did not take the plain path"
     assert torch.equal(got[0], general[0]) and torch.equal(got[1], general[1])
-    del yg
 
 
 def test_plain_call_declines_what_it_does_not_cover(monkeypatch, seed):
@@ -379,7 +378,8 @@ def test_plain_call_declines_what_it_does_not_cover(monkeypatch, seed):
     assert plain(y, x, 1.3, 0.7, metric) is not None
     assert plain(y, x, 1.3, 0.7, None) is not None
     declined = {
-        "backend": plain(y, x, 1.3, 0.7, metric, backend="cpu"),
+        "backend reference": plain(y, x, 1.3, 0.7, metric, backend="reference"),
+        "backend triton": plain(y, x, 1.3, 0.7, metric, backend="triton"),
         "tensor beta": plain(y, x, torch.tensor(1.3), 0.7, metric),
         "unchecked float": plain(y, x, 1.2999, 0.7, metric),
         "an int": plain(y, x, 1, 0.7, metric),
@@ -396,10 +396,12 @@ def test_plain_call_declines_what_it_does_not_cover(monkeypatch, seed):
     }
     with etweedie.use_backend("reference"):
         declined["use_backend"] = plain(y, x, 1.3, 0.7, metric)
+        assert plain(y, x, 1.3, 0.7, metric, backend="cpu") is not None  # the argument outranks the context
     with torch.autograd.forward_ad.dual_level():
         declined["dual level"] = plain(y, x, 1.3, 0.7, metric)
     monkeypatch.setenv("ETWEEDIE_BACKEND", "cpu")
     declined["ETWEEDIE_BACKEND"] = plain(y, x, 1.3, 0.7, metric)
+    assert plain(y, x, 1.3, 0.7, metric, backend="cpu") is not None
     monkeypatch.delenv("ETWEEDIE_BACKEND")
     etweedie.set_debug(True)
     try:

@@ -571,7 +571,8 @@ def plain_rows(op: str, y, x, beta, lam, metric, backend) -> Optional[tuple]:
     (:func:`rows_args`, the backend choice, :func:`kernel_or_reference`, :func:`range_guarded`)
     runs, and raises whatever is wrong with the arguments.
 
-    Plain: automatic backend (no argument, context or ETWEEDIE_BACKEND) resolving to "cpu"; no
+    Plain: ``backend="cpu"``, or the automatic choice (no context or ETWEEDIE_BACKEND) resolving
+    to "cpu"; no
     debug checks, forward-mode dual level, torch.compile trace or functorch transform; y (B, d)
     and x (B, N, d) plain CPU tensors with N, d ≥ 1 in the dtype rule; β and λ floats that
     passed their rules before (:func:`as_param` remembered them); no metric, or an isotropic,
@@ -580,7 +581,9 @@ def plain_rows(op: str, y, x, beta, lam, metric, backend) -> Optional[tuple]:
     a fraction of its Python: after a pass that evicts the caches (the 256 MiB copy of the
     benchmark table), each object the general path touches is a miss to memory, and its
     120–150 µs were 10% of a 64 × 256 × 784 call (benchmarks/RESULTS.md, run N)."""
-    if _is_compiling() or backend is not None or not _FRONT.get(op, False) or _DEBUG["on"] or fwAD._current_level >= 0:
+    if _is_compiling() or not _FRONT.get(op, False) or _DEBUG["on"] or fwAD._current_level >= 0:
+        return None
+    if backend is not None and backend != "cpu":
         return None
     if type(y) is not torch.Tensor or type(x) is not torch.Tensor or not (y.is_cpu and x.is_cpu):
         return None
@@ -606,8 +609,8 @@ def plain_rows(op: str, y, x, beta, lam, metric, backend) -> Optional[tuple]:
         if (kind == DIAGONAL and p.shape[0] != ys[1]) or (kind == BLOCK and ys[1] % p.shape[0]):
             return None
         prec = precision_of(metric, dt, op)
-    if backends._requested.get() is not None or os.environ.get("ETWEEDIE_BACKEND"):
-        return None
+    if backend is None and (backends._requested.get() is not None or os.environ.get("ETWEEDIE_BACKEND")):
+        return None  # an explicit backend="cpu" outranks the context and the environment
     if backends._automatic("cpu", backends.BACKENDS, None) != "cpu":
         return None
     return beta_t, lam_t, prec, kind, ys[:-1]
