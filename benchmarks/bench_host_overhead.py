@@ -9,8 +9,8 @@ Two regimes, timed in one process:
   float32 range test: a few small reductions per call);
 * ``gpu-like``: the same CPU tensors with value checks switched off exactly as a GPU tensor sees
   them without ``etweedie.set_debug(True)`` (``value_checks`` answers False in every etweedie
-  module that uses it) and without the per-row ops' plain CPU call (``_prep.plain_rows``, which
-  takes CPU tensors only): the part of the host path a GPU call pays, measurable here without a GPU.
+  module that uses it) and without the plain CPU calls (``_prep.plain_rows``, energy_score's
+  ``_plain``: CPU tensors only): the part of the host path a GPU call pays, measurable here without a GPU.
   For the energy ops that includes the NaN-row pass a GPU call runs instead of reading its
   inputs back to the host.
 
@@ -54,12 +54,19 @@ def _per_call_us(fn, repeats: int, rounds: int = 7):
     return statistics.median(times), times[1], times[-2]
 
 
-def _set_plain_rows(fn) -> None:
-    """``plain_rows`` replaced by ``fn`` in every etweedie module that imported it: the plain
-    call is a CPU-tensor path, which a GPU call never takes."""
-    for name, mod in list(sys.modules.items()):
-        if name.startswith("etweedie") and hasattr(mod, "plain_rows"):
-            mod.plain_rows = fn
+_PLAIN = ("plain_rows", "_plain")  # the per-row ops' plain CPU call, energy_score's
+
+
+def _plain_calls() -> dict:
+    """{(module, attribute): function} of every plain CPU call in the loaded etweedie modules."""
+    return {(mod, attr): getattr(mod, attr) for name, mod in list(sys.modules.items()) if name.startswith("etweedie")
+            for attr in _PLAIN if callable(getattr(mod, attr, None))}
+
+
+def _set_plain_calls(saved: dict, off: bool) -> None:
+    """The plain CPU calls off (they answer None) or restored: a GPU call never takes them."""
+    for (mod, attr), fn in saved.items():
+        setattr(mod, attr, (lambda *a: None) if off else fn)
 
 
 def _set_value_checks(fn) -> None:
@@ -97,6 +104,11 @@ def cases():
         return torch.autograd.grad(value.sum(), xg)[0]
 
     yg = y.clone().requires_grad_()
+    x64, y64 = torch.randn(1, 4, 64, generator=g), torch.randn(1, 64, generator=g)
+    xg64 = x64.clone().requires_grad_()
+
+    def grad_of64(value):
+        return torch.autograd.grad(value.sum(), xg64)[0]
 
     def grad_y(score):
         return torch.autograd.grad(score.sum(), yg)[0]
@@ -112,6 +124,13 @@ def cases():
         ("energy_score block fwd+bwd", lambda: grad_of(etweedie.energy_score(xg, y, 1.5, block)),
          lambda: grad_of(ops.energy_score_fwd_grad(xg, y, beta, prec_b, 2, True, True, False, False, False)[0]),
          (lambda: grad_of(ops.energy_score(xg, y, b0, p_b, 2, True, [1], True, True))) if has_es_front else None),
+        # d = 64: the Gram-form row kernel's domain (d ≥ 64), which energy_score's plain CPU call covers
+        ("energy_score block d=64", lambda: etweedie.energy_score(x64, y64, 1.5, block),
+         lambda: ops.energy_score_fwd(x64, y64, beta, prec_b, 2, True),
+         (lambda: ops.energy_score(x64, y64, b0, p_b, 2, True, [1], False, False)) if has_es_front else None),
+        ("energy_score block d=64 fwd+bwd", lambda: grad_of64(etweedie.energy_score(xg64, y64, 1.5, block)),
+         lambda: grad_of64(ops.energy_score_fwd_grad(xg64, y64, beta, prec_b, 2, True, True, False, False, False)[0]),
+         (lambda: grad_of64(ops.energy_score(xg64, y64, b0, p_b, 2, True, [1], True, False))) if has_es_front else None),
     ]
 
 
@@ -123,12 +142,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = []
-    real_checks, real_plain = _prep.value_checks, getattr(_prep, "plain_rows", None)
+    real_checks, real_plain = _prep.value_checks, _plain_calls()
     try:
         for regime in ("cpu", "gpu-like"):
             _set_value_checks(real_checks if regime == "cpu" else (lambda t: False))
-            if real_plain is not None:
-                _set_plain_rows(real_plain if regime == "cpu" else (lambda *a: None))
+            _set_plain_calls(real_plain, off=regime != "cpu")
             for name, wrapped, raw, front in cases():
                 torch.testing.assert_close(wrapped().reshape(-1), raw()[0].reshape(-1) if isinstance(raw(), tuple)
                                            else raw().reshape(-1))
@@ -141,8 +159,7 @@ def main(argv=None) -> int:
                                  raw_us=r[0], front_us=f, overhead_us=w[0] - r[0]))
     finally:
         _set_value_checks(real_checks)
-        if real_plain is not None:
-            _set_plain_rows(real_plain)
+        _set_plain_calls(real_plain, off=False)
     print(f"host cost per call, {torch.get_num_threads()} thread(s), torch {torch.__version__}, etweedie {etweedie.__version__}")
     print("| op | regime | wrapper µs (p20–p80) | raw op µs | front op µs | wrapper overhead µs |")
     print("|---|---|---|---|---|---|")

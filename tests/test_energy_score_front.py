@@ -231,3 +231,83 @@ def test_front_op_rejects_bad_arguments_by_name():
         OPS.energy_score(torch.randn(4), y, one, one, 0, True, [2], False, False)
     with pytest.raises(RuntimeError):
         OPS.energy_score(x, y, one, one, 0, True, [5], False, False)  # a batch the inputs do not broadcast to
+
+
+# ----------------------------------------------------------------------------- the plain call
+
+def _plain_case(seed: int, kind: str, M: int = 8, d: int = 64, scale: float = 1.0):
+    g = gen(seed)
+    x = scale * torch.randn(4, M, d, generator=g)
+    y = scale * torch.randn(4, d, generator=g)
+    m = random_metric(kind, 0, d, g, dtype=torch.float32, per_row=False) if kind != "none" else None
+    return x, y, m
+
+
+def _value_and_grads(x, y, m, fair, backend, plain: bool, monkeypatch):
+    if not plain:
+        monkeypatch.setattr(ES, "_plain", lambda *a: None)
+    xg, yg = x.clone().requires_grad_(), y.clone().requires_grad_()
+    v = etweedie.energy_score(xg, yg, 1.3, m, fair=fair, backend=backend)
+    gx, gy = torch.autograd.grad(v.sum(), (xg, yg))
+    with torch.no_grad():
+        v0 = etweedie.energy_score(x, y, 1.3, m, fair=fair, backend=backend)
+    monkeypatch.undo()
+    return v.detach(), gx, gy, v0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("fair,M", [(True, 8), (False, 1), (True, 255)])
+@pytest.mark.parametrize("case", ["plain", "far", "nan_row"])
+@pytest.mark.parametrize("backend", [None, "cpu"])
+def test_plain_call_equals_the_general_path(kind, fair, M, case, backend, monkeypatch, seed):
+    """The plain CPU call (``_plain``: the Gram row kernel's domain) gives the general path's
+    value and gradients bit for bit — clouds far from the origin and NaN rows included — and it
+    is the path taken once β has been checked."""
+    x, y, m = _plain_case(seed, kind, M=M, scale=1e20 if case == "far" else 1.0)
+    if case == "nan_row":
+        x[2, 0, 5] = math.nan
+    general = _value_and_grads(x, y, m, fair, backend, False, monkeypatch)
+    assert ES._plain(x, y, 1.3, m, fair, backend) is not None
+    got = _value_and_grads(x, y, m, fair, backend, True, monkeypatch)
+    for a, b in zip(got, general):
+        assert torch.equal(a, b) or (a.isnan().any() and torch.equal(a.isnan(), b.isnan())
+                                     and torch.equal(a.nan_to_num(), b.nan_to_num()))
+    if case == "nan_row":
+        assert got[0][2].isnan() and not got[0][[0, 1, 3]].isnan().any()
+
+
+def test_plain_call_declines_what_it_does_not_cover(monkeypatch, seed):
+    x, y, m = _plain_case(seed, "block2")
+    etweedie.energy_score(x, y, 1.3, m)  # β = 1.3 now checked
+    plain = lambda x, y, beta=1.3, m=m, fair=True, backend=None: ES._plain(x, y, beta, m, fair, backend)  # noqa: E731
+    assert plain(x, y) is not None and plain(x, y, m=None) is not None
+    mg = etweedie.Metric.block(m.param.clone().requires_grad_())
+    declined = {
+        "backend reference": plain(x, y, backend="reference"),
+        "float64": plain(x.double(), y.double()),
+        "d < 64": plain(x[..., :32], y[..., :32]),
+        "M > 255": plain(x[:, :1].expand(4, 256, 64), y),
+        "fair with M = 1": plain(x[:, :1], y),
+        "fair not a bool": plain(x, y, fair=1),
+        "tensor β": plain(x, y, beta=torch.tensor(1.3)),
+        "unchecked β": plain(x, y, beta=1.2999),
+        "shared samples": plain(x[0], y),
+        "metric needing a gradient": plain(x, y, m=mg),
+        "metric batch": plain(x, y, m=etweedie.Metric.isotropic(torch.ones(4))),
+        "dense metric": plain(x, y, m=etweedie.Metric.dense(torch.eye(64))),
+        "float64 metric": plain(x, y, m=etweedie.Metric.block(m.param.double())),
+    }
+    with etweedie.use_backend("reference"):
+        declined["use_backend"] = plain(x, y)
+    with torch.autograd.forward_ad.dual_level():
+        declined["dual level"] = plain(x, y)
+    monkeypatch.setenv("ETWEEDIE_BACKEND", "reference")
+    declined["ETWEEDIE_BACKEND"] = plain(x, y)
+    monkeypatch.delenv("ETWEEDIE_BACKEND")
+    monkeypatch.setattr(ES, "_GRAM_ON", False)
+    declined["ETWEEDIE_CPU_GRAM=0"] = plain(x, y)
+    monkeypatch.undo()
+    seen = []
+    torch.func.vjp(lambda t: seen.append(plain(t, y)) or t, x)
+    declined["functorch"] = seen[0]
+    assert {k: v for k, v in declined.items() if v is not None} == {}

@@ -571,9 +571,8 @@ def plain_rows(op: str, y, x, beta, lam, metric, backend) -> Optional[tuple]:
     (:func:`rows_args`, the backend choice, :func:`kernel_or_reference`, :func:`range_guarded`)
     runs, and raises whatever is wrong with the arguments.
 
-    Plain: ``backend="cpu"``, or the automatic choice (no context or ETWEEDIE_BACKEND) resolving
-    to "cpu"; no
-    debug checks, forward-mode dual level, torch.compile trace or functorch transform; y (B, d)
+    Plain (:func:`plain_call` and :func:`plain_metric`): ``backend="cpu"`` or the automatic choice
+    resolving to it, no debug checks, dual level, compile trace or functorch transform; y (B, d)
     and x (B, N, d) plain CPU tensors with N, d ≥ 1 in the dtype rule; β and λ floats that
     passed their rules before (:func:`as_param` remembered them); no metric, or an isotropic,
     diagonal or block metric without a batch, in y's dtype, that fits d.  Every such call gets
@@ -581,11 +580,8 @@ def plain_rows(op: str, y, x, beta, lam, metric, backend) -> Optional[tuple]:
     a fraction of its Python: after a pass that evicts the caches (the 256 MiB copy of the
     benchmark table), each object the general path touches is a miss to memory, and its
     120–150 µs were 10% of a 64 × 256 × 784 call (benchmarks/RESULTS.md, run N)."""
-    if _is_compiling() or not _FRONT.get(op, False) or _DEBUG["on"] or fwAD._current_level >= 0:
-        return None
-    if backend is not None and backend != "cpu":
-        return None
-    if type(y) is not torch.Tensor or type(x) is not torch.Tensor or not (y.is_cpu and x.is_cpu):
+    if not plain_call(op, backend) or type(y) is not torch.Tensor or type(x) is not torch.Tensor \
+            or not (y.is_cpu and x.is_cpu):
         return None
     dt = y.dtype
     if (dt is not torch.float32 and dt is not torch.float64) or (x.dtype is not dt and x.dtype not in LOW_PRECISION_DRAWS):
@@ -596,24 +592,42 @@ def plain_rows(op: str, y, x, beta, lam, metric, backend) -> Optional[tuple]:
     beta_t, lam_t = checked_cpu_param("beta", beta, dt), checked_cpu_param("lam", lam, dt)
     if beta_t is None or lam_t is None or _functorch_wrapped(y) or _functorch_wrapped(x):
         return None
-    if metric is None:
-        prec, kind = _CONSTANTS.get((1.0, dt, _CPU)), ISOTROPIC
-        if prec is None:
-            return None
-    else:
-        if type(metric) is not Metric:
-            return None
-        p, kind = metric.param, _KIND.get(metric.kind)
-        if kind is None or kind == DENSE or p.dim() != kind or p.dtype is not dt or not p.is_cpu or _functorch_wrapped(p):
-            return None  # dense (whitened in Python), a metric batch, another dtype or device
-        if (kind == DIAGONAL and p.shape[0] != ys[1]) or (kind == BLOCK and ys[1] % p.shape[0]):
-            return None
-        prec = precision_of(metric, dt, op)
-    if backend is None and (backends._requested.get() is not None or os.environ.get("ETWEEDIE_BACKEND")):
-        return None  # an explicit backend="cpu" outranks the context and the environment
-    if backends._automatic("cpu", backends.BACKENDS, None) != "cpu":
+    pk = plain_metric(metric, dt, ys[1], op)
+    if pk is None or not plain_backend(backend):
         return None
-    return beta_t, lam_t, prec, kind, ys[:-1]
+    return beta_t, lam_t, pk[0], pk[1], ys[:-1]
+
+
+def plain_call(op: str, backend) -> bool:
+    """The call-wide conditions of a plain CPU call (:func:`plain_rows`): the op has a C++ front
+    op, ``backend`` is None or "cpu", and no debug checks, forward-mode dual level or compile trace."""
+    if _is_compiling() or not _FRONT.get(op, False) or _DEBUG["on"] or fwAD._current_level >= 0:
+        return False
+    return backend is None or backend == "cpu"
+
+
+def plain_metric(metric, dtype: torch.dtype, d: int, op: str) -> Optional[Tuple[torch.Tensor, int]]:
+    """(prec, kind) of a plain call's metric — None (P = I), or an isotropic, diagonal or block
+    metric without a batch, a CPU parameter in ``dtype`` that fits d — else None."""
+    if metric is None:
+        prec = _CONSTANTS.get((1.0, dtype, _CPU))
+        return None if prec is None else (prec, ISOTROPIC)
+    if type(metric) is not Metric:
+        return None
+    p, kind = metric.param, _KIND.get(metric.kind)
+    if kind is None or kind == DENSE or p.dim() != kind or p.dtype is not dtype or not p.is_cpu or _functorch_wrapped(p):
+        return None  # dense (whitened in Python), a metric batch, another dtype or device
+    if (kind == DIAGONAL and p.shape[0] != d) or (kind == BLOCK and d % p.shape[0]):
+        return None
+    return precision_of(metric, dtype, op), kind
+
+
+def plain_backend(backend) -> bool:
+    """Whether a plain call's backend is "cpu": given as the argument (which outranks the context
+    and the environment), or the automatic choice with no context or ETWEEDIE_BACKEND."""
+    if backend is None and (backends._requested.get() is not None or os.environ.get("ETWEEDIE_BACKEND")):
+        return False
+    return backends._automatic("cpu", backends.BACKENDS, None) == "cpu"
 
 
 def shape_rows(a: RowArgs) -> Canonical:

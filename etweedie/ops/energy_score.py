@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from .. import backends
-from ..geometry import Metric
+from ..geometry import Metric, _functorch_wrapped
 from ..rules.energy_score import fake_fwd_grad, fwd_grad_autograd_rules
 from . import reference
 from ._prep import (
@@ -35,12 +35,16 @@ from ._prep import (
     check_finite,
     check_metric,
     check_tensor,
+    checked_cpu_param,
     dense_centre,
     flat,
     front_applies,
     kernel_or_reference,
     metric_param,
     nan_rows,
+    plain_backend,
+    plain_call,
+    plain_metric,
     precision_of,
     register_pairwise_op,
     row_whitening_factor,
@@ -83,6 +87,11 @@ def energy_score(
         >>> etweedie.energy_score(x, y)              # (1 + 1)/2 − 2·2/(2·2·1)
         tensor([0.])
     """
+    plain = _plain(samples, target, beta, metric, fair, backend)
+    if plain is not None:
+        beta_t, prec, kind = plain
+        fused = _FUSED and _training(samples, target, beta_t, prec)
+        return torch.ops.etweedie.energy_score(samples, target, beta_t, prec, kind, fair, samples.shape[:1], fused, False)
     samples = check_tensor(samples, "samples", _OP)
     target = check_tensor(target, "target", _OP)
     if samples.dim() < 2:
@@ -152,6 +161,34 @@ def energy_score(
     if not check_nan:
         return out.reshape(batch)
     return nan_rows(out, batch, (samples, 2), (target, 1)).reshape(batch)
+
+
+def _plain(samples, target, beta, metric, fair, backend):
+    """``(beta, prec, kind)`` when the call is the plain CPU training or scoring call that the
+    general path below would hand to the C++ front op with the Gram-form row kernel
+    (:func:`_gram_row_kernel`, which needs no range check and writes its own NaN rows), or None:
+    then the general path runs and raises whatever is wrong.  The guards of
+    :func:`~etweedie.ops._prep.plain_rows` (see there, and tests/test_energy_score_front.py),
+    plus: samples (B, M, d) and target (B, d) plain float32 CPU tensors with 1 ≤ M ≤ 255
+    (M ≥ 2 if ``fair``) and d ≥ 64, β a checked float, a metric parameter needing no gradient."""
+    if not (_GRAM_ON and plain_call(_OP, backend)) or type(samples) is not torch.Tensor or type(target) is not torch.Tensor:
+        return None
+    if samples.dtype is not torch.float32 or target.dtype is not torch.float32 or not (samples.is_cpu and target.is_cpu):
+        return None
+    xs, ts = samples.shape, target.shape
+    if len(xs) != 3 or len(ts) != 2 or xs[0] != ts[0] or xs[2] != ts[1] or ts[1] < 64 or not 1 <= xs[1] <= 255:
+        return None
+    if type(fair) is not bool or (fair and xs[1] < 2):
+        return None
+    beta_t = checked_cpu_param("beta", beta, torch.float32)
+    if beta_t is None or _functorch_wrapped(samples) or _functorch_wrapped(target):
+        return None
+    if metric is not None and (type(metric) is not Metric or metric.param.requires_grad):
+        return None
+    pk = plain_metric(metric, torch.float32, ts[1], _OP)
+    if pk is None or not plain_backend(backend):
+        return None
+    return beta_t, pk[0], pk[1]
 
 
 # ETWEEDIE_CPU_GRAM=0 turns the C++ Gram-form kernels off (read once, as the extension does).
