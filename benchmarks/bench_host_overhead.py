@@ -97,40 +97,39 @@ def cases():
          lambda: ops.langevin_step_fwd(y, x, noise, torch.full((1,), step), beta, one, prec_b, 2),
          (lambda: ops.langevin_step(y, x, noise, step0, b0, one0, p_b, 2, [1])[0]) if has_front else None),
     ]
-    xg = x.clone().requires_grad_()
     has_es_front = hasattr(ops, "energy_score")
 
-    def grad_of(value):
-        return torch.autograd.grad(value.sum(), xg)[0]
+    def energy_rows(label, samples, target, nan_rows):
+        """energy_score's forward and fwd+bwd rows; ``nan_rows``: whether the public op asks its
+        front op for the NaN-row pass (not in the Gram row kernel's domain, which writes its own)."""
+        sg = samples.clone().requires_grad_()
+
+        def grad_of(value):
+            return torch.autograd.grad(value.sum(), sg)[0]
+
+        return [
+            (label, lambda: etweedie.energy_score(samples, target, 1.5, block),
+             lambda: ops.energy_score_fwd(samples, target, beta, prec_b, 2, True),
+             (lambda: ops.energy_score(samples, target, b0, p_b, 2, True, [1], False, nan_rows)) if has_es_front else None),
+            (f"{label} fwd+bwd", lambda: grad_of(etweedie.energy_score(sg, target, 1.5, block)),
+             lambda: grad_of(ops.energy_score_fwd_grad(sg, target, beta, prec_b, 2, True, True, False, False, False)[0]),
+             (lambda: grad_of(ops.energy_score(sg, target, b0, p_b, 2, True, [1], True, nan_rows))) if has_es_front else None),
+        ]
 
     yg = y.clone().requires_grad_()
-    x64, y64 = torch.randn(1, 4, 64, generator=g), torch.randn(1, 64, generator=g)
-    xg64 = x64.clone().requires_grad_()
-
-    def grad_of64(value):
-        return torch.autograd.grad(value.sum(), xg64)[0]
 
     def grad_y(score):
         return torch.autograd.grad(score.sum(), yg)[0]
 
+    x64, y64 = torch.randn(1, 4, 64, generator=g), torch.randn(1, 64, generator=g)
     return [
         *rows,
         ("et_score block fwd+bwd", lambda: grad_y(etweedie.et_score(yg, x, 1.5, 1.0, block)),
          lambda: grad_y(ops.et_score_fwd(yg, x, beta, one, prec_b, 2)[0]),
          (lambda: grad_y(ops.et_score(yg, x, b0, one0, p_b, 2, [1])[0])) if has_front else None),
-        ("energy_score block", lambda: etweedie.energy_score(x, y, 1.5, block),
-         lambda: ops.energy_score_fwd(x, y, beta, prec_b, 2, True),
-         (lambda: ops.energy_score(x, y, b0, p_b, 2, True, [1], False, True)) if has_es_front else None),
-        ("energy_score block fwd+bwd", lambda: grad_of(etweedie.energy_score(xg, y, 1.5, block)),
-         lambda: grad_of(ops.energy_score_fwd_grad(xg, y, beta, prec_b, 2, True, True, False, False, False)[0]),
-         (lambda: grad_of(ops.energy_score(xg, y, b0, p_b, 2, True, [1], True, True))) if has_es_front else None),
+        *energy_rows("energy_score block", x, y, True),
         # d = 64: the Gram-form row kernel's domain (d ≥ 64), which energy_score's plain CPU call covers
-        ("energy_score block d=64", lambda: etweedie.energy_score(x64, y64, 1.5, block),
-         lambda: ops.energy_score_fwd(x64, y64, beta, prec_b, 2, True),
-         (lambda: ops.energy_score(x64, y64, b0, p_b, 2, True, [1], False, False)) if has_es_front else None),
-        ("energy_score block d=64 fwd+bwd", lambda: grad_of64(etweedie.energy_score(xg64, y64, 1.5, block)),
-         lambda: grad_of64(ops.energy_score_fwd_grad(xg64, y64, beta, prec_b, 2, True, True, False, False, False)[0]),
-         (lambda: grad_of64(ops.energy_score(xg64, y64, b0, p_b, 2, True, [1], True, False))) if has_es_front else None),
+        *energy_rows("energy_score block d=64", x64, y64, False),
     ]
 
 

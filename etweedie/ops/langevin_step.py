@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from .. import backends
-from ..geometry import Metric
+from ..geometry import Metric, _functorch_wrapped
 from ..rules.langevin_step import autograd_rules, fake_fwd
 from . import reference
 from ._prep import (
@@ -27,7 +27,6 @@ from ._prep import (
     check_tensor,
     flat,
     front,
-    functorch_transformed,
     kernel_or_reference,
     plain_rows,
     range_guarded,
@@ -76,7 +75,7 @@ def langevin_step(
     op = "langevin_step"
     plain = plain_rows(op, y, x, beta, lam, metric, backend)
     if plain is not None and type(noise) is torch.Tensor and noise.shape == y.shape and noise.dtype is y.dtype \
-            and noise.is_cpu and not functorch_transformed(noise):
+            and noise.is_cpu and not _functorch_wrapped(noise):
         step_t = checked_cpu_param("step", step, y.dtype)  # a step that passed its rule before
         if step_t is not None:
             out, nonfinite = torch.ops.etweedie.langevin_step(y, x, noise, step_t, *plain)
