@@ -335,6 +335,35 @@ def test_torch_func_transforms(op):
             torch.func.grad(loss(backend))(inp)
 
 
+@pytest.mark.parametrize("d", [8, 80])  # 80: energy_score's plain call (the Gram row kernel)
+def test_inference_mode_call_leaves_later_training_calls_working(monkeypatch, d):
+    """A call under torch.inference_mode (an evaluation pass) must not leave an inference tensor
+    in the ops' caches of β, λ, step and the default metric: every later call that needs a
+    gradient would fail with "Inference tensors cannot be saved for backward"."""
+    from etweedie.ops import _prep
+
+    monkeypatch.setattr(_prep, "_CONSTANTS", {})  # the caches start empty, so inference mode fills them
+    monkeypatch.setattr(_prep, "_CHECKED", {})
+    g = _g(3)
+    y, x = torch.randn(2, d, generator=g), torch.randn(2, 3, d, generator=g)
+    noise = torch.randn(2, d, generator=g)
+    calls = {
+        "et_score": lambda y, x: etweedie.et_score(y, x, 1.5, 0.7),
+        "langevin_step": lambda y, x: etweedie.langevin_step(y, x, noise, 0.1, 1.5, 0.7),
+        "student_t_score": lambda y, x: etweedie.student_t_score(y, x, d + 1.5),
+        "energy_score": lambda y, x: etweedie.energy_score(x, y, 1.5),
+        "energy_distance": lambda y, x: etweedie.energy_distance(x, x.detach() + 1.0, 1.5),
+        "kernel_score": lambda y, x: etweedie.kernel_score(x, y, c=1.5),
+    }
+    with torch.inference_mode():
+        for f in calls.values():
+            f(y, x)
+    for name, f in calls.items():
+        xg = x.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(f(y, xg).sum(), xg)
+        assert torch.isfinite(grad).all(), name
+
+
 # ---------------------------------------------------------------------------- parameter checks
 
 

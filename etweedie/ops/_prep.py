@@ -111,8 +111,10 @@ def constant(value: float, dtype: torch.dtype, device: torch.device) -> torch.Te
     """A 0-d tensor holding ``value``, made once per (value, dtype, device) and reused: the ops
     turn their float parameters (β, λ, step, the default metric's 1) into tensors on every call,
     which on a GPU is a fill kernel per parameter.  The tensors never leave the ops (they enter
-    the kernels as stride-0 views), so sharing them is safe.  Not cached while a CUDA stream is
-    being captured: a tensor filled inside a capture holds its value only once the graph runs.
+    the kernels as stride-0 views), so sharing them is safe.  Made outside inference mode, so a
+    call under ``torch.inference_mode`` leaves no inference tensor for later autograd calls.  Not
+    cached while a CUDA stream is being captured: a tensor filled inside a capture holds its
+    value only once the graph runs.
     """
     if _is_compiling():
         return torch.full((), value, dtype=dtype, device=device)  # a graph constant, not a cached tensor
@@ -120,7 +122,13 @@ def constant(value: float, dtype: torch.dtype, device: torch.device) -> torch.Te
     t = _CONSTANTS.get(key)
     if t is not None:
         return t
-    t = torch.full((), value, dtype=dtype, device=device)
+    if torch.is_inference_mode_enabled():
+        # made outside inference mode: an inference tensor in the cache would poison every later
+        # call that needs a gradient ("Inference tensors cannot be saved for backward")
+        with torch.inference_mode(False):
+            t = torch.full((), value, dtype=dtype, device=device)
+    else:
+        t = torch.full((), value, dtype=dtype, device=device)
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return t
     if len(_CONSTANTS) >= 256:
