@@ -49,6 +49,18 @@ except ImportError:  # pragma: no cover - older torch
     def _functorch_wrapped(t) -> bool:
         return False
 
+try:
+    from torch._C._functorch import TransformType as _TransformType, get_interpreter_stack as _interpreters
+except ImportError:  # pragma: no cover - older torch
+    def _in_vmap() -> bool:
+        return False
+else:
+    def _in_vmap() -> bool:
+        """Whether a torch.func.vmap is active: its tensors have no single value to read, so a
+        check that reads values (``.item()``, ``bool(t.all())``) cannot run under it."""
+        stack = _interpreters()
+        return bool(stack) and any(i.key() == _TransformType.Vmap for i in stack)
+
 
 def _cacheable(p: torch.Tensor) -> bool:
     """Whether a value derived from ``p`` may be reused by later calls: a plain eager tensor with

@@ -335,6 +335,36 @@ def test_torch_func_transforms(op):
             torch.func.grad(loss(backend))(inp)
 
 
+@pytest.mark.parametrize("scale,nan", [(1.0, False), (1e30, False), (1e-30, False), (1.0, True)],
+                         ids=["unit", "1e30", "1e-30", "nan-draw"])
+@pytest.mark.parametrize("backend", [None, "reference"])
+def test_vmap_matches_a_loop(backend, scale, nan):
+    """torch.func.vmap over rows: the automatic choice (and the reference) run with no value read
+    (a vmapped tensor has none), so a float32 call is computed in float64 and NaN/inf rows are
+    masked without a check: right at 1e±30 and with a NaN draw, as a loop of plain calls is."""
+    g = _g(11)
+    x, y = scale * torch.randn(5, 7, 3, generator=g), scale * torch.randn(5, 3, generator=g)
+    if nan:
+        x[2, 3, 1] = NAN
+    m = Metric.diagonal(torch.rand(3, generator=g) + 0.5)
+    ops = {
+        "et_score": lambda y, x: etweedie.et_score(y, x, 1.3, 0.8, m, backend=backend),
+        "langevin_step": lambda y, x: etweedie.langevin_step(y, x, torch.zeros_like(y), 0.1, 1.3, 0.8, m, backend=backend),
+        "student_t_score": lambda y, x: etweedie.student_t_score(y, x, 3.0, m, backend=backend),
+        "energy_score": lambda y, x: etweedie.energy_score(x, y, 1.3, m, backend=backend),
+        "energy_distance": lambda y, x: etweedie.energy_distance(x, x + scale, 1.3, m, backend=backend),
+        "is_score": lambda y, x: etweedie.is_score(y, x[0], etweedie.GeneralizedGaussian(1.3), backend=backend)[0],
+    }
+    for name, f in ops.items():
+        got = torch.func.vmap(lambda a, b: f(a[None], b[None])[0])(y, x)
+        want = torch.stack([f(y[i:i + 1].double(), x[i:i + 1].double())[0] for i in range(5)]).float()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6 * float(want.nan_to_num().abs().max()),
+                                   equal_nan=True, msg=lambda m: f"{name}: {m}")
+    if HAS_CPU:
+        with pytest.raises(NotImplementedError, match="torch.func transforms"):
+            torch.func.vmap(lambda a: etweedie.et_score(a, x[0], 1.3, backend="cpu"))(y)
+
+
 @pytest.mark.parametrize("d", [8, 80])  # 80: energy_score's plain call (the Gram row kernel)
 def test_inference_mode_call_leaves_later_training_calls_working(monkeypatch, d):
     """A call under torch.inference_mode (an evaluation pass) must not leave an inference tensor

@@ -103,6 +103,15 @@ def test_bad_input():
         etweedie.langevin_step(y, x, torch.zeros(2, 3, dtype=torch.int64), 0.1, 1.0)
     with pytest.raises(ValueError, match="batch shapes do not broadcast"):
         etweedie.langevin_step(y, x, torch.zeros(2, 3), torch.ones(4), 1.0)
+    # nothing may enlarge y's batch: the output would not be y's shape and the noise would repeat
+    with pytest.raises(ValueError, match=r"step of shape \(2, 1\) would enlarge the batch"):
+        etweedie.langevin_step(y, x, torch.zeros(2, 3), torch.ones(2, 1), 1.0)
+    for kw in ({"beta": torch.ones(2, 1)}, {"lam": torch.ones(2, 1)},
+               {"metric": etweedie.Metric.isotropic(torch.ones(2, 1))}):
+        with pytest.raises(ValueError, match=r"must not enlarge y's batch \(2,\) \(they broadcast to \(2, 2\)\)"):
+            etweedie.langevin_step(y, x, torch.zeros(2, 3), 0.1, **{"beta": 1.0, **kw})
+    with pytest.raises(ValueError, match="must not enlarge y's batch"):
+        etweedie.langevin_step(torch.zeros(3), x, torch.zeros(3), 0.1, 1.0)
 
 
 # ---------------------------------------------------------------------------- 16-bit draws

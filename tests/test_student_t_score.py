@@ -229,6 +229,32 @@ def test_bad_input():
         etweedie.student_t_score(y, x, torch.full((3,), 3.0))
 
 
+@pytest.mark.parametrize("backend", ["reference", None])
+def test_unbatched_query_keeps_the_metric_batch(backend):
+    """A 1-D query with a 2-D cloud and a metric with a batch: the metric's batch is the output's,
+    as for et_score (one score per metric), not just its first row."""
+    g = gen(5)
+    y, x = torch.randn(4, generator=g), torch.randn(5, 4, generator=g)
+    for m in (etweedie.Metric.isotropic(torch.tensor([0.5, 1.0, 2.0])), etweedie.Metric.diagonal(torch.rand(3, 4, generator=g) + 0.5)):
+        s = etweedie.student_t_score(y, x, 3.0, m, backend=backend)
+        assert s.shape == (3, 4)
+        for r in range(3):
+            row = etweedie.Metric(m.kind, m.param[r])
+            torch.testing.assert_close(s[r], etweedie.student_t_score(y, x, 3.0, row, backend="reference"))
+
+
+def test_c_is_checked_as_rounded_on_every_call():
+    """c just above d/2 that rounds to d/2 in float32 is refused on every call: the plain CPU call
+    checks the rounded c as the general path does, not the Python float."""
+    y, x = torch.zeros(3, 4), torch.ones(3, 5, 4)
+    for _ in range(3):
+        with pytest.raises(ValueError, match=r"c must be > d/2 = 2 .*got 2.0000001, which is 2.0 in torch.float32"):
+            etweedie.student_t_score(y, x, 2.0000001)
+    etweedie.student_t_score(torch.zeros(3, 2), torch.ones(3, 5, 2), 1.50000001)  # passes for d = 2 (c > 1) ...
+    with pytest.raises(ValueError, match="c must be > d/2 = 1.5"):
+        etweedie.student_t_score(torch.zeros(3, 3), torch.ones(3, 5, 3), 1.50000001)  # ... and not for d = 3
+
+
 def test_raw_op_checks_every_argument():
     """The registered entry raises a named error (never reads out of bounds) for bad arguments."""
     if "cpu" not in [b for b, _ in BACKEND_DEVICE]:

@@ -23,7 +23,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 
 from .. import backends
-from ..geometry import Metric, _functorch_wrapped
+from ..geometry import Metric, _functorch_wrapped, _in_vmap
 from ..rules import pairwise
 from ..rules.common import BLOCK, DENSE, DIAGONAL, ISOTROPIC  # noqa: F401 (the canonical kinds, re-exported)
 _KIND = {"isotropic": ISOTROPIC, "diagonal": DIAGONAL, "block": BLOCK, "dense": DENSE}
@@ -100,8 +100,10 @@ _SCALAR_RULES = {
 
 
 def value_checks(t: torch.Tensor) -> bool:
-    """Whether value checks on ``t`` run now (CPU tensors, or any tensor with debug checks on)."""
-    return not _is_compiling() and (t.device.type == "cpu" or _DEBUG["on"])
+    """Whether value checks on ``t`` run now (CPU tensors, or any tensor with debug checks on),
+    never under torch.compile (there they are graph asserts) or torch.func.vmap (no value to
+    read: a vmapped call trusts its values, as a GPU call without debug checks does)."""
+    return not _is_compiling() and (t.device.type == "cpu" or _DEBUG["on"]) and not (_functorch_wrapped(t) and _in_vmap())
 
 
 _CONSTANTS: dict = {}
@@ -157,9 +159,9 @@ def as_param(value, name: str, op: str, like: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"{op}: {name} must be a float or a tensor, got {type(value).__name__}")
     rule = _SCALAR_RULES.get(name)
     if rule is not None and not rule[0](float(value)):
-        raise ValueError(f"{op}: {name} must {rule[1]}, got {float(value):.6g}")
+        raise ValueError(f"{op}: {name} must {rule[1]}, got {float(value)!r}")
     if rule is not None and not rule[0](_rounded(float(value), like.dtype)):
-        raise ValueError(f"{op}: {name} = {float(value):.6g} is not representable in {like.dtype} (it rounds to 0 or inf)")
+        raise ValueError(f"{op}: {name} = {float(value)!r} is not representable in {like.dtype} (it rounds to 0 or inf)")
     t = constant(float(value), like.dtype, like.device)
     if type(value) is float and _CONSTANTS.get((value, like.dtype, like.device)) is t:  # cached, so reusable
         if len(_CHECKED) >= 256:
@@ -348,6 +350,12 @@ def scan(metric: Optional[Metric], *data: torch.Tensor, finite: bool = True) -> 
     each tensor: the per-row ops need both, and two separate passes would cost a second reduction
     and host read per tensor on every CPU call.  ``finite=False``: only the range question (the
     second answer is then True), with no pass at all unless the data are float32."""
+    if _in_vmap() and any(_functorch_wrapped(t) for t in data if isinstance(t, torch.Tensor)):
+        # torch.func.vmap: no values to read, so assume the worst where checks would run: float32
+        # data computed in float64 (right at any magnitude), NaN/inf rows masked (no read needed)
+        t0 = data[0]
+        checked = not _is_compiling() and (t0.device.type == "cpu" or _DEBUG["on"])
+        return checked and t0.dtype == torch.float32, not checked
     f32 = bool(data) and isinstance(data[0], torch.Tensor) and data[0].dtype == torch.float32 and value_checks(data[0])
     # 16-bit draws of a float32 query are computed in float32 too (bfloat16 spans float32's range)
     admitted = (torch.float32, *LOW_PRECISION_DRAWS)

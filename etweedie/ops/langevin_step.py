@@ -56,7 +56,8 @@ def langevin_step(
     """One Langevin step ``y + step·s(y) + sqrt(2·step)·noise`` with the fused score.
 
     Args:
-        y: current states ``(*batch, d)``, float32 or float64 (the compute dtype).
+        y: current states ``(*batch, d)``, float32 or float64 (the compute dtype).  The other
+            arguments broadcast to y's batch but may not enlarge it (each state has its own noise).
         x: posterior draws at y, ``(*batch, N, d)``: y's dtype, or bfloat16 / float16 (read as
             stored, accumulated in y's dtype; see :func:`etweedie.et_score`).
         noise: standard normal ξ, shape and dtype of y (draw it with your own ``torch.Generator``).
@@ -82,6 +83,9 @@ def langevin_step(
             if not nonfinite:
                 return out  # a flagged row: the general path below reruns the call (in float64 where needed)
     a = rows_args(op, y, x, beta, lam, metric)
+    if a.batch != y.shape[:-1]:
+        raise ValueError(f"{op}: x, beta, lam and metric must not enlarge y's batch {tuple(y.shape[:-1])} "
+                         f"(they broadcast to {tuple(a.batch)}): the step updates y, and each state needs its own noise")
     noise = check_tensor(noise, "noise", op)
     if noise.shape != y.shape:
         raise ValueError(f"{op}: noise must have y's shape {tuple(y.shape)}, got {tuple(noise.shape)}")
@@ -93,7 +97,7 @@ def langevin_step(
     check_finite(op, noise=noise)
     batch = broadcast_batch(op, batch=a.batch, step=step_t.shape)
     if batch != a.batch:
-        raise ValueError(f"{op}: step of shape {tuple(step_t.shape)} does not broadcast to the batch {tuple(a.batch)}")
+        raise ValueError(f"{op}: step of shape {tuple(step_t.shape)} would enlarge the batch {tuple(a.batch)}")
     d = y.shape[-1]
     name = backends.resolve(op, y.device, backend)
     name = kernel_or_reference(op, name, backend, y, x, noise, step, beta, lam, metric)

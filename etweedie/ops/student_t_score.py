@@ -71,18 +71,21 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
     plain = plain_rows(_OP, y, x, 2.0, 1.0, metric, backend)  # β and λ unused, as below
     if plain is not None and "cpu" in _SUPPORTED:
         cp = checked_cpu_param("c", c, y.dtype)
-        if cp is not None and c > y.shape[-1] / 2:
+        if cp is not None and float(cp) > y.shape[-1] / 2:  # the rounded c, as the general path checks it
             s, nonfinite = torch.ops.etweedie.student_t_score(y, x, cp, *plain[2:])
             if not nonfinite:
                 return s  # a flagged row: the general path below reruns the call (in float64 where needed)
     y = check_tensor(y, "y", _OP)
     cv = as_param(c, "c", _OP, y)
-    if isinstance(x, torch.Tensor) and y.dim() == 1 and x.dim() == 2 and cv.dim() == 0:
+    if (isinstance(x, torch.Tensor) and y.dim() == 1 and x.dim() == 2 and cv.dim() == 0
+            and (metric is None or not isinstance(metric, Metric) or len(metric.batch_shape) == 0)):
         return student_t_score(y.unsqueeze(0), x.unsqueeze(0), cv, metric, backend=backend)[0]  # one unbatched query
     a = rows_args(_OP, y, x, 2.0, 1.0, metric)  # β and λ unused: the shared validation of y, x, metric
     d = y.shape[-1]
     if cv.numel() and value_checks(cv) and not bool(((cv > d / 2) & torch.isfinite(cv)).all()):
-        raise ValueError(f"{_OP}: c must be > d/2 = {d / 2:g} and finite (Student-t integrability), got {cv.min().item():.6g}")
+        got = cv[~((cv > d / 2) & torch.isfinite(cv))].flatten()[0].item()
+        given = f"{c!r}, which is {got!r} in {cv.dtype}" if type(c) is float and c != got else repr(got)
+        raise ValueError(f"{_OP}: c must be > d/2 = {d / 2:g} and finite (Student-t integrability), got {given}")
     try:
         batch = torch.broadcast_shapes(a.batch, cv.shape)
     except RuntimeError:
