@@ -143,7 +143,7 @@ def use_backend(name: Optional[str]) -> Iterator[None]:
     ...     s = etweedie.et_score(y, x, beta=1.4)
     """
     if name is not None:
-        _check_name(name, "use_backend")
+        _check_name(name, "use_backend: backend")
     token = _requested.set(name)
     try:
         yield
@@ -151,15 +151,16 @@ def use_backend(name: Optional[str]) -> Iterator[None]:
         _requested.reset(token)
 
 
-def _check_name(name, where: str) -> None:
+def _check_name(name, what: str) -> None:
     if not isinstance(name, str) or name not in BACKENDS:
-        raise ValueError(f"{where}: backend must be one of {BACKENDS} or None, got {name!r}")
+        raise ValueError(f"{what} must be one of {BACKENDS} or None, got {name!r}")
 
 
-def requested(backend: Optional[str] = None) -> Optional[str]:
-    """The explicitly requested backend, if any (argument > context > ETWEEDIE_BACKEND)."""
+def requested(backend: Optional[str] = None, op: Optional[str] = None) -> Optional[str]:
+    """The explicitly requested backend, if any (argument > context > ETWEEDIE_BACKEND); ``op``
+    names the caller in the error for a bad name."""
     if backend is not None:
-        _check_name(backend, "backend")
+        _check_name(backend, f"{op}: backend" if op else "backend")
         return backend
     ctx = _requested.get()
     if ctx is not None:
@@ -180,12 +181,12 @@ def resolve(op: str, device: torch.device, backend: Optional[str] = None, *, sup
         # Under torch.compile only the argument counts (contexts and the environment are read
         # when tracing would have to guard on them); automatic choice as below.
         if backend is not None:
-            _check_name(backend, "backend")
+            _check_name(backend, f"{op}: backend")
             return backend
         if device.type == "cpu" and _EXT_OK and "cpu" in supported:
             return "cpu"
         return "reference" if device.type == "cpu" else _auto_gpu(supported)
-    want = requested(backend)
+    want = requested(backend, op)
     if want is None:
         kind = device.type  # a CPU tensor never runs Triton: TRITON_INTERPRET is read for GPU tensors only
         return _automatic(kind, supported, None if kind == "cpu" else os.environ.get("TRITON_INTERPRET"))

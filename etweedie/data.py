@@ -291,8 +291,10 @@ def posterior_sample_sir(
         raise ValueError(f"bank must have shape (M, d={y.shape[-1]}), got {tuple(bank.shape)}")
     if bank.shape[0] == 0:
         raise ValueError("bank must hold at least one clean point, got M = 0")
-    if bank.dtype != y.dtype or bank.device != y.device:
-        raise TypeError(f"bank must match y's dtype and device ({y.dtype}, {y.device}), got ({bank.dtype}, {bank.device})")
+    if bank.dtype != y.dtype:
+        raise TypeError(f"bank must have y's dtype {y.dtype}, got {bank.dtype}")
+    if bank.device != y.device:
+        raise ValueError(f"bank is on {bank.device} but y is on {y.device}")
     if not callable(getattr(noise_law, "log_prob", None)):
         raise TypeError(f"noise_law must have a log_prob(u) method, got {type(noise_law).__name__}")
     batch_shape = getattr(noise_law, "batch_shape", torch.Size())

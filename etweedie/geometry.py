@@ -17,6 +17,11 @@ tuple per example).  Everything here is differentiable, so gradients of the fuse
 respect to the kernel parameter P flow back to ``var``/``S``/``Σ`` and further to
 ``(σ, u, v, β)`` through :meth:`Metric.from_params`.
 
+A metric remembers its precision (an inversion for block and dense Σ) across calls and
+recomputes it when its tensor changes in place, which torch's version counter records.  Writes
+that bypass the counter (``param.data.mul_(…)``, a numpy array sharing the memory) are not
+seen: after one, build a new Metric (cheap: nothing is computed until an op needs it).
+
 Example::
 
     >>> import torch, etweedie
@@ -28,6 +33,7 @@ Example::
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional
 
 import torch
@@ -81,7 +87,7 @@ def _as_float_tensor(value, name: str, like: Optional[torch.Tensor] = None) -> t
         if not (value.is_floating_point()):
             raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's scalars are Real too
         raise TypeError(f"{name} must be a float or a floating-point tensor, got {type(value).__name__}")
     dtype = like.dtype if like is not None else torch.get_default_dtype()
     device = like.device if like is not None else None
@@ -257,7 +263,8 @@ class Metric:
         """``compute()``, remembered per metric: the ops call it on every call, and for a block or
         dense Σ it is an inversion (several kernel launches on a GPU) that a metric shared by many
         calls (a sampler's level, a training step's geometry) needs once.  Recomputed when the
-        parameter was changed in place (its version counter), and never cached for a parameter
+        parameter was changed in place (its version counter; writes through ``.data`` or a numpy
+        view bypass it, see the module docstring), and never cached for a parameter
         that needs a gradient, under torch.compile, or for inference-mode tensors."""
         p = self.param
         if not _cacheable(p):

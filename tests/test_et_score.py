@@ -303,8 +303,11 @@ class TestBadInput:
 
     def test_backend_names(self):
         y, x = torch.zeros(2, 3), torch.zeros(2, 4, 3)
-        with pytest.raises(ValueError, match="backend must be one of"):
+        with pytest.raises(ValueError, match="^et_score: backend must be one of .* got 'gpu'$"):
             etweedie.et_score(y, x, 1.0, backend="gpu")
+        with pytest.raises(ValueError, match="^use_backend: backend must be one of"):
+            with etweedie.use_backend("gpu"):
+                pass
         if not etweedie.backends.available()["cuda"][0]:
             with pytest.raises(etweedie.backends.BackendUnavailable, match="'cuda' is unavailable"):
                 etweedie.et_score(y, x, 1.0, backend="cuda")

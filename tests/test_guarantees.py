@@ -417,6 +417,20 @@ def test_non_finite_parameters_refused():
         etweedie.kernel_score(x, y, c=math.inf)
 
 
+def test_numpy_scalars_are_numbers():
+    """numpy's float32 and int64 scalars are accepted wherever a float is (numpy registers them
+    as numbers.Real; np.float64 already is a float), and a numpy bool is refused like a bool."""
+    np = pytest.importorskip("numpy")
+    g = _g(2)
+    y, x = torch.randn(2, 3, generator=g), torch.randn(2, 4, 3, generator=g)
+    for v in (np.float32(1.5), np.int64(1), np.float64(1.5)):
+        torch.testing.assert_close(etweedie.et_score(y, x, v, v), etweedie.et_score(y, x, float(v), float(v)))
+        torch.testing.assert_close(etweedie.energy_score(x, y, v), etweedie.energy_score(x, y, float(v)))
+        torch.testing.assert_close(Metric.isotropic(v).param, Metric.isotropic(float(v)).param)
+    with pytest.raises(TypeError, match="beta must be a float or a tensor, got bool"):
+        etweedie.et_score(y, x, np.bool_(True))
+
+
 def test_debug_mode_checks_langevin_noise():
     y, x = torch.zeros(2, 2), torch.ones(2, 3, 2)
     noise = torch.tensor([[0.0, NAN], [0.0, 0.0]])

@@ -100,8 +100,12 @@ def test_bad_input():
         etweedie.is_score(y, torch.zeros(0, 2), law)
     with pytest.raises(TypeError, match="noise_law must be a GeneralizedGaussian"):
         etweedie.is_score(y, bank, 1.4)
-    with pytest.raises(TypeError, match="bank must match y's dtype"):
+    with pytest.raises(TypeError, match="bank must have y's dtype torch.float32, got torch.float64"):
         etweedie.is_score(y, bank.double(), law)
+    with pytest.raises(ValueError, match=r"the dimension d must be >= 1, got y of shape \(3, 0\)"):
+        etweedie.is_score(torch.zeros(3, 0), torch.zeros(10, 0), law)
+    with pytest.raises(ValueError, match="chunk must be a positive int, got True"):
+        etweedie.is_score(y, bank, law, chunk=True)
     with pytest.raises(ValueError, match="scalar beta and lam"):
         etweedie.is_score(y, bank, etweedie.GeneralizedGaussian(torch.tensor([1.0, 1.5]), 1.0))
     with pytest.raises(ValueError, match="chunk must be a positive int"):

@@ -78,3 +78,8 @@ def test_bad_input():
         etweedie.kernel_score(x, y, c=-1.0)
     with pytest.raises(TypeError, match="target must have samples' dtype"):
         etweedie.kernel_score(x, y.double())
+    for fair in (None, 1, "yes"):  # energy_score and energy_distance refuse a non-bool too
+        with pytest.raises(TypeError, match="fair must be a bool"):
+            etweedie.kernel_score(x, y, fair=fair)
+    with pytest.raises(ValueError, match="the dimension d must be >= 1"):
+        etweedie.kernel_score(torch.zeros(2, 4, 0), torch.zeros(2, 0))

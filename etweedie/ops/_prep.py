@@ -15,6 +15,7 @@ by :func:`whiten_dense` on the kernel path; the reference uses the dense precisi
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -155,7 +156,7 @@ def as_param(value, name: str, op: str, like: torch.Tensor) -> torch.Tensor:
         if value.device != like.device:
             raise ValueError(f"{op}: {name} is on {value.device} but y is on {like.device}")
         return value.to(like.dtype)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's scalars are Real too
         raise TypeError(f"{op}: {name} must be a float or a tensor, got {type(value).__name__}")
     rule = _SCALAR_RULES.get(name)
     if rule is not None and not rule[0](float(value)):

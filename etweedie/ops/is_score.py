@@ -63,8 +63,12 @@ def is_score(
         raise ValueError(f"{op}: bank must have shape (M, d={y.shape[-1]}), got {tuple(bank.shape)}")
     if bank.shape[0] == 0:
         raise ValueError(f"{op}: bank must hold at least one clean point, got shape {tuple(bank.shape)}")
-    if bank.dtype != y.dtype or bank.device != y.device:
-        raise TypeError(f"{op}: bank must match y's dtype/device ({y.dtype}, {y.device}), got ({bank.dtype}, {bank.device})")
+    if y.shape[-1] == 0:
+        raise ValueError(f"{op}: the dimension d must be >= 1, got y of shape {tuple(y.shape)}")
+    if bank.dtype != y.dtype:
+        raise TypeError(f"{op}: bank must have y's dtype {y.dtype}, got {bank.dtype}")
+    if bank.device != y.device:
+        raise ValueError(f"{op}: bank is on {bank.device} but y is on {y.device}")
     check_finite(op, y=y, bank=bank)
     for attr in ("beta", "lam", "metric"):
         if not hasattr(noise_law, attr):
@@ -81,7 +85,7 @@ def is_score(
     metric = check_metric(noise_law.metric, y.shape[-1], y, op)
     if len(metric.batch_shape):
         raise ValueError(f"{op}: noise_law.metric must not have a batch shape, got {tuple(metric.batch_shape)}")
-    if not isinstance(chunk, int) or chunk < 1:
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"{op}: chunk must be a positive int, got {chunk!r}")
     b, l = float(beta), float(lam)
     d = y.shape[-1]

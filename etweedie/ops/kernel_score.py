@@ -85,6 +85,10 @@ def kernel_score(
     if target.device != samples.device:
         raise ValueError(f"{op}: target is on {target.device} but samples are on {samples.device}")
     M, d = samples.shape[-2], samples.shape[-1]
+    if d == 0:
+        raise ValueError(f"{op}: the dimension d must be >= 1, got samples of shape {tuple(samples.shape)}")
+    if not isinstance(fair, bool):
+        raise TypeError(f"{op}: fair must be a bool, got {type(fair).__name__}")
     if M < (2 if fair else 1):
         raise ValueError(f"{op}: {'fair=True needs M >= 2' if fair else 'need M >= 1'} samples, got M = {M}")
     c = as_param(c, "c", op, samples)
