@@ -267,6 +267,55 @@ def test_cpu_score_gram_kernel_scale(scale, B, M, seed):
         assert err < 1e-5, f"{name} at scale {scale:g}, B={B} M={M}: relative error {err:.2e} (seed {seed})"
 
 
+@pytest.mark.parametrize("kind", ["none", "block2"])
+@pytest.mark.parametrize("M", [20, 3], ids=["gram", "direct"])
+def test_cpu_score_gram_kernel_wide_rows(M, kind, seed):
+    """Rows the Gram row kernel's single power-of-two row scale cannot hold, beside ordinary rows:
+    a tight cluster (1e-11) with one draw 1e12 away, points at ±3e38 whose centred differences
+    overflow float32, and two draws 1e-44 apart (a float32 subnormal) next to a unit draw.  The
+    kernel hands such rows to the pair engine in float64 (csrc/cpu/energy_score_cpu.cpp:
+    redo_gram_rows); value and gradients must match the float64 reference row by row, through
+    the plain call, the fused training op and the separate forward and backward ops."""
+    B, d = 5, 64
+    samples, target, _, metric = _inputs(seed, B, M, d, kind)
+    g = gen(seed + 7)
+    bt = torch.tensor([1.4, 1.0, 0.5, 0.5, 1.0], dtype=torch.float64)
+    samples[1], target[1] = 1e-11 * torch.randn(M, d, generator=g), 1e-11 * torch.randn(d, generator=g)
+    samples[1, -1] = 0.0
+    samples[1, -1, 0] = 1e12
+    samples[2], target[2] = 0.0, 0.0
+    samples[2, 0, 0], samples[2, 1:, 0], target[2, 0] = 3e38, -3e38, -3e38
+    samples[2, 1:, 1] = torch.randn(M - 1, generator=g)  # the -3e38 draws apart in another coordinate
+    samples[3], target[3] = 0.0, 0.0
+    samples[3, 0] = torch.randn(d, generator=g)
+    samples[3, 2, 1] = 1e-44  # draws 1 and 2 are 1e-44 apart
+    samples[4] = samples[4, :1] + 1e-5 * torch.randn(M, d, generator=g)  # a tight cloud far from its target
+    samples, target = samples.float().double(), target.float().double()
+    r64 = _gram_rows_run("reference", torch.float64, samples, target, bt, metric)
+    got = _gram_rows_run("cpu", torch.float32, samples, target, bt, metric)
+    m32, _ = metric_to(metric, torch.float32, "cpu", requires_grad=False)
+    with torch.no_grad():  # the plain call (forward op only)
+        plain = etweedie.energy_score(samples.float(), target.float(), bt.float(), metric=m32)
+    # the value of a wide row is a difference of terms ~1e12 or ~1e19 (exact in neither
+    # precision): its error is measured against the cross term (1/M) Σ ‖x_i − y‖^β
+    terms = ((samples - target.unsqueeze(1)).norm(dim=-1) ** bt.unsqueeze(1)).mean(1)
+    for name, x, want in zip(["ES", "grad samples", "grad target"], got, r64):
+        x = x.detach().double()
+        for r in range(B):
+            scale = terms[r] if name == "ES" else want[r].detach().abs().max()
+            err = float((x[r] - want[r].detach()).abs().max() / scale)
+            assert err < 3e-5, f"{name} row {r} ({kind}, M={M}): relative error {err:.2e} (seed {seed})"
+    torch.testing.assert_close(plain, got[0].detach(), rtol=1e-6, atol=0)
+    prec, k = etweedie.ops._prep.metric_param(m32, torch.Size([B]), d) if m32 is not None else (torch.ones(B), 0)
+    x32, y32, b32 = samples.float(), target.float(), bt.float()
+    torch.testing.assert_close(torch.ops.etweedie.energy_score_fwd(x32, y32, b32, prec, k, True), got[0].detach(),
+                               rtol=1e-6, atol=0)
+    up = torch.linspace(0.5, 1.5, B)
+    gs, gt, _, _ = torch.ops.etweedie.energy_score_bwd(up, x32, y32, b32, prec, k, True, True, True, False, False)
+    torch.testing.assert_close(gs, got[1], rtol=1e-6, atol=0)
+    torch.testing.assert_close(gt, got[2], rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("M", [20, 2])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_cpu_score_gram_kernel_nan(M, bad):

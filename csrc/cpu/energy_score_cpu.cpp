@@ -11,6 +11,9 @@
 // beta (B,), prec (B, *param).
 #include <torch/library.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "../common/checks.h"
 #include "energy_cpu.h"
 #include "energy_score_gram_cpu.h"
@@ -50,6 +53,33 @@ bool use_score_gram(const at::Tensor& samples, const at::Tensor& target, const a
   return true;
 }
 
+// The rows energy_score_gram handed back (`redo`: points that overflow float when centred, or a
+// pair too close for its single row scale) recomputed by the pair engine in float64 from
+// direct differences, and written into the float outputs: value (B,), gs (B, M, d), gt (B, d),
+// each when defined.  grad: the upstream gradient (B,), or undefined for a unit one.
+void redo_gram_rows(const std::vector<uint8_t>& redo, const at::Tensor& samples, const at::Tensor& target,
+                    const at::Tensor& beta, const at::Tensor& prec, int64_t kind, PairWeights w, const at::Tensor& grad,
+                    at::Tensor value, at::Tensor gs, at::Tensor gt) {
+  std::vector<int64_t> rows;
+  for (size_t r = 0; r < redo.size(); ++r)
+    if (redo[r]) rows.push_back(static_cast<int64_t>(r));
+  if (rows.empty()) return;
+  const auto idx = at::tensor(rows, samples.options().dtype(at::kLong));
+  auto wide = [&](const at::Tensor& t) { return t.index_select(0, idx).to(at::kDouble).contiguous(); };
+  const auto s64 = wide(samples), t64 = wide(target).unsqueeze(1), b64 = wide(beta), p64 = wide(prec);
+  if (!gs.defined() && !gt.defined()) {
+    value.index_copy_(0, idx, energy_forward("energy_score", s64, t64, b64, p64, kind, w).to(at::kFloat));
+    return;
+  }
+  const auto g64 = grad.defined() ? wide(grad) : at::ones({idx.size(0)}, s64.options());
+  at::Tensor v64;
+  const auto out = energy_backward("energy_score", g64, s64, t64, b64, p64, kind, w, gs.defined(), gt.defined(), false,
+                                   false, value.defined() ? &v64 : nullptr);
+  if (value.defined()) value.index_copy_(0, idx, v64.to(at::kFloat));
+  if (gs.defined()) gs.index_copy_(0, idx, std::get<0>(out).to(at::kFloat));
+  if (gt.defined()) gt.index_copy_(0, idx, std::get<1>(out).reshape({idx.size(0), target.size(1)}).to(at::kFloat));
+}
+
 at::Tensor energy_score_fwd_cpu(const at::Tensor& samples, const at::Tensor& target, const at::Tensor& beta,
                                 const at::Tensor& prec, int64_t kind, bool fair) {
   check_args("energy_score", samples, target, beta, prec, kind);
@@ -63,8 +93,11 @@ at::Tensor energy_score_fwd_cpu(const at::Tensor& samples, const at::Tensor& tar
   }
   if (use_score_gram(samples, target, beta, prec, kind, false, false)) {
     auto value = at::empty({samples.size(0)}, samples.options());
-    energy_score_gram(samples, target, beta, prec, kind, energy_score_weights(samples.size(1), fair), nullptr,
-                      value.data_ptr<float>(), nullptr, nullptr);
+    const auto w = energy_score_weights(samples.size(1), fair);
+    std::vector<uint8_t> redo(samples.size(0), 0);
+    energy_score_gram(samples, target, beta, prec, kind, w, nullptr, value.data_ptr<float>(), nullptr, nullptr,
+                      redo.data());
+    redo_gram_rows(redo, samples, target, beta, prec, kind, w, at::Tensor(), value, at::Tensor(), at::Tensor());
     return value;
   }
   return energy_forward("energy_score", samples, target.unsqueeze(1), beta, prec, kind,
@@ -96,9 +129,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_score_bwd_cpu(
     auto empty = [&] { return at::empty({0}, samples.options()); };
     auto gs = need_samples ? reusable_empty(samples.sizes(), samples.options()) : empty();
     auto gt = need_target ? at::empty(target.sizes(), samples.options()) : empty();
-    energy_score_gram(samples, target, beta, prec, kind, energy_score_weights(samples.size(1), fair),
-                      g.data_ptr<float>(), nullptr, need_samples ? gs.data_ptr<float>() : nullptr,
-                      need_target ? gt.data_ptr<float>() : nullptr);
+    const auto w = energy_score_weights(samples.size(1), fair);
+    std::vector<uint8_t> redo(samples.size(0), 0);
+    energy_score_gram(samples, target, beta, prec, kind, w, g.data_ptr<float>(), nullptr,
+                      need_samples ? gs.data_ptr<float>() : nullptr, need_target ? gt.data_ptr<float>() : nullptr,
+                      redo.data());
+    redo_gram_rows(redo, samples, target, beta, prec, kind, w, g, at::Tensor(), need_samples ? gs : at::Tensor(),
+                   need_target ? gt : at::Tensor());
     return {gs, gt, empty(), empty()};
   }
   auto out = energy_backward("energy_score", grad, samples, target.unsqueeze(1), beta, prec, kind,
@@ -132,9 +169,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_sc
     auto value = at::empty({samples.size(0)}, samples.options());
     auto gs = need_samples ? reusable_empty(samples.sizes(), samples.options()) : empty();
     auto gt = need_target ? at::empty(target.sizes(), samples.options()) : empty();
-    energy_score_gram(samples, target, beta, prec, kind, energy_score_weights(samples.size(1), fair), nullptr,
-                      value.data_ptr<float>(), need_samples ? gs.data_ptr<float>() : nullptr,
-                      need_target ? gt.data_ptr<float>() : nullptr);
+    const auto w = energy_score_weights(samples.size(1), fair);
+    std::vector<uint8_t> redo(samples.size(0), 0);
+    energy_score_gram(samples, target, beta, prec, kind, w, nullptr, value.data_ptr<float>(),
+                      need_samples ? gs.data_ptr<float>() : nullptr, need_target ? gt.data_ptr<float>() : nullptr,
+                      redo.data());
+    redo_gram_rows(redo, samples, target, beta, prec, kind, w, at::Tensor(), value, need_samples ? gs : at::Tensor(),
+                   need_target ? gt : at::Tensor());
     return {value, gs, gt, empty(), empty()};
   }
   at::Tensor value;

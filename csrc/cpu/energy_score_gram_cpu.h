@@ -33,7 +33,12 @@
 // NaN/inf: a row whose points, β or metric are not finite gets a NaN value and NaN gradients
 // (never a silent 0).  With the range control of step 2 this kernel needs neither the
 // float64 fallback for float32 data near the ends of its range nor the NaN-row pass of the
-// Python op (etweedie/ops/energy_score.py skips both when this kernel runs, by the same
+// Python op, with two exceptions it hands back (`redo`, which the caller recomputes with the
+// pair engine in float64, energy_score_cpu.cpp): a row whose points overflow float when centred
+// (coordinates near ±3.4e38 of both signs), and a row with a pair closer than 2⁻⁵⁰ of its
+// largest centred coordinate (q' < 2⁻¹⁰⁰: a tight cluster beside a point ~10¹⁵ times farther
+// out), where q' and the pair's difference in float would lose digits to the single row scale.
+// The Python op (etweedie/ops/energy_score.py skips both when this kernel runs, by the same
 // conditions: energy_score_gram_applicable).  β and metric gradients are not produced here:
 // those calls take the general engine (energy_cpu.h).  ETWEEDIE_CPU_GRAM=0 turns this path
 // off too.
@@ -61,6 +66,9 @@ constexpr int64_t kScoreNR = 16;
 constexpr int64_t kScoreDirectMaxPoints = 4;
 // Coordinates per block of the gradient product C·V (n rows × 128 floats ≤ 32 KiB of L1 at n ≤ 64).
 constexpr int64_t kScoreCvBlock = 128;
+// A pair with 0 < q' < this (in the row's scaled units, max|u'| and max|P'| in [½, 1)) sends its
+// row to the float64 pair engine: q', P'w and the energies stay far from float's subnormals.
+constexpr double kScoreTinyQ = 0x1p-100;
 
 // Keep in step with etweedie/ops/energy_score.py (_gram_row_kernel), which skips its float32
 // range and NaN-row passes exactly when this holds.
@@ -288,9 +296,11 @@ struct ScaledRowPrec {
 // the weighted pair sums w.cross Σ_i E(x_i − y) + w.within_a Σ_{i<j} E(x_i − x_j) per row.
 // samples (B, M, d) with unit stride over d; target (B, d) with unit stride over d; beta (B,);
 // prec (B, *param) of metric kind `kind` (block: rows contiguous); outputs contiguous.
+// redo (B bytes, zeroed by the caller): set for each row this kernel leaves to the float64
+// pair engine (see the header; its outputs are then unwritten).  Without it such rows get NaN.
 inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& target, const at::Tensor& beta,
                               const at::Tensor& prec, int64_t kind, PairWeights w, const float* gp, float* vp,
-                              float* gsp, float* gtp) {
+                              float* gsp, float* gtp, uint8_t* redo = nullptr) {
   const int64_t B = samples.size(0), M = samples.size(1), d = samples.size(2);
   // the panels hold the M draws only (the target's column of G is n dot products apart: at
   // M = 32 a third panel would cost as much as a second for one point); G and C are
@@ -347,7 +357,8 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
       for (int64_t k = 0; k < d; ++k) probe += cen[k] * 0.0f;
       finite = finite && probe == 0.0f;
       float amax = 0.0f;
-      for (int64_t i = 0; i < n && finite; ++i) {
+      bool wide = false;  // finite points whose centred difference overflows float
+      for (int64_t i = 0; i < n && finite && !wide; ++i) {
         const float* xi = point(i);
         float* ui = U.data() + i * d;
         float m = 0.0f;
@@ -356,11 +367,15 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
           ui[k] = xi[k] - cen[k];
           m = std::max(m, std::fabs(ui[k]));
         }
-        if (!(m <= std::numeric_limits<float>::max())) finite = false;  // an overflowing difference
+        if (!(m <= std::numeric_limits<float>::max())) wide = true;  // an overflowing difference
         amax = std::max(amax, m);
       }
-      if (!finite) {
+      if (!finite || (wide && redo == nullptr)) {
         fill_row(nan);
+        continue;
+      }
+      if (wide) {
+        redo[r] = 1;
         continue;
       }
       if (amax == 0.0f) {  // every point coincides: every pair is 0
@@ -429,7 +444,16 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
           wd[k] = static_cast<float>((static_cast<double>(xi[k]) - static_cast<double>(xj[k])) * su);
         P.apply(wd, pw.data(), d);
       };
+      // whether two points are equal (a pair whose scaled difference rounds to 0 otherwise)
+      auto same_point = [&](int64_t i, int64_t j) {
+        const float* xi = point(i);
+        const float* xj = point(j);
+        for (int64_t k = 0; k < d; ++k)
+          if (xi[k] != xj[k]) return false;
+        return true;
+      };
       double value = 0;
+      bool tiny = false;  // a pair with 0 < q' < kScoreTinyQ: the row goes to the float64 engine
       for (int64_t i = 0; i + 1 < n; ++i) {
         const int64_t len = n - 1 - i;
         const float* nj = nrm.data() + i + 1;
@@ -452,12 +476,20 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
           for (int64_t t = 0; t < len; ++t) {
             if (!direct && !(q[t] < kGramGuard * (ni + nj[t]))) continue;
             exact_difference(i, i + 1 + t);
-            q[t] = static_cast<float>(dot_f64(wdiff.data(), pw.data(), d));
+            const double qd = dot_f64(wdiff.data(), pw.data(), d);
+            tiny = tiny || (qd > 0 && qd < kScoreTinyQ) || (qd == 0 && !same_point(i, i + 1 + t));
+            q[t] = static_cast<float>(qd);
             exact[t] = true;
           }
         }
-#pragma omp simd
-        for (int64_t t = 0; t < len; ++t) q[t] = q[t] > 0.0f ? q[t] : 0.0f;
+        int small = 0;
+#pragma omp simd reduction(| : small)
+        for (int64_t t = 0; t < len; ++t) {
+          const float v = q[t] > 0.0f ? q[t] : 0.0f;
+          q[t] = v;
+          small |= static_cast<int>(v > 0.0f && v < static_cast<float>(kScoreTinyQ));
+        }
+        tiny = tiny || small != 0;
         tile_energies_and_slopes(q, len, be, e, sl);
         // the last pair of every row is the target (point M): weight w_c, the others w_w
         double row_e = 0;
@@ -484,6 +516,10 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
             cyj[k] += c * pwk[k];
           }
         }
+      }
+      if (tiny && redo != nullptr) {
+        redo[r] = 1;
+        continue;
       }
       // scale back: q = 2^{Kq} q' with Kq = 2e + ep; E = 2^{Kq β/2} E'; ∂E/∂x = 2^{Kq(β/2−1)+ep+e} (…)'
       const double Kq = 2.0 * e2 + P.ep, hb = 0.5 * static_cast<double>(be);

@@ -351,11 +351,11 @@ def scan(metric: Optional[Metric], *data: torch.Tensor, finite: bool = True) -> 
     each tensor: the per-row ops need both, and two separate passes would cost a second reduction
     and host read per tensor on every CPU call.  ``finite=False``: only the range question (the
     second answer is then True), with no pass at all unless the data are float32."""
-    if _in_vmap() and any(_functorch_wrapped(t) for t in data if isinstance(t, torch.Tensor)):
+    if not _is_compiling() and _in_vmap() and any(_functorch_wrapped(t) for t in data if isinstance(t, torch.Tensor)):
         # torch.func.vmap: no values to read, so assume the worst where checks would run: float32
         # data computed in float64 (right at any magnitude), NaN/inf rows masked (no read needed)
         t0 = data[0]
-        checked = not _is_compiling() and (t0.device.type == "cpu" or _DEBUG["on"])
+        checked = t0.device.type == "cpu" or _DEBUG["on"]
         return checked and t0.dtype == torch.float32, not checked
     f32 = bool(data) and isinstance(data[0], torch.Tensor) and data[0].dtype == torch.float32 and value_checks(data[0])
     # 16-bit draws of a float32 query are computed in float32 too (bfloat16 spans float32's range)

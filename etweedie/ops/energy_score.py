@@ -199,7 +199,9 @@ def _gram_row_kernel(samples: torch.Tensor, beta: torch.Tensor, metric: Metric, 
     """Whether the CPU op runs its Gram-form row kernel (csrc/cpu/energy_score_gram_cpu.h; the
     same conditions as its ``energy_score_gram_applicable``): float32, d ≥ 64, 1 ≤ M ≤ 255, no
     gradient of β or of the metric asked, metric applied in-kernel (not dense).  That kernel
-    scales each row by powers of two (float32 data of any magnitude, no float64 fallback) and
+    scales each row by powers of two (float32 data of any magnitude; the rare row that one scale
+    cannot hold, a pair 10¹⁵ times closer than the row's largest coordinate or points that
+    overflow when centred, it recomputes itself in float64 with the pair engine) and
     returns NaN value and gradients for a row with a NaN or inf, so the op skips its own range
     check and NaN-row pass — two full passes over the samples, a large share of a training
     step at these sizes."""
