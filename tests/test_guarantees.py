@@ -118,6 +118,54 @@ def test_float32_extreme_magnitudes(backend, device):
                                        msg=f"energy_distance {scale}")
 
 
+@pytest.mark.parametrize("backend,device", ALL, ids=ALL_IDS)
+@pytest.mark.parametrize("scale", [1e160, 1e-160, 1e300], ids=["1e160", "1e-160", "1e300"])
+def test_float64_beyond_its_range(backend, device, scale):
+    """float64 data beyond 2^±200 (whitened): the ops homogeneous in the data run on a
+    power-of-two rescaling and match the unit-scale call scaled analytically (et_score and its
+    gradients ∝ t^{β−1}, the energies ∝ t^β), where squared norms would overflow (NaN rows) or
+    go subnormal (digits lost) without it; the others raise a named error."""
+    g = _g(21)
+    y, x = torch.randn(3, 4, generator=g, dtype=torch.float64), torch.randn(3, 5, 4, generator=g, dtype=torch.float64)
+    noise = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    m = Metric.block(torch.tensor([[1.2, 0.3], [0.3, 0.8]], dtype=torch.float64))
+    beta = torch.tensor([0.5, 1.0, 1.3], dtype=torch.float64)
+    dev = lambda t: t.to(device)  # noqa: E731
+    p = dev(beta.clone().requires_grad_())
+    ys = dev(y * scale).requires_grad_()
+    s = etweedie.et_score(ys, dev(x * scale), p, 0.8, m, backend=backend)
+    gy, gb = torch.autograd.grad((s * dev(noise)).sum(), (ys, p))
+    p0, y0 = beta.clone().requires_grad_(), y.clone().requires_grad_()
+    s0 = etweedie.et_score(y0, x, p0, 0.8, m, backend="reference")
+    gy0, gb0 = torch.autograd.grad((s0 * noise * scale ** (p0 - 1).unsqueeze(-1)).sum(), (y0, p0))
+    tight = dict(rtol=1e-12, atol=0)
+    torch.testing.assert_close(s.cpu(), s0 * scale ** (beta - 1).unsqueeze(-1), **tight)
+    torch.testing.assert_close(gy.cpu(), gy0 / scale, **tight)
+    # ∂/∂β of t^{β−1} s₀(β): the unit call's gradient plus ln t · Σ t^{β−1} s₀ · w
+    torch.testing.assert_close(gb.cpu(), gb0, rtol=1e-10, atol=0)
+    step = etweedie.langevin_step(dev(y * scale), dev(x * scale), dev(noise * scale), 0.1, 1.3, 0.8, m, backend=backend)
+    want = (y + 0.1 * etweedie.et_score(y, x, 1.3, 0.8, m, backend="reference") * scale ** -0.7 + 0.2 ** 0.5 * noise) * scale
+    torch.testing.assert_close(step.cpu(), want, **tight)
+    b = 1.3 if scale > 1e200 else beta  # (at 1e300 and β = 1.3 the energies are ~1e390: inf, honestly)
+    bp = torch.as_tensor(b, dtype=torch.float64)
+    for name, got, unit in [
+        ("energy_score", etweedie.energy_score(dev(x * scale), dev(y * scale), dev(bp), m, backend=backend),
+         etweedie.energy_score(x, y, bp, m, backend="reference")),
+        ("energy_distance", etweedie.energy_distance(dev(x * scale), dev(x.flip(0) * scale), dev(bp), m, backend=backend),
+         etweedie.energy_distance(x, x.flip(0), bp, m, backend="reference")),
+    ]:
+        want = unit * scale ** bp
+        if scale > 1e200:
+            assert torch.isinf(got).all() and (got.cpu().sign() == want.sign()).all(), name
+            continue
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-12, atol=0, msg=lambda msg: f"{name}: {msg}")
+    for f in (lambda: etweedie.student_t_score(dev(y * scale), dev(x * scale), 3.0, backend=backend),
+              lambda: etweedie.kernel_score(dev(x * scale), dev(y * scale)),
+              lambda: etweedie.is_score(dev(y * scale), dev(x[0] * scale), etweedie.GeneralizedGaussian(1.0), backend=backend)):
+        with pytest.raises(ValueError, match=r"float64 data whose largest whitened magnitude lies outside \[2\^-200, 2\^200\]"):
+            f()
+
+
 @needs_cpu
 @pytest.mark.parametrize("d", [2, 40], ids=["small-d", "large-d"])
 def test_cpu_kernel_flags_rows_out_of_range(d):

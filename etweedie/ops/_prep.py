@@ -343,41 +343,65 @@ def float32_out_of_range(metric: Optional[Metric], *data: torch.Tensor) -> bool:
     rows.  Checked where value checks run (CPU tensors, or with debug checks on); a GPU float32
     call without debug checks trusts the range (no host sync).
     """
-    return scan(metric, *data, finite=False)[0]
+    return _dtype_of(data) == torch.float32 and scan(metric, *data, finite=False)[0]
+
+
+def float64_out_of_range(metric: Optional[Metric], *data: torch.Tensor) -> bool:
+    """The same question for float64 data, whose range ends at whitened magnitudes of 2^±200
+    (:data:`_F64_LO`): beyond them squared norms near 2^±400 leave room for sums and slopes no
+    longer.  There the homogeneous ops rescale the call by a power of two (:func:`rescale`),
+    the others raise."""
+    return _dtype_of(data) == torch.float64 and scan(metric, *data, finite=False)[0]
+
+
+def _dtype_of(data) -> Optional[torch.dtype]:
+    return data[0].dtype if data and isinstance(data[0], torch.Tensor) else None
+
+
+# float64's range for the same squared norms: whitened magnitudes in [2^-200, 2^200] keep
+# q ≤ 2^400·d and the slopes of the backward, q^{(β−4)/2} at worst q^{-2}, inside float64 for
+# differences down to 2^-250 of the largest magnitude
+_F64_LO, _F64_HI = 2.0 ** -200, 2.0 ** 200
 
 
 def scan(metric: Optional[Metric], *data: torch.Tensor, finite: bool = True) -> Tuple[bool, bool]:
-    """(:func:`float32_out_of_range`, whether every input is free of NaN/inf) of the data from one min/max pass over
-    each tensor: the per-row ops need both, and two separate passes would cost a second reduction
-    and host read per tensor on every CPU call.  ``finite=False``: only the range question (the
-    second answer is then True), with no pass at all unless the data are float32."""
+    """(whether the data leave their dtype's safe range — :func:`float32_out_of_range` for float32
+    data, :func:`float64_out_of_range` for float64 — and whether every input is free of NaN/inf)
+    from one min/max pass over each tensor: the per-row ops need both, and two separate passes
+    would cost a second reduction and host read per tensor on every CPU call.  ``finite=False``:
+    only the range question (the second answer is then True)."""
     if not _is_compiling() and _in_vmap() and any(_functorch_wrapped(t) for t in data if isinstance(t, torch.Tensor)):
         # torch.func.vmap: no values to read, so assume the worst where checks would run: float32
         # data computed in float64 (right at any magnitude), NaN/inf rows masked (no read needed)
         t0 = data[0]
         checked = t0.device.type == "cpu" or _DEBUG["on"]
         return checked and t0.dtype == torch.float32, not checked
-    f32 = bool(data) and isinstance(data[0], torch.Tensor) and data[0].dtype == torch.float32 and value_checks(data[0])
-    # 16-bit draws of a float32 query are computed in float32 too (bfloat16 spans float32's range)
-    admitted = (torch.float32, *LOW_PRECISION_DRAWS)
-    if f32 and any(not isinstance(t, torch.Tensor) or t.dtype not in admitted or t.device != data[0].device for t in data):
-        f32 = False  # mismatched arguments: the op's own checks name them
-    if not (f32 or finite):
+    dtype = _dtype_of(data)
+    ranged = dtype in (torch.float32, torch.float64) and value_checks(data[0])
+    # 16-bit draws of a float32 or float64 query are computed in its dtype (bfloat16 spans float32's range)
+    admitted = (dtype, *LOW_PRECISION_DRAWS)
+    if ranged and any(not isinstance(t, torch.Tensor) or t.dtype not in admitted or t.device != data[0].device for t in data):
+        ranged = False  # mismatched arguments: the op's own checks name them
+    if not (ranged or finite):
         return False, True
     extremes = [(t, e) for t, e in zip(data, map(_extremes, data)) if e is not None]
     all_fin = all(math.isfinite(lo) and math.isfinite(hi) for _, (lo, hi) in extremes)
-    if not f32:
+    if not ranged:
         return False, all_fin
-    # the largest finite magnitude: a NaN or inf in one row must not hide the range of the others
-    # (those rows still need float64; the NaN/inf rows become NaN either way)
-    hi = max((max(-lo, hi) if math.isfinite(lo) and math.isfinite(hi) else _finite_abs_max(t)
-              for t, (lo, hi) in extremes), default=0.0)
-    return _out_of_range(metric, hi), all_fin
+    return _out_of_range(metric, _largest(extremes), dtype), all_fin
+
+
+def _largest(extremes) -> float:
+    """The largest finite magnitude of the data: a NaN or inf in one row must not hide the range
+    of the others (those rows still need the wider computation; the NaN/inf rows become NaN
+    either way)."""
+    return max((max(-lo, hi) if math.isfinite(lo) and math.isfinite(hi) else _finite_abs_max(t)
+                for t, (lo, hi) in extremes), default=0.0)
 
 
 def _finite_abs_max(t: torch.Tensor) -> float:
     """max |t| over t's finite values (0 if none): a second pass, only for data holding NaN/inf."""
-    return float(t.detach().float().abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).max())
+    return float(t.detach().abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).max())
 
 
 def _extremes(t) -> Optional[Tuple[float, float]]:
@@ -388,17 +412,44 @@ def _extremes(t) -> Optional[Tuple[float, float]]:
     return float(lo), float(hi)
 
 
-def _out_of_range(metric: Optional[Metric], hi: float) -> bool:
-    """Whether float32 data whose largest magnitude is ``hi`` leaves the kernels' safe range."""
-    if hi == 0.0 or not math.isfinite(hi):
-        return False  # all zero, or inf/NaN that propagate anyway
+def _whitened_largest(metric: Optional[Metric], hi: float) -> float:
+    """An upper bound of the largest whitened magnitude ‖Lᵀu‖∞-scale of data whose largest
+    magnitude is ``hi`` (hi over the square root of the metric's smallest variance); NaN where
+    the metric gives no bound."""
     v_lo = 1.0
     if isinstance(metric, Metric) and metric.param.numel():
         v_lo = metric._cached("smallest variance", lambda: _smallest_variance(metric))
         if not (v_lo > 0 and math.isfinite(v_lo)):
-            return False
-    z_hi = hi / math.sqrt(v_lo)  # the largest whitened magnitude
-    return z_hi > _F32_HI or z_hi < _F32_LO
+            return math.nan
+    return hi / math.sqrt(v_lo)
+
+
+def _out_of_range(metric: Optional[Metric], hi: float, dtype: torch.dtype = torch.float32) -> bool:
+    """Whether data of ``dtype`` whose largest magnitude is ``hi`` leave the kernels' safe range."""
+    if hi == 0.0 or not math.isfinite(hi):
+        return False  # all zero, or inf/NaN that propagate anyway
+    z_hi = _whitened_largest(metric, hi)
+    lo_, hi_ = (_F64_LO, _F64_HI) if dtype == torch.float64 else (_F32_LO, _F32_HI)
+    return z_hi > hi_ or z_hi < lo_  # (False for NaN: no bound)
+
+
+def rescale(metric: Optional[Metric], *data: torch.Tensor) -> float:
+    """The power of two t that brings the data's largest whitened magnitude to about 1, for a
+    homogeneous op whose float64 data leave float64's range (:func:`float64_out_of_range`): the
+    op runs on t·data, exactly (a power of two), and scales its result back.  One more min/max
+    pass, on this rare path only."""
+    extremes = [(t, e) for t, e in zip(data, map(_extremes, data)) if e is not None]
+    z_hi = _whitened_largest(metric, _largest(extremes))
+    return 2.0 ** -round(math.log2(z_hi))
+
+
+def float64_range_error(op: str) -> ValueError:
+    """The error of an op that cannot rescale float64 data beyond its range."""
+    return ValueError(
+        f"{op}: float64 data whose largest whitened magnitude lies outside [2^-200, 2^200] "
+        f"(about 6e-61 to 1.6e60) are outside the op's range: its squared norms would lose "
+        f"precision or overflow; rescale the data (and the law's scale with them)"
+    )
 
 
 def _smallest_variance(metric: Metric) -> float:
@@ -702,8 +753,9 @@ def kernel_checks_range(name: str, op: str = "et_score") -> bool:
 
 
 def range_guarded(op: str, name: str, metric, y: torch.Tensor, x: torch.Tensor, batch: torch.Size, run):
-    """The per-row op's output, (*batch, d), under the float32 range and NaN rules, or None when
-    the call must be rerun in float64 (and rounded).
+    """The per-row op's output, (*batch, d), under the range and NaN rules, or None when the call
+    must be rerun: a float32 call in float64 (and rounded), a float64 call beyond float64's
+    range (:func:`float64_out_of_range`) rescaled by the op or refused.
 
     ``run()`` returns ``(out, nonfinite)``: a C++ front op's pair — whether the CPU kernel wrote a
     NaN or inf into ``out`` (csrc/common/nonfinite_report.h: each worker checks the rows it has
@@ -723,7 +775,9 @@ def range_guarded(op: str, name: str, metric, y: torch.Tensor, x: torch.Tensor, 
     if in_kernel and (flagged(out) if nonfinite is None else nonfinite):
         if y.dtype == torch.float32:
             return None  # rows the kernel could not compute accurately in float32 (or non-finite inputs)
-        finite = scan(None, y, x)[1]
+        out_of_range, finite = scan(metric, y, x)
+        if out_of_range:
+            return None  # float64 data beyond float64's range
     if not finite:
         out = nan_rows(out.reshape(-1, y.shape[-1]), batch, (y, 1), (x, 2)).reshape(out.shape)
     return out

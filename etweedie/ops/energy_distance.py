@@ -21,6 +21,7 @@ from .. import backends
 from ..geometry import Metric
 from . import reference
 from ._prep import (
+    rescale,
     DENSE,
     as_param,
     broadcast_batch,
@@ -80,6 +81,10 @@ def energy_distance(
     a = check_tensor(a, "a", _OP)
     b = check_tensor(b, "b", _OP)
     out_of_range, finite = scan(metric, a, b)
+    if out_of_range and a.dtype == torch.float64:  # homogeneous of degree β: ED(ta, tb) = t^β ED(a, b)
+        t = rescale(metric, a, b)
+        beta_t = as_param(beta, "beta", _OP, a)
+        return energy_distance(a * t, b * t, beta_t, metric, unbiased=unbiased, backend=backend) * t ** -beta_t
     if out_of_range:
         return energy_distance(widen(a), widen(b), widen(beta), widen_metric(metric), unbiased=unbiased,
                                backend=backend).float()

@@ -26,6 +26,7 @@ from ..geometry import Metric, _functorch_wrapped
 from ..rules.energy_score import fake_fwd_grad, fwd_grad_autograd_rules
 from . import reference
 from ._prep import (
+    rescale,
     _KIND,
     DENSE,
     as_param,
@@ -126,6 +127,9 @@ def energy_score(
     name = kernel_or_reference(_OP, name, backend, samples, target, beta_t, metric, reference_forward_mode=False)
     in_kernel = name == "cpu" and _gram_row_kernel(samples, beta_t, metric, d)
     out_of_range, finite = (False, True) if in_kernel else scan(metric_in, samples, target)
+    if out_of_range and samples.dtype == torch.float64:  # homogeneous of degree β: ES(tx, ty) = t^β ES(x, y)
+        t = rescale(metric_in, samples, target)
+        return energy_score(samples * t, target * t, beta_t, metric_in, fair=fair, backend=backend) * t ** -beta_t
     if out_of_range:
         return energy_score(widen(samples), widen(target), widen(beta), widen_metric(metric_in), fair=fair,
                             backend=backend).float()

@@ -24,6 +24,7 @@ from ._prep import (
     kernel_or_reference,
     plain_rows,
     range_guarded,
+    rescale,
     rows_args,
     shape_rows,
     unwhiten_score,
@@ -98,6 +99,8 @@ def et_score(
     # an infinite draw has no finite limit in the sum (‖u‖^{β−1} grows without bound): NaN rows
     s = range_guarded(op, name, metric, a.y, a.x, a.batch, run)
     if s is None:
+        if a.y.dtype == torch.float64:
+            return _rescaled(a.y, a.x, a.beta, lam, metric, backend)
         return _widened(y, x, beta, lam, metric, backend)
     return s
 
@@ -105,6 +108,15 @@ def et_score(
 def _widened(y, x, beta, lam, metric, backend) -> torch.Tensor:
     """The call in float64, rounded to float32 (an honest inf where the result does not fit)."""
     return et_score(widen(y), widen(x), widen(beta), widen(lam), widen_metric(metric), backend=backend).float()
+
+
+def _rescaled(y, x, beta, lam, metric, backend) -> torch.Tensor:
+    """A float64 call beyond float64's range, on the data scaled by a power of two t (exact):
+    the score is homogeneous of degree β − 1, s(ty, tx) = t^{β−1} s(y, x).  y, x and beta as
+    rows_args returned them (beta broadcasts to the batch)."""
+    t = rescale(metric, y, x)
+    s = et_score(y * t, x.to(y.dtype) * t, beta, lam, metric, backend=backend)
+    return s * (t ** (1 - beta)).unsqueeze(-1)
 
 
 def _kernel(name, y, x, beta, lam, prec, kind) -> torch.Tensor:

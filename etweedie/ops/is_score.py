@@ -25,6 +25,8 @@ from ._prep import (
     check_metric,
     check_tensor,
     float32_out_of_range,
+    float64_out_of_range,
+    float64_range_error,
     metric_param,
     row_whitening_factor,
 )
@@ -73,6 +75,8 @@ def is_score(
     for attr in ("beta", "lam", "metric"):
         if not hasattr(noise_law, attr):
             raise TypeError(f"{op}: noise_law must be a GeneralizedGaussian (with beta, lam, metric), got {type(noise_law).__name__}")
+    if float64_out_of_range(noise_law.metric, y, bank):
+        raise float64_range_error(op)
     if float32_out_of_range(noise_law.metric, y, bank):
         # magnitudes that would overflow/underflow float32 squared norms: float64, then round
         out = is_score(y.double(), bank.double(), noise_law, backend=backend, chunk=chunk)

@@ -30,6 +30,8 @@ from ._prep import (
     check_tensor,
     flat,
     float32_out_of_range,
+    float64_out_of_range,
+    float64_range_error,
     metric_param,
     widen,
     widen_metric,
@@ -73,6 +75,8 @@ def kernel_score(
     op = "kernel_score"
     samples = check_tensor(samples, "samples", op)
     target = check_tensor(target, "target", op)
+    if float64_out_of_range(metric, samples, target):
+        raise float64_range_error(op)
     if float32_out_of_range(metric, samples, target):
         return kernel_score(widen(samples), widen(target), potential, widen_metric(metric), c=widen(c), fair=fair).float()
     if samples.dim() < 2 or target.dim() < 1 or target.shape[-1] != samples.shape[-1]:

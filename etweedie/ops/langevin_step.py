@@ -38,6 +38,7 @@ from ._prep import (
     widen_metric,
 )
 from .et_score import _kernel as _score_kernel
+from .et_score import et_score
 
 __all__ = ["langevin_step"]
 
@@ -123,6 +124,10 @@ def langevin_step(
 
     out = range_guarded(op, name, metric, a.y, a.x, a.batch, run)
     if out is None:
+        if y.dtype == torch.float64:  # beyond float64's range: the score on rescaled data, then the step
+            s = et_score(y, x, beta, lam, metric, backend=backend)
+            alpha = step_t.unsqueeze(-1)
+            return y + alpha * s + torch.sqrt(2 * alpha) * noise
         return _widened(y, x, noise, step, beta, lam, metric, backend)
     return out
 

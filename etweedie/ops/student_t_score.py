@@ -24,6 +24,7 @@ from ..geometry import Metric
 from ..rules.student_t_score import autograd_rules, fake_bwd, fake_fwd
 from . import reference
 from ._prep import (
+    float64_range_error,
     DENSE,
     as_param,
     check_tensor,
@@ -113,6 +114,8 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
 
     s = range_guarded(_OP, name, metric, a.y, a.x, a.batch, run)
     if s is None:  # float32 norms that over/underflow: compute in float64, round the result
+        if y.dtype == torch.float64:  # not homogeneous (1 + ‖u‖²): no rescaling
+            raise float64_range_error(_OP)
         return _widened(y, x, c, metric, backend)
     return s
 
