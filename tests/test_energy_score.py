@@ -267,6 +267,25 @@ def test_cpu_score_gram_kernel_scale(scale, B, M, seed):
         assert err < 1e-5, f"{name} at scale {scale:g}, B={B} M={M}: relative error {err:.2e} (seed {seed})"
 
 
+@pytest.mark.parametrize("M", [255, 200])
+def test_cpu_score_gram_kernel_fine_cloud_far_out(M, seed):
+    """Many draws (M = 200, 255) with a 1e-3 spread at 1e4 from the origin, β = 2: the gradient
+    (1/M)(mean of the other draws − target) is ~M^{-1/2} of the terms it is summed from, so the
+    row kernel's centre (summed in double: a float running sum drifts by ~n/2 ulps of 1e4, a
+    hundred times the spread) and its weight sums Σ_j c_ij (which cancel to 0 at β = 2) must not
+    add rounding at the points' magnitude.  Held to the suite's float64-reference criterion."""
+    B, d = 3, 64
+    g = gen(seed)
+    target = (1e4 + 1e-3 * torch.randn(B, d, generator=g, dtype=torch.float64)).float().double()
+    samples = (target.unsqueeze(1) + 1e-3 * torch.randn(B, M, d, generator=g, dtype=torch.float64)).float().double()
+    bt = torch.full((B,), 2.0, dtype=torch.float64)
+    got = _gram_rows_run("cpu", torch.float32, samples, target, bt, None)
+    r32 = _gram_rows_run("reference", torch.float32, samples, target, bt, None)
+    r64 = _gram_rows_run("reference", torch.float64, samples, target, bt, None)
+    for name, x, y, z in zip(["ES", "grad samples", "grad target"], got, r32, r64):
+        assert_close_to_ref(x, y, z, name=f"{name} [M={M}, 1e-3 spread at 1e4]", seed=seed, atol_scale=3e-5)
+
+
 @pytest.mark.parametrize("kind", ["none", "block2"])
 @pytest.mark.parametrize("M", [20, 3], ids=["gram", "direct"])
 def test_cpu_score_gram_kernel_wide_rows(M, kind, seed):

@@ -6,7 +6,7 @@
 //
 // One task per row.  The row's M draws and its target form one cloud of n = M + 1 points
 // (the target is point M: its pairs carry w_c, the draws' pairs w_w).  Per row:
-//   1. shifted centre: c = the mean of the n points, u_i = x_i − c — the pair distances are
+//   1. shifted centre: c = the mean of the n points (summed in double), u_i = x_i − c — the pair distances are
 //      translation invariant, so an offset of 1e4 costs nothing;
 //   2. range: u and P are scaled by powers of two so that max|u| and max|P| lie in [½, 1)
 //      (exact in float), and the value and gradients are scaled back in float64 at the end —
@@ -323,6 +323,7 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
     std::vector<float> U(n * d), V(direct ? 0 : n * d), panels(direct ? 0 : nbl * d * kScoreNR),
         G(direct ? 0 : rows * ld), C(need_grad ? rows * ld : 0), cy(need_grad ? n * d : 0), nrm(n),
         wdiff(d), pw(d), centre(d), Ctail(need_grad ? kGramMR * ld : 0);
+    std::vector<double> centre_d(direct ? 0 : d);
     float q[kScoreGramMaxPoints], e[kScoreGramMaxPoints], sl[kScoreGramMaxPoints];
     bool exact[kScoreGramMaxPoints];
     float dots[kGramMR * kScoreNR];
@@ -339,16 +340,33 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
       };
       const float be = bp[r * sb];
       const ScaledRowPrec P(pp + r * sp, kind, K, d);
-      // 1. the shifted centre, Σ_i x_i/n in float (each term ≤ the largest float / n, so the sum
-      // does not overflow; any common centre preserves the distances exactly, its rounding only
-      // moves the origin of u by ~n·2⁻²⁴ of the points' magnitude), and the centred points
+      // 1. the shifted centre, Σ_i x_i/n summed in double and rounded once (any common centre
+      // preserves the distances exactly; its rounding moves the origin of u by half an ulp of
+      // the points' magnitude, where a float running sum of n terms would move it by up to ~n/2
+      // ulps: 0.1 for a cloud at 1e4, a hundred times a 1e-3 spread, whose centred gradient sums
+      // then cancel that much more), and the centred points
+      // (The direct form forms every pair from its source points and uses u only for the row's
+      // scale, so it keeps a float sum: n ≤ 4 terms drift by 2 ulps at most.)
       float* cen = centre.data();
-      std::fill(centre.begin(), centre.end(), 0.0f);
-      const float inv_n = 1.0f / static_cast<float>(n);
-      for (int64_t i = 0; i < n; ++i) {
-        const float* xi = point(i);
+      if (direct) {
+        std::fill(centre.begin(), centre.end(), 0.0f);
+        const float inv_nf = 1.0f / static_cast<float>(n);
+        for (int64_t i = 0; i < n; ++i) {
+          const float* xi = point(i);
 #pragma omp simd
-        for (int64_t k = 0; k < d; ++k) cen[k] += xi[k] * inv_n;
+          for (int64_t k = 0; k < d; ++k) cen[k] += xi[k] * inv_nf;  // each term ≤ float's largest / n: no overflow
+        }
+      } else {
+        double* cen_d = centre_d.data();
+        std::fill(centre_d.begin(), centre_d.end(), 0.0);
+        for (int64_t i = 0; i < n; ++i) {
+          const float* xi = point(i);
+#pragma omp simd
+          for (int64_t k = 0; k < d; ++k) cen_d[k] += static_cast<double>(xi[k]);
+        }
+        const double inv_n = 1.0 / static_cast<double>(n);
+#pragma omp simd
+        for (int64_t k = 0; k < d; ++k) cen[k] = static_cast<float>(cen_d[k] * inv_n);
       }
       bool finite = P.finite && std::isfinite(be);
       // a NaN or inf coordinate of any point makes its coordinate's sum non-finite (max() may drop a NaN)
@@ -561,8 +579,12 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
           continue;
         }
         const float* Ci = C.data() + i * ld;
-        float rs = 0;
-        for (int64_t j = 0; j < n; ++j) rs += Ci[j];
+        // Σ_j c_ij in double: the weights cancel (at β = 2 the cross weight 1/M against M − 1
+        // within weights −1/(M(M−1)) sum to 0), and a float running sum would carry an error of
+        // ~2⁻²⁵ against a gradient ~M^{-3/2} of the terms (1e-4 relative at M = 255)
+        double rs_d = 0;
+        for (int64_t j = 0; j < n; ++j) rs_d += Ci[j];
+        const float rs = static_cast<float>(rs_d);
         const float* vi = V.data() + i * d;
         if (gscale_float) {  // the scale-back in float where the factor is a normal float
 #pragma omp simd
