@@ -6,7 +6,7 @@
 //
 // One task per row.  The row's M draws and its target form one cloud of n = M + 1 points
 // (the target is point M: its pairs carry w_c, the draws' pairs w_w).  Per row:
-//   1. shifted centre: c = the mean of the n points (summed in double), u_i = x_i − c — the pair distances are
+//   1. shifted centre: c = the mean of the n points (from their differences to the first), u_i = x_i − c — the pair distances are
 //      translation invariant, so an offset of 1e4 costs nothing;
 //   2. range: u and P are scaled by powers of two so that max|u| and max|P| lie in [½, 1)
 //      (exact in float), and the value and gradients are scaled back in float64 at the end —
@@ -323,7 +323,6 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
     std::vector<float> U(n * d), V(direct ? 0 : n * d), panels(direct ? 0 : nbl * d * kScoreNR),
         G(direct ? 0 : rows * ld), C(need_grad ? rows * ld : 0), cy(need_grad ? n * d : 0), nrm(n),
         wdiff(d), pw(d), centre(d), Ctail(need_grad ? kGramMR * ld : 0);
-    std::vector<double> centre_d(direct ? 0 : d);
     float q[kScoreGramMaxPoints], e[kScoreGramMaxPoints], sl[kScoreGramMaxPoints];
     bool exact[kScoreGramMaxPoints];
     float dots[kGramMR * kScoreNR];
@@ -340,33 +339,36 @@ inline void energy_score_gram(const at::Tensor& samples, const at::Tensor& targe
       };
       const float be = bp[r * sb];
       const ScaledRowPrec P(pp + r * sp, kind, K, d);
-      // 1. the shifted centre, Σ_i x_i/n summed in double and rounded once (any common centre
-      // preserves the distances exactly; its rounding moves the origin of u by half an ulp of
-      // the points' magnitude, where a float running sum of n terms would move it by up to ~n/2
-      // ulps: 0.1 for a cloud at 1e4, a hundred times a 1e-3 spread, whose centred gradient sums
-      // then cancel that much more), and the centred points
-      // (The direct form forms every pair from its source points and uses u only for the row's
-      // scale, so it keeps a float sum: n ≤ 4 terms drift by 2 ulps at most.)
+      // 1. the shifted centre c = x_0 + Σ_i (x_i − x_0)/n, the differences summed in float: near
+      // points subtract exactly, so the sum drifts at the cloud's spread, not at its distance
+      // from the origin, and c is off the mean by about half an ulp of the points' magnitude (a
+      // float running sum of the points themselves drifts by up to ~n/2 ulps: 0.1 for a cloud
+      // at 1e4, a hundred times a 1e-3 spread, whose centred gradient sums then cancel that
+      // much more).  Any common centre preserves the distances exactly.  Differences that
+      // overflow float (finite points near ±3.4e38) take a sum in double instead.  The direct
+      // form forms every pair from its source points and needs u only for the row's scale.
       float* cen = centre.data();
-      if (direct) {
-        std::fill(centre.begin(), centre.end(), 0.0f);
-        const float inv_nf = 1.0f / static_cast<float>(n);
+      const float* x0 = point(0);
+      std::fill(centre.begin(), centre.end(), 0.0f);
+      for (int64_t i = 1; i < n; ++i) {
+        const float* xi = point(i);
+#pragma omp simd
+        for (int64_t k = 0; k < d; ++k) cen[k] += xi[k] - x0[k];
+      }
+      const float inv_nf = 1.0f / static_cast<float>(n);
+      float spill = 0;  // inf or NaN: a non-finite point, or an overflowing difference
+#pragma omp simd reduction(+ : spill)
+      for (int64_t k = 0; k < d; ++k) {
+        cen[k] = x0[k] + cen[k] * inv_nf;
+        spill += cen[k] * 0.0f;
+      }
+      if (spill != 0.0f) {  // Σ x_i/n in double: NaN/inf only for a non-finite point
+        std::vector<double> cen_d(d, 0.0);
         for (int64_t i = 0; i < n; ++i) {
           const float* xi = point(i);
-#pragma omp simd
-          for (int64_t k = 0; k < d; ++k) cen[k] += xi[k] * inv_nf;  // each term ≤ float's largest / n: no overflow
-        }
-      } else {
-        double* cen_d = centre_d.data();
-        std::fill(centre_d.begin(), centre_d.end(), 0.0);
-        for (int64_t i = 0; i < n; ++i) {
-          const float* xi = point(i);
-#pragma omp simd
           for (int64_t k = 0; k < d; ++k) cen_d[k] += static_cast<double>(xi[k]);
         }
-        const double inv_n = 1.0 / static_cast<double>(n);
-#pragma omp simd
-        for (int64_t k = 0; k < d; ++k) cen[k] = static_cast<float>(cen_d[k] * inv_n);
+        for (int64_t k = 0; k < d; ++k) cen[k] = static_cast<float>(cen_d[k] / static_cast<double>(n));
       }
       bool finite = P.finite && std::isfinite(be);
       // a NaN or inf coordinate of any point makes its coordinate's sum non-finite (max() may drop a NaN)
