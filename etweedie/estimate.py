@@ -475,7 +475,17 @@ def _check_observations(groups: List[torch.Tensor], name: str, d: Optional[int] 
             d = y.shape[1]
         if y.shape[1] != d:
             raise ValueError(f"{label} must have d={d} columns like the other groups, got {tuple(y.shape)}")
+        _check_finite(y, label)
     return d
+
+
+def _check_finite(t: torch.Tensor, label: str) -> None:
+    """A NaN or inf in the data would reach the fit as a NaN objective (and read as 'λ not
+    identifiable' or a NaN λ): refuse it by name instead."""
+    bad = ~torch.isfinite(t.detach())
+    if bool(bad.any()):
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{label} must be finite, got {t.detach()[where].item()} at index {where}")
 
 
 def _draws(
@@ -497,6 +507,7 @@ def _draws(
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[0] != y.shape[0] or x.shape[2] != y.shape[1] or x.shape[1] < 1:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"{label} must have shape (n={y.shape[0]}, K, d={y.shape[1]}) with K >= 1, got {got}")
+        _check_finite(x, label)
     return [x.to(y.dtype) for y, x in zip(groups_y, xs)]
 
 
@@ -515,6 +526,7 @@ def _scores(groups_y: List[torch.Tensor], levels, score, scores, name: str, scor
         if not isinstance(s, torch.Tensor) or s.shape != y.shape:
             got = tuple(s.shape) if isinstance(s, torch.Tensor) else type(s).__name__
             raise ValueError(f"{label} must have the shape of its observations {tuple(y.shape)}, got {got}")
+        _check_finite(s, label)
     return [s.to(y.dtype) for y, s in zip(groups_y, ss)]
 
 

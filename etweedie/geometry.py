@@ -191,6 +191,14 @@ class Metric:
             if r2.numel() and not bool((r2 < 1).all()):
                 raise ValueError(f"(u, v) must lie in the open unit disk (u²+v²<1), got max u²+v² = {r2.max().item():.4g}")
         scale = (sigma / scale_constant(beta, d)) ** 2
+        if not _is_compiling() and scale.numel():
+            # S, its determinant (~scale²) and its inverse stay normal and finite
+            tiny, big = torch.finfo(scale.dtype).tiny ** 0.5, torch.finfo(scale.dtype).max ** 0.5
+            fits = (scale >= tiny) & (scale <= big)
+            if not bool(fits.all()):
+                bad = sigma.detach().expand_as(scale)[~fits].flatten()[0].item()
+                raise ValueError(f"sigma = {bad:.4g} gives a covariance scale (sigma/c)^2 outside the normal "
+                                 f"{scale.dtype} range [{tiny:.3g}, {big:.3g}]; pass sigma in float64")
         S = shape_matrix(u, v) * scale[..., None, None]
         return cls.trusted("block", S)  # SPD by construction from the checked (σ, u, v, β)
 
@@ -430,13 +438,15 @@ def _check_positive(v: torch.Tensor, name: str, kind: str) -> None:
     (``torch._assert_async``: a RuntimeError with the same message, no graph break)."""
     if v.numel() == 0:
         return
-    ok = (torch.isfinite(v) & (v > 0)).all()
-    msg = f"{name} must be > 0 and finite for a{'n' if kind[0] in 'aeiou' else ''} {kind} metric"
+    tiny = torch.finfo(v.dtype).tiny  # a subnormal variance has no finite precision 1/var
+    ok = (torch.isfinite(v) & (v >= tiny)).all()
+    msg = (f"{name} must be > 0 and finite for a{'n' if kind[0] in 'aeiou' else ''} {kind} metric "
+           f"(at least {tiny:.4g}, the smallest normal {v.dtype}, so that 1/{name} is finite)")
     if _is_compiling():
         torch._assert_async(ok, msg)
         return
     if not bool(ok):
-        bad = v.detach()[~(torch.isfinite(v.detach()) & (v.detach() > 0))].flatten()[0].item()
+        bad = v.detach()[~(torch.isfinite(v.detach()) & (v.detach() >= tiny))].flatten()[0].item()
         raise ValueError(f"{msg}, got {bad:.4g}")
 
 

@@ -465,8 +465,9 @@ def class_tv(predicted: torch.Tensor, prior: torch.Tensor) -> float:
         0.8
     """
     p = class_histogram(_check_labels(predicted))
-    if not isinstance(prior, torch.Tensor) or prior.shape != (N_CLASSES,) or not bool((prior >= 0).all()):
-        raise ValueError(f"prior must be a non-negative (10,) tensor, got {prior!r}")
+    if (not isinstance(prior, torch.Tensor) or prior.shape != (N_CLASSES,) or not prior.is_floating_point()
+            or not bool(((prior >= 0) & torch.isfinite(prior)).all()) or not float(prior.double().sum()) > 0):
+        raise ValueError(f"prior must be a finite, non-negative float (10,) tensor with a positive sum, got {prior!r}")
     prior = prior.double() / prior.double().sum()
     return float(0.5 * (p - prior).abs().sum())
 
@@ -508,6 +509,10 @@ def nearest_train(images, train, *, chunk: int = 8192, candidates: int = 8) -> T
         raise ValueError("train must hold at least one image")
     if train.dtype != torch.uint8 and not train.is_floating_point():
         raise TypeError(f"train must be uint8 or float, got {train.dtype}")
+    if train.is_floating_point():  # float images on the unit scale, as as_unit_images requires of the queries
+        lo, hi = torch.aminmax(train)
+        if not (float(lo) >= 0.0 and float(hi) <= 1.0):  # (False for NaN)
+            raise ValueError(f"train must hold float images in [0, 1] (or uint8 in 0..255), got values in [{float(lo):g}, {float(hi):g}]")
     divisor = 255.0 if train.dtype == torch.uint8 else 1.0  # a division, as in as_unit_images: exact 0 for a training image
     n, k = queries.shape[0], min(candidates, train.shape[0])
     best_score = torch.full((n, k), math.inf)

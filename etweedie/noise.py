@@ -114,8 +114,10 @@ def _check_beta(beta: torch.Tensor) -> None:
 
 
 def _check_positive(value: torch.Tensor, name: str) -> None:
-    if not _is_compiling() and value.numel() and not bool((value > 0).all()):
-        raise ValueError(f"{name} must be > 0, got min {value.min().item():.4g}")
+    if not _is_compiling() and value.numel():
+        ok = (value > 0) & torch.isfinite(value)
+        if not bool(ok.all()):
+            raise ValueError(f"{name} must be > 0 and finite, got {value.detach()[~ok].flatten()[0].item():.4g}")
 
 
 class _MetricNoise:
@@ -274,10 +276,11 @@ class GeneralizedGaussian(_MetricNoise):
         return (u * pu).sum(-1), pu
 
     def _norm_power(self, q: torch.Tensor, power: torch.Tensor) -> torch.Tensor:
-        """q^power for q = ‖u‖²_P, 0 at q = 0 with finite gradients (no 0·inf = NaN)."""
-        positive = q > 0
-        q_safe = torch.where(positive, q, torch.ones_like(q))
-        return torch.where(positive, q_safe**power, torch.zeros_like(q_safe))
+        """q^power for q = ‖u‖²_P, 0 at q = 0 (or a rounding below it) with finite gradients (no
+        0·inf = NaN); a NaN q stays NaN (a NaN input is not the mode)."""
+        at_zero = q <= 0  # False for NaN
+        q_safe = torch.where(at_zero, torch.ones_like(q), q)
+        return torch.where(at_zero, torch.zeros_like(q_safe), q_safe**power)
 
     def potential(self, u: torch.Tensor) -> torch.Tensor:
         """E(u) = (λ/β) ‖u‖_P^β = −log q(u) − log Z. ``u``: ``(..., d)`` → ``(...)`` (broadcast with batch).

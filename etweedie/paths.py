@@ -88,6 +88,9 @@ class GeometricRMS:
     def __post_init__(self):
         for name in ("r_max", "r_min"):
             object.__setattr__(self, name, check_float(getattr(self, name), f"GeometricRMS: {name}", 0, strict=True))
+        if not self.r_min < self.r_max:  # (check_float refused inf and NaN)
+            raise ValueError(f"GeometricRMS: need finite r_max > r_min (the RMS falls from r_max to r_min), "
+                             f"got r_max = {self.r_max!r}, r_min = {self.r_min!r}")
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         t = _check_times(t)

@@ -122,8 +122,10 @@ def fit_mc_budget(n_draws: Sequence[float], nmse: Sequence[float]) -> Tuple[floa
     e = torch.as_tensor(nmse, dtype=torch.float64).flatten()
     if n.numel() != e.numel():
         raise ValueError(f"n_draws and nmse must have one length, got {n.numel()} and {e.numel()}")
-    if n.numel() and not bool((n >= 1).all()):
-        raise ValueError(f"n_draws must all be >= 1, got min {float(n.min()):g}")
+    if n.numel() and not bool((n >= 1).all() & torch.isfinite(n).all()):
+        raise ValueError(f"n_draws must all be finite and >= 1, got {n.tolist()}")
+    if not bool(torch.isfinite(e).all()):
+        raise ValueError(f"nmse must be finite, got {e.tolist()}")
     if torch.unique(n).numel() < 2:
         raise ValueError(f"n_draws must hold at least two distinct budgets to fit a + b/N, got {n.tolist()}")
     design = torch.stack([torch.ones_like(n), 1.0 / n], dim=-1)

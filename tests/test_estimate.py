@@ -328,6 +328,13 @@ def test_bad_inputs_raise_named_errors():
         EstimatorSettings(beta_min=1.5, beta_init=1.2)
     with pytest.raises(ValueError, match="identically zero"):
         profile_lambda(s, torch.zeros_like(s))
+    # NaN/inf data are named, not read as an unidentifiable λ or returned as a NaN λ
+    for name, args in (("observations", (y.clone().index_fill_(0, torch.tensor([1]), float("nan")), x, s)),
+                       ("posterior_samples", (y, x.clone().index_fill_(0, torch.tensor([2]), float("inf")), s)),
+                       ("scores", (y, x, s.clone().index_fill_(0, torch.tensor([0]), float("nan"))))):
+        for family in ("generalized", "isotropic_gaussian"):
+            with pytest.raises(ValueError, match=f"^{name} must be finite, got (nan|inf) at index"):
+                estimate_noise(args[0], posterior_samples=args[1], scores=args[2], family=family, **kw)
 
 
 def test_cli_writes_results(tmp_path):

@@ -191,6 +191,11 @@ def test_from_params_gradcheck(gen):
 
 # ------------------------------------------------------------------ bad input
 def test_bad_inputs_raise_named_errors():
+    # a subnormal variance has no finite precision: refused, in float32 and float64 alike
+    with pytest.raises(ValueError, match=r"var must be > 0 and finite .*smallest normal torch.float32.*got 1e-40"):
+        Metric.isotropic(torch.tensor(1e-40))
+    with pytest.raises(ValueError, match=r"var must be > 0 and finite .*smallest normal torch.float64"):
+        Metric.diagonal(torch.tensor([1.0, 1e-310], dtype=torch.float64))
     with pytest.raises(ValueError, match="S must be symmetric positive definite"):
         Metric.block(torch.tensor([[1.0, 2.0], [2.0, 1.0]]))
     with pytest.raises(ValueError, match="Sigma must be symmetric positive definite, got a non-symmetric"):

@@ -8,6 +8,7 @@ when either is absent.  The small-tensor tests of the metric functions always ru
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -263,6 +264,12 @@ def test_bad_inputs_give_named_errors():
         as_unit_images(torch.zeros(0, 784))
     with pytest.raises(ValueError, match="labels in 0..9"):
         class_tv(torch.tensor([3, 11]), torch.full((10,), 0.1))
+    for prior in (torch.zeros(10), torch.full((10,), math.inf), torch.ones(10, dtype=torch.int64)):
+        with pytest.raises(ValueError, match="prior must be a finite, non-negative float"):
+            class_tv(torch.tensor([0, 1]), prior)
+    for train in (torch.full((3, 784), 255.0), torch.full((3, 28, 28), float("nan"))):  # float train on the 0..255 scale, NaN
+        with pytest.raises(ValueError, match=r"train must hold float images in \[0, 1\]"):
+            nearest_train(torch.zeros(2, 784), train)
     with pytest.raises(ValueError, match="shape"):
         feature_energy_distance(torch.zeros(1, 4), torch.zeros(3, 4))
 

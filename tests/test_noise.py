@@ -340,6 +340,29 @@ def test_bad_beta(beta):
         NoiseParams(beta, 1.0, 1.0)
 
 
+def test_nan_input_is_not_the_mode():
+    """log_prob and potential of a NaN point are NaN (a NaN ‖u‖ is not the 0 of the mode)."""
+    n = GeneralizedGaussian(1.4, 1.0, dim=2)
+    u = torch.tensor([[float("nan"), 0.0], [0.0, 0.0]])
+    assert torch.isnan(n.log_prob(u)[0]) and torch.isnan(n.potential(u)[0])
+    assert torch.isfinite(n.log_prob(u)[1]) and n.potential(u)[1] == 0
+
+
+def test_parameters_outside_the_dtype_range_are_refused():
+    """Infinite λ or σ, and a float32 σ whose covariance scale (σ/c)² (or its square, the block's
+    determinant) is not a normal float32, raise instead of giving NaN draws and wrong densities."""
+    with pytest.raises(ValueError, match="lam must be > 0 and finite, got inf"):
+        GeneralizedGaussian(1.0, math.inf)
+    with pytest.raises(ValueError, match="sigma must be > 0 and finite, got inf"):
+        NoiseParams(1.0, 1.0, math.inf)
+    for sigma in (1e-20, 1e20):
+        with pytest.raises(ValueError, match=r"sigma = .* outside the normal torch.float32 range.*float64"):
+            NoiseParams(2.0, 1.0, sigma).noise(2)
+    # float64 holds them: the density at σ is right
+    n = NoiseParams(2.0, 1.0, torch.tensor(1e-20, dtype=torch.float64)).noise(2)
+    assert math.isfinite(float(n.log_prob(torch.tensor([1e-20, 0.0], dtype=torch.float64))))
+
+
 def test_bad_inputs_raise_named_errors():
     with pytest.raises(ValueError, match="lam must be > 0"):
         GeneralizedGaussian(1.0, 0.0)

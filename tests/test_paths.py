@@ -139,6 +139,9 @@ def test_bad_inputs_raise_named_errors():
         GeometricRMS(0.8, -1.0)
     with pytest.raises(TypeError, match="r_max must be a float"):
         GeometricRMS("big", 0.1)
+    for r_max, r_min in ((0.1, 1.0), (0.5, 0.5)):
+        with pytest.raises(ValueError, match="need finite r_max > r_min"):
+            GeometricRMS(r_max, r_min)
     with pytest.raises(TypeError, match="beta must be a float or a callable"):
         NoisePath("p", beta="1.4", lam=1.0, rms=GeometricRMS(1.0, 0.1))
     with pytest.raises(TypeError, match="rms must be a callable"):

@@ -305,6 +305,10 @@ def test_fit_mc_budget_validates():
         fit_mc_budget([1, 2], [0.1])
     with pytest.raises(ValueError, match=">= 1"):
         fit_mc_budget([0, 2], [0.1, 0.2])
+    with pytest.raises(ValueError, match="nmse must be finite"):
+        fit_mc_budget([1, 2, 4], [0.5, float("nan"), 0.1])
+    with pytest.raises(ValueError, match="n_draws must all be finite"):
+        fit_mc_budget([1, float("inf")], [0.5, 0.1])
 
 
 def test_metrics():
