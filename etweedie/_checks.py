@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["check_bool", "check_float", "check_generator", "check_int"]
+__all__ = ["check_bool", "check_device", "check_float", "check_generator", "check_int"]
 
 
 # ---------------------------------------------------------------------------- argument checks
@@ -75,3 +75,25 @@ def check_generator(generator, name: str = "generator") -> torch.Generator:
             f"{name} must be a torch.Generator (randomness is always explicit), got {type(generator).__name__}"
         )
     return generator
+
+
+def check_device(device, name: str = "device") -> Optional[torch.device]:
+    """``device`` as a ``torch.device`` (None stays None) that this process can use: a string
+    torch cannot parse, or a CUDA device where CUDA is missing or has fewer devices, is a
+    ValueError naming the argument (not torch's internal error at the first allocation)."""
+    if device is None:
+        return None
+    if not isinstance(device, (str, torch.device)) or isinstance(device, bool):
+        raise TypeError(f"{name} must be a torch.device or a device string such as 'cpu' or 'cuda:0', "
+                        f"got {type(device).__name__} {device!r}")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"{name} must be a device string such as 'cpu' or 'cuda:0', got {device!r}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name} {device!r} was requested but CUDA is not available")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{name} {device!r} was requested but this machine has "
+                             f"{torch.cuda.device_count()} CUDA device(s)")
+    return dev

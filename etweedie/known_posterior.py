@@ -140,6 +140,14 @@ class KnownPosterior:
         y = y.expand(*batch, d)
         n = check_int(n, "n", minimum=1)
         generator = check_generator(generator)
+        finite = torch.isfinite(y).all(-1)
+        if not bool(finite.all()):
+            # a diverged chain (NaN/inf state) has no posterior: its draws are NaN, the other rows
+            # are drawn as a call with the finite rows alone would draw them
+            out = y.new_full((*batch, n, d), math.nan)
+            if bool(finite.any()):
+                out[finite] = self.sample(y[finite], eta[finite], n, generator=generator)
+            return out
         if self.method == "sir":
             NoiseParams.from_eta(eta)  # validates the parameter ranges
             return self._sir(y.reshape(-1, d), eta.reshape(-1, 5), n, generator).reshape(*batch, n, d)
@@ -184,7 +192,9 @@ class KnownPosterior:
         a_diff = diff @ A_inv  # A⁻¹ is symmetric
         weights = torch.softmax(-0.5 * (diff * a_diff).sum(-1), dim=-1)  # N(y; μ_k, A) up to a row constant
         comp_means = mu + tau2 * a_diff  # (R, K, d)
-        comp_cov = tau2 * eye - tau2**2 * A_inv
+        # τ²I − τ⁴A⁻¹ = τ² A⁻¹ C (A = τ²I + C): the product form, because the difference cancels
+        # catastrophically once C is far below τ² (σ ≲ 1e-9 left it indefinite)
+        comp_cov = tau2 * (A_inv @ cov)
         chol = torch.linalg.cholesky(0.5 * (comp_cov + comp_cov.T))
         index = torch.multinomial(weights, n, replacement=True, generator=generator)  # (R, n)
         centre = torch.gather(comp_means, 1, index[..., None].expand(-1, n, d))

@@ -106,6 +106,8 @@ def level_times(n_levels: int, *, dtype: torch.dtype = torch.float64, device=Non
         tensor([0.0000, 0.5000, 1.0000], dtype=torch.float64)
     """
     n_levels = check_int(n_levels, "n_levels", minimum=1)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype (level times lie in [0, 1]), got {dtype!r}")
     if n_levels == 1:
         return torch.ones(1, dtype=dtype, device=device)
     return torch.linspace(0.0, 1.0, n_levels, dtype=dtype, device=device)
@@ -177,6 +179,13 @@ class NoisePath:
             value = coord(t) if callable(coord) else torch.full_like(t, float(coord))
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"path {self.name!r}: {coord_name}(t) must return a tensor, got {type(value).__name__}")
+            try:
+                fits = torch.broadcast_shapes(value.shape, t.shape) == t.shape
+            except RuntimeError:
+                fits = False
+            if not fits:
+                raise ValueError(f"path {self.name!r}: {coord_name}(t) must return a tensor of t's shape "
+                                 f"{tuple(t.shape)} (or one broadcasting to it), got {tuple(value.shape)}")
             return value.to(t.dtype).expand(t.shape)
 
         r = evaluate(self.rms, "rms")

@@ -206,7 +206,12 @@ def chunk_generators(seed: int, chunks, device="cpu") -> List[torch.Generator]:
         >>> [g.initial_seed() == chunk_seed(7, c) for c, g in zip(range(2), chunk_generators(7, 2))]
         [True, True]
     """
-    indices = range(check_int(chunks, "chunks", 0)) if isinstance(chunks, int) and not isinstance(chunks, bool) else chunks
+    if isinstance(chunks, int) and not isinstance(chunks, bool):
+        indices = range(check_int(chunks, "chunks", 0))
+    elif isinstance(chunks, (list, tuple, range)):
+        indices = [check_int(c, "chunks[]", 0) for c in chunks]
+    else:
+        raise TypeError(f"chunks must be a number of chunks or a list of chunk indices, got {type(chunks).__name__} {chunks!r}")
     return [torch.Generator(device=device).manual_seed(chunk_seed(seed, int(c))) for c in indices]
 
 
@@ -264,6 +269,11 @@ def initial_states(
     dim = check_int(dim, "dim", 2)
     if dim % 2:
         raise ValueError(f"dim must be even (the block metric I_(d/2) ⊗ S(u, v)), got {dim}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    if center is not None and (not isinstance(center, torch.Tensor) or tuple(center.shape) not in ((dim,), (n_chains, dim))):
+        got = tuple(center.shape) if isinstance(center, torch.Tensor) else type(center).__name__
+        raise ValueError(f"center must be a tensor of shape ({dim},) or ({n_chains}, {dim}), got {got}")
     chunks = chain_chunks(n_chains, chunk_chains)
     generators = _generators_for(generator, len(chunks))
     device = generators[0].device
@@ -273,9 +283,6 @@ def initial_states(
     parts = [law.sample((sl.stop - sl.start,), generator=g).to(dtype) for sl, g in zip(chunks, generators)]
     y0 = torch.cat(parts)
     if center is not None:
-        if not isinstance(center, torch.Tensor) or center.shape[-1:] != (dim,):
-            got = tuple(center.shape) if isinstance(center, torch.Tensor) else type(center).__name__
-            raise ValueError(f"center must be a tensor of shape ({dim},), got {got}")
         y0 = y0 + center.to(device=device, dtype=dtype)
     return y0
 

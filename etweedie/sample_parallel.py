@@ -24,6 +24,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from ._checks import check_device
 from .noise import NoiseParams
 from .sample import chain_chunks, chunk_generators, initial_states, sample_langevin
 
@@ -98,7 +99,7 @@ def sample_langevin_sharded(
     chunks = chain_chunks(n_chains, chunk_chains)
     rank, world = _world()
     mine = rank_chunks(len(chunks), rank, world)
-    dev = torch.device(device)
+    dev = check_device(device, "device")
     if mine:
         first, stop = chunks[mine[0]].start, chunks[mine[-1]].stop
         generators = chunk_generators(seed, mine, device=dev)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import numbers
 from typing import Callable, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
@@ -451,6 +452,22 @@ class ISOracle:
 
 
 # ---------------------------------------------------------------------------- Richardson
+def _check_eps(eps, name: str, like: torch.Tensor) -> torch.Tensor:
+    """A noise scale of :func:`richardson`: a real number, or a tensor broadcasting to the batch."""
+    if isinstance(eps, bool) or not isinstance(eps, (numbers.Real, torch.Tensor)) or (
+            isinstance(eps, torch.Tensor) and (eps.is_complex() or eps.dtype == torch.bool)):
+        raise TypeError(f"{name} must be a real number or a real tensor, got {type(eps).__name__} {eps!r}")
+    e = torch.as_tensor(eps, dtype=like.dtype, device=like.device)
+    try:
+        ok = torch.broadcast_shapes(e.shape, like.shape[:-1]) == like.shape[:-1]
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be a number or broadcast to the batch {tuple(like.shape[:-1])}, "
+                         f"got shape {tuple(e.shape)}")
+    return e
+
+
 def richardson(s_eps1: torch.Tensor, s_eps2: torch.Tensor, eps1: Scalar, eps2: Scalar) -> torch.Tensor:
     """ŝ_RE = (ε₂² ŝ_{ε₁} − ε₁² ŝ_{ε₂}) / (ε₂² − ε₁²) (paper Eq. ``richardson_extrapolation``).
 
@@ -467,10 +484,9 @@ def richardson(s_eps1: torch.Tensor, s_eps2: torch.Tensor, eps1: Scalar, eps2: S
         tensor([1.])
     """
     _check_pair(s_eps1, s_eps2, "richardson")
-    e1 = torch.as_tensor(eps1, dtype=s_eps1.dtype, device=s_eps1.device)
-    e2 = torch.as_tensor(eps2, dtype=s_eps1.dtype, device=s_eps1.device)
-    if bool((e1 <= 0).any()) or bool((e2 <= 0).any()):
-        raise ValueError(f"eps1 and eps2 must be > 0, got {eps1!r} and {eps2!r}")
+    e1, e2 = (_check_eps(e, name, s_eps1) for e, name in ((eps1, "eps1"), (eps2, "eps2")))
+    if bool((e1 <= 0).any()) or bool((e2 <= 0).any()) or not bool(torch.isfinite(e1).all() & torch.isfinite(e2).all()):
+        raise ValueError(f"eps1 and eps2 must be finite and > 0, got {eps1!r} and {eps2!r}")
     if bool((e1 == e2).any()):
         raise ValueError(f"eps1 and eps2 must differ, got {eps1!r} and {eps2!r}")
     e1, e2 = e1.pow(2)[..., None], e2.pow(2)[..., None]

@@ -148,6 +148,9 @@ def test_gaussian_denoiser_shapes_and_errors(seed):
         denoiser(x, torch.ones(3))
     with pytest.raises(TypeError, match="score must be callable"):
         GaussianDenoiser(None)
+    # a zero-size batch gives an empty result (GaussianDenoiser and KDiffusionDenoiser)
+    assert denoiser(x[:0], 0.5).shape == (0, 1, 2)
+    assert KDiffusionDenoiser(KnownPosterior(), "gaussian", n_draws=2)(torch.zeros(0, 2), 0.5).shape == (0, 2)
 
 
 @pytest.mark.parametrize("module", ["etweedie.interop.score", "etweedie.interop.kdiffusion"])
@@ -290,6 +293,23 @@ def test_scheduler_errors():
         scheduler.step(torch.zeros(3, 4, 3, dtype=F64), t, sample, generator=gen(0))
     with pytest.raises(ValueError, match="not one of this schedule's level times"):
         scheduler.step(torch.zeros(3, 2, dtype=F64), 0.123, sample, generator=gen(0))
+    # a failed set_timesteps (a device this machine lacks) leaves the schedule as it was
+    if not torch.cuda.is_available():
+        before = (scheduler.level_times.clone(), scheduler.timesteps.clone(), scheduler.num_inference_steps)
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            scheduler.set_timesteps(7, device="cuda")
+        assert torch.equal(scheduler.level_times, before[0]) and torch.equal(scheduler.timesteps, before[1])
+        assert scheduler.num_inference_steps == before[2]
+    with pytest.raises(ValueError, match="device must be a device string"):
+        scheduler.set_timesteps(7, device="gpu")
+
+
+def test_scheduler_takes_its_timesteps_in_any_float_dtype():
+    scheduler = _scheduler_module().EnergyTweedieLangevinScheduler(num_levels=51, steps_per_level=1)
+    exact = [scheduler._level(t) for t in scheduler.timesteps]
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        assert [scheduler._level(t) for t in scheduler.timesteps.to(dtype)] == exact
+    assert exact == list(range(51))
 
 
 # ---------------------------------------------------------------------------- k-diffusion

@@ -120,6 +120,16 @@ def test_user_path_in_a_few_lines():
     assert again.realized_rms().tolist() == pytest.approx([1.0, 0.1])
 
 
+def test_user_coordinates_and_level_times_are_checked():
+    bad = NoisePath("bad", beta=lambda t: torch.ones(2, dtype=t.dtype), lam=1.0, rms=GeometricRMS(0.8, 0.01))
+    with pytest.raises(ValueError, match=r"beta\(t\) must return a tensor of t's shape \(3,\)"):
+        bad(level_times(3))
+    scalar = NoisePath("scalar", beta=lambda t: torch.tensor(1.5, dtype=t.dtype), lam=1.0, rms=GeometricRMS(0.8, 0.01))
+    assert scalar(level_times(3)).beta.tolist() == [1.5, 1.5, 1.5]  # a 0-d value broadcasts
+    with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype"):
+        level_times(3, dtype=torch.int64)
+
+
 def test_registry_names():
     names = path_names()
     assert {"isotropic", "nondiagonal", "rotating", "joint", "gaussian"} <= set(names)

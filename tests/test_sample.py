@@ -543,3 +543,42 @@ def test_antithetic_draws_reach_every_score_evaluation_and_need_support():
     config["sampler"] = dict(config["sampler"], antithetic=True)
     with pytest.raises(ValueError, match="antithetic"):
         _validate(config)
+
+
+def test_known_posterior_diverged_rows_give_nan_draws_and_small_noise_stays_exact():
+    post = KnownPosterior()
+    for eta in (NoiseParams(2.0, 1.0, 0.5).eta(), NoiseParams(1.4, 1.8, 0.5).eta()):  # exact, importance
+        y = torch.tensor([[float("nan"), 0.0], [1.0, 1.0], [float("inf"), 2.0], [-0.5, 0.3]], dtype=torch.float64)
+        out = post.sample(y, eta, 4, generator=torch.Generator().manual_seed(0))
+        assert out.shape == (4, 4, 2) and bool(out[[0, 2]].isnan().all())
+        alone = post.sample(y[[1, 3]], eta, 4, generator=torch.Generator().manual_seed(0))
+        assert torch.equal(out[[1, 3]], alone)
+    # a chain that diverges (too large a step) ends as NaN, it does not crash the run
+    y0 = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
+    out = sample_langevin(post, y0, get_path("gaussian"), level_times(11), steps_per_level=10, n_posterior=8,
+                          step_scale=1.0, generator=torch.Generator().manual_seed(0), disable=True)
+    assert out.shape == (8, 2)
+    # the exact posterior at tiny Gaussian noise: τ²A⁻¹C, not the cancelling τ²I − τ⁴A⁻¹
+    y = torch.tensor([[0.3, -0.2]], dtype=torch.float64)
+    for sigma in (1e-7, 1e-9, 1e-12):
+        x = post.sample(y, NoiseParams(2.0, 1.0, sigma).eta(), 64, generator=torch.Generator().manual_seed(1))
+        assert float((x - y).abs().max()) < 10 * sigma
+
+
+def test_initial_states_and_chunk_generators_check_their_arguments():
+    from etweedie.sample import chunk_generators, initial_states
+
+    path, times = get_path("gaussian"), level_times(5)
+    start = lambda **kw: initial_states(path, times, 4, 2, generator=torch.Generator().manual_seed(0), **kw)
+    per_chain = start(center=torch.arange(8.0).reshape(4, 2))
+    assert torch.equal(per_chain, start() + torch.arange(8.0).reshape(4, 2))
+    for shape in ((5, 1, 2), (3, 2), (2, 1)):
+        with pytest.raises(ValueError, match=r"center must be a tensor of shape \(2,\) or \(4, 2\)"):
+            start(center=torch.zeros(shape))
+    with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype"):
+        start(dtype=torch.int64)
+    with pytest.raises(TypeError, match="chunks must be a number of chunks or a list"):
+        chunk_generators(0, True)
+    with pytest.raises(TypeError, match=r"chunks\[\] must be an int"):
+        chunk_generators(0, [1.7])
+    assert [g.initial_seed() for g in chunk_generators(3, [2, 0])] == [g.initial_seed() for g in chunk_generators(3, 3)][::2][::-1]

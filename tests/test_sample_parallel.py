@@ -76,3 +76,12 @@ def test_two_gloo_processes_gather_the_single_process_chains(tmp_path):
 def test_sharded_rejects_a_generator():
     with pytest.raises(TypeError, match="generator is derived from seed"):
         sample_langevin_sharded(_model(), get_path("mnist_joint"), level_times(2), generator=torch.Generator(), **KW)
+
+
+def test_a_device_this_machine_cannot_use_is_a_named_error():
+    kwargs = dict(n_chains=4, dim=2, seed=0, chunk_chains=2)
+    with pytest.raises(ValueError, match="device must be a device string"):
+        sample_langevin_sharded(None, get_path("gaussian"), level_times(3), device="gpu", **kwargs)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            sample_langevin_sharded(None, get_path("gaussian"), level_times(3), device="cuda", **kwargs)

@@ -280,6 +280,15 @@ def test_richardson_validates():
         richardson(s, s, -0.1, 0.2)
     with pytest.raises(ValueError, match="shape"):
         richardson(s, torch.ones(2, 2), 0.1, 0.2)
+    for bad in (math.inf, math.nan):
+        with pytest.raises(ValueError, match="finite and > 0"):
+            richardson(s, s, 0.1, bad)
+    with pytest.raises(ValueError, match="eps1 must be a number or broadcast to the batch"):
+        richardson(s, s, torch.tensor([0.1, 0.2]), 0.3)
+    with pytest.raises(ValueError, match="eps2 must be a number or broadcast to the batch"):
+        richardson(s, s, 0.1, torch.full((2, 3), 0.3))  # would enlarge the batch
+    with pytest.raises(TypeError, match="eps1 must be a real number"):
+        richardson(s, s, "a", 0.2)
     # tensors of ε per row broadcast over the coordinates
     out = richardson(torch.ones(2, 2), torch.zeros(2, 2), torch.tensor([0.1, 0.2]), torch.tensor([0.2, 0.4]))
     torch.testing.assert_close(out, torch.full((2, 2), 4 / 3))

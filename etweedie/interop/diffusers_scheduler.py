@@ -47,6 +47,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without diffuser
         "(or pip install 'etweedie[interop]')"
     ) from exc
 
+from .._checks import check_device
 from ..noise import NoiseParams
 from ..ops import langevin_step
 from ..paths import DEFAULT_LEVELS, PATHS, GeometricRMS, NoisePath, get_path, level_times
@@ -133,15 +134,18 @@ class EnergyTweedieLangevinScheduler(SchedulerMixin, ConfigMixin):
             num_inference_steps = self.config.num_levels or DEFAULT_LEVELS[self.config.path]
         if isinstance(num_inference_steps, bool) or not isinstance(num_inference_steps, int) or num_inference_steps < 1:
             raise ValueError(f"num_inference_steps (levels) must be an int >= 1, got {num_inference_steps!r}")
+        device = check_device(device, "device")
+        # every value first, then one assignment: a failing call leaves the scheduler as it was
         times = level_times(num_inference_steps)
         params = self._path(times)
-        self.level_times = times
-        self.level_rms = params.realized_rms().to(torch.float64)
-        self.level_steps = step_sizes(self._path, times, float(self.config.step_scale))
+        level_rms = params.realized_rms().to(torch.float64)
+        level_steps = step_sizes(self._path, times, float(self.config.step_scale))
         first = self.config.first_level_steps or self.config.steps_per_level
         repeats = torch.full((num_inference_steps,), self.config.steps_per_level, dtype=torch.long)
         repeats[0] = first
-        self.timesteps = torch.repeat_interleave(times, repeats).to(device)
+        timesteps = torch.repeat_interleave(times, repeats).to(device)
+        self.level_times, self.level_rms, self.level_steps = times, level_rms, level_steps
+        self.timesteps = timesteps
         self.num_inference_steps = num_inference_steps
         self.init_noise_sigma = math.sqrt(float(self.level_rms[0]) ** 2 + float(self.config.data_std) ** 2)
 
@@ -149,10 +153,14 @@ class EnergyTweedieLangevinScheduler(SchedulerMixin, ConfigMixin):
         if self.timesteps is None:
             raise RuntimeError("call set_timesteps before step")
         t = float(timestep.item() if isinstance(timestep, torch.Tensor) else timestep)
-        hits = torch.nonzero(torch.isclose(self.level_times, torch.tensor(t, dtype=torch.float64), rtol=0.0, atol=1e-9))
-        if hits.numel() != 1:
+        # the nearest level time, within a quarter of the smallest spacing: a copy of a timestep
+        # cast to float32 or float16 (a pipeline's cast, a device without float64) still names its level
+        gap = torch.diff(self.level_times).min().item() if self.level_times.numel() > 1 else 1.0
+        distance = (self.level_times - t).abs()
+        level = int(torch.argmin(distance)) if math.isfinite(t) else -1
+        if level < 0 or float(distance[level]) > 0.25 * gap:
             raise ValueError(f"timestep {t!r} is not one of this schedule's level times (use scheduler.timesteps)")
-        return int(hits[0, 0])
+        return level
 
     def noise_params(self, timestep) -> NoiseParams:
         """The path's tuple (β, λ, σ, u, v) at this timestep (scalar fields, float64)."""

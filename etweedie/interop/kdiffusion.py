@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import os
 import sys
 import types
@@ -114,7 +115,7 @@ class KDiffusionDenoiser:
         if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.float64) or x.dim() < 2:
             got = (x.dtype, tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
             raise TypeError(f"x must be a float32/float64 tensor of shape (batch, *event), got {got}")
-        flat = x.reshape(x.shape[0], -1)
+        flat = x.reshape(x.shape[0], math.prod(x.shape[1:]))  # (not -1: a zero-size batch)
         sigma = torch.as_tensor(sigma, dtype=x.dtype, device=x.device)
         if sigma.dim() > 1 or (sigma.dim() == 1 and sigma.shape[0] not in (1, flat.shape[0])):
             raise ValueError(f"sigma must be a number or a (batch,) tensor with batch = {flat.shape[0]}, got shape {tuple(sigma.shape)}")

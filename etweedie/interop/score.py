@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Callable, Optional, Union
 
 import torch
@@ -275,7 +276,7 @@ class GaussianDenoiser:
         x = _check_queries(x)
         if x.dim() < 2:
             raise ValueError(f"x must have shape (batch, *event), got {tuple(x.shape)}")
-        flat = x.reshape(x.shape[0], -1)
+        flat = x.reshape(x.shape[0], math.prod(x.shape[1:]))  # (not -1: a zero-size batch)
         sigma = torch.as_tensor(sigma, dtype=x.dtype, device=x.device)
         if sigma.dim() > 1 or (sigma.dim() == 1 and sigma.shape[0] not in (1, flat.shape[0])):
             raise ValueError(f"sigma must be a number or a (batch,) tensor with batch = {flat.shape[0]}, got shape {tuple(sigma.shape)}")
