@@ -137,10 +137,18 @@ def _available_cached(_triton_interpret: Optional[str]) -> Tuple[Tuple[str, Tupl
 
 @contextlib.contextmanager
 def use_backend(name: Optional[str]) -> Iterator[None]:
-    """Run every op in this context on backend ``name`` (None restores automatic choice).
+    """Run every eager op call in this context on backend ``name``.
 
+    ``None`` drops an enclosing context's request (an op's ``backend=`` argument and the
+    ``ETWEEDIE_BACKEND`` variable still apply).  Under ``torch.compile`` only an op's ``backend=``
+    argument counts: the context and the variable are not read while tracing.
+
+    >>> import torch, etweedie
+    >>> y, x = torch.zeros(2, 3), torch.ones(2, 4, 3)
     >>> with etweedie.use_backend("reference"):
     ...     s = etweedie.et_score(y, x, beta=1.4)
+    >>> s.shape
+    torch.Size([2, 3])
     """
     if name is not None:
         _check_name(name, "use_backend: backend")
@@ -182,6 +190,7 @@ def resolve(op: str, device: torch.device, backend: Optional[str] = None, *, sup
         # when tracing would have to guard on them); automatic choice as below.
         if backend is not None:
             _check_name(backend, f"{op}: backend")
+            _check_device_rule(op, backend, device, supported)  # pure Python on static facts: traceable
             return backend
         if device.type == "cpu" and _EXT_OK and "cpu" in supported:
             return "cpu"
@@ -197,13 +206,21 @@ def resolve(op: str, device: torch.device, backend: Optional[str] = None, *, sup
             raise BackendUnavailable(f"{op}: backend {want!r} does not implement this op (has {supported})")
         if not ok:
             raise BackendUnavailable(f"{op}: backend {want!r} is unavailable: {why}")
-        if want == "cpu" and device.type != "cpu":
-            raise BackendUnavailable(f"{op}: backend 'cpu' needs CPU tensors, got device {device}")
-        if want == "cuda" and device.type != "cuda":
-            raise BackendUnavailable(f"{op}: backend 'cuda' needs CUDA tensors, got device {device}")
-        if want == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise BackendUnavailable(f"{op}: backend 'triton' needs CUDA tensors or TRITON_INTERPRET=1, got device {device}")
+        _check_device_rule(op, want, device, supported, os.environ.get("TRITON_INTERPRET") == "1")
         return want
+
+
+def _check_device_rule(op: str, want: str, device: torch.device, supported, interpret: bool = False) -> None:
+    """The device an explicitly requested backend needs (eager calls and torch.compile's trace alike;
+    under compile the Triton interpreter is not taken, so Triton needs CUDA tensors there)."""
+    if want not in supported:
+        raise BackendUnavailable(f"{op}: backend {want!r} does not implement this op (has {supported})")
+    if want == "cpu" and device.type != "cpu":
+        raise BackendUnavailable(f"{op}: backend 'cpu' needs CPU tensors, got device {device}")
+    if want == "cuda" and device.type != "cuda":
+        raise BackendUnavailable(f"{op}: backend 'cuda' needs CUDA tensors, got device {device}")
+    if want == "triton" and device.type != "cuda" and not interpret:
+        raise BackendUnavailable(f"{op}: backend 'triton' needs CUDA tensors or TRITON_INTERPRET=1, got device {device}")
 
 
 @functools.lru_cache(maxsize=None)

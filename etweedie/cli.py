@@ -123,5 +123,12 @@ def _info() -> int:
     print("backends")
     for name, (ok, why) in status.items():
         print(f"  {name:<{width}}  {'yes' if ok else 'no ':<3}  {why}")
-    print(f"automatic choice for CPU tensors: {backends.resolve('et_score', torch.device('cpu'))}")
+    print(f"automatic choice for CPU tensors: {backends._automatic('cpu', backends.BACKENDS, None)}")
+    try:
+        want = backends.requested()
+    except ValueError as exc:
+        print(f"etweedie info: error: {exc}", file=sys.stderr)
+        return 2
+    if want is not None:
+        print(f"requested by ETWEEDIE_BACKEND: {want}")
     return 0

@@ -85,7 +85,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_int
+from ._checks import check_generator, check_int
 from .noise import NoiseParams
 
 
@@ -461,6 +461,8 @@ class EngressionPosterior(nn.Module):
         """
         if not isinstance(antithetic, bool):
             raise TypeError(f"antithetic must be a bool, got {type(antithetic).__name__}")
+        generator = check_generator(generator)
+        rows, n = check_int(rows, "rows", 0), check_int(n, "n", 0)
         param = self.out.weight
         fresh = (n + 1) // 2 if antithetic else n
         latent = torch.randn(rows, fresh, self.depth * self.noise_dim, generator=generator, dtype=param.dtype,

@@ -477,8 +477,10 @@ def train_score_net(
     generator = check_generator(generator)
     steps = check_int(steps, "steps", 1)
     batch_size = check_int(batch_size, "batch_size", 1)
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-        raise ValueError(f"lr must be a float > 0, got {lr!r}")
+    if y.shape[0] < 1:
+        raise ValueError(f"y must have at least one row, got shape {tuple(y.shape)}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
+        raise ValueError(f"lr must be a finite float > 0, got {lr!r}")
     ema = _check_fraction(ema, "ema", 0.0, 1.0)
     lr_final_fraction = _check_fraction(lr_final_fraction, "lr_final_fraction", 0.0, 1.0 + 1e-12, closed_low=False)
     warmup = check_int(warmup, "warmup", 0)
@@ -502,8 +504,8 @@ def train_score_net(
     n = y.shape[0]
     batch_size = min(batch_size, n)
     params = [p for p in model.parameters() if p.requires_grad]
-    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not weight_decay >= 0:
-        raise ValueError(f"weight_decay must be a float >= 0, got {weight_decay!r}")
+    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not 0 <= weight_decay < math.inf:
+        raise ValueError(f"weight_decay must be a finite float >= 0, got {weight_decay!r}")
     if weight_decay > 0:
         groups = [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": float(weight_decay)},
@@ -686,7 +688,10 @@ def fit_score(
                 f"parametrization and n_fourier apply to the conditional network (per-level groups); got "
                 f"parametrization={parametrization!r}, n_fourier={n_fourier!r} with a single tensor"
             )
-        net: ScoreNet = ScoreNet(y.shape[-1], hidden, depth, arch=arch)
+        if y.shape[0] < 1:
+            raise ValueError(f"observations must have at least one row, got shape {tuple(y.shape)}")
+        with torch.random.fork_rng(devices=[]):  # nn.Linear's default init draws from the global RNG
+            net: ScoreNet = ScoreNet(y.shape[-1], hidden, depth, arch=arch)
     else:
         groups = list(observations)
         if not groups:
@@ -703,10 +708,11 @@ def fit_score(
                 raise ValueError(f"observations[{i}] has d={g.shape[-1]}, observations[0] has d={groups[0].shape[-1]}")
         y = torch.cat(groups).to(dtype)
         cond = torch.cat([torch.full((g.shape[0],), float(s), dtype=dtype) for g, s in zip(groups, sigmas)])
-        net = ConditionalScoreNet(
-            y.shape[-1], hidden, depth, floor, arch=arch, parametrization=parametrization,
-            n_fourier=n_fourier, fourier_period=fourier_period,
-        )
+        with torch.random.fork_rng(devices=[]):  # the seeded re-initialization below replaces these draws
+            net = ConditionalScoreNet(
+                y.shape[-1], hidden, depth, floor, arch=arch, parametrization=parametrization,
+                n_fourier=n_fourier, fourier_period=fourier_period,
+            )
     # Initialization from the explicit generator: reset every Linear with seeded draws.
     with torch.no_grad():
         for layer in net.modules():

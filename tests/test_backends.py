@@ -55,3 +55,13 @@ def test_backends_agree():
     for name, (ok, _) in backends.available().items():
         if ok and name == "cpu":
             torch.testing.assert_close(etweedie.et_score(y, x, 1.3, backend=name), ref)
+
+
+def test_an_explicit_request_under_torch_compile_is_checked_like_an_eager_one():
+    y, x = torch.zeros(3, 2), torch.randn(3, 8, 2, generator=torch.Generator().manual_seed(0))
+    for name in ("cuda", "triton"):
+        if backends.available()[name][0] and torch.cuda.is_available():
+            continue  # the request can run: nothing to refuse
+        f = torch.compile(lambda y, x, name=name: etweedie.et_score(y, x, beta=1.4, backend=name), backend="eager")
+        with pytest.raises(backends.BackendUnavailable):
+            f(y, x)

@@ -8,6 +8,8 @@ import sys
 import pytest
 import torch
 
+import etweedie
+
 from etweedie.cli import main
 from experiments.eight_gaussians.demo import QUICK_SIZES, format_score_table, run_score_demo
 from experiments.eight_gaussians.demo import main as demo_main
@@ -79,6 +81,18 @@ def test_cli_info(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "reference" in out and "torch" in out and "threads" in out
+
+
+def test_cli_info_names_a_bad_etweedie_backend_and_keeps_the_automatic_choice(capsys, monkeypatch):
+    monkeypatch.setenv("ETWEEDIE_BACKEND", "bogus")
+    assert main(["info"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ETWEEDIE_BACKEND must be one of" in err[0]
+    monkeypatch.setenv("ETWEEDIE_BACKEND", "reference")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "requested by ETWEEDIE_BACKEND: reference" in out
+    assert f"automatic choice for CPU tensors: {'cpu' if etweedie.backends.available()['cpu'][0] else 'reference'}" in out
 
 
 def test_cli_usage_errors_return_status(capsys):

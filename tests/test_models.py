@@ -370,3 +370,13 @@ def test_gaussian_latent_unchanged_by_the_option(seed):
     for k, v in old.state_dict().items():
         assert torch.equal(v, model.state_dict()[k]), k
     assert torch.equal(model.draw_noise(3, 4, gen(seed)), model.draw_noise(3, 4, gen(seed), eta=ETA.expand(3, 5)))
+
+
+def test_draw_noise_takes_an_explicit_generator_only():
+    model = EngressionPosterior(dim=2, width=8, depth=1)
+    before = torch.get_rng_state()
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        model.draw_noise(4, 3, None)
+    with pytest.raises(ValueError, match="rows must be >= 0"):
+        model.draw_noise(-1, 3, torch.Generator().manual_seed(0))
+    assert torch.equal(before, torch.get_rng_state())

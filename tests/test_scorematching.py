@@ -270,3 +270,16 @@ def test_weight_decay_shrinks_weights_not_biases():
     assert w(decayed) < 0.9 * w(plain)
     with pytest.raises(ValueError, match="weight_decay"):
         train_score_net(plain, y, weight_decay=-1.0, generator=torch.Generator())
+
+
+def test_fit_score_leaves_the_global_rng_alone_and_checks_its_arguments():
+    y = torch.randn(64, 2, generator=torch.Generator().manual_seed(0))
+    before = torch.get_rng_state()
+    fit_score(y, steps=2, hidden=8, depth=1, generator=torch.Generator().manual_seed(1), progress=False)
+    fit_score([y, y], [0.3, 0.6], steps=2, hidden=8, depth=1, generator=torch.Generator().manual_seed(1), progress=False)
+    assert torch.equal(before, torch.get_rng_state())
+    with pytest.raises(ValueError, match="at least one row"):
+        fit_score(y[:0], steps=2, generator=torch.Generator().manual_seed(1), progress=False)
+    for key in ("lr", "weight_decay"):
+        with pytest.raises(ValueError, match=f"{key} must be a finite float"):
+            fit_score(y, steps=2, generator=torch.Generator().manual_seed(1), progress=False, **{key: float("inf")})
