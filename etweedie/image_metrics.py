@@ -273,6 +273,12 @@ def feature_energy_distance(features: torch.Tensor, bank: torch.Tensor) -> float
     return float(energy_distance(features, bank, 1.0, unbiased=True))
 
 
+def _check_same_width(features: torch.Tensor, name: str, bank: torch.Tensor) -> None:
+    if features.shape[1] != bank.shape[1]:
+        raise ValueError(f"{name} has {features.shape[1]} features per image, bank has {bank.shape[1]}: "
+                         f"both must come from the same feature extractor")
+
+
 def null_feature_energy_distance(
     pool: torch.Tensor, bank: torch.Tensor, n: int, *, draws: int, generator: torch.Generator
 ) -> torch.Tensor:
@@ -298,6 +304,7 @@ def null_feature_energy_distance(
         raise ValueError(f"draws must be an int >= 1, got {draws!r}")
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    _check_same_width(pool, "pool", bank)
     pool, bank = pool.double(), bank.double()
     return _null_from_parts(pool, _distances(pool, bank).mean(1), _within_mean(bank), n, draws, generator)
 
@@ -376,6 +383,10 @@ def bootstrap_feature_energy_distance(
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     if isinstance(level, bool) or not isinstance(level, float) or not 0 < level < 1:
         raise ValueError(f"level must be a float in (0, 1), got {level!r}")
+    for i, x in enumerate(groups):
+        _check_same_width(x, f"groups[{i}]", bank)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
     pool = torch.cat(groups)
     n, m = pool.shape[0], bank.shape[0]
     if n < 2:

@@ -347,3 +347,14 @@ def test_cli_missing_data_dir_exit_2(tmp_path, capsys):
     rc = main(["mnist-eval", "--real", "10", "--data-dir", str(tmp_path / "absent")])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "train-images-idx3-ubyte" in err
+
+
+def test_null_and_bootstrap_name_a_feature_width_mismatch_and_a_bad_chunk():
+    g = torch.Generator().manual_seed(0)
+    pool, bank = torch.randn(10, 4, generator=g), torch.randn(12, 3, generator=g)
+    with pytest.raises(ValueError, match="pool has 4 features per image, bank has 3"):
+        null_feature_energy_distance(pool, bank, 5, draws=3, generator=g)
+    with pytest.raises(ValueError, match=r"groups\[0\] has 4 features per image, bank has 3"):
+        bootstrap_feature_energy_distance([pool], bank, n_boot=4, generator=g)
+    with pytest.raises(ValueError, match="chunk must be an int >= 1"):
+        bootstrap_feature_energy_distance([pool], torch.randn(12, 4, generator=g), n_boot=4, generator=g, chunk=0)

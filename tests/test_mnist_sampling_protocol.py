@@ -147,3 +147,12 @@ def test_gpu_sample_rerun_without_bench_keeps_the_earlier_benchmark(tmp_path, ca
     # a fresh folder without a benchmark packs none
     assert gpu_sample.main([*base, "--no-bench", "--work", str(tmp_path / "w3"), "--pack-dir", str(tmp_path / "p3")]) == 0
     assert json.loads((tmp_path / "p3" / "sampling_log.json").read_text())["benchmark"] is None
+
+
+def test_a_damaged_or_foreign_part_log_is_a_named_error(tmp_path):
+    from experiments.mnist import sampling
+
+    for text in ("[]", '{"posterior": "x"}', '{"protocol": {"name": "ti'):
+        (tmp_path / "mnist_joint_seed3141.json").write_text(text)
+        with pytest.raises(ValueError, match=r"mnist_joint_seed3141\.json is not a (readable )?part log"):
+            sampling._finished_part(tmp_path, "mnist_joint_seed3141", sampling.TINY)

@@ -185,7 +185,13 @@ def _finished_part(out_dir: Path, stem: str, protocol: Protocol, posterior: Opti
     """A finished part's log; ValueError when it was sampled under other settings (a folder holds one
     protocol) or, with ``posterior`` = (name, fingerprint), by another posterior: other weights
     (both fingerprints recorded), or another name where the part predates fingerprints."""
-    log = json.loads((out_dir / f"{stem}.json").read_text())
+    file = out_dir / f"{stem}.json"
+    try:
+        log = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{file} is not a readable part log ({exc}); delete it to sample that part again") from None
+    if not isinstance(log, dict) or not isinstance(log.get("protocol"), dict):
+        raise ValueError(f"{file} is not a part log (no protocol record); delete it to sample that part again")
     if posterior is not None:
         name, fp = posterior
         saved_name, saved_fp = log.get("posterior", ""), log.get("posterior_sha256", "")
