@@ -7,6 +7,8 @@ status (as every ``main`` here does, so that tests call it in-process) turns tha
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from typing import Callable, Optional, Sequence, Tuple
 
 
@@ -24,4 +26,10 @@ def run(prog: str, description: str, add_arguments: Callable[[argparse.ArgumentP
     parser = argparse.ArgumentParser(prog=prog, description=description)
     add_arguments(parser)
     args, status = parse(parser, argv)
-    return status if args is None else cli_main(args)
+    if args is None:
+        return status
+    out = getattr(args, "out", None)
+    if isinstance(out, str) and Path(out).exists() and not Path(out).is_dir():
+        print(f"{prog}: error: --out {out} is a file; give a folder (it is created when missing)", file=sys.stderr)
+        return 2
+    return cli_main(args)

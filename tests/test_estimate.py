@@ -368,6 +368,25 @@ def test_cli_writes_results(tmp_path):
     assert main(["--config", str(bad), "--no-progress"]) == 2
 
 
+def test_cli_unreadable_checkpoint_and_out_file_are_one_line_errors(tmp_path, capsys):
+    from experiments.eight_gaussians.estimation import main
+
+    config = tmp_path / "tiny.toml"
+    config.write_text(
+        "replicates = 1\n[data]\nn_estimation = 24\nn_heldout = 16\nbank_size = 2000\n"
+        "[sources]\nscore = [\"oracle\"]\nposterior = [\"learned\"]\n"
+        "[estimator]\nn_posterior = 16\nsteps = 5\n"
+    )
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    capsys.readouterr()
+    assert main(["--config", str(config), "--out", str(tmp_path / "o"), "--no-progress",
+                 "--posterior-checkpoint", str(junk)]) == 2
+    assert main(["--config", str(config), "--out", str(junk), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and str(junk) in err[0] and "is a file" in err[1]
+
+
 def test_learned_posterior_adapter_passes_true_eta():
     """The learned-posterior sampler conditions on η of the true tuple at each known level, in
     chunks, in the model's dtype; under the "plain" convention σ is mapped to σ·c_{β,2}."""

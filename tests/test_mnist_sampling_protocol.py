@@ -156,3 +156,15 @@ def test_a_damaged_or_foreign_part_log_is_a_named_error(tmp_path):
         (tmp_path / "mnist_joint_seed3141.json").write_text(text)
         with pytest.raises(ValueError, match=r"mnist_joint_seed3141\.json is not a (readable )?part log"):
             sampling._finished_part(tmp_path, "mnist_joint_seed3141", sampling.TINY)
+
+
+def test_sampling_table_errors_are_one_line(tmp_path, capsys):
+    from experiments.mnist import sampling_table
+
+    (tmp_path / "mnist_joint.npy").write_bytes(b"not an npy file")
+    capsys.readouterr()
+    assert sampling_table.main([str(tmp_path), "--seeds", "0"]) == 2
+    assert sampling_table.main([str(tmp_path), "--n-boot", "1"]) == 2
+    assert sampling_table.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("sampling_table: error:") for line in err)

@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 from experiments import _cli
 from etweedie import __version__
+from etweedie.checkpoint import CheckpointError
 from etweedie.data import EightGaussians, posterior_sample_sir
 from etweedie.estimate import (
     FAMILIES,
@@ -648,9 +649,13 @@ def cli_main(args) -> int:
             print(f"{PROG}: error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
             return 2
         torch.set_num_threads(args.threads)
-    results = run_experiment(
-        config, progress=not args.no_progress, out_dir=args.out, resume=not args.no_resume
-    )
+    try:
+        results = run_experiment(
+            config, progress=not args.no_progress, out_dir=args.out, resume=not args.no_resume
+        )
+    except CheckpointError as exc:  # an unreadable or unsafe --posterior-checkpoint
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     print(format_table(results))
     if args.out:
         print(f"results written to {args.out}")

@@ -110,13 +110,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
-    result = score(args.directory, n_seeds=args.seeds, n_boot=args.n_boot, null_draws=args.null_draws,
-                   data_dir=args.data_dir)
+    for flag, value, low in (("--seeds", args.seeds, 1), ("--n-boot", args.n_boot, 2), ("--null-draws", args.null_draws, 0)):
+        if value < low:
+            print(f"sampling_table: error: {flag} must be >= {low}, got {value}", file=sys.stderr)
+            return 2
+    try:
+        result = score(args.directory, n_seeds=args.seeds, n_boot=args.n_boot, null_draws=args.null_draws,
+                       data_dir=args.data_dir)
+    except (OSError, ValueError, TypeError) as exc:  # unreadable or malformed sample files, a missing --data-dir
+        print(f"sampling_table: error: {exc}", file=sys.stderr)
+        return 2
     if not result["rows"]:
         print(f"sampling_table: error: no <path>.npy files in {args.directory}", file=sys.stderr)
         return 2
     print(format_table(result))
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1, default=float))
     return 0
 
