@@ -168,3 +168,22 @@ def test_sampling_table_errors_are_one_line(tmp_path, capsys):
     assert sampling_table.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("sampling_table: error:") for line in err)
+
+
+def test_gpu_command_refuses_bad_sizes_first_and_reports_a_failed_run(tmp_path, capsys, monkeypatch):
+    _need_mnist()
+    from experiments.mnist import gpu_sample, sampling
+
+    base = ["--dry-run", "--no-bench", "--work", str(tmp_path / "w"), "--pack-dir", str(tmp_path / "p")]
+    for flag, value in (("--levels", "0"), ("--n-posterior", "0"), ("--step-fraction", "nan"), ("--first-level-steps", "-1")):
+        assert gpu_sample.main([*base, flag, value]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"gpu_sample: error: {flag}")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(sampling, "run_protocol", broken)
+    assert gpu_sample.main([*base, "--paths", "mnist_joint"]) == 1
+    assert "sampling stopped (RuntimeError: device lost)" in capsys.readouterr().err
+    assert (tmp_path / "p" / "sampling_log.json").is_file()  # what was done is still packed

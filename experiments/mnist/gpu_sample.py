@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import tarfile
@@ -182,6 +183,10 @@ def pack(work: Path, pack_dir: Path, protocol: sampling.Protocol, bench: Optiona
 def main(argv=None) -> int:
     args = parse_args(argv)
     protocol = _protocol(args)
+    bad = _bad_setting(protocol)
+    if bad:
+        print(f"gpu_sample: error: {bad}", file=sys.stderr)
+        return 2
     device = _init_distributed(args.dry_run)
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_sample: error: no CUDA device (use --dry-run on a CPU)", file=sys.stderr)
@@ -213,16 +218,33 @@ def main(argv=None) -> int:
         bench = json.loads(bench_file.read_text())
         log(f"benchmark: the one measured earlier ({bench_file})")
     deadline = T0 + args.deadline - args.pack_reserve
+    failed = None
     try:
         sampling.run_protocol(posterior, protocol, work, center=center, device=device, progress=args.progress,
                               posterior_name=spec, posterior_sha256=fingerprint, deadline=deadline, log=log)
-    except Exception as exc:  # what is done is saved: pack it
-        log(f"sampling stopped: {type(exc).__name__}: {exc}")
+    except Exception as exc:  # what is done is saved: pack it, then report the failure
+        failed = f"{type(exc).__name__}: {exc}"
+        log(f"sampling stopped: {failed}")
     if main_rank:
         pack(work, Path(args.pack_dir), protocol, bench, log)
     if distributed:
         dist.destroy_process_group()
+    if failed:
+        print(f"gpu_sample: error: sampling stopped ({failed}); the finished parts are packed", file=sys.stderr)
+        return 1
     return 0
+
+
+def _bad_setting(protocol: sampling.Protocol) -> Optional[str]:
+    """Why the protocol's sizes cannot run (checked before any sampling), or None."""
+    for field, low in (("images_per_seed", 1), ("levels", 1), ("first_level_steps", 0), ("steps_per_level", 1),
+                       ("n_posterior", 1), ("chunk_chains", 1), ("final_average", 1)):
+        value = getattr(protocol, field)
+        if isinstance(value, int) and value < low:
+            return f"--{field.replace('_', '-')} must be >= {low}, got {value}"
+    if not (math.isfinite(protocol.step_fraction) and protocol.step_fraction > 0):
+        return f"--step-fraction must be finite and > 0, got {protocol.step_fraction}"
+    return None
 
 
 if __name__ == "__main__":
