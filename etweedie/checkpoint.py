@@ -242,7 +242,8 @@ def load_weights(directory: PathLike, *, verify: bool = True) -> Tuple[Dict[str,
         raise CheckpointError(f"weights directory {str(directory)!r} has no {WEIGHTS_CONFIG}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{str(cfg_path)!r} is not valid JSON: {exc}") from None
-    files = config.get("weights", {}).get("files") if isinstance(config, dict) else None
+    weights = config.get("weights") if isinstance(config, dict) else None
+    files = weights.get("files") if isinstance(weights, dict) else None
     if not isinstance(files, dict) or not files:
         raise CheckpointError(f"{str(cfg_path)!r} lists no weight files (not an etweedie weights directory)")
     state: Dict[str, torch.Tensor] = {}

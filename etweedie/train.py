@@ -71,7 +71,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import torch
 from tqdm.auto import tqdm
 
-from ._checks import check_float, check_int
+from ._checks import check_device, check_float, check_int
 from . import models as _models
 from .checkpoint import (
     CheckpointError,
@@ -1205,6 +1205,8 @@ def load_posterior(path: Union[str, os.PathLike], device="cpu") -> torch.nn.Modu
         CheckpointError: a corrupted, truncated or unsafe file (a subclass of ValueError).
     """
     from .pretrained import PRETRAINED, resolve_pretrained
+
+    device = check_device(device, "device")
 
     if isinstance(path, str) and path in PRETRAINED and not Path(path).exists():
         path = resolve_pretrained(path)

@@ -99,3 +99,23 @@ def test_deadline_stops_with_checkpoint_and_posterior(tmp_path, capsys):
     assert (out / "posterior" / "config.json").is_file()
     assert _train("--out", out) == 0  # no deadline: resumes and finishes
     assert "resumed from step 10" in capsys.readouterr().out
+
+
+def test_dry_run_without_out_keeps_out_of_the_real_runs_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY.read_text())
+    assert cli(["train", "--config", str(config), "--dry-run", "2", "--no-progress"]) == 0
+    assert (tmp_path / "runs" / "tiny-dry-run" / "checkpoint.pt").is_file()
+    assert not (tmp_path / "runs" / "tiny").exists()
+
+
+def test_load_posterior_names_a_device_it_cannot_use_and_a_bad_weights_entry(tmp_path):
+    from etweedie.checkpoint import CheckpointError, load_weights
+    from etweedie.train import load_posterior
+
+    with pytest.raises(ValueError, match="device must be a device string"):
+        load_posterior(tmp_path, device="tpu")
+    (tmp_path / "config.json").write_text(json.dumps({"weights": "model.safetensors"}))
+    with pytest.raises(CheckpointError, match="lists no weight files"):
+        load_weights(tmp_path)

@@ -37,7 +37,8 @@ def add_cli_arguments(parser) -> None:
                              "timed on the first log intervals (the config's fit_to_deadline)")
     parser.add_argument("--dry-run", nargs="?", type=int, const=2, metavar="STEPS",
                         help="run the config's code path on the CPU for STEPS (default 2) steps, logging and "
-                             "checkpointing every step (a GPU command checked without a GPU)")
+                             "checkpointing every step (a GPU command checked without a GPU); without --out it writes to "
+                             "runs/<config>-dry-run, never to the real run's folder")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--no-resume", action="store_true", help="start afresh even if DIR/checkpoint.pt exists")
 
@@ -83,7 +84,9 @@ def cli_main(args) -> int:
             config = dry_run_config(config, args.dry_run)
     except (ValueError, TypeError) as exc:
         return _error(exc)
-    out_dir = args.out or str(Path("runs") / Path(args.config).stem)
+    # a dry run without --out gets its own folder: it must never leave a checkpoint that the real
+    # run of the same config would then resume from (other schedule, 2 steps)
+    out_dir = args.out or str(Path("runs") / (Path(args.config).stem + ("-dry-run" if args.dry_run is not None else "")))
     dist = None
     try:
         dist = _init_distributed(config.device)
