@@ -277,14 +277,15 @@ class TrainConfig:
         """Check every field; raises ValueError/TypeError naming the field."""
         for name in ("seed", "steps", "batch_size", "draws", "warmup_steps", "checkpoint_every", "log_every", "threads"):
             check_int(getattr(self, name), name)
-        _require(self.seed >= 0, "seed", ">= 0", self.seed)
+        _require(0 <= self.seed <= MAX_SEED, "seed", f"in [0, {MAX_SEED}] (its streams are seeded seed·1000003 + k)",
+                 self.seed)
         _require(self.steps >= 0, "steps", ">= 0", self.steps)
         _require(self.batch_size >= 1, "batch_size", ">= 1", self.batch_size)
         _require(self.draws >= 2, "draws", ">= 2 (the fair energy score needs two draws)", self.draws)
         _require(self.warmup_steps >= 0, "warmup_steps", ">= 0", self.warmup_steps)
         _require(self.checkpoint_every >= 1, "checkpoint_every", ">= 1", self.checkpoint_every)
         _require(self.log_every >= 1, "log_every", ">= 1", self.log_every)
-        _require(self.threads >= 0, "threads", ">= 0", self.threads)
+        _require(0 <= self.threads <= 1024, "threads", "in [0, 1024] (0: torch's default)", self.threads)
         if not isinstance(self.device, str):
             raise TypeError(f"device must be a string such as 'cpu' or 'cuda', got {type(self.device).__name__}")
         try:
@@ -632,6 +633,10 @@ def build_data_source(data: DataConfig, *, held_out: bool = False) -> DataSource
     if isinstance(images, torch.Tensor) and images.is_floating_point():  # a reader returning [0, 1] floats
         images = torch.round(images * 255).clamp(0, 255).to(torch.uint8)
     return MnistSource(images, data.pixel_range, data.dequantize)
+
+
+# the largest seed whose per-stream seeds (below) fit a signed 64-bit torch seed
+MAX_SEED = (2**63 - 1 - 7919 * 8) // 1_000_003
 
 
 def _generators(seed: int, device=None, data_device=None) -> Dict[str, torch.Generator]:

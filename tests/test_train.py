@@ -78,6 +78,8 @@ def test_config_roundtrip(tiny):
         ("loss_beta = 2.0\n", r"loss_beta must be 'matched' or a number in \(0, 2\), got 2.0"),
         ("loss_beta = 'fixed'\n", r"loss_beta must be 'matched' or a number in \(0, 2\), got 'fixed'"),
         ("steps = [\n", "not valid TOML"),
+        ("seed = 100000000000000\n", r"seed must be in \[0, 9223344366821\]"),
+        ("threads = 100000\n", r"threads must be in \[0, 1024\]"),
     ],
 )
 def test_bad_config(tmp_path, text, words):
