@@ -119,3 +119,12 @@ def test_load_posterior_names_a_device_it_cannot_use_and_a_bad_weights_entry(tmp
     (tmp_path / "config.json").write_text(json.dumps({"weights": "model.safetensors"}))
     with pytest.raises(CheckpointError, match="lists no weight files"):
         load_weights(tmp_path)
+
+
+def test_a_missing_data_folder_is_named_as_such(tmp_path, capsys):
+    config = tmp_path / "m.toml"
+    config.write_text('steps = 1\nbatch_size = 2\ndraws = 2\nthreads = 1\n[data]\nsource = "mnist"\n'
+                      f'data_dir = "{tmp_path / "nowhere"}"\n')
+    assert cli(["train", "--config", str(config), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "MNIST" in err[0] and "cannot write" not in err[0]

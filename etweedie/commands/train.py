@@ -93,6 +93,8 @@ def cli_main(args) -> int:
         summary = train(config, out_dir, resume=not args.no_resume, progress=not args.no_progress)
     except (ValueError, TypeError, RunLockedError, FloatingPointError) as exc:
         return _error(exc)
+    except FileNotFoundError as exc:  # missing input data (e.g. the MNIST folder): its message names what is missing
+        return _error(exc)
     except OSError as exc:  # e.g. the disk filled up while writing a checkpoint
         return _error(f"cannot write the run directory {out_dir!r}: {exc}")
     finally:
