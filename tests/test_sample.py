@@ -582,3 +582,12 @@ def test_initial_states_and_chunk_generators_check_their_arguments():
     with pytest.raises(TypeError, match=r"chunks\[\] must be an int"):
         chunk_generators(0, [1.7])
     assert [g.initial_seed() for g in chunk_generators(3, [2, 0])] == [g.initial_seed() for g in chunk_generators(3, 3)][::2][::-1]
+
+
+def test_a_damaged_samples_file_is_sampled_again_not_a_crash(tmp_path):
+    fingerprint = {"tracking": None, "figure_chains": None, "seed": 1}
+    stem = tmp_path / "run"
+    Path(f"{stem}.run.json").write_text(json.dumps(diffusion_eval._jsonable(fingerprint)))
+    for junk in (b"junk", b"", b"PK\x03\x04 truncated zip"):
+        Path(f"{stem}.pt").write_bytes(junk)
+        assert diffusion_eval._finished_run(stem, fingerprint, 4) is None

@@ -29,6 +29,7 @@ import hashlib
 import json
 import math
 import pickle
+import struct
 import sys
 import time
 import tomllib
@@ -514,7 +515,8 @@ def _finished_run(stem: Path, fingerprint: Dict, n: int):
             records = json.loads(Path(f"{stem}.tracking.json").read_text())["records"]
         if fingerprint["figure_chains"] is not None:
             states = torch.load(f"{stem}.states.pt", map_location="cpu", weights_only=True)
-    except (OSError, EOFError, ValueError, KeyError, RuntimeError, pickle.UnpicklingError):  # missing or damaged: sample again
+    except (OSError, EOFError, ValueError, KeyError, TypeError, RuntimeError, pickle.UnpicklingError,
+            struct.error):  # missing or damaged (struct.error: a short file torch.load reads as legacy): sample again
         return None
     return x, records, states
 
