@@ -115,6 +115,9 @@ def as_unit_images(images, name: str = "images", dtype: torch.dtype = torch.floa
         images = torch.from_numpy(np.ascontiguousarray(images))
     if not isinstance(images, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or numpy array of shape (n, 28, 28) or (n, 784), got {type(images).__name__}")
+    if images.layout != torch.strided or images.is_meta:
+        raise TypeError(f"{name} must be a dense tensor with data, got layout {images.layout}"
+                        f"{' on the meta device' if images.is_meta else ''}")
     shape = tuple(images.shape)
     if not (
         (len(shape) == 3 and shape[1:] == (28, 28))
@@ -544,6 +547,10 @@ def nearest_train(images, train, *, chunk: int = 8192, candidates: int = 8) -> T
 
 
 # ---------------------------------------------------------------------------- evaluator
+# the largest evaluator seed whose stream seeds seed·1000003 + stream fit a signed 64-bit torch seed
+MAX_SEED = (2**63 - 1 - 1024) // 1_000_003
+
+
 def _generator(seed: int, stream: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed) * 1_000_003 + stream)
 

@@ -250,6 +250,8 @@ def test_class_metrics_small_examples():
 
 
 def test_bad_inputs_give_named_errors():
+    with pytest.raises(TypeError, match="images must be a dense tensor"):
+        as_unit_images(torch.zeros(2, 784).to_sparse())
     with pytest.raises(ValueError, match=r"shape \(n, 28, 28\) or \(n, 784\)"):
         as_unit_images(torch.zeros(4, 27, 28))
     with pytest.raises(ValueError, match="NaN"):
@@ -340,6 +342,8 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     assert main(["mnist-eval", "--real", "768", "--n-boot", "1"]) == 2
     assert "--n-boot" in capsys.readouterr().err
+    assert main(["mnist-eval", "--real", "768", "--seed", "9223372036854775"]) == 2
+    assert "--seed must be in [0, " in capsys.readouterr().err
 
 
 @needs_onnx

@@ -123,8 +123,10 @@ def cli_main(args) -> int:
         return fail(f"--level must lie in (0, 1), got {args.level}")
     if args.threads is not None and args.threads < 1:
         return fail(f"--threads must be >= 1, got {args.threads}")
-    from ..image_metrics import BANK_SIZE  # onnx is imported only when the classifier loads
+    from ..image_metrics import BANK_SIZE, MAX_SEED  # onnx is imported only when the classifier loads
 
+    if not 0 <= args.seed <= MAX_SEED:
+        return fail(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
     if args.real is not None and not 2 <= args.real <= 10000 - BANK_SIZE:
         return fail(f"--real must lie in [2, {10000 - BANK_SIZE}] (held-out t10k images outside the {BANK_SIZE}-image bank), got {args.real}")
     try:
