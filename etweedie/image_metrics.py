@@ -219,7 +219,6 @@ class MnistClassifier:
         data = self.path.read_bytes()
         if path is None and hashlib.sha256(data).hexdigest() != _MODEL_SHA256:
             raise ValueError(f"{self.path} is not the MNIST-12 model this package ships (SHA-256 {_MODEL_SHA256[:12]}…); reinstall etweedie")
-        model = dynamic_batch_model(onnx.load_from_string(data))
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -227,7 +226,12 @@ class MnistClassifier:
         # Flush subnormals to zero: subnormal arithmetic is slow on x86, and flushing moves no
         # logit beyond float32 rounding (the test against the unmodified graph, which does not flush).
         options.add_session_config_entry("session.set_denormal_as_zero", "1")
-        self._session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        try:  # a user's file: protobuf, onnx and onnxruntime each have their own errors for a bad one
+            model = dynamic_batch_model(onnx.load_from_string(data))
+            self._session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise ValueError(f"{self.path} is not a readable MNIST-12 ONNX model ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
 
     def __call__(self, images) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(features (n, 256), logits (n, 10))``, float32 CPU tensors."""

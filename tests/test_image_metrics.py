@@ -276,6 +276,14 @@ def test_bad_inputs_give_named_errors():
         feature_energy_distance(torch.zeros(1, 4), torch.zeros(3, 4))
 
 
+@needs_onnx
+def test_an_unreadable_onnx_file_is_a_named_error(tmp_path):
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x08\x07 not a model")
+    with pytest.raises(ValueError, match="junk.onnx is not a readable MNIST-12 ONNX model"):
+        MnistClassifier(path=junk)
+
+
 def test_missing_onnx_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     with pytest.raises(ImportError, match=r"etweedie\[mnist\]"):
