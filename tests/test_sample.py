@@ -454,6 +454,8 @@ def test_cli_from_samples_errors(tmp_path, capsys):
     assert "expected a (32, 2) tensor" in capsys.readouterr().err
     assert cli_main(["--path", "gaussian", "--posterior", "known", "--from-samples", str(tmp_path)]) == 2
     assert "--from-samples needs --config" in capsys.readouterr().err
+    assert cli_main(args + ["--from-samples", str(tmp_path / "nowhere")]) == 2
+    assert "no samples/ folder there" in capsys.readouterr().err
 
 
 def test_cli_usage_errors(capsys):

@@ -856,6 +856,9 @@ def cli_main(args: argparse.Namespace) -> int:
         return _error("--posterior known and --checkpoint exclude each other")
     if getattr(args, "from_samples", None) and args.config is None:
         return _error("--from-samples needs --config (the config the samples were drawn with)")
+    for folder in getattr(args, "from_samples", None) or ():
+        if not (Path(folder) / "samples").is_dir():
+            return _error(f"--from-samples {folder}: no samples/ folder there (an earlier run's --out holds one)")
     if args.config is not None:
         for flag in ("seeds", "seed", "chains", "levels", "r_max", "r_min"):
             if getattr(args, flag, None) is not None:
