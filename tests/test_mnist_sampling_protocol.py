@@ -187,3 +187,17 @@ def test_gpu_command_refuses_bad_sizes_first_and_reports_a_failed_run(tmp_path, 
     assert gpu_sample.main([*base, "--paths", "mnist_joint"]) == 1
     assert "sampling stopped (RuntimeError: device lost)" in capsys.readouterr().err
     assert (tmp_path / "p" / "sampling_log.json").is_file()  # what was done is still packed
+
+
+def test_cpu_protocol_checks_the_table_flags_and_out_before_sampling(tmp_path, capsys):
+    from experiments.mnist import cpu_protocol
+
+    base = ["--posterior", "untrained:16", "--protocol", "tiny", "--no-figures"]
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for extra in (["--n-boot", "1"], ["--null-draws", "-1"], ["--threads", "-1"]):
+        assert cpu_protocol.main([*base, "--out", str(tmp_path / "o"), *extra]) == 2
+    assert cpu_protocol.main([*base, "--out", str(afile)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 4 and all(line.startswith("cpu_protocol: error:") for line in err)
+    assert not (tmp_path / "o" / "parts").exists()  # nothing was sampled
