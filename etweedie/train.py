@@ -963,12 +963,23 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
             if ema is not None:
                 ema.load_state_dict(ckpt["ema"])
             optimizer.load_state_dict(ckpt["optimizer"])
+            # load_state_dict checks no shapes: a moment of another shape would fail at the first step
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    for key, value in optimizer.state.get(p, {}).items():
+                        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != p.shape:
+                            raise ValueError(f"optimizer state {key!r} has shape {tuple(value.shape)} for a "
+                                             f"parameter of shape {tuple(p.shape)}")
             for name in STREAMS:
                 gens[name].set_state(ckpt["generators"][name])
+            step, wall0, cpu0 = ckpt["step"], float(ckpt["wall_time"]), float(ckpt["cpu_time"])
+            if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+                raise ValueError(f"step must be an int >= 0, got {step!r}")
+            if not (math.isfinite(wall0) and math.isfinite(cpu0) and wall0 >= 0 and cpu0 >= 0):
+                raise ValueError(f"wall_time and cpu_time must be finite and >= 0, got {wall0!r}, {cpu0!r}")
         except (RuntimeError, KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"training checkpoint {str(ckpt_path)!r} does not fit this run "
                                   f"(written on another device type or model?): {str(exc).splitlines()[0]}") from None
-        step, wall0, cpu0 = int(ckpt["step"]), float(ckpt["wall_time"]), float(ckpt["cpu_time"])
         interval_sum, interval_count = float(ckpt["interval_sum"]), int(ckpt["interval_count"])
         last_logged_loss = float(ckpt["last_logged_loss"])
         if config.fit_to_deadline and ckpt.get("fitted_steps") is not None:

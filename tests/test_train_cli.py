@@ -128,3 +128,19 @@ def test_a_missing_data_folder_is_named_as_such(tmp_path, capsys):
     assert cli(["train", "--config", str(config), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "MNIST" in err[0] and "cannot write" not in err[0]
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda ck: ck["optimizer"]["state"][0].__setitem__("exp_avg", torch.zeros(7)), "optimizer state 'exp_avg'"),
+    (lambda ck: ck.__setitem__("step", -5), "step must be an int >= 0"),
+    (lambda ck: ck.__setitem__("wall_time", float("nan")), "wall_time and cpu_time must be finite"),
+])
+def test_a_checkpoint_that_does_not_fit_is_one_line(tmp_path, capsys, damage, words):
+    out = tmp_path / "run"
+    assert _train("--out", out, "--steps", "3") == 0
+    ck = torch.load(out / "checkpoint.pt", weights_only=True)
+    damage(ck)
+    torch.save(ck, out / "checkpoint.pt")
+    capsys.readouterr()
+    assert _train("--out", out, "--steps", "6") == 2
+    _one_line_error(capsys, "checkpoint.pt", words)
