@@ -190,7 +190,7 @@ def resolve(op: str, device: torch.device, backend: Optional[str] = None, *, sup
         # when tracing would have to guard on them); automatic choice as below.
         if backend is not None:
             _check_name(backend, f"{op}: backend")
-            _check_device_rule(op, backend, device, supported)  # pure Python on static facts: traceable
+            _check_device_rule(op, backend, device, supported, os.environ.get("TRITON_INTERPRET") == "1")
             return backend
         if device.type == "cpu" and _EXT_OK and "cpu" in supported:
             return "cpu"
@@ -211,8 +211,7 @@ def resolve(op: str, device: torch.device, backend: Optional[str] = None, *, sup
 
 
 def _check_device_rule(op: str, want: str, device: torch.device, supported, interpret: bool = False) -> None:
-    """The device an explicitly requested backend needs (eager calls and torch.compile's trace alike;
-    under compile the Triton interpreter is not taken, so Triton needs CUDA tensors there)."""
+    """The device an explicitly requested backend needs (eager calls and torch.compile's trace alike)."""
     if want not in supported:
         raise BackendUnavailable(f"{op}: backend {want!r} does not implement this op (has {supported})")
     if want == "cpu" and device.type != "cpu":
