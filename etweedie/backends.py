@@ -190,7 +190,9 @@ def resolve(op: str, device: torch.device, backend: Optional[str] = None, *, sup
         # when tracing would have to guard on them); automatic choice as below.
         if backend is not None:
             _check_name(backend, f"{op}: backend")
-            _check_device_rule(op, backend, device, supported, os.environ.get("TRITON_INTERPRET") == "1")
+            if backend not in supported:
+                raise BackendUnavailable(f"{op}: backend {backend!r} does not implement this op (has {supported})")
+            _check_device_rule(op, backend, device, os.environ.get("TRITON_INTERPRET") == "1")
             return backend
         if device.type == "cpu" and _EXT_OK and "cpu" in supported:
             return "cpu"
@@ -206,14 +208,12 @@ def resolve(op: str, device: torch.device, backend: Optional[str] = None, *, sup
             raise BackendUnavailable(f"{op}: backend {want!r} does not implement this op (has {supported})")
         if not ok:
             raise BackendUnavailable(f"{op}: backend {want!r} is unavailable: {why}")
-        _check_device_rule(op, want, device, supported, os.environ.get("TRITON_INTERPRET") == "1")
+        _check_device_rule(op, want, device, os.environ.get("TRITON_INTERPRET") == "1")
         return want
 
 
-def _check_device_rule(op: str, want: str, device: torch.device, supported, interpret: bool = False) -> None:
+def _check_device_rule(op: str, want: str, device: torch.device, interpret: bool) -> None:
     """The device an explicitly requested backend needs (eager calls and torch.compile's trace alike)."""
-    if want not in supported:
-        raise BackendUnavailable(f"{op}: backend {want!r} does not implement this op (has {supported})")
     if want == "cpu" and device.type != "cpu":
         raise BackendUnavailable(f"{op}: backend 'cpu' needs CPU tensors, got device {device}")
     if want == "cuda" and device.type != "cuda":

@@ -636,7 +636,7 @@ def build_data_source(data: DataConfig, *, held_out: bool = False) -> DataSource
 
 
 # the largest seed whose per-stream seeds (below) fit a signed 64-bit torch seed
-MAX_SEED = (2**63 - 1 - 7919 * 8) // 1_000_003
+MAX_SEED = (2**63 - 1 - 7919 * len(STREAMS)) // 1_000_003
 
 
 def _generators(seed: int, device=None, data_device=None) -> Dict[str, torch.Generator]:

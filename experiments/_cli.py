@@ -28,8 +28,18 @@ def run(prog: str, description: str, add_arguments: Callable[[argparse.ArgumentP
     args, status = parse(parser, argv)
     if args is None:
         return status
-    out = getattr(args, "out", None)
+    return usage_error(prog, out=getattr(args, "out", None)) or cli_main(args)
+
+
+def usage_error(prog: str, minimums: Sequence[Tuple[str, Optional[int], int]] = (), out=None) -> int:
+    """2 after printing one ``PROG: error: ...`` line for the first flag below its minimum
+    (``(flag, value, minimum)``; a None value is not given) or an ``--out`` that names a file;
+    else 0.  For checks a script runs before its long work starts."""
+    for flag, value, low in minimums:
+        if value is not None and value < low:
+            print(f"{prog}: error: {flag} must be >= {low}, got {value}", file=sys.stderr)
+            return 2
     if isinstance(out, str) and Path(out).exists() and not Path(out).is_dir():
         print(f"{prog}: error: --out {out} is a file; give a folder (it is created when missing)", file=sys.stderr)
         return 2
-    return cli_main(args)
+    return 0

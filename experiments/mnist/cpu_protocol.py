@@ -28,6 +28,8 @@ from typing import List, Optional
 
 import torch
 
+from experiments import _cli
+
 from . import sampling, sampling_figures, sampling_table
 
 
@@ -56,14 +58,10 @@ def parse_args(argv=None):
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     # every flag is checked before the sampling, which takes minutes (the table's flags too)
-    for flag, value, low in (("--threads", args.threads, 1), ("--n-boot", args.n_boot, 2),
-                             ("--null-draws", args.null_draws, 0)):
-        if value is not None and value < low:
-            print(f"cpu_protocol: error: {flag} must be >= {low}, got {value}", file=sys.stderr)
-            return 2
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        print(f"cpu_protocol: error: --out {args.out} is a file; give a folder", file=sys.stderr)
-        return 2
+    status = _cli.usage_error("cpu_protocol", [("--threads", args.threads, 1), ("--n-boot", args.n_boot, 2),
+                                               ("--null-draws", args.null_draws, 0)], out=args.out)
+    if status:
+        return status
     if args.threads:
         torch.set_num_threads(args.threads)
     protocol = sampling.PROTOCOLS[args.protocol]

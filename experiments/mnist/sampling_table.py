@@ -19,6 +19,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from experiments import _cli
+
 from .sampling import PATHS, SEEDS
 
 #: Table mnist_quantitative of the paper: (feature ED, mean confidence, class TV).
@@ -110,10 +112,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
-    for flag, value, low in (("--seeds", args.seeds, 1), ("--n-boot", args.n_boot, 2), ("--null-draws", args.null_draws, 0)):
-        if value < low:
-            print(f"sampling_table: error: {flag} must be >= {low}, got {value}", file=sys.stderr)
-            return 2
+    status = _cli.usage_error("sampling_table", [("--seeds", args.seeds, 1), ("--n-boot", args.n_boot, 2),
+                                                 ("--null-draws", args.null_draws, 0)])
+    if status:
+        return status
     try:
         result = score(args.directory, n_seeds=args.seeds, n_boot=args.n_boot, null_draws=args.null_draws,
                        data_dir=args.data_dir)
