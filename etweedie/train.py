@@ -867,13 +867,18 @@ def train(
     _require(config.batch_size % ranks.world == 0, "batch_size", f"a multiple of the world size {ranks.world}",
              config.batch_size)
     out = Path(out_dir)
+    out_error = None
     if ranks.main:
         try:
             out.mkdir(parents=True, exist_ok=True)
             if not os.access(out, os.W_OK):
                 raise PermissionError("not writable")
         except OSError as exc:
-            raise ValueError(f"out_dir {str(out)!r} is not a writable directory ({exc.strerror or exc})") from None
+            out_error = ValueError(f"out_dir {str(out)!r} is not a writable directory ({exc.strerror or exc})")
+    # only rank 0 writes, so only rank 0 checks; every rank must learn of its failure before the next
+    # collective (otherwise the other ranks die inside it with a gloo/NCCL traceback)
+    if ranks.agree(out_error is not None, device):
+        raise out_error or ValueError(f"out_dir {str(out)!r} is not a writable directory (reported by rank 0)")
     previous_threads = torch.get_num_threads()
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -919,6 +924,14 @@ def _use_fused_adam(config: TrainConfig, device: torch.device) -> bool:
     return device.type == "cuda" if config.fused_adam == "auto" else bool(config.fused_adam)
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _load_resume_state(ckpt_path: Path, config_dict: Dict[str, Any]) -> Dict[str, Any]:
     ckpt = safe_torch_load(ckpt_path, what="training checkpoint")
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
@@ -929,6 +942,10 @@ def _load_resume_state(ckpt_path: Path, config_dict: Dict[str, Any]) -> Dict[str
     missing = [k for k in needed if k not in ckpt]
     if missing:
         raise CheckpointError(f"training checkpoint {str(ckpt_path)!r} is incomplete: missing {missing}")
+    for key in ("config", "model", "optimizer", "generators"):
+        if not isinstance(ckpt[key], dict):
+            raise CheckpointError(f"training checkpoint {str(ckpt_path)!r}: {key!r} must be a dict, "
+                                  f"got {type(ckpt[key]).__name__}")
     diffs = [diff for diff in _config_differences(ckpt["config"], config_dict)
              if diff.split(" ")[0] not in RESUMABLE_CHANGES]
     if diffs:
@@ -977,13 +994,25 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
                 raise ValueError(f"step must be an int >= 0, got {step!r}")
             if not (math.isfinite(wall0) and math.isfinite(cpu0) and wall0 >= 0 and cpu0 >= 0):
                 raise ValueError(f"wall_time and cpu_time must be finite and >= 0, got {wall0!r}, {cpu0!r}")
+            interval_sum, interval_count = ckpt["interval_sum"], ckpt["interval_count"]
+            last_logged_loss, fitted_steps = ckpt["last_logged_loss"], ckpt.get("fitted_steps")
+            if not (_is_real(interval_sum) and math.isfinite(interval_sum)):
+                raise ValueError(f"interval_sum must be a finite number, got {interval_sum!r}")
+            if not (_is_int(interval_count) and 0 <= interval_count <= step):
+                raise ValueError(f"interval_count must be an int in [0, step={step}], got {interval_count!r}")
+            if not _is_real(last_logged_loss):  # NaN before the first log line
+                raise ValueError(f"last_logged_loss must be a number, got {last_logged_loss!r}")
+            if fitted_steps is not None and not (_is_int(fitted_steps) and fitted_steps >= 0):
+                raise ValueError(f"fitted_steps must be None or an int >= 0, got {fitted_steps!r}")
+            interval_sum, last_logged_loss = float(interval_sum), float(last_logged_loss)
+            _check_finite_weights(model.state_dict(), "the model")
+            if ema is not None:
+                _check_finite_weights(ema.state_dict(), "the EMA model")
         except (RuntimeError, KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"training checkpoint {str(ckpt_path)!r} does not fit this run "
                                   f"(written on another device type or model?): {str(exc).splitlines()[0]}") from None
-        interval_sum, interval_count = float(ckpt["interval_sum"]), int(ckpt["interval_count"])
-        last_logged_loss = float(ckpt["last_logged_loss"])
-        if config.fit_to_deadline and ckpt.get("fitted_steps") is not None:
-            total, fitted = min(int(ckpt["fitted_steps"]), config.steps), True
+        if config.fit_to_deadline and fitted_steps is not None:
+            total, fitted = min(fitted_steps, config.steps), True
         resumed_from = step
         if ranks.main:
             _rewrite_log(log_path, step)
@@ -1200,7 +1229,16 @@ def _build_from(class_name: str, model_config: Dict[str, Any], state: Dict[str, 
         model.load_state_dict(state)
     except (TypeError, ValueError, RuntimeError, KeyError) as exc:
         raise CheckpointError(f"{where}: the weights do not fit the saved model config: {str(exc).splitlines()[0]}") from None
+    _check_finite_weights(model.state_dict(), where)
     return model
+
+
+def _check_finite_weights(state: Dict[str, torch.Tensor], where: str) -> None:
+    """A NaN or infinite weight is damage (training stops on a non-finite loss before it writes one):
+    a CheckpointError naming the tensor, rather than a posterior that silently draws NaN."""
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"{where}: weight {name!r} holds NaN or infinite values (a damaged file)")
 
 
 def load_posterior(path: Union[str, os.PathLike], device="cpu") -> torch.nn.Module:

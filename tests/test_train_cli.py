@@ -134,6 +134,12 @@ def test_a_missing_data_folder_is_named_as_such(tmp_path, capsys):
     (lambda ck: ck["optimizer"]["state"][0].__setitem__("exp_avg", torch.zeros(7)), "optimizer state 'exp_avg'"),
     (lambda ck: ck.__setitem__("step", -5), "step must be an int >= 0"),
     (lambda ck: ck.__setitem__("wall_time", float("nan")), "wall_time and cpu_time must be finite"),
+    (lambda ck: ck.__setitem__("config", ["steps", 3]), "'config' must be a dict"),
+    (lambda ck: ck.__setitem__("interval_sum", "1.5"), "interval_sum must be a finite number"),
+    (lambda ck: ck.__setitem__("interval_count", 99), "interval_count must be an int in [0, step=3]"),
+    (lambda ck: ck.__setitem__("last_logged_loss", None), "last_logged_loss must be a number"),
+    (lambda ck: ck.__setitem__("fitted_steps", "all"), "fitted_steps must be None or an int"),
+    (lambda ck: next(iter(ck["model"].values())).view(-1)[0].fill_(float("nan")), "holds NaN or infinite values"),
 ])
 def test_a_checkpoint_that_does_not_fit_is_one_line(tmp_path, capsys, damage, words):
     out = tmp_path / "run"
@@ -144,3 +150,17 @@ def test_a_checkpoint_that_does_not_fit_is_one_line(tmp_path, capsys, damage, wo
     capsys.readouterr()
     assert _train("--out", out, "--steps", "6") == 2
     _one_line_error(capsys, "checkpoint.pt", words)
+
+
+def test_a_posterior_with_nan_weights_is_a_named_error(tmp_path):
+    from etweedie.checkpoint import CheckpointError
+    from etweedie.train import load_posterior, save_posterior
+
+    out = tmp_path / "run"
+    assert _train("--out", out, "--steps", "2") == 0
+    model = load_posterior(out)
+    name, weight = next(iter(model.state_dict().items()))
+    weight.view(-1)[-1] = float("inf")
+    save_posterior(model, tmp_path / "bad")
+    with pytest.raises(CheckpointError, match=f"weight '{name}' holds NaN or infinite"):
+        load_posterior(tmp_path / "bad")

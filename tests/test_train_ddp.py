@@ -134,3 +134,16 @@ def test_two_process_training_matches_one_process_and_resumes_after_kill(tmp_pat
     a, b = load_posterior(single["posterior"]).state_dict(), load_posterior(out).state_dict()
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_an_out_that_is_a_file_is_one_line_on_every_rank(tmp_path):
+    """Only rank 0 checks --out; the other ranks learn of its failure and exit 2 with it, rather than
+    dying inside the next collective with a gloo traceback."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    done = subprocess.run(_torchrun(TINY, afile), env=_env(), capture_output=True, text=True, timeout=120)
+    text = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert text.count("etweedie train: error: out_dir") == 2, text
+    assert text.count("exitcode  : 2") == 2 and "exitcode  : 1" not in text, text
+    assert "gloo" not in text.lower() and "Connection" not in text, text
