@@ -223,7 +223,8 @@ class TrainConfig:
         checkpoint_every: steps between checkpoints.  log_every: steps between log lines.
         checkpoint_every_s: also checkpoint (at a log step) once this many seconds passed since
             the last checkpoint (0: off).  max_wall_s: stop at the first log step after this much
-            cumulative training time, writing the checkpoint and the posterior (0: no deadline).
+            training time in this invocation, writing the checkpoint and the posterior (0: no
+            deadline); a rerun resumes and gets the same budget again (a lease-sized deadline).
         fit_to_deadline: with ``max_wall_s`` set, time the steps between the first two log steps
             (after any compilation) and shorten ``steps`` so that the whole schedule — warm-up,
             the full cosine decay and the EMA's last window — ends before the deadline instead of
@@ -1072,7 +1073,7 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
     def fit_schedule(per_step: float) -> int:
         """Steps that end the schedule inside FIT_MARGIN of the deadline at ``per_step`` s/step
         (rank 0's measurement, the same on every rank)."""
-        room = FIT_MARGIN * config.max_wall_s - clock.wall
+        room = FIT_MARGIN * config.max_wall_s - (clock.wall - start_wall)
         planned = step + max(int(room / per_step), 0) if per_step > 0 else config.steps
         planned = int(ranks.sum_(torch.tensor(planned if ranks.main else 0, dtype=torch.float64, device=device)))
         return max(min(planned, config.steps), step)
@@ -1124,7 +1125,7 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
             if log_now:
                 # time-based checkpoints and the deadline are decided by rank 0's clock, at log steps
                 want_ckpt = config.checkpoint_every_s > 0 and clock.wall - last_ckpt_wall >= config.checkpoint_every_s
-                want_stop = config.max_wall_s > 0 and clock.wall >= config.max_wall_s and step < total
+                want_stop = config.max_wall_s > 0 and clock.wall - start_wall >= config.max_wall_s and step < total
                 ckpt_now = ranks.agree(ranks.main and want_ckpt, device) or ckpt_now
                 if ranks.agree(ranks.main and want_stop, device):
                     stopped_by, ckpt_now = "deadline", True
@@ -1163,7 +1164,7 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
     clock.tick()
     stopped = step < total
     if stopped_by != "stop_after" and ranks.main:
-        if resumed_from is None or resumed_from < total or not (post_path / "config.json").exists():
+        if resumed_from is None or resumed_from < total or not _posterior_is_current(post_path, config, step):
             save_posterior(ema if ema is not None else model, post_path, train_config=config_dict, step=step,
                            dtype=config.posterior_dtype, shard_mb=config.shard_mb)
     ranks.barrier()
@@ -1188,6 +1189,18 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
 
 
 # ---------------------------------------------------------------------------- posterior files
+def _posterior_is_current(post_path: Path, config: TrainConfig, step: int) -> bool:
+    """Whether the posterior a finished run already wrote has this step and this config's storage
+    settings (``posterior_dtype``, ``shard_mb``: resumable changes a rerun of the run applies)."""
+    try:
+        meta = json.loads((post_path / "config.json").read_text())
+        saved = meta.get("train_config") or {}
+        return (meta.get("step") == step and saved.get("posterior_dtype", "float32") == config.posterior_dtype
+                and float(saved.get("shard_mb", 16.0)) == float(config.shard_mb))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
+
+
 def save_posterior(
     model: torch.nn.Module,
     path: Union[str, os.PathLike],

@@ -164,3 +164,38 @@ def test_a_posterior_with_nan_weights_is_a_named_error(tmp_path):
     save_posterior(model, tmp_path / "bad")
     with pytest.raises(CheckpointError, match=f"weight '{name}' holds NaN or infinite"):
         load_posterior(tmp_path / "bad")
+
+
+def test_rerunning_a_finished_run_applies_new_posterior_storage_settings(tmp_path, capsys):
+    """posterior_dtype and shard_mb are resumable changes: a rerun of a finished run rewrites its
+    posterior with them (and leaves it alone when nothing changed)."""
+    from safetensors import safe_open
+
+    out = tmp_path / "run"
+    assert _train("--out", out, "--steps", "3") == 0
+    meta_path = out / "posterior" / "config.json"
+    assert json.loads(meta_path.read_text())["train_config"]["posterior_dtype"] == "float32"
+    written = meta_path.stat().st_mtime_ns
+    assert _train("--out", out, "--steps", "3") == 0
+    assert meta_path.stat().st_mtime_ns == written  # nothing changed: not rewritten
+    half = tmp_path / "half.toml"
+    half.write_text('posterior_dtype = "float16"\n' + TINY.read_text())
+    assert cli(["train", "--config", str(half), "--out", str(out), "--steps", "3", "--no-progress"]) == 0
+    assert json.loads(meta_path.read_text())["train_config"]["posterior_dtype"] == "float16"
+    with safe_open(str(out / "posterior" / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
+
+
+def test_the_deadline_is_per_invocation(tmp_path, capsys):
+    """A rerun gets the whole --deadline again: a run that already trained for a long time (its
+    checkpoint's cumulative wall_time) still continues to the end under a 1000 s deadline."""
+    out = tmp_path / "run"
+    assert _train("--out", out, "--steps", "20") == 0
+    ck = torch.load(out / "checkpoint.pt", weights_only=True)
+    ck["wall_time"] = 1e6
+    torch.save(ck, out / "checkpoint.pt")
+    capsys.readouterr()
+    assert _train("--out", out, "--deadline", "1000") == 0
+    text = capsys.readouterr().out
+    assert "resumed from step 20" in text and "stopped at the deadline" not in text
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 60

@@ -30,8 +30,8 @@ def add_cli_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, help="override the config's seed")
     parser.add_argument("--device", help="override the config's device (cpu, cuda, cuda:1)")
     parser.add_argument("--deadline", type=float, metavar="SECONDS",
-                        help="stop after this much training time, writing the checkpoint and the posterior "
-                             "(the config's max_wall_s); rerun the command to continue")
+                        help="stop after this much training time in this invocation, writing the checkpoint and "
+                             "the posterior (the config's max_wall_s); rerun the command to continue with the same budget")
     parser.add_argument("--fit-to-deadline", action="store_true",
                         help="shorten the schedule (warm-up and the whole cosine decay) to what fits in --deadline, "
                              "timed on the first log intervals (the config's fit_to_deadline)")
