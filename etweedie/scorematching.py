@@ -78,15 +78,25 @@ def _check_points(y, name: str = "y") -> torch.Tensor:
     return y
 
 
-def _check_cond(cond, y: torch.Tensor, n_cond: int) -> Optional[torch.Tensor]:
-    if n_cond == 0:
-        if cond is not None:
-            raise ValueError("cond was given but the network is unconditional (n_cond = 0)")
-        return None
+def _check_input(y, dim: int, what: str) -> None:
+    """y of a score network: a floating tensor ``(..., dim)`` (a shape error names the network)."""
+    if not isinstance(y, torch.Tensor):
+        raise TypeError(f"y must be a torch.Tensor of shape (..., {dim}), got {type(y).__name__}")
+    if not y.is_floating_point():
+        raise TypeError(f"y must be a floating-point tensor, got {y.dtype}")
+    if y.dim() < 1 or y.shape[-1] != dim:
+        raise ValueError(f"y must have shape (..., {dim}) for this {what} (dim={dim}), got {tuple(y.shape)}")
+
+
+def _check_cond(cond, y: torch.Tensor, n_cond: int) -> torch.Tensor:
+    """cond of a conditional ScoreNet: a real tensor ``(..., n_cond)`` with y's batch shape."""
     if not isinstance(cond, torch.Tensor):
-        raise TypeError(f"cond must be a tensor of shape (n, {n_cond}) for a conditional network, got {type(cond).__name__}")
-    if cond.shape != (y.shape[0], n_cond):
-        raise ValueError(f"cond must have shape (n={y.shape[0]}, {n_cond}) to match y, got {tuple(cond.shape)}")
+        raise TypeError(f"cond must be a tensor of shape (..., {n_cond}), got {type(cond).__name__}")
+    if cond.is_complex() or cond.dtype == torch.bool:
+        raise TypeError(f"cond must be a real tensor, got {cond.dtype}")
+    if cond.shape[:-1] != y.shape[:-1] or cond.dim() < 1 or cond.shape[-1] != n_cond:
+        raise ValueError(f"cond must have shape {tuple(y.shape[:-1]) + (n_cond,)} (y's batch shape, n_cond={n_cond}), "
+                         f"got {tuple(cond.shape)}")
     return cond.to(y.dtype)
 
 
@@ -167,10 +177,11 @@ class ScoreNet(nn.Module):
 
     def forward(self, y: torch.Tensor, cond: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Score at y ``(..., d)``; ``cond`` ``(..., n_cond)`` when conditional. Returns ``(..., d)``."""
+        _check_input(y, self.dim, type(self).__name__)
         if self.n_cond:
             if cond is None:
                 raise ValueError(f"this ScoreNet is conditional (n_cond={self.n_cond}); pass cond of shape (..., {self.n_cond})")
-            y = torch.cat([y, cond.to(y.dtype)], dim=-1)
+            y = torch.cat([y, _check_cond(cond, y, self.n_cond)], dim=-1)
         elif cond is not None:
             raise ValueError("cond was given but this ScoreNet is unconditional (n_cond = 0)")
         return self.net(y)
@@ -256,6 +267,7 @@ class ConditionalScoreNet(ScoreNet):
 
     def forward(self, y: torch.Tensor, sigma) -> torch.Tensor:  # type: ignore[override]
         """Score at y ``(..., d)`` for known level(s) σ (float or ``(...)`` tensor)."""
+        _check_input(y, self.dim, type(self).__name__)
         sigma = self.features(sigma, y)
         if self.parametrization == "energy":
             # rows are independent, so ∇_y of the summed energy is the per-row gradient

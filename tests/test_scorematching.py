@@ -8,6 +8,7 @@ from torch import nn
 
 from etweedie.scorematching import (
     ConditionalScoreNet,
+    LearnedScore,
     ScoreNet,
     fit_score,
     hyvarinen_loss,
@@ -159,6 +160,29 @@ def test_bad_inputs_raise_named_errors():
         ConditionalScoreNet(2, hidden=4, depth=1)(y, -1.0)
     with pytest.raises(ValueError, match="distribution"):
         sliced_score_matching_vr_loss(net, y, generator=torch.Generator(), distribution="uniform")
+
+
+def test_networks_check_y_and_cond_shapes():
+    """A wrong data width or conditioning shape names the network and the shape it wants, instead
+    of a matmul or cat error from inside the MLP (also through LearnedScore and the trainer)."""
+    y = torch.zeros(4, 2)
+    with pytest.raises(ValueError, match=r"y must have shape \(\.\.\., 2\) for this ScoreNet"):
+        ScoreNet(2, hidden=8, depth=1)(torch.zeros(4, 3))
+    with pytest.raises(ValueError, match=r"y must have shape \(\.\.\., 2\) for this ConditionalScoreNet"):
+        LearnedScore(ConditionalScoreNet(2, hidden=4, depth=1))(torch.zeros(4, 5), 0.5)
+    with pytest.raises(TypeError, match="floating-point"):
+        ScoreNet(2, hidden=8, depth=1)(torch.zeros(4, 2, dtype=torch.int64))
+    conditional = ScoreNet(2, hidden=8, depth=1, n_cond=2)
+    with pytest.raises(ValueError, match=r"cond must have shape \(4, 2\)"):
+        conditional(y, torch.zeros(4, 3))
+    with pytest.raises(ValueError, match=r"cond must have shape \(4, 2\)"):
+        conditional(y, torch.zeros(2))
+    with pytest.raises(TypeError, match="cond must be a tensor"):
+        conditional(y, [[0.0, 0.0]] * 4)
+    with pytest.raises(ValueError, match=r"cond must have shape \(\d+, 2\)"):
+        train_score_net(conditional, y, torch.zeros(4, 1), steps=1, generator=torch.Generator(), progress=False)
+    assert conditional(y, torch.zeros(4, 2, dtype=torch.float64)).shape == (4, 2)
+    assert ScoreNet(2, hidden=8, depth=1)(torch.zeros(0, 2)).shape == (0, 2)
 
 
 # ---------------------------------------------------------------------------- options (second session)
