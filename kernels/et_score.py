@@ -164,6 +164,18 @@ def _law_scale(lam, LAW: tl.constexpr):
 
 
 @triton.jit
+def _near_q(dt: tl.constexpr):
+    """The smallest squared norm of a distinct draw the kernels compute accurately, forward and
+    backward (q_in_range, csrc/common/et_score.h): 2^-500 in float64, 2^-64 in float32.  (A float
+    literal would be a float32 constant: 2^-500 is built from exact float64 products.)"""
+    if dt == tl.float64:
+        t = tl.full([], 2.0**-100, tl.float64)
+        return t * t * t * t * t
+    else:
+        return tl.full([], 2.0**-64, tl.float32)
+
+
+@triton.jit
 def _half_log(q):
     pos = q > 0
     return tl.where(pos, 0.5 * tl.log(tl.where(pos, q, 1.0)), 0.0)
@@ -299,6 +311,11 @@ def _et_score_forward_kernel(
     lam = tl.load(lam_ptr + row * sl)
     acc_u = tl.zeros([BLOCK_D], dtype=y_ptr.dtype.element_ty)
     acc_pu = tl.zeros([BLOCK_D], dtype=y_ptr.dtype.element_ty)
+    # a distinct draw nearer to y than the accurate range of q (Energy-Tweedie law only; 1/(1 + q)
+    # needs no care there) flags the row NaN, as the C++ kernels do: the op then recomputes it
+    # exactly where it reads values (CPU tensors) and returns the NaN row on a GPU
+    near = tl.zeros([BLOCK_N], dtype=tl.int32)
+    q_min = _near_q(y_ptr.dtype.element_ty)
     n_lo = rng * n_per
     n_hi = tl.minimum(n_lo + n_per, N)
     for n0 in range(n_lo, n_hi, BLOCK_N):
@@ -308,18 +325,29 @@ def _et_score_forward_kernel(
             u, pu = _residual_pu(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND, BLOCK_N, BLOCK_D,
                                  IN_REGISTERS)
             q = tl.sum(u * pu, axis=1)
+            if LAW == 0:
+                u_max = tl.max(tl.abs(u), axis=1)
         else:
             q = tl.zeros([BLOCK_N], dtype=y_ptr.dtype.element_ty)
+            u_max = tl.zeros([BLOCK_N], dtype=y_ptr.dtype.element_ty)
             for c0 in range(0, d, BLOCK_D):
                 cc = c0 + tl.arange(0, BLOCK_D)
                 uc, puc = _residual_pu(y_row, x_row, p_row, offs_n, mask_n, sxn, cc, kk, d, K, KIND, BLOCK_N, BLOCK_D,
                                        IN_REGISTERS)
                 q += tl.sum(uc * puc, axis=1)
+                if LAW == 0:
+                    u_max = tl.maximum(u_max, tl.max(tl.abs(uc), axis=1))
             u, pu = _residual_pu(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND, BLOCK_N, BLOCK_D,
                                  IN_REGISTERS)
+        if LAW == 0:
+            near = tl.maximum(near, (mask_n & (q < q_min) & (u_max > 0)).to(tl.int32))
         w = tl.where(mask_n, _law_weight(q, beta, LAW), 0.0)
         acc_u += tl.sum(w[:, None] * u, axis=0)
         acc_pu += tl.sum(w[:, None] * pu, axis=0)
+    flagged = tl.max(near, axis=0) > 0
+    nan = tl.full([BLOCK_D], float("nan"), y_ptr.dtype.element_ty)
+    acc_u = tl.where(flagged, nan, acc_u)
+    acc_pu = tl.where(flagged, nan, acc_pu)
     mask_d = cols < d
     if SPLIT:
         base = ws_ptr + (row * nsplit + rng) * 2 * d
@@ -333,7 +361,7 @@ def _et_score_forward_kernel(
         alpha = tl.load(step_ptr + row * sa)
         yv = tl.load(y_row + cols, mask=mask_d, other=0.0)
         xi = tl.load(noise_ptr + row * d + cols, mask=mask_d, other=0.0)
-        tl.store(out_ptr + row * d + cols, yv + alpha * s + tl.sqrt(2.0 * alpha) * xi, mask=mask_d)
+        tl.store(out_ptr + row * d + cols, tl.where(flagged, nan, yv + alpha * s + tl.sqrt(2.0 * alpha) * xi), mask=mask_d)
     else:
         tl.store(out_ptr + row * d + cols, s, mask=mask_d)
 

@@ -643,3 +643,80 @@ def test_raw_op_large_batch_short_beta_does_not_crash():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, f"child died with {res.returncode}: {res.stderr[-500:]}"
     assert "raised True" in res.stdout, res.stdout + res.stderr[-500:]
+
+
+def _near_pair_truth(op, y, x, near, beta, lam, m):
+    """The op with the near draws' terms computed on residuals scaled by an exact power of two t
+    (y and the draw both scaled: their difference is then of order 1) and scaled back by the term's
+    homogeneity t^{1−β}; the other draws by the plain reference.  Differentiable in y and beta."""
+    N = x.shape[-2]
+    parts = []
+    for i in range(N):
+        xi = x[:, i : i + 1]
+        t = 2.0 ** near[i]
+        if op == "student_t_score":
+            parts.append(etweedie.student_t_score(y, xi, lam + 2.5, m, backend="reference"))
+        elif near[i]:
+            parts.append(etweedie.et_score(y * t, xi * t, beta, lam, m, backend="reference") * t ** (1 - beta).unsqueeze(-1))
+        else:
+            parts.append(etweedie.et_score(y, xi, beta, lam, m, backend="reference"))
+    return torch.stack(parts).mean(0)
+
+
+@pytest.mark.parametrize("backend,device", ALL, ids=ALL_IDS)
+@pytest.mark.parametrize("dtype,delta", [(torch.float64, 1e-170), (torch.float64, 1e-100), (torch.float32, 1e-30)],
+                         ids=["f64-1e-170", "f64-1e-100", "f32-1e-30"])
+@pytest.mark.parametrize("op", ["et_score", "langevin_step", "student_t_score"])
+def test_a_draw_very_near_the_query_keeps_its_exact_term(backend, device, dtype, delta, op):
+    """A distinct draw closer to y than the squared norm can resolve (q underflows, or its
+    backward slope overflows: |y − x_i| ≲ 1e-150 in float64, 1e-19 in float32) still contributes
+    its exact term ‖u‖^{β−2}_P P u — of size δ^{β−1}, 1e85 at β = 0.5 — with finite gradients,
+    instead of a weight of 0, NaN gradients or a NaN row.  GPU kernels may flag such a row NaN
+    (no rerun without a device sync); never a finite wrong value."""
+    g = _g(31)
+    B, N, d = 3, 4, 4
+    y = torch.randn(B, d, generator=g, dtype=torch.float64)
+    y[:, 0] = 0.0
+    x = y.unsqueeze(1) + torch.randn(B, N, d, generator=g, dtype=torch.float64)
+    x[:, 1] = y  # the near draw: y with its first coordinate moved by delta
+    x[:, 1, 0] = delta * torch.tensor([1.0, -0.75, 0.5], dtype=torch.float64)
+    x[2, 3] = y[2]  # and an exact coincidence (weight 0)
+    near = [0, round(-math.log2(delta)), 0, 0]
+    beta = torch.tensor([0.5, 1.0, 1.5], dtype=torch.float64)
+    lam = torch.tensor([0.8, 1.2, 3.0], dtype=torch.float64)
+    m = Metric.block(torch.tensor([[1.2, 0.3], [0.3, 0.8]], dtype=torch.float64))
+    noise = torch.randn(B, d, generator=g, dtype=torch.float64)
+    w = torch.randn(B, d, generator=g, dtype=torch.float64)
+
+    def call(y_, beta_, dt, dev, be):
+        c = lambda t: t.to(dev, dt)  # noqa: E731
+        mm = Metric.block(c(m.param))
+        if op == "et_score":
+            return etweedie.et_score(y_, c(x), beta_, c(lam), mm, backend=be)
+        if op == "langevin_step":
+            return etweedie.langevin_step(y_, c(x), c(noise), 0.01, beta_, c(lam), mm, backend=be)
+        return etweedie.student_t_score(y_, c(x), c(lam + 2.5), mm, backend=be)
+
+    y0, b0 = y.clone().requires_grad_(), beta.clone().requires_grad_()
+    want = _near_pair_truth(op, y0, x, near, b0, lam, m)
+    if op == "langevin_step":
+        want = y0 + 0.01 * want + 0.02 ** 0.5 * noise
+    want_g = torch.autograd.grad((want * w).sum(), (y0, b0) if op != "student_t_score" else (y0,), allow_unused=True)
+    assert torch.isfinite(want).all() and all(torch.isfinite(t).all() for t in want_g)
+
+    yd = y.to(device, dtype).requires_grad_()
+    bd = beta.to(device, dtype).requires_grad_()
+    got = call(yd, bd, dtype, device, backend)
+    ins = (yd, bd) if op != "student_t_score" else (yd,)
+    got_g = torch.autograd.grad((got * w.to(device, dtype)).sum(), ins, allow_unused=True)
+    tol = dict(rtol=1e-10, atol=0) if dtype == torch.float64 else dict(rtol=2e-5, atol=1e-6)
+    flagged = torch.isnan(got.detach().cpu()).all(-1)
+    if device.type != "cpu":  # a GPU kernel may return the near rows NaN, never wrong
+        rows = ~flagged
+        torch.testing.assert_close(got.detach().cpu()[rows], want.detach().to(dtype)[rows], **tol)
+        return
+    assert not flagged.any(), got
+    torch.testing.assert_close(got.detach().cpu(), want.detach().to(dtype), **tol)
+    for a, b in zip(got_g, want_g):  # (cancellations of terms of size δ^{β−2}: an absolute error to that scale)
+        scale = float(b.abs().max())
+        torch.testing.assert_close(a.cpu(), b.to(dtype), rtol=tol["rtol"], atol=tol["rtol"] * scale)

@@ -35,13 +35,17 @@ ET_HD T half_log(T q) {
 
 // The squared norms a kernel computes accurately, forward and backward.  float32: q in
 // [2^-64, 2^100] — the backward's slope (β−2) q^{(β−4)/2} stays below float32's largest value
-// for q ≥ 2^-64, and sums of N·d terms of size q stay finite for q ≤ 2^100.  float64: every
-// normal q.  q = 0 is in range only for a draw equal to y (coincident); a NaN or inf in the
-// inputs gives a q out of range.  The kernels flag a row with a draw out of range by writing NaN
-// into it; on the CPU the op reruns such a float32 call in float64 (etweedie/ops/et_score.py), on
-// a GPU the NaN row is returned (a rerun would need a device sync).
+// for q ≥ 2^-64, and sums of N·d terms of size q stay finite for q ≤ 2^100.  float64: q in
+// [2^-500, DBL_MAX] (the slope stays below 2^1001 for every β > 0; a smaller q — a distinct draw
+// closer to y than about 1e-150 — made the backward inf·0 = NaN, or q underflowed to 0 and the
+// draw lost its weight).  q = 0 is in range only for a draw equal to y (coincident); a NaN or inf
+// in the inputs gives a q out of range.  The kernels flag a row with a draw out of range by
+// writing NaN into it; on the CPU the op reruns such a float32 call in float64, and a float64 one
+// on the reference's exact near-pair form (etweedie/ops/reference.py, NEAR_PAIR_MODES); on a GPU
+// the NaN row is returned (a rerun would need a device sync).  Keep in step with
+// etweedie/ops/reference.py's NEAR_Q.
 ET_HD bool q_in_range(float q) { return q >= 0x1p-64f && q <= 0x1p100f; }
-ET_HD bool q_in_range(double q) { return q >= 2.2250738585072014e-308 && q <= 1.7976931348623157e308; }
+ET_HD bool q_in_range(double q) { return q >= 0x1p-500 && q <= 1.7976931348623157e308; }
 
 // The value a kernel writes into a flagged row (host and device; no numeric_limits, which is not
 // callable from device code).

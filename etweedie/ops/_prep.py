@@ -100,6 +100,12 @@ _SCALAR_RULES = {
 }
 
 
+def near_mode(y: torch.Tensor) -> str:
+    """The reference's near-pair mode for a call on y (``reference.NEAR_PAIR_MODES``): "index"
+    where values are read (:func:`value_checks`), else the select that reads none."""
+    return "index" if value_checks(y) else "where"
+
+
 def value_checks(t: torch.Tensor) -> bool:
     """Whether value checks on ``t`` run now (CPU tensors, or any tensor with debug checks on),
     never under torch.compile (there they are graph asserts) or torch.func.vmap (no value to
@@ -752,7 +758,7 @@ def kernel_checks_range(name: str, op: str = "et_score") -> bool:
     return name == "cpu" and _CPU_RANGE_FLAGS.get(op, False)
 
 
-def range_guarded(op: str, name: str, metric, y: torch.Tensor, x: torch.Tensor, batch: torch.Size, run):
+def range_guarded(op: str, name: str, metric, y: torch.Tensor, x: torch.Tensor, batch: torch.Size, run, near=None):
     """The per-row op's output, (*batch, d), under the range and NaN rules, or None when the call
     must be rerun: a float32 call in float64 (and rounded), a float64 call beyond float64's
     range (:func:`float64_out_of_range`) rescaled by the op or refused.
@@ -764,7 +770,9 @@ def range_guarded(op: str, name: str, metric, y: torch.Tensor, x: torch.Tensor, 
     inputs first: a flagged output reruns a float32 call, and a float64 one gets NaN rows for its
     non-finite inputs.  Elsewhere one min/max pass (:func:`scan`) decides both before the run.
     Rows whose inputs hold NaN or inf come back NaN (:func:`nan_rows`: the et_score weight treats
-    a NaN distance like a coincident draw)."""
+    a NaN distance like a coincident draw).  A float64 call the kernel flagged although its data
+    are in range has a draw closer to y than its accurate range (q below 2^-500): ``near()``
+    recomputes the call on the reference's exact near-pair form (``reference.NEAR_PAIR_MODES``)."""
     in_kernel = kernel_checks_range(name, op)
     finite = True
     if not in_kernel:
@@ -772,12 +780,19 @@ def range_guarded(op: str, name: str, metric, y: torch.Tensor, x: torch.Tensor, 
         if out_of_range:
             return None
     out, nonfinite = run()
-    if in_kernel and (flagged(out) if nonfinite is None else nonfinite):
+    if name == "triton" and near is not None and flagged(out):
+        # the Triton kernels flag a row with a near draw only (the data's range was scanned above)
+        if y.dtype == torch.float32:
+            return None  # rerun in float64, where the pair is in range or recomputed exactly
+        out = near()
+    elif in_kernel and (flagged(out) if nonfinite is None else nonfinite):
         if y.dtype == torch.float32:
             return None  # rows the kernel could not compute accurately in float32 (or non-finite inputs)
         out_of_range, finite = scan(metric, y, x)
         if out_of_range:
             return None  # float64 data beyond float64's range
+        if near is not None:
+            out = near()  # a draw nearer to y than the kernel's range: exact, rows with NaN/inf masked below
     if not finite:
         out = nan_rows(out.reshape(-1, y.shape[-1]), batch, (y, 1), (x, 2)).reshape(out.shape)
     return out

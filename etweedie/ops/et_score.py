@@ -22,6 +22,7 @@ from ._prep import (
     DENSE,
     front,
     kernel_or_reference,
+    near_mode,
     plain_rows,
     range_guarded,
     rescale,
@@ -90,14 +91,18 @@ def et_score(
     def python_form():
         c = shape_rows(a)
         if name == "reference":
-            return reference.et_score(c.y, c.x, c.beta, c.lam, c.prec, c.kind)
+            return reference.et_score(c.y, c.x, c.beta, c.lam, c.prec, c.kind, near_mode(c.y))
         if c.kind == DENSE:
             zy, zx, ones, L = whiten_dense(c)
             return unwhiten_score(_kernel(name, zy, zx, c.beta, c.lam, ones, 0), L)
         return _kernel(name, c.y, c.x, c.beta, c.lam, c.prec, c.kind)
 
     # an infinite draw has no finite limit in the sum (‖u‖^{β−1} grows without bound): NaN rows
-    s = range_guarded(op, name, metric, a.y, a.x, a.batch, run)
+    def near():  # a float64 row with a draw nearer to y than the kernel's range: the exact reference form
+        c = shape_rows(a)
+        return reference.et_score(c.y, c.x, c.beta, c.lam, c.prec, c.kind, "index").reshape(*a.batch, a.y.shape[-1])
+
+    s = range_guarded(op, name, metric, a.y, a.x, a.batch, run, near)
     if s is None:
         if a.y.dtype == torch.float64:
             return _rescaled(a.y, a.x, a.beta, lam, metric, backend)

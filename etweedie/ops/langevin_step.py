@@ -28,6 +28,7 @@ from ._prep import (
     flat,
     front,
     kernel_or_reference,
+    near_mode,
     plain_rows,
     range_guarded,
     rows_args,
@@ -113,7 +114,7 @@ def langevin_step(
         xi = flat(noise, c.batch, (d,)).contiguous()
         alpha = flat(step_t, c.batch, ())
         if name == "reference":
-            return reference.langevin_step(c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
+            return reference.langevin_step(c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind, near_mode(c.y))
         if c.kind == DENSE:
             # The update lives in the original space: whitened score kernel, then the update.
             zy, zx, ones, L = whiten_dense(c)
@@ -122,7 +123,12 @@ def langevin_step(
             return c.y + al * s + torch.sqrt(2 * al) * xi
         return _kernel(name, c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
 
-    out = range_guarded(op, name, metric, a.y, a.x, a.batch, run)
+    def near():  # a float64 row with a draw nearer to y than the kernel's range: the exact reference form
+        c = shape_rows(a)
+        xi, alpha = flat(noise, c.batch, (d,)).contiguous(), flat(step_t, c.batch, ())
+        return reference.langevin_step(c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind, "index").reshape(*a.batch, d)
+
+    out = range_guarded(op, name, metric, a.y, a.x, a.batch, run, near)
     if out is None:
         if y.dtype == torch.float64:  # beyond float64's range: the score on rescaled data, then the step
             s = et_score(y, x, beta, lam, metric, backend=backend)

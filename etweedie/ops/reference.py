@@ -34,24 +34,66 @@ def _residual_weight(q: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     return torch.where(pos, q_safe ** ((b - 2) / 2), at_zero)
 
 
-def et_score_with_mean(y, x, beta, lam, prec, kind) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(s, m): s(y) = −λ P m, m = (1/N) Σ_i ‖y − x_i‖_P^{β−2} (y − x_i)."""
+#: How a reference call treats near pairs (a distinct draw with q = ‖y − x_i‖²_P below NEAR_Q, e.g.
+#: |y − x_i| < 1e-150 in float64, 1e-19 in float32, where q^{(β−2)/2} or its slope over- or
+#: underflows): None, the plain formula (what a user would write; the benchmarks' baseline), whose
+#: weight there is 0 and whose gradient is NaN; "index", recompute those pairs exactly (reads the
+#: values: eager CPU calls); "where", the same without reading values (a select over every pair:
+#: GPU calls, torch.compile).
+NEAR_PAIR_MODES = (None, "index", "where")
+#: The smallest q computed by the plain formula per dtype: the kernels' q_in_range (csrc/common/et_score.h).
+NEAR_Q = {torch.float32: 2.0**-64, torch.float64: 2.0**-500}
+
+
+def _weighted_residuals(u, q, beta, prec, kind, near_pairs) -> torch.Tensor:
+    """w_i u_i = q_i^{(β−2)/2} u_i for every pair (B, N, d).
+
+    A near pair is recomputed on its residual scaled by an exact power of two, ũ = 2^{−e} u with
+    2^{e−1} ≤ max_j |u_j| < 2^e: q̃ = ũᵀPũ is then of order 1, and w u = q̃^{(β−2)/2} ũ · 2^{e(β−1)}
+    (the term is homogeneous of degree β − 1 in u).  Pairs that are not near keep e = 0, so the
+    recomputation equals the plain one there and its gradient stays finite."""
+    if near_pairs is None:
+        return _residual_weight(q, beta).unsqueeze(-1) * u
+    near = (q < NEAR_Q.get(q.dtype, torch.finfo(q.dtype).tiny)) & (u != 0).any(-1)  # (B, N)
+    # the plain term's q kept away from the near pairs: their slope there is inf, and inf times the
+    # zero gradient the replaced entries receive would be NaN
+    wu = _residual_weight(torch.where(near, torch.ones_like(q), q), beta).unsqueeze(-1) * u
+    b = beta.reshape(-1, *([1] * (q.dim() - 1))).expand_as(q)
+    if near_pairs == "index":
+        if not bool(near.any()):
+            return wu
+        rows, cols = near.nonzero(as_tuple=True)
+        un, bn = u[rows, cols], b[rows, cols]  # (K, d), (K,)
+        e = torch.frexp(un.abs().amax(-1))[1]
+        ut = torch.ldexp(un, -e.unsqueeze(-1).to(un.dtype))
+        qt = (ut * apply_precision(prec[rows], kind, ut)).sum(-1)
+        fixed = (_residual_weight(qt, bn) * torch.exp2(e.to(un.dtype) * (bn - 1))).unsqueeze(-1) * ut
+        return wu.index_put((rows, cols), fixed)
+    e = torch.where(near, torch.frexp(u.abs().amax(-1))[1], torch.zeros_like(q, dtype=torch.int32))
+    ut = torch.ldexp(u, -e.unsqueeze(-1).to(u.dtype))
+    qt = (ut * apply_precision(prec, kind, ut)).sum(-1)
+    fixed = (_residual_weight(qt, beta) * torch.exp2(e.to(u.dtype) * (b - 1))).unsqueeze(-1) * ut
+    return torch.where(near.unsqueeze(-1), fixed, wu)
+
+
+def et_score_with_mean(y, x, beta, lam, prec, kind, near_pairs=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(s, m): s(y) = −λ P m, m = (1/N) Σ_i ‖y − x_i‖_P^{β−2} (y − x_i); ``near_pairs``: one of
+    :data:`NEAR_PAIR_MODES` (the op passes "index" or "where"; None is the plain formula)."""
     u = y.unsqueeze(1) - x.to(y.dtype)  # (B, N, d): the buffer the fused kernel never writes
     q = (u * apply_precision(prec, kind, u)).sum(-1)
-    w = _residual_weight(q, beta)
-    m = (w.unsqueeze(-1) * u).mean(1)
+    m = _weighted_residuals(u, q, beta, prec, kind, near_pairs).mean(1)
     s = -lam.unsqueeze(-1) * apply_precision(prec, kind, m)
     return s, m
 
 
-def et_score(y, x, beta, lam, prec, kind) -> torch.Tensor:
+def et_score(y, x, beta, lam, prec, kind, near_pairs=None) -> torch.Tensor:
     """Energy-Tweedie score −λ P (1/N) Σ_i ‖y − x_i‖_P^{β−2}(y − x_i), shape (B, d)."""
-    return et_score_with_mean(y, x, beta, lam, prec, kind)[0]
+    return et_score_with_mean(y, x, beta, lam, prec, kind, near_pairs)[0]
 
 
-def langevin_step(y, x, noise, step, beta, lam, prec, kind) -> torch.Tensor:
+def langevin_step(y, x, noise, step, beta, lam, prec, kind, near_pairs=None) -> torch.Tensor:
     """y + α s(y) + sqrt(2α) ξ with α = step (B,) and ξ = noise (B, d)."""
-    s = et_score(y, x, beta, lam, prec, kind)
+    s = et_score(y, x, beta, lam, prec, kind, near_pairs)
     a = step.unsqueeze(-1)
     return y + a * s + torch.sqrt(2 * a) * noise
 

@@ -112,7 +112,11 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
             return unwhiten_score(_kernel(name, zy, zx, cf, ones, 0), L)
         return _kernel(name, cn.y, cn.x, cf, cn.prec, cn.kind)
 
-    s = range_guarded(_OP, name, metric, a.y, a.x, a.batch, run)
+    def near():  # a float64 row with a draw nearer to y than the kernel's range: 1/(1 + q) needs no care there
+        cn = shape_rows(a)
+        return reference.student_t_score(cn.y, cn.x, flat(cv, cn.batch, ()), cn.prec, cn.kind).reshape(*a.batch, d)
+
+    s = range_guarded(_OP, name, metric, a.y, a.x, a.batch, run, near)
     if s is None:  # float32 norms that over/underflow: compute in float64, round the result
         if y.dtype == torch.float64:  # not homogeneous (1 + ‖u‖²): no rescaling
             raise float64_range_error(_OP)
