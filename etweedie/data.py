@@ -344,7 +344,13 @@ def _sir_log_weights(noise_law, bank: torch.Tensor):
         beta = float(noise_law.beta)
         rate = float(noise_law.lam) / beta
 
+        # the GEMM form ‖a‖² + ‖b‖² − 2a·b rounds at the size of ‖a‖², so both sides are centred on
+        # the bank's mean first (the distances are unchanged): far from the origin the float32
+        # weights would otherwise lose every digit (translation-equivariance)
+        centre = bank.mean(0)
+
         def whiten(u: torch.Tensor) -> torch.Tensor:
+            u = u - centre
             return u if metric is None else metric.to(u.dtype).whiten(u)
 
         z_bank = whiten(bank)
