@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -92,6 +92,13 @@ def _as_float_tensor(value, name: str, like: Optional[torch.Tensor] = None) -> t
     dtype = like.dtype if like is not None else torch.get_default_dtype()
     device = like.device if like is not None else None
     return torch.tensor(float(value), dtype=dtype, device=device)
+
+
+def _promoted(param: torch.Tensor, u: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A block/dense metric parameter and data in their common dtype, as the elementwise
+    isotropic and diagonal forms promote (a matmul or triangular solve would refuse, or cast)."""
+    dt = torch.promote_types(param.dtype, u.dtype)
+    return param.to(dt), u.to(dt)
 
 
 class Metric:
@@ -292,7 +299,7 @@ class Metric:
         it makes the gradient with respect to S symmetric on every path: the reference inverts
         S while the kernels take a Cholesky factor, which reads one triangle only, so without
         it the backends would disagree on the (meaningless) antisymmetric part."""
-        return 0.5 * (self.param + self.param.transpose(-1, -2))
+        return 0.5 * self.param + 0.5 * self.param.transpose(-1, -2)  # (no overflow near the dtype's largest value)
 
     def covariance(self, d: int) -> torch.Tensor:
         """Dense Σ, shape ``(*batch, d, d)``."""
@@ -347,10 +354,10 @@ class Metric:
             # blocks (..., d/k, k) @ (..., k, k): the block index is already the matrix row
             # dim, so S needs no extra broadcast dim (one would pair every row of u with every
             # per-row metric).
-            S = self._param_for(u, 2, sample_dims)
+            S, u = _promoted(self._param_for(u, 2, sample_dims), u)
             ub = self._blocks(u)
             return (ub @ S.transpose(-1, -2)).reshape(u.shape)
-        Sigma = self._param_for(u, 2, sample_dims)
+        Sigma, u = _promoted(self._param_for(u, 2, sample_dims), u)
         return (u.unsqueeze(-2) @ Sigma.transpose(-1, -2)).squeeze(-2)
 
     def whiten(self, u: torch.Tensor, sample_dims: int = 0) -> torch.Tensor:
@@ -362,9 +369,9 @@ class Metric:
         if self.kind == "diagonal":
             return L._param_for(u, 1, sample_dims) * u
         if self.kind == "block":
-            Lk = L._param_for(u, 2, sample_dims)
+            Lk, u = _promoted(L._param_for(u, 2, sample_dims), u)
             return (self._blocks(u) @ Lk).reshape(u.shape)
-        Ld = L._param_for(u, 2, sample_dims)
+        Ld, u = _promoted(L._param_for(u, 2, sample_dims), u)
         return (u.unsqueeze(-2) @ Ld).squeeze(-2)
 
     def unwhiten(self, z: torch.Tensor, sample_dims: int = 0) -> torch.Tensor:
@@ -385,11 +392,11 @@ class Metric:
             return self._param_for(z, 1, sample_dims).sqrt() * z
         L = Metric.trusted(self.kind, self.whitening_factor())
         if self.kind == "block":
-            Lk = L._param_for(z, 2, sample_dims)
+            Lk, z = _promoted(L._param_for(z, 2, sample_dims), z)
             # row form of Lᵀ u = z is uᵀ L = zᵀ: solve X L = Z for the rows X.
             ub = torch.linalg.solve_triangular(Lk, self._blocks(z), upper=False, left=False)
             return ub.reshape(z.shape)
-        Ld = L._param_for(z, 2, sample_dims)
+        Ld, z = _promoted(L._param_for(z, 2, sample_dims), z)
         return torch.linalg.solve_triangular(Ld, z.unsqueeze(-2), upper=False, left=False).squeeze(-2)
 
     def sq_norm(self, u: torch.Tensor, sample_dims: int = 0) -> torch.Tensor:
@@ -464,6 +471,10 @@ def _check_spd(M: torch.Tensor, name: str) -> None:
         return
     if not bool(torch.isfinite(M).all()):
         raise ValueError(f"{name} must be symmetric positive definite, got a matrix with NaN or infinite entries")
+    tiny = torch.finfo(M.dtype).tiny  # a subnormal variance has no finite precision (as _check_positive)
+    if bool((M.diagonal(dim1=-2, dim2=-1) < tiny).any()):
+        raise ValueError(f"{name} must be symmetric positive definite with diagonal entries of at least {tiny:.4g} "
+                         f"(the smallest normal {M.dtype}, so that its inverse is finite), got a smaller diagonal entry")
     if not torch.allclose(M, M.transpose(-1, -2), rtol=1e-5, atol=1e-6 * float(M.abs().max())):
         raise ValueError(f"{name} must be symmetric positive definite, got a non-symmetric matrix")
     info = torch.linalg.cholesky_ex(M).info

@@ -275,3 +275,29 @@ def test_precision_cache_never_hides_a_gradient_or_an_inference_tensor():
         tangent = fwAD.unpack_dual(Metric.block(dual).precision_param()).tangent
     P = torch.linalg.inv(torch.tensor([[1.2, 0.3], [0.3, 0.8]]))
     torch.testing.assert_close(tangent, -P @ P)
+
+
+@pytest.mark.parametrize("kind", ["block", "dense"])
+def test_block_and_dense_metrics_promote_mixed_dtypes_like_the_diagonal_ones(kind):
+    """A float64 Σ applied to float32 data (and the reverse) computes in float64, as the
+    elementwise isotropic/diagonal forms do, instead of a matmul dtype error or a silent cast."""
+    S = torch.tensor([[1.2, 0.3], [0.3, 0.8]], dtype=torch.float64)
+    m = Metric.block(S) if kind == "block" else Metric.dense(S)
+    u32 = torch.tensor([[0.5, -1.0]])
+    for f in (m.apply_covariance, m.apply_precision, m.whiten, m.unwhiten):
+        got = f(u32)
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, f(u32.double()))
+    m32 = Metric.block(S.float()) if kind == "block" else Metric.dense(S.float())
+    assert m32.whiten(u32.double()).dtype == torch.float64
+
+
+@pytest.mark.parametrize("kind", ["block", "dense"])
+def test_a_huge_or_subnormal_sigma(kind):
+    """Σ near float32's largest value: the symmetrization must not overflow (it made P = 0 and
+    every score 0); a subnormal Σ is refused like a subnormal isotropic variance."""
+    make = Metric.block if kind == "block" else Metric.dense
+    m = make(torch.eye(2) * 2e38)
+    torch.testing.assert_close(m.precision_param().diagonal(), torch.full((2,), 5e-39), rtol=1e-5, atol=0)
+    with pytest.raises(ValueError, match="diagonal entries of at least"):
+        make(torch.eye(2) * 1e-40)
