@@ -535,11 +535,13 @@ class NoiseParams:
 
     def metric(self, d: int) -> Metric:
         """The block metric ``Metric.from_params(sigma, u, v, beta, d)``; d even."""
-        return Metric.from_params(self.sigma, self.u, self.v, self.beta, d)
+        beta, _, sigma, u, v = self._tensors()  # one dtype for all fields (a Python float would round to float32)
+        return Metric.from_params(sigma, u, v, beta, d)
 
     def noise(self, d: int) -> GeneralizedGaussian:
         """``GeneralizedGaussian(beta, lam, self.metric(d), dim=d)``: the noise law in dimension d."""
-        return GeneralizedGaussian(self.beta, self.lam, self.metric(d), dim=d)
+        beta, lam = self._tensors()[:2]
+        return GeneralizedGaussian(beta, lam, self.metric(d), dim=d)
 
     def realized_rms(self) -> torch.Tensor:
         """Per-coordinate RMS of the noise, ``σ λ^{−1/β}``, shape ``batch_shape``."""

@@ -301,3 +301,22 @@ def test_a_huge_or_subnormal_sigma(kind):
     torch.testing.assert_close(m.precision_param().diagonal(), torch.full((2,), 5e-39), rtol=1e-5, atol=0)
     with pytest.raises(ValueError, match="diagonal entries of at least"):
         make(torch.eye(2) * 1e-40)
+
+
+def test_scale_constant_is_accurate_in_float32_at_image_dimensions():
+    """c_{β,d} from a float32 β equals the float64 value rounded (the lgamma difference at
+    d = 784 cancels: evaluated in float32 it was off by 2e-4, and so was the noise's RMS)."""
+    for beta in (0.3, 1.0, 1.3, 1.9):
+        c32 = scale_constant(torch.tensor(beta), 784)
+        c64 = scale_constant(torch.tensor(beta).double(), 784)  # the same (float32-rounded) β
+        assert c32.dtype == torch.float32
+        assert abs(float(c32) / float(c64) - 1) < 3e-7, beta
+
+
+def test_noise_params_build_the_law_in_one_dtype():
+    from etweedie import NoiseParams
+
+    p = NoiseParams(beta=torch.tensor(1.4, dtype=torch.float64), lam=1.8, sigma=0.57, u=0.0, v=0.6)
+    law = p.noise(2)
+    assert p.metric(2).dtype == torch.float64 and law.metric.dtype == torch.float64
+    torch.testing.assert_close(law.realized_rms(), p.realized_rms(), rtol=1e-15, atol=0)
