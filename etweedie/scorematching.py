@@ -248,8 +248,9 @@ class ConditionalScoreNet(ScoreNet):
     def features(self, sigma, like: torch.Tensor) -> torch.Tensor:
         """σ (float or tensor broadcasting to ``like.shape[:-1]``) → σ expanded to that shape."""
         sigma = torch.as_tensor(sigma, dtype=like.dtype, device=like.device)
-        if sigma.numel() and not bool((sigma > 0).all()):
-            raise ValueError(f"sigma must be > 0, got min {float(sigma.min()):.4g}")
+        if sigma.numel() and not bool(((sigma > 0) & torch.isfinite(sigma)).all()):
+            bad = sigma[~((sigma > 0) & torch.isfinite(sigma))].flatten()[0]
+            raise ValueError(f"sigma must be > 0 and finite, got {float(bad):.4g}")
         try:
             sigma = sigma.expand(like.shape[:-1])
         except RuntimeError:
@@ -624,6 +625,7 @@ class LearnedScore:
         return isinstance(self.net, ConditionalScoreNet)
 
     def __call__(self, y: torch.Tensor, sigma=None) -> torch.Tensor:
+        _check_input(y, self.net.dim, type(self.net).__name__)
         dtype = next(self.net.parameters()).dtype
         with torch.no_grad():
             if self.conditional:
@@ -631,6 +633,8 @@ class LearnedScore:
                     raise ValueError("this score is conditional: pass the known noise level sigma")
                 out = self.net(y.to(dtype), sigma)
             else:
+                if sigma is not None:
+                    raise ValueError("this score is unconditional (trained at one noise level): call it without sigma")
                 out = self.net(y.to(dtype))
         return out.to(y.dtype)
 

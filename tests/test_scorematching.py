@@ -307,3 +307,21 @@ def test_fit_score_leaves_the_global_rng_alone_and_checks_its_arguments():
     for key in ("lr", "weight_decay"):
         with pytest.raises(ValueError, match=f"{key} must be a finite float"):
             fit_score(y, steps=2, generator=torch.Generator().manual_seed(1), progress=False, **{key: float("inf")})
+
+
+def test_learned_score_checks_its_inputs():
+    """An integer or non-tensor y is a TypeError (an int y came back truncated to int64), a sigma
+    for an unconditional score a ValueError (it was ignored), and σ = inf is refused (it made the
+    whole network NaN during fit_score)."""
+    score = LearnedScore(ScoreNet(2, hidden=8, depth=1))
+    with pytest.raises(TypeError, match="floating-point"):
+        score(torch.zeros(1, 2, dtype=torch.int64))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        score([[0.0, 0.0]])
+    with pytest.raises(ValueError, match="unconditional"):
+        score(torch.zeros(1, 2), 0.5)
+    with pytest.raises(ValueError, match="sigma must be > 0 and finite, got inf"):
+        ConditionalScoreNet(2, hidden=4, depth=1)(torch.zeros(3, 2), float("inf"))
+    with pytest.raises(ValueError, match="sigma must be > 0 and finite"):
+        fit_score([torch.zeros(8, 2), torch.zeros(8, 2)], [0.5, float("inf")], steps=1, generator=torch.Generator(),
+                  progress=False)
