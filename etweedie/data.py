@@ -140,12 +140,20 @@ class EightGaussians:
         sq = (x[..., None, :] - mu).pow(2).sum(-1)  # (..., K)
         return -0.5 * sq / var - torch.log(2 * math.pi * var) - math.log(self.n_modes)
 
+    def _responsibilities(self, x: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+        """softmax_k of _log_joint, ``(..., K)``, from the terms that depend on k only:
+        (x·μ_k − ½‖μ_k‖²)/var (‖x − μ_k‖² overflows for a far x — 1e20 in float32 — and the
+        softmax of −inf everywhere is NaN)."""
+        mu = self.means(x.dtype, x.device)
+        logits = (x @ mu.T - 0.5 * (mu * mu).sum(-1)) / var[..., None]
+        return torch.softmax(logits, dim=-1)
+
     def _mixture_log_prob(self, x: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
         return torch.logsumexp(self._log_joint(x, var), dim=-1)
 
     def _mixture_score(self, x: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
         # ∇ log Σ_k π_k N(x; μ_k, v) = Σ_k r_k(x) (μ_k − x)/v, r = responsibilities.
-        resp = torch.softmax(self._log_joint(x, var), dim=-1)
+        resp = self._responsibilities(x, var)
         mean_of_means = resp @ self.means(x.dtype, x.device)
         return (mean_of_means - x) / var[..., None]
 
@@ -188,7 +196,7 @@ class EightGaussians:
         """Component weights (..., K), means (..., K, 2) and the shared variance (...)."""
         tau2, s2 = self.std**2, s**2
         total = tau2 + s2
-        weights = torch.softmax(self._log_joint(y, total), dim=-1)
+        weights = self._responsibilities(y, total)
         mu = self.means(y.dtype, y.device)
         shrink = (s2 / total)[..., None, None]  # weight on μ_k; the rest goes to y
         comp_means = shrink * mu + (1 - shrink) * y[..., None, :]
@@ -240,10 +248,15 @@ class EightGaussians:
         rows = weights.shape[0]
         if rows == 0:
             return y.new_empty(*batch, n, 2)
+        # a NaN or inf query has no posterior: its draws are NaN (the other rows are drawn as usual)
+        bad = ~torch.isfinite(weights).all(-1)
+        weights = torch.where(bad[:, None], torch.ones_like(weights), weights)
         index = torch.multinomial(weights, n, replacement=True, generator=generator)  # (rows, n)
         centre = torch.gather(comp_means, 1, index[..., None].expand(rows, n, 2))
         eps = torch.randn(rows, n, 2, generator=generator, dtype=y.dtype, device=y.device)
-        return (centre + comp_std * eps).reshape(*batch, n, 2)
+        out = centre + comp_std * eps
+        out = torch.where(bad[:, None, None], torch.full_like(out, float("nan")), out)
+        return out.reshape(*batch, n, 2)
 
 
 # ---------------------------------------------------------------------------- SIR posterior

@@ -315,3 +315,17 @@ def test_sir_rejects_bad_arguments(ring):
     for call, error, name in cases:
         with pytest.raises(error, match=name):
             call()
+
+
+def test_ring_far_queries_and_nan_queries(ring):
+    """A finite query far from the ring (1e20 in float32) has the finite score and posterior mean
+    of its nearest mode (‖y − μ_k‖² overflowed: NaN); a NaN query gets NaN draws, the others are
+    drawn as if alone (it crashed torch.multinomial)."""
+    y = torch.tensor([[1e20, 0.0]])
+    torch.testing.assert_close(ring.noisy_score(y, 0.5), ring.noisy_score(y.double(), 0.5).float())
+    assert torch.isfinite(ring.posterior_mean(y, 0.5)).all()
+    mixed = torch.tensor([[float("nan"), 0.0], [0.3, -0.2]])
+    x = ring.posterior_sample(mixed, 0.5, 6, fixed(40))
+    assert torch.isnan(x[0]).all() and torch.isfinite(x[1]).all()
+    alone = ring.posterior_sample(torch.tensor([[0.0, 0.0], [0.3, -0.2]]), 0.5, 6, fixed(40))
+    torch.testing.assert_close(x[1], alone[1])
