@@ -28,6 +28,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -295,7 +296,20 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    report = run(args)
+    prog = "python -m benchmarks.bench_mnist_sampler"
+    flags = [("--width", args.width), ("--depth", args.depth), ("--chains", args.chains), ("--n-posterior", args.n_posterior),
+             ("--levels", args.levels), ("--steps", args.steps), ("--repeats", args.repeats), ("--rounds", args.rounds),
+             ("--chunk-chains", args.chunk_chains), ("--first-level-steps", args.first_level_steps), ("--threads", args.threads)]
+    try:  # one line and exit status 2 for a value the run cannot use, before any timing
+        for flag, value in flags:
+            if value is not None and value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+        if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+            raise ValueError(f"--json {args.json!r}: its folder does not exist")
+        report = run(args)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     print(format_table(report))
     if args.json:
         with open(args.json, "w") as f:

@@ -194,13 +194,14 @@ def format_targets(ts: Sequence[Target]) -> str:
 
 
 def select(only: Optional[str]):
-    """The case factories (named by their ids) whose id starts with one of ``only``'s names."""
+    """The case factories (named by their ids) whose id starts with one of ``only``'s names (a
+    ValueError when none matches)."""
     if not only:
         return list(CASES)
     names = [s.strip() for s in only.split(",") if s.strip()]
     chosen = [f for f in CASES if any(f.__name__.startswith(n) for n in names)]
     if not chosen:
-        raise SystemExit(f"--only {only!r} matches no workload; ids: {', '.join(f.__name__ for f in CASES)}")
+        raise ValueError(f"--only {only!r} matches no workload; ids: {', '.join(f.__name__ for f in CASES)}")
     return chosen
 
 
@@ -214,8 +215,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--cpu-time", action="store_true",
                    help="time process CPU time (time.process_time) instead of wall time; use with --threads 1")
     args = p.parse_args(argv)
-
-    chosen = select(args.only)
+    try:  # flag values checked before minutes of timing: one line and exit status 2
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        if args.json:
+            folder = os.path.dirname(os.path.abspath(args.json))
+            if os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+                raise ValueError(f"--json {args.json!r} is not a writable file path (its folder must exist)")
+        chosen = select(args.only)
+    except ValueError as exc:
+        print(f"{p.prog}: error: {exc}", file=sys.stderr)
+        return 2
     set_threads(args.threads)
     env = environment()
     copy_mib = 64 if args.quick else COPY_MIB

@@ -24,3 +24,29 @@ def test_host_overhead_script_runs(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     assert "| et_score iso | cpu |" in run.stdout and "| energy_score block fwd+bwd | gpu-like |" in run.stdout
     assert out.exists()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--only", "nomatch"], "--only 'nomatch' matches no workload"),
+    (["--threads", "0"], "--threads must be >= 1"),
+    (["--json", "/nonexistent_dir/x.json"], "is not a writable file path"),
+])
+def test_table_flag_errors_are_one_line(args, words, capsys):
+    from benchmarks.table import main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--posterior", "/nonexistent"], "no posterior or checkpoint"),
+    (["--chains", "0"], "--chains must be >= 1"),
+    (["--levels", "0"], "--levels must be >= 1"),
+])
+def test_mnist_sampler_bench_flag_errors_are_one_line(args, words, capsys):
+    from benchmarks.bench_mnist_sampler import main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
