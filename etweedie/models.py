@@ -426,6 +426,12 @@ class EngressionPosterior(nn.Module):
             raise ValueError(
                 f"eta's batch shape {tuple(eta.shape[:-1])} must broadcast with y's {tuple(y.shape[:-1])}"
             ) from None
+        if eta.device.type == "cpu" and eta.numel():  # values read where that is free (no device sync)
+            beta = eta[..., 0]
+            if not bool(torch.isfinite(eta).all() & ((beta > 0) & (beta <= 2)).all()):
+                bad = eta.reshape(-1, ETA_DIM)[~(torch.isfinite(eta).all(-1) & (beta > 0) & (beta <= 2)).reshape(-1)][0]
+                raise ValueError(f"eta must be finite with β = eta[..., 0] in (0, 2] (η = (β, log λ, log σ, u, v)), "
+                                 f"got {[round(float(v), 6) for v in bad]}")
         rows = math.prod(batch)
         dtype = param.dtype
         y_rows = y.to(dtype).expand(*batch, self.dim).reshape(rows, self.dim)

@@ -299,6 +299,7 @@ class GeneralizedGaussian(_MetricNoise):
 
         Shape ``batch_shape``.
         """
+        d = self._resolve_dim(d)
         beta, lam = self.beta, self.lam
         const = math.log(2.0) + 0.5 * d * math.log(math.pi) - math.lgamma(0.5 * d)
         return (
@@ -454,6 +455,7 @@ class StudentT(_MetricNoise):
 
     def log_normalizer(self, d: int) -> torch.Tensor:
         """log Z = ½ logdet Σ + (d/2) log π + lgamma(c − d/2) − lgamma(c), shape ``batch_shape``."""
+        d = self._resolve_dim(d)
         self._check_c(d)
         return self._half_logdet(d) + 0.5 * d * math.log(math.pi) + torch.lgamma(self.c - d / 2) - torch.lgamma(self.c)
 

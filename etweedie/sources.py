@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional, Tuple, Union
 
 import torch
@@ -158,9 +159,14 @@ class MnistSource(TensorSource):
         if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.dim() not in (2, 3):
             got = f"{images.dtype} {tuple(images.shape)}" if isinstance(images, torch.Tensor) else type(images).__name__
             raise TypeError(f"images must be a uint8 tensor (n, 784) or (n, 28, 28), got {got}")
-        low, high = (float(t) for t in pixel_range)
-        if not low < high:
-            raise ValueError(f"pixel_range must be (low, high) with low < high, got {tuple(pixel_range)!r}")
+        try:
+            low, high = (float(t) for t in pixel_range)
+        except (TypeError, ValueError):
+            raise ValueError(f"pixel_range must be two numbers (low, high), got {pixel_range!r}") from None
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"pixel_range must be (low, high), finite, with low < high, got {tuple(pixel_range)!r}")
+        if images.numel() == 0:
+            raise ValueError(f"images must hold at least one image with at least one pixel, got shape {tuple(images.shape)}")
         if not isinstance(dequantize, bool):
             raise TypeError(f"dequantize must be a bool, got {type(dequantize).__name__}")
         self.pixel_range, self.dequantize = (low, high), dequantize

@@ -59,7 +59,7 @@ def derive_seed(seed: int, *keys) -> int:
         >>> derive_seed(0, ("queries", "beta", 0)) == zlib.crc32(repr(("queries", "beta", 0)).encode())
         True
     """
-    h = check_int(seed, "seed", minimum=0)
+    h = check_int(seed, "seed", minimum=0) % _MODULUS  # a seed of 2⁶⁴ fits torch's 64-bit seed after it too
     for key in keys:
         h = (h * _MULTIPLIER + _tag(key)) % _MODULUS
     return h

@@ -196,6 +196,8 @@ def test_eta_normalization_maps_box_to_unit_cube():
         (dict(y=torch.zeros(4, 2, dtype=torch.int64)), TypeError, "y must be a floating-point"),
         (dict(eta=torch.zeros(4)), ValueError, "eta must have shape (..., 5)"),
         (dict(eta=torch.zeros(3, 5)), ValueError, "must broadcast"),
+        (dict(eta=torch.tensor([0.0, 0.5, -0.5, 0.0, 0.0])), ValueError, "eta must be finite with β"),
+        (dict(eta=torch.tensor([1.4, float("nan"), -0.5, 0.0, 0.0])), ValueError, "eta must be finite"),
         (dict(n=0), ValueError, "n must be >= 1"),
         (dict(n=2.0), TypeError, "n must be an int"),
         (dict(generator=None), TypeError, "generator must be a torch.Generator"),

@@ -422,3 +422,12 @@ def test_bad_inputs_raise_named_errors():
         NoiseParams(1.4, 1.0, 0.5).noise(3)
     with pytest.raises(ValueError, match="r must be > 0"):
         NoiseParams.sigma_for_rms(0.0, 1.0, 1.4)
+
+
+def test_log_normalizer_checks_d():
+    from etweedie import GeneralizedGaussian, StudentT
+
+    for law in (GeneralizedGaussian(1.0), StudentT(3.0)):
+        for d in (0, 2.5):
+            with pytest.raises((ValueError, TypeError), match="dim must be a positive int"):
+                law.log_normalizer(d)

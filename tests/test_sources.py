@@ -199,3 +199,20 @@ def test_mnist_config_source_trains_and_lowers_the_held_out_score(tmp_path):
     summary = train(config, tmp_path / "mnist", progress=False)
     after = held_out_loss(load_posterior(summary["posterior"]), config, data=held, n_examples=256, draws=4)
     assert after < 0.97 * before, (before, after)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(images=torch.zeros(0, 28, 28, dtype=torch.uint8)), "at least one image"),
+    (dict(pixel_range=(0, 1, 2)), "pixel_range must be two numbers"),
+    (dict(pixel_range=(0.0, float("inf"))), "pixel_range must be (low, high), finite"),
+])
+def test_mnist_source_refuses_what_it_cannot_scale(kwargs, words):
+    args = {"images": torch.zeros(2, 784, dtype=torch.uint8), **kwargs}
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        MnistSource(**args)
+
+
+def test_derive_seed_accepts_any_nonnegative_int_seed():
+    from etweedie.utils import derive_seed, substream
+
+    assert derive_seed(2**64) == derive_seed(2**64 % 2**63) and substream(2**64).initial_seed() == 0
