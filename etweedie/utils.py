@@ -15,6 +15,7 @@ others' draws unchanged; files that must never be half-written go through
 from __future__ import annotations
 
 import os
+import secrets
 import zlib
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Tuple, Union
@@ -80,7 +81,8 @@ def atomic_write(path: Union[str, os.PathLike], write: Union[str, bytes, Callabl
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    # a name of this writer's own: two writers of one path (or a user's own <name>.tmp) never share it
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         if isinstance(write, str):
             tmp.write_text(write)

@@ -216,3 +216,14 @@ def test_derive_seed_accepts_any_nonnegative_int_seed():
     from etweedie.utils import derive_seed, substream
 
     assert derive_seed(2**64) == derive_seed(2**64 % 2**63) and substream(2**64).initial_seed() == 0
+
+
+def test_atomic_write_uses_a_temporary_name_of_its_own(tmp_path):
+    """A file the user keeps as <name>.tmp survives (it was overwritten, then deleted), and nothing
+    is left beside the written file."""
+    from etweedie.utils import atomic_write
+
+    (tmp_path / "a.txt.tmp").write_text("mine")
+    atomic_write(tmp_path / "a.txt", "new")
+    assert (tmp_path / "a.txt").read_text() == "new" and (tmp_path / "a.txt.tmp").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "a.txt.tmp"]
