@@ -186,6 +186,11 @@ class Metric:
         u = _as_float_tensor(u, "u", like=sigma)
         v = _as_float_tensor(v, "v", like=sigma)
         beta = _as_float_tensor(beta, "beta", like=sigma)
+        try:
+            torch.broadcast_shapes(sigma.shape, u.shape, v.shape, beta.shape)
+        except RuntimeError:
+            raise ValueError(f"sigma, u, v and beta must broadcast to one batch shape, got {tuple(sigma.shape)}, "
+                             f"{tuple(u.shape)}, {tuple(v.shape)} and {tuple(beta.shape)}") from None
         if _is_compiling():
             ok = (torch.isfinite(sigma) & (sigma > 0)).all() & ((beta > 0) & (beta <= 2)).all() & (u * u + v * v < 1).all()
             torch._assert_async(ok, "from_params: need finite sigma > 0, beta in (0, 2] and u²+v² < 1")
@@ -241,6 +246,8 @@ class Metric:
 
     def check_dim(self, d: int, name: str = "metric") -> None:
         """Raise ValueError unless this metric can act on vectors of dimension ``d``."""
+        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+            raise ValueError(f"d must be an int >= 1, got {d!r}")
         if self.kind in ("diagonal", "dense") and self.param.shape[-1] != d:
             raise ValueError(f"{name} is {self.kind} of dimension {self.param.shape[-1]}, but the data has d={d}")
         if self.kind == "block" and d % self.block_size:

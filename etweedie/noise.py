@@ -113,6 +113,13 @@ def _check_beta(beta: torch.Tensor) -> None:
         )
 
 
+def _check_law_dtype(named: dict) -> None:
+    """float32 or float64 parameters: sampling draws gamma variates, which torch has no 16-bit form of."""
+    for name, t in named.items():
+        if isinstance(t, torch.Tensor) and t.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"{name} must be float32 or float64 for a noise law, got {t.dtype}")
+
+
 def _check_positive(value: torch.Tensor, name: str) -> None:
     if not _is_compiling() and value.numel():
         ok = (value > 0) & torch.isfinite(value)
@@ -162,6 +169,11 @@ class _MetricNoise:
             raise ValueError(f"u must have last dimension d={self.dim}, got shape {tuple(u.shape)}")
         if self.metric is not None:
             self.metric.check_dim(d, "metric")
+        try:
+            torch.broadcast_shapes(u.shape[:-1], self.batch_shape)
+        except RuntimeError:
+            raise ValueError(f"u's leading dims {tuple(u.shape[:-1])} must broadcast with the law's batch shape "
+                             f"{tuple(self.batch_shape)}") from None
         return d
 
     # Geometry in the distribution layout (*sample, *batch, d): the metric's batch shape is
@@ -219,6 +231,7 @@ class GeneralizedGaussian(_MetricNoise):
         beta = _as_float_tensor(beta, "beta", like=ref)
         lam = _as_float_tensor(lam, "lam", like=ref)
         _check_devices({"beta": beta, "lam": lam, "metric": None if metric is None else metric.param})
+        _check_law_dtype({"beta": beta, "lam": lam, "metric": None if metric is None else metric.param})
         _check_beta(beta)
         _check_positive(lam, "lam")
         shapes = {"beta": beta.shape, "lam": lam.shape}
@@ -404,6 +417,7 @@ class StudentT(_MetricNoise):
         self._init_geometry(metric, dim)
         c = _as_float_tensor(c, "c", like=_reference(self.metric, c))
         _check_devices({"c": c, "metric": None if metric is None else metric.param})
+        _check_law_dtype({"c": c, "metric": None if metric is None else metric.param})
         _check_positive(c, "c")
         shapes = {"c": c.shape}
         if self.metric is not None:

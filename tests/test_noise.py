@@ -431,3 +431,17 @@ def test_log_normalizer_checks_d():
         for d in (0, 2.5):
             with pytest.raises((ValueError, TypeError), match="dim must be a positive int"):
                 law.log_normalizer(d)
+
+
+def test_shape_and_dtype_mistakes_are_named_errors():
+    from etweedie import GeneralizedGaussian, Metric
+
+    law = GeneralizedGaussian(torch.tensor([1.0, 1.5, 2.0]), 1.0, dim=2)
+    with pytest.raises(ValueError, match="must broadcast with the law's batch shape"):
+        law.log_prob(torch.zeros(4, 2))
+    with pytest.raises(TypeError, match="beta must be float32 or float64 for a noise law"):
+        GeneralizedGaussian(torch.tensor(1.2, dtype=torch.bfloat16), dim=2)
+    with pytest.raises(ValueError, match="must broadcast to one batch shape"):
+        Metric.from_params(torch.ones(3), torch.zeros(4), 0.0, 1.4, 2)
+    with pytest.raises(ValueError, match="d must be an int >= 1"):
+        Metric.isotropic(1.0).covariance(-1)
