@@ -500,6 +500,8 @@ def train_score_net(
     val_fraction = _check_fraction(val_fraction, "val_fraction", 0.0, 0.5)
     eval_every = check_int(eval_every, "eval_every", 1)
     val_batch = check_int(val_batch, "val_batch", 1)
+    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not 0 <= weight_decay < math.inf:
+        raise ValueError(f"weight_decay must be a finite float >= 0, got {weight_decay!r}")
     if cond is not None:
         cond = torch.as_tensor(cond, dtype=y.dtype, device=y.device)
         if cond.dim() == 0 or cond.shape[0] != y.shape[0]:
@@ -517,8 +519,6 @@ def train_score_net(
     n = y.shape[0]
     batch_size = min(batch_size, n)
     params = [p for p in model.parameters() if p.requires_grad]
-    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not 0 <= weight_decay < math.inf:
-        raise ValueError(f"weight_decay must be a finite float >= 0, got {weight_decay!r}")
     if weight_decay > 0:
         groups = [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": float(weight_decay)},
@@ -694,6 +694,8 @@ def fit_score(
         torch.Size([1, 2])
     """
     generator = check_generator(generator)
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
     if isinstance(observations, torch.Tensor):
         if sigmas is not None:
             raise ValueError("sigmas is only used with a sequence of per-level observation groups")
@@ -716,6 +718,13 @@ def fit_score(
             raise ValueError(
                 f"sigmas must give one known level per observation group ({len(groups)} groups), got {sigmas!r}"
             )
+        for i, level in enumerate(sigmas):
+            try:
+                value = float(level) if not isinstance(level, (bool, str, bytes)) else math.nan
+            except (TypeError, ValueError, RuntimeError):
+                value = math.nan
+            if not 0 < value < math.inf:
+                raise ValueError(f"sigmas[{i}] must be a finite float > 0 (a known noise level), got {level!r}")
         for i, g in enumerate(groups):
             _check_points(g, f"observations[{i}]")
             if g.shape[0] == 0:

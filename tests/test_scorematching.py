@@ -322,6 +322,19 @@ def test_learned_score_checks_its_inputs():
         score(torch.zeros(1, 2), 0.5)
     with pytest.raises(ValueError, match="sigma must be > 0 and finite, got inf"):
         ConditionalScoreNet(2, hidden=4, depth=1)(torch.zeros(3, 2), float("inf"))
-    with pytest.raises(ValueError, match="sigma must be > 0 and finite"):
+    with pytest.raises(ValueError, match=r"sigmas\[1\] must be a finite float > 0"):
         fit_score([torch.zeros(8, 2), torch.zeros(8, 2)], [0.5, float("inf")], steps=1, generator=torch.Generator(),
                   progress=False)
+
+
+def test_fit_score_names_a_bad_dtype_or_level():
+    g = torch.Generator()
+    with pytest.raises(TypeError, match="dtype must be torch.float32 or torch.float64"):
+        fit_score(torch.zeros(8, 2), dtype="float32", steps=1, generator=g, progress=False)
+    with pytest.raises(ValueError, match=r"sigmas\[1\] must be a finite float > 0"):
+        fit_score([torch.zeros(8, 2), torch.zeros(8, 2)], [0.5, "x"], steps=1, generator=g, progress=False)
+    state = g.get_state()
+    with pytest.raises(ValueError, match="weight_decay"):
+        train_score_net(ScoreNet(2, hidden=4, depth=1), torch.zeros(8, 2), steps=1, generator=g, progress=False,
+                        val_fraction=0.25, weight_decay=-1.0)
+    assert torch.equal(g.get_state(), state)  # refused before the validation split drew from it
