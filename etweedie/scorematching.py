@@ -364,7 +364,7 @@ def sliced_score_matching_vr_loss(
     if distribution not in ("gaussian", "rademacher"):
         raise ValueError(f"distribution must be 'gaussian' or 'rademacher', got {distribution!r}")
     n, d = y.shape
-    v = torch.randn(m, n, d, generator=generator, dtype=y.dtype, device=y.device)
+    v = torch.randn(m, n, d, generator=generator, dtype=y.dtype, device=generator.device).to(y.device)
     if distribution == "rademacher":
         v = torch.sign(v)
     y_rep = y.expand(m, n, d).reshape(m * n, d)
@@ -512,7 +512,7 @@ def train_score_net(
         n_val = int(round(val_fraction * y.shape[0]))
         if n_val < 1 or n_val >= y.shape[0]:
             raise ValueError(f"val_fraction={val_fraction} leaves no validation or no training rows for n={y.shape[0]}")
-        perm = torch.randperm(y.shape[0], generator=generator, device="cpu").to(y.device)
+        perm = torch.randperm(y.shape[0], generator=generator, device=generator.device).to(y.device)
         y_val, y = y[perm[:n_val]], y[perm[n_val:]]
         if cond is not None:
             c_val, cond = cond[perm[:n_val]], cond[perm[n_val:]]
@@ -536,7 +536,8 @@ def train_score_net(
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     ema_params = [p.detach().clone() for p in params] if ema > 0 else None
-    val_gen = torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=generator))) if y_val is not None else None
+    val_gen = (torch.Generator(device=generator.device).manual_seed(
+        int(torch.randint(2**62, (1,), generator=generator, device=generator.device))) if y_val is not None else None)
 
     def swap_in_ema():
         """Exchange the raw and the averaged weights (an involution)."""
@@ -553,7 +554,7 @@ def train_score_net(
         for s in range(0, y_val.shape[0], val_batch):
             yb = y_val[s : s + val_batch]
             cb = None if c_val is None else c_val[s : s + val_batch]
-            g = None if method == "exact" else torch.Generator().manual_seed(val_gen.initial_seed())
+            g = None if method == "exact" else torch.Generator(device=val_gen.device).manual_seed(val_gen.initial_seed())
             with torch.no_grad():
                 total += float(_loss(model, yb, cb, method, n_projections, g)) * yb.shape[0]
         return total / y_val.shape[0]
@@ -578,7 +579,7 @@ def train_score_net(
     model.train()
     bar = trange(steps, desc=f"score matching ({method})", disable=not progress, leave=False)
     for step in bar:
-        idx = torch.randint(n, (batch_size,), generator=generator, device="cpu").to(y.device)
+        idx = torch.randint(n, (batch_size,), generator=generator, device=generator.device).to(y.device)
         yb = y[idx]
         cb = None if cond is None else cond[idx]
         loss = _loss(model, yb, cb, method, n_projections, generator)
@@ -743,11 +744,11 @@ def fit_score(
         for layer in net.modules():
             if isinstance(layer, nn.Linear):
                 bound = 1.0 / math.sqrt(layer.in_features)
-                layer.weight.copy_(torch.empty_like(layer.weight).uniform_(-bound, bound, generator=generator))
-                layer.bias.copy_(torch.empty_like(layer.bias).uniform_(-bound, bound, generator=generator))
+                for p in (layer.weight, layer.bias):  # drawn where the generator lives, then copied in
+                    p.copy_(torch.empty(p.shape, dtype=p.dtype, device=generator.device).uniform_(-bound, bound, generator=generator))
         if isinstance(net.net, ResidualMLP):
             net.net.zero_block_outputs()
-    net = net.to(dtype)
+    net = net.to(device=y.device, dtype=dtype)  # the observations' device (CUDA too)
     result = train_score_net(
         net, y, cond, method=method, steps=steps, batch_size=batch_size, lr=lr,
         n_projections=n_projections, generator=generator, progress=progress, ema=ema,
