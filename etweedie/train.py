@@ -1238,6 +1238,14 @@ def _build_from(class_name: str, model_config: Dict[str, Any], state: Dict[str, 
     if not isinstance(model_config, dict):
         raise CheckpointError(f"{where}: model_config must be a dict, got {type(model_config).__name__}")
     try:
+        # the shapes the config implies, checked against the weights before anything is allocated:
+        # a config.json from elsewhere could otherwise ask for a network of any size
+        with torch.device("meta"):
+            shapes = {k: tuple(v.shape) for k, v in cls(**model_config).state_dict().items()}
+        given = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+        if shapes != given:
+            wrong = sorted(set(shapes) ^ set(given)) or sorted(k for k in shapes if shapes[k] != given[k])
+            raise ValueError(f"the weights' names or shapes differ from the config's network (first: {wrong[0]!r})")
         model = cls(**model_config)
         model.load_state_dict(state)
     except (TypeError, ValueError, RuntimeError, KeyError) as exc:

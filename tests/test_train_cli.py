@@ -199,3 +199,19 @@ def test_the_deadline_is_per_invocation(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "resumed from step 20" in text and "stopped at the deadline" not in text
     assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 60
+
+
+def test_a_config_asking_for_a_huge_network_is_refused_before_allocating(tmp_path):
+    """config.json's model_config is compared with the weights' shapes on the meta device first: a
+    file from elsewhere asking for width 10⁸ is a CheckpointError, not a multi-GB allocation."""
+    from etweedie.checkpoint import CheckpointError
+    from etweedie.train import load_posterior
+
+    out = tmp_path / "run"
+    assert _train("--out", out, "--steps", "2") == 0
+    meta_path = out / "posterior" / "config.json"
+    meta = json.loads(meta_path.read_text())
+    meta["model_config"]["width"] = 10**8
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="names or shapes differ from the config's network"):
+        load_posterior(out / "posterior")
