@@ -7,6 +7,7 @@ status (as every ``main`` here does, so that tests call it in-process) turns tha
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Tuple
@@ -28,7 +29,16 @@ def run(prog: str, description: str, add_arguments: Callable[[argparse.ArgumentP
     args, status = parse(parser, argv)
     if args is None:
         return status
-    return usage_error(prog, out=getattr(args, "out", None)) or cli_main(args)
+    status = usage_error(prog, out=getattr(args, "out", None))
+    if status:
+        return status
+    from etweedie.backends import BackendUnavailable
+
+    try:
+        return cli_main(args)
+    except BackendUnavailable as exc:  # e.g. ETWEEDIE_BACKEND=cuda on a machine without it
+        print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
 
 
 def usage_error(prog: str, minimums: Sequence[Tuple[str, Optional[int], int]] = (), out=None) -> int:
@@ -42,4 +52,12 @@ def usage_error(prog: str, minimums: Sequence[Tuple[str, Optional[int], int]] = 
     if isinstance(out, str) and Path(out).exists() and not Path(out).is_dir():
         print(f"{prog}: error: --out {out} is a file; give a folder (it is created when missing)", file=sys.stderr)
         return 2
+    if isinstance(out, str):  # the folder that would be created under: an existing, writable directory
+        base = Path(out).absolute()
+        while not base.exists() and base != base.parent:
+            base = base.parent
+        if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+            print(f"{prog}: error: --out {out} cannot be created: {base} is {'not writable' if base.is_dir() else 'a file'}",
+                  file=sys.stderr)
+            return 2
     return 0

@@ -104,3 +104,56 @@ def test_gpu_estimation_driver_dry_run_on_cpu(tmp_path, monkeypatch):
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # a finished training is recognised by its posterior/ folder: the posteriors share one archive
+    packed = sorted(p.name for p in (tmp_path / "pack").iterdir())
+    assert any(name.endswith("_posteriors.tar.gz") for name in packed), packed
+    assert not any(name.endswith("_unfinished.tar.gz") for name in packed), packed
+
+
+def test_gpu_drivers_recognise_a_finished_training(tmp_path):
+    """A run folder is finished when it holds its posterior (posterior/ with config.json, or a
+    legacy posterior.pt), not when it holds only its checkpoint."""
+    from experiments.eight_gaussians.gpu_diffusion_tables import finished
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint.pt").write_bytes(b"")
+    assert not finished(run)
+    (run / "posterior").mkdir()
+    (run / "posterior" / "config.json").write_text("{}")
+    assert finished(run)
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "posterior.pt").write_bytes(b"")
+    assert finished(legacy)
+
+
+@pytest.mark.parametrize("module, args", [
+    ("eight_gaussians.demo", ["--quick", "--no-progress"]),
+    ("eight_gaussians.score_eval", ["--oracle", "--config", "configs/score_eval_tiny.toml", "--no-progress"]),
+    ("eight_gaussians.diffusion", ["--posterior", "known", "--path", "rotating", "--chains", "64", "--levels", "3",
+                                   "--no-progress", "--no-figures"]),
+])
+def test_an_out_under_a_file_is_one_line_before_any_work(module, args, tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    mod = importlib.import_module(f"experiments.{module}")
+    assert mod.main(args + ["--out", str(afile / "sub")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot be created" in err[0] and "is a file" in err[0], err
+
+
+def test_an_unavailable_backend_request_is_one_line(tmp_path, monkeypatch, capsys):
+    """ETWEEDIE_BACKEND naming a backend this machine lacks: one line and exit 2 from the CLIs."""
+    from etweedie import backends
+    from etweedie.cli import main as cli
+
+    if backends.available()["cuda"][0]:
+        pytest.skip("CUDA is available here: the request can run")
+    monkeypatch.setenv("ETWEEDIE_BACKEND", "cuda")
+    demo = importlib.import_module("experiments.eight_gaussians.demo")
+    assert demo.main(["--quick", "--no-progress"]) == 2
+    assert cli(["train", "--config", str(ROOT / "configs" / "eight_gaussians_tiny.toml"), "--out", str(tmp_path / "r"),
+                "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("backend 'cuda' is unavailable" in line for line in err), err

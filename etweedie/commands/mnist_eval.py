@@ -123,6 +123,7 @@ def cli_main(args) -> int:
         return fail(f"--level must lie in (0, 1), got {args.level}")
     if args.threads is not None and args.threads < 1:
         return fail(f"--threads must be >= 1, got {args.threads}")
+    from ..backends import BackendUnavailable
     from ..image_metrics import BANK_SIZE, MAX_SEED  # onnx is imported only when the classifier loads
 
     if not 0 <= args.seed <= MAX_SEED:
@@ -187,6 +188,6 @@ def cli_main(args) -> int:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
             print(f"results written to {args.json}")
-    except (ValueError, TypeError, FileNotFoundError, ImportError, OSError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, ImportError, OSError, BackendUnavailable) as exc:
         return fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     return 0

@@ -68,6 +68,7 @@ def _init_distributed(device: str):
 
 
 def cli_main(args) -> int:
+    from ..backends import BackendUnavailable
     from ..checkpoint import RunLockedError
     from ..train import dry_run_config, load_config, train
 
@@ -91,7 +92,7 @@ def cli_main(args) -> int:
     try:
         dist = _init_distributed(config.device)
         summary = train(config, out_dir, resume=not args.no_resume, progress=not args.no_progress)
-    except (ValueError, TypeError, RunLockedError, FloatingPointError) as exc:
+    except (ValueError, TypeError, RunLockedError, FloatingPointError, BackendUnavailable) as exc:
         return _error(exc)
     except FileNotFoundError as exc:  # missing input data (e.g. the MNIST folder): its message names what is missing
         return _error(exc)

@@ -477,18 +477,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args, status = _cli.parse(parser, argv)
     if args is None:
         return status
-    if args.seed < 0:
-        print(f"{PROG}: error: --seed must be >= 0, got {args.seed}", file=sys.stderr)
-        return 2
-    if not args.quick:  # train + evaluate
-        try:
+    status = _cli.usage_error(PROG, [("--seed", args.seed, 0)], out=args.out)
+    if status:
+        return status
+    from etweedie.backends import BackendUnavailable
+
+    try:
+        if not args.quick:  # train + evaluate
             demo = run_demo(args.out or DEMO_OUT, seed=args.seed, progress=not args.no_progress)
-        except ValueError as exc:  # e.g. a run directory holding another config's checkpoint
-            print(f"{PROG}: error: {exc}", file=sys.stderr)
-            return 2
-        print_demo(demo)
-        return 0
-    results = run_score_demo(seed=args.seed, progress=not args.no_progress, out_dir=args.out, **QUICK_SIZES)
+            print_demo(demo)
+            return 0
+        results = run_score_demo(seed=args.seed, progress=not args.no_progress, out_dir=args.out, **QUICK_SIZES)
+    except (ValueError, BackendUnavailable, OSError) as exc:  # e.g. a run directory holding another config's checkpoint
+        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     print_score_demo(results)
     if "json_path" in results:
         print(f"results written to {results['json_path']}")

@@ -2,7 +2,7 @@
 then run Table full5_diffusion_paths and the isolation table, and pack the results.
 
 The device tool lends a GPU for minutes, so everything runs under one wall-clock deadline and is
-resumable: a finished training (``posterior.pt``) or table job (``diffusion_results.json``) is
+resumable: a finished training (its ``posterior/`` folder) or table job (``diffusion_results.json``) is
 skipped on a rerun, an unfinished training resumes from its checkpoint.  Work runs as separate
 processes (the two trainings side by side, then up to ``--workers`` table jobs at a time), so one
 failure does not take the others down.
@@ -86,6 +86,14 @@ def job_path(table: str, name: str, suffix: str = "") -> Path:
     """A table job's folder (or, with ``suffix``, its log).  Not ``Path.with_suffix``: arm names hold dots
     (``fixed_beta1.3``), so that would map three arms onto one log."""
     return JOB_ROOT / f"{table}_{name.replace(',', '_')}{suffix}"
+
+
+def finished(run) -> bool:
+    """Whether the training run folder ``ROOT/run`` holds its final posterior (``posterior/``, or a
+    legacy ``posterior.pt``): a run cut short holds only its checkpoint."""
+    from etweedie.train import LEGACY_POSTERIOR_FILE, POSTERIOR_DIR
+
+    return (ROOT / run / POSTERIOR_DIR / "config.json").is_file() or (ROOT / run / LEGACY_POSTERIOR_FILE).is_file()
 
 
 def tail(path: Path, n: int = 25) -> str:
@@ -186,7 +194,7 @@ def main() -> int:
     parser.add_argument("--pack-dir", help="where the tar.gz results go (the device's $OUT)")
     parser.add_argument("--deadline", type=float, default=560.0, help="seconds from start to stop everything and pack")
     parser.add_argument("--workers", type=int, default=4, help="table jobs at a time")
-    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--device", default=None, help="torch device of the trainings and table jobs (default cuda; cpu with --dry-run)")
     parser.add_argument("--no-isolation", action="store_true")
     parser.add_argument("--tables", nargs="+", choices=("paths", "isolation"), default=["paths", "isolation"],
                         help="table jobs to run, in this order (default: paths isolation)")
@@ -207,6 +215,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=3, help="CPU threads per table job (default 3)")
     args = parser.parse_args()
     global JOB_ROOT, MODELS, TRAIN_CONFIG
+    if args.device is None:  # the dry run checks the driver on a CPU, as its help says
+        args.device = "cpu" if args.dry_run else "cuda"
     if args.dry_run:
         JOB_ROOT = Path("runs/dry_gpu_diffusion_tables")
         MODELS = tuple((str(JOB_ROOT / Path(run).name), seed) for run, seed in MODELS)
@@ -247,10 +257,10 @@ def main() -> int:
         trainings[run] = (spawn(argv, ROOT / f"{run}.out", extra_env), seed, time.time())
         log(f"training {run} (seed {seed}) started{' with ' + str(extra_env) if extra_env else ''}")
 
-    carried = {run for run, _ in MODELS if (ROOT / run / "posterior.pt").exists()}
+    carried = {run for run, _ in MODELS if finished(run)}
     for run, seed in MODELS:
-        if (ROOT / run / "posterior.pt").exists():
-            log(f"{run}: posterior.pt exists, not training")
+        if finished(run):
+            log(f"{run}: its posterior exists, not training")
         else:
             start_training(run, seed)
 
@@ -301,7 +311,7 @@ def main() -> int:
         time.sleep(2)
     for run, (proc, _, _) in trainings.items():
         log(f"{run}: rc {proc.poll()}; {train_progress(run)}\n{tail(ROOT / f'{run}.out', 4)}")
-    have_models = all((ROOT / run / "posterior.pt").exists() for run, _ in MODELS)
+    have_models = all(finished(run) for run, _ in MODELS)
 
     # 3. table jobs
     by_table = {table: [(table, n) for n in sample_config[table]["names"]] for table in ("paths", "isolation")}

@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from experiments.eight_gaussians.gpu_diffusion_tables import poll_trainings, rate, spawn, stop, tail  # shared process helpers
+from experiments.eight_gaussians.gpu_diffusion_tables import finished, poll_trainings, rate, spawn, stop, tail  # shared process helpers
 
 T0 = time.time()
 LOG = ROOT / "runs" / "gpu_estimation_posteriors.log"
@@ -89,8 +89,8 @@ def main() -> int:
             f"{' with ' + str(extra_env) if extra_env else ''}")
 
     for run in runs:
-        if (ROOT / run / "posterior.pt").exists():
-            log(f"{run}: posterior.pt exists, not training")
+        if finished(run):
+            log(f"{run}: its posterior exists, not training")
         else:
             start(run, steps=20 if args.dry_run else None)
 
@@ -129,7 +129,7 @@ def main() -> int:
         time.sleep(2)
     for run in runs:
         rc = procs[run][0].poll() if run in procs else "-"
-        log(f"{run}: rc {rc}; {progress(run)}; posterior.pt {'yes' if (ROOT / run / 'posterior.pt').exists() else 'no'}\n"
+        log(f"{run}: rc {rc}; {progress(run)}; posterior {'yes' if finished(run) else 'no'}\n"
             f"{tail(ROOT / f'{run}.out', 3)}")
 
     if args.pack_dir:
@@ -137,7 +137,7 @@ def main() -> int:
         pack.mkdir(parents=True, exist_ok=True)
         # at most 8 files of 16 MiB come back from a device call: the finished posteriors share one
         # archive (no optimizer checkpoint); an unfinished run gets its own, with its checkpoint
-        done = [run for run in runs if (ROOT / run / "posterior.pt").exists()]
+        done = [run for run in runs if finished(run)]
 
         def add(name, members, exclude=()):
             with tarfile.open(pack / name, "w:gz") as tar:
