@@ -185,10 +185,12 @@ class MnistSource(TensorSource):
         return MnistSource(self.examples.to(device), self.pixel_range, self.dequantize)
 
 
-def as_data_source(data: Union[DataSource, torch.Tensor, Callable], dim: Optional[int] = None) -> DataSource:
+def as_data_source(data: Union[DataSource, torch.Tensor, Callable], dim: Optional[int] = None, *,
+                   dim_name: str = "dim") -> DataSource:
     """A :class:`DataSource` from a source, a tensor of examples ``(n, d)``, or a callable ``draw(b, g)``.
 
-    For a callable, ``dim`` is required unless the callable has a ``dim`` attribute.
+    For a callable, ``dim`` is required unless the callable has a ``dim`` attribute; ``dim_name``
+    is the caller's name for it in the error (``train`` calls it ``data_dim``).
     """
     if isinstance(data, DataSource):
         return data
@@ -197,7 +199,7 @@ def as_data_source(data: Union[DataSource, torch.Tensor, Callable], dim: Optiona
     if callable(data):
         dim = getattr(data, "dim", None) if dim is None else dim
         if dim is None:
-            raise ValueError("a callable data source needs its dimension: pass dim= (the d of its (batch, d) draws)")
+            raise ValueError(f"a callable data source needs its dimension: pass {dim_name}= (the d of its (batch, d) draws)")
         return CallableSource(data, dim)
     raise TypeError(f"data must be a DataSource, a (n, d) tensor or a callable draw(batch_size, generator), "
                     f"got {type(data).__name__}")

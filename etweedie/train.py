@@ -863,7 +863,7 @@ def train(
         _require(stop_after >= 0, "stop_after", ">= 0", stop_after)
     ranks = _Ranks()
     device = _resolve_device(config, ranks)
-    source = build_data_source(config.data) if data is None else as_data_source(data, data_dim)
+    source = build_data_source(config.data) if data is None else as_data_source(data, data_dim, dim_name="data_dim")
     _check_geometry(config.prior.geometry, source.dim)
     _require(config.batch_size % ranks.world == 0, "batch_size", f"a multiple of the world size {ranks.world}",
              config.batch_size)
@@ -1332,7 +1332,7 @@ def held_out_loss(
 
     Lower is better; comparable across models trained with the same prior and data config.
     """
-    source = build_data_source(config.data, held_out=True) if data is None else as_data_source(data, data_dim)
+    source = build_data_source(config.data, held_out=True) if data is None else as_data_source(data, data_dim, dim_name="data_dim")
     prior = NoisePrior.from_config(config.prior)
     device = next(posterior.parameters()).device
     gens = _generators(seed, device)

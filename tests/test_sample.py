@@ -259,6 +259,7 @@ def test_cli_single_path_run(tmp_path):
     (["--posterior", "known", "--device", "cuda"], "CUDA is not available" if not torch.cuda.is_available()
      else "the known posterior runs on the CPU"),
     (["--posterior", "known", "--device", "meta:x"], "must be a torch device"),
+    (["--posterior", "known", "--quick"], "--quick shrinks a --config run"),
 ])
 def test_cli_usage_errors_are_one_line(argv, message, tmp_path, capsys):
     """`--posterior checkpoint` without `--checkpoint` no longer falls back to the known posterior, and a

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -227,3 +228,11 @@ def test_atomic_write_uses_a_temporary_name_of_its_own(tmp_path):
     atomic_write(tmp_path / "a.txt", "new")
     assert (tmp_path / "a.txt").read_text() == "new" and (tmp_path / "a.txt.tmp").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "a.txt.tmp"]
+
+
+def test_train_names_data_dim_for_a_callable_without_one(tmp_path):
+    from etweedie.train import load_config, train
+
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "eight_gaussians_tiny.toml")
+    with pytest.raises(ValueError, match="pass data_dim="):
+        train(config, tmp_path / "r", data=lambda b, g: torch.zeros(b, 2), progress=False)

@@ -53,7 +53,7 @@ def is_score(
 
         >>> bank = torch.tensor([[-1.0], [1.0]])
         >>> s, mean, ess = etweedie.is_score(torch.zeros(1, 1), bank, etweedie.GeneralizedGaussian(2.0))
-        >>> s, mean, ess                           # symmetric bank: zero score, mean 0, ESS 2
+        >>> s.abs(), mean.abs(), ess               # symmetric bank: zero score (±0), mean 0, ESS 2
         (tensor([[0.]]), tensor([[0.]]), tensor([2.]))
     """
     op = "is_score"

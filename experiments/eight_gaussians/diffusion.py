@@ -856,6 +856,8 @@ def cli_main(args: argparse.Namespace) -> int:
         return _error("--posterior known and --checkpoint exclude each other")
     if getattr(args, "from_samples", None) and args.config is None:
         return _error("--from-samples needs --config (the config the samples were drawn with)")
+    if getattr(args, "quick", False) and args.config is None:  # it would override --chains/--levels/--seeds
+        return _error("--quick shrinks a --config run; with --path set --chains, --levels and --seeds yourself")
     for folder in getattr(args, "from_samples", None) or ():
         if not (Path(folder) / "samples").is_dir():
             return _error(f"--from-samples {folder}: no samples/ folder there (an earlier run's --out holds one)")
