@@ -61,3 +61,16 @@ def usage_error(prog: str, minimums: Sequence[Tuple[str, Optional[int], int]] = 
                   file=sys.stderr)
             return 2
     return 0
+
+
+def guarded(prog: str, main: Callable[[], Optional[int]]) -> int:
+    """Run a study script's ``main()``: its exit status (0 for None), or 2 after one
+    ``PROG: error: ...`` line for what a user's input causes (a missing or damaged checkpoint, a
+    bad value, an unwritable path, an unavailable backend) instead of a traceback."""
+    from etweedie.backends import BackendUnavailable
+
+    try:
+        return main() or 0
+    except (ValueError, TypeError, OSError, BackendUnavailable) as exc:
+        print(f"{prog}: error: {' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr)
+        return 2

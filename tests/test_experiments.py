@@ -157,3 +157,20 @@ def test_an_unavailable_backend_request_is_one_line(tmp_path, monkeypatch, capsy
                 "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all("backend 'cuda' is unavailable" in line for line in err), err
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("posterior_quality.quality", ["/nonexist"]),
+    ("mnist.posterior_figure", ["--posterior", "/nonexist"]),
+    ("mnist.posterior_figure", ["--chains", "0"]),
+    ("estimation_diagnostics.posterior_tails", ["--posterior-checkpoint", "/nonexist"]),
+    ("estimation_diagnostics.per_level_beta", ["--posterior-checkpoint", "/nonexist"]),
+])
+def test_study_scripts_report_user_errors_in_one_line(module, argv, monkeypatch, capsys):
+    from experiments import _cli
+
+    mod = importlib.import_module(f"experiments.{module}")
+    monkeypatch.setattr(sys, "argv", [module] + argv)
+    assert _cli.guarded(f"python -m experiments.{module}", mod.main) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"python -m experiments.{module}: error: "), err

@@ -79,4 +79,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from experiments import _cli
+
+    raise SystemExit(_cli.guarded("python -m experiments.estimation_diagnostics.per_level_beta", main))

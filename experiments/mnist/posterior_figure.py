@@ -40,6 +40,11 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="experiments/mnist/figures/posterior_samples_cpu.png")
     args = ap.parse_args(argv)
+    for flag in ("chains", "levels", "steps", "first_steps", "n_posterior", "threads"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if not 0 < args.step_ratio < float("inf"):
+        raise ValueError(f"--step-ratio must be a finite float > 0, got {args.step_ratio}")
     torch.set_num_threads(args.threads)
 
     import matplotlib
@@ -83,4 +88,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from experiments import _cli
+
+    raise SystemExit(_cli.guarded("python -m experiments.mnist.posterior_figure", main))
