@@ -175,7 +175,8 @@ def test_gpu_command_refuses_bad_sizes_first_and_reports_a_failed_run(tmp_path, 
     from experiments.mnist import gpu_sample, sampling
 
     base = ["--dry-run", "--no-bench", "--work", str(tmp_path / "w"), "--pack-dir", str(tmp_path / "p")]
-    for flag, value in (("--levels", "0"), ("--n-posterior", "0"), ("--step-fraction", "nan"), ("--first-level-steps", "-1")):
+    for flag, value in (("--levels", "0"), ("--n-posterior", "0"), ("--step-fraction", "nan"), ("--first-level-steps", "-1"),
+                        ("--deadline", "-5")):
         assert gpu_sample.main([*base, flag, value]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"gpu_sample: error: {flag}")

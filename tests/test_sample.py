@@ -260,6 +260,8 @@ def test_cli_single_path_run(tmp_path):
      else "the known posterior runs on the CPU"),
     (["--posterior", "known", "--device", "meta:x"], "must be a torch device"),
     (["--posterior", "known", "--quick"], "--quick shrinks a --config run"),
+    (["--posterior", "known", "--first-level-steps", "-5"], "--first-level-steps must be >= 0, got -5"),
+    (["--posterior", "known", "--seed", "-1"], "--seed must be >= 0, got -1"),
 ])
 def test_cli_usage_errors_are_one_line(argv, message, tmp_path, capsys):
     """`--posterior checkpoint` without `--checkpoint` no longer falls back to the known posterior, and a

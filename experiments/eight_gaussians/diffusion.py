@@ -856,6 +856,11 @@ def cli_main(args: argparse.Namespace) -> int:
         return _error("--posterior known and --checkpoint exclude each other")
     if getattr(args, "from_samples", None) and args.config is None:
         return _error("--from-samples needs --config (the config the samples were drawn with)")
+    for flag, low in (("seeds", 1), ("seed", 0), ("chains", 1), ("levels", 1), ("steps_per_level", 1),
+                      ("first_level_steps", 0), ("n_posterior", 1), ("n_proposals", 1)):
+        value = getattr(args, flag, None)
+        if value is not None and value < low:
+            return _error(f"--{flag.replace('_', '-')} must be >= {low}, got {value}")
     if getattr(args, "quick", False) and args.config is None:  # it would override --chains/--levels/--seeds
         return _error("--quick shrinks a --config run; with --path set --chains, --levels and --seeds yourself")
     for folder in getattr(args, "from_samples", None) or ():

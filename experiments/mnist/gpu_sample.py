@@ -184,6 +184,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     protocol = _protocol(args)
     bad = _bad_setting(protocol)
+    if not bad and not (math.isfinite(args.deadline) and args.deadline >= 0):
+        bad = f"--deadline must be a finite number of seconds >= 0, got {args.deadline}"
+    if not bad and args.pack_dir and Path(args.pack_dir).exists() and not Path(args.pack_dir).is_dir():
+        bad = f"--pack-dir {args.pack_dir} is a file; give a folder (it is created when missing)"
     if bad:
         print(f"gpu_sample: error: {bad}", file=sys.stderr)
         return 2
