@@ -323,7 +323,7 @@ def run_demo(
     """Train the demo posterior on CPU and evaluate its score; everything lands in ``out_dir``.
 
     Args:
-        out_dir: the run directory: ``model/`` (checkpoint, log, ``posterior.pt``) and
+        out_dir: the run directory: ``model/`` (checkpoint, log, ``posterior/``) and
             ``score_eval.json`` with the figures.  An interrupted or finished training in
             ``out_dir/model`` with the same config is resumed/reused.
         seed: seed of the training run and of the evaluation's queries and draws.

@@ -33,7 +33,7 @@ Reproduces, for one or more posterior models (two independently trained ones in 
 
 Everything goes to a run directory: ``score_eval.json`` and the PNGs.
 
-    python -m experiments.eight_gaussians.score_eval --checkpoint runs/a/posterior.pt --checkpoint runs/b/posterior.pt \\
+    python -m experiments.eight_gaussians.score_eval --checkpoint runs/a --checkpoint runs/b \\
         --config configs/score_eval_cpu.toml --out runs/score_eval_cpu
 """
 
@@ -884,7 +884,7 @@ CLI_HELP = "score accuracy of trained posteriors on eight Gaussians (paper Table
 
 def add_cli_arguments(parser) -> None:
     parser.add_argument("--checkpoint", action="append", metavar="PATH",
-                        help="posterior.pt, checkpoint.pt or run directory; repeat for several models (mean ± std)")
+                        help="run directory, posterior/ folder, checkpoint.pt or legacy posterior.pt; repeat for several models (mean ± std)")
     parser.add_argument("--oracle", action="store_true",
                         help="evaluate the exact/SIR oracle posterior instead of checkpoints (a reference run)")
     parser.add_argument("--config", required=True, metavar="PATH", help="TOML config, e.g. configs/score_eval_cpu.toml")

@@ -7,7 +7,7 @@ configs/estimate_spd.toml (same observations, draws and seeds as `python -m expe
 where the learned rows leave the oracle row is where the posterior model is off.
 
     OMP_NUM_THREADS=1 python -m experiments.estimation_diagnostics.per_level_beta \
-        --posterior-checkpoint runs/eg_full/posterior.pt --posterior-checkpoint runs/eg_full_seed43/posterior.pt \
+        --posterior-checkpoint runs/eg_full --posterior-checkpoint runs/eg_full_seed43 \
         --replicates 0 3 [--antithetic] [--oracle-draws 1024] [--split-half]
 """
 

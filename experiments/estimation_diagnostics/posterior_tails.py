@@ -7,8 +7,8 @@ posterior.  It reports moments of the Mahalanobis residual t = ‖y − x'‖ in
 y − e, so the residual law tends to the noise law, whose tails exp(−λ t^β) are heavier than a
 Gaussian's for β < 2.  kurt = E t⁴ / (E t²)², q99/q50 = the 99 % over the 50 % quantile.
 
-    OMP_NUM_THREADS=2 python -m experiments.estimation_diagnostics.posterior_tails --posterior-checkpoint runs/eg_full/posterior.pt \
-        --posterior-checkpoint runs/eg_nl_full/posterior.pt [--sigmas 0.1 0.25 0.45 0.75] [--json PATH]
+    OMP_NUM_THREADS=2 python -m experiments.estimation_diagnostics.posterior_tails --posterior-checkpoint runs/eg_full \
+        --posterior-checkpoint runs/eg_nl_full [--sigmas 0.1 0.25 0.45 0.75] [--json PATH]
 """
 
 from __future__ import annotations
