@@ -720,3 +720,53 @@ def test_a_draw_very_near_the_query_keeps_its_exact_term(backend, device, dtype,
     for a, b in zip(got_g, want_g):  # (cancellations of terms of size δ^{β−2}: an absolute error to that scale)
         scale = float(b.abs().max())
         torch.testing.assert_close(a.cpu(), b.to(dtype), rtol=tol["rtol"], atol=tol["rtol"] * scale)
+
+
+@pytest.mark.parametrize("backend,device", ALL, ids=ALL_IDS)
+@pytest.mark.parametrize("dtype,delta", [(torch.float64, 1e-310), (torch.float32, 1e-40)], ids=["f64-subnormal", "f32-subnormal"])
+def test_a_subnormal_residual_keeps_its_unit_term(backend, device, dtype, delta):
+    """β = 1: each draw contributes its unit vector u/‖u‖ however close it is — a subnormal
+    residual too (its power-of-two scaling is applied in two halves: 2^{−e} alone overflows)."""
+    y = torch.zeros(1, 2, dtype=dtype, device=device, requires_grad=True)
+    x = torch.tensor([[[delta, 0.0], [1.0, 1.0]]], dtype=dtype, device=device)
+    s = etweedie.et_score(y, x, 1.0, 0.8, backend=backend)
+    if device.type != "cpu" and torch.isnan(s).all():
+        return  # a GPU kernel flags the row (no rerun without a device sync)
+    want = 0.8 * (torch.tensor([1.0, 0.0]) + torch.tensor([1.0, 1.0]) / 2**0.5) / 2
+    torch.testing.assert_close(s.detach().cpu()[0], want.to(dtype), rtol=1e-6, atol=0)
+    g, = torch.autograd.grad(s[0, 0], y)  # (∂s₁/∂y₁ ∝ 1/δ overflows honestly; along u the term's is 0)
+    assert torch.isfinite(g).all(), g
+
+
+@needs_cpu
+def test_a_nan_input_is_masked_without_the_exact_recomputation(monkeypatch):
+    """A row flagged only because its input holds a NaN comes back NaN after one cheap pass: the
+    exact near-draw recomputation (the reference over all B×N×d residuals) runs only for a
+    flagged row whose inputs are finite."""
+    from etweedie.ops import reference
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the exact recomputation ran for a NaN input")
+
+    g = _g(5)
+    for dtype in (torch.float64, torch.float32):
+        y = torch.randn(4, 3, generator=g).to(dtype)
+        x = torch.randn(4, 6, 3, generator=g).to(dtype)
+        x[2, 1, 0] = NAN
+        with monkeypatch.context() as m:
+            m.setattr(reference, "et_score", refuse)
+            m.setattr(reference, "langevin_step", refuse)
+            s = etweedie.et_score(y, x, 1.3, backend="cpu")
+            step = etweedie.langevin_step(y, x, torch.zeros_like(y), 0.1, 1.3, backend="cpu")
+        for out in (s, step):
+            assert torch.isnan(out[2]).all() and torch.isfinite(out[[0, 1, 3]]).all()
+
+
+@needs_cpu
+def test_student_t_kernel_does_not_flag_near_draws_in_float64():
+    """1/(1 + q) is exact for any q ≥ 0: a float64 draw 1e-100 from y is not flagged."""
+    y = torch.zeros(1, 2, dtype=torch.float64)
+    x = torch.tensor([[[1e-100, 0.0], [1.0, 0.0]]], dtype=torch.float64)
+    one = torch.ones(1, dtype=torch.float64)
+    s, _ = torch.ops.etweedie.student_t_score_fwd(y, x, 3.0 * one, one, 0)
+    assert torch.isfinite(s).all(), s

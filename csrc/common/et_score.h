@@ -43,9 +43,12 @@ ET_HD T half_log(T q) {
 // writing NaN into it; on the CPU the op reruns such a float32 call in float64, and a float64 one
 // on the reference's exact near-pair form (etweedie/ops/reference.py, NEAR_PAIR_MODES); on a GPU
 // the NaN row is returned (a rerun would need a device sync).  Keep in step with
-// etweedie/ops/reference.py's NEAR_Q.
+// etweedie/ops/reference.py's NEAR_Q.  LAW 1 (the Student-t weight 1/(1 + q), its slope −2w²)
+// needs no lower bound in float64: any q ≥ 0 is computed exactly there.
+template <int LAW = 0>
 ET_HD bool q_in_range(float q) { return q >= 0x1p-64f && q <= 0x1p100f; }
-ET_HD bool q_in_range(double q) { return q >= 0x1p-500 && q <= 1.7976931348623157e308; }
+template <int LAW = 0>
+ET_HD bool q_in_range(double q) { return q >= (LAW == 1 ? 0.0 : 0x1p-500) && q <= 1.7976931348623157e308; }
 
 // The value a kernel writes into a flagged row (host and device; no numeric_limits, which is not
 // callable from device code).

@@ -64,9 +64,9 @@ inline void residual_tile(const T* y, const X* x, int64_t sx, int64_t n, int64_t
 
 // Whether a draw with squared norm q is one the kernel computes accurately (q_in_range,
 // csrc/common/et_score.h), or the query itself (q = 0 with every coordinate equal).
-template <typename T, typename R>
+template <int LAW = 0, typename T, typename R>
 inline bool draw_in_range(T q, const T* y, const R* x, int64_t d) {
-  if (q_in_range(q)) return true;
+  if (q_in_range<LAW>(q)) return true;
   if (q != T(0)) return false;
   for (int64_t j = 0; j < d; ++j) {
     if (y[j] != widen<T>(x[j])) return false;  // q underflowed to 0 for a distinct draw
@@ -168,9 +168,10 @@ bool weighted_residual_sum(const Prec& prec, const T* y, const X* x, int64_t sxn
         qs[0] = prec.quad(y, x0, d), qs[1] = prec.quad(y, x1, d), qs[2] = prec.quad(y, x2, d), qs[3] = prec.quad(y, x3, d);
       }
       const T q0 = qs[0], q1 = qs[1], q2 = qs[2], q3 = qs[3];
-      if (!(q_in_range(q0) && q_in_range(q1) && q_in_range(q2) && q_in_range(q3))) {
-        in_range = in_range && draw_in_range(q0, y, x0, d) && draw_in_range(q1, y, x1, d) &&
-                   draw_in_range(q2, y, x2, d) && draw_in_range(q3, y, x3, d);
+      constexpr int L = Weight::kLaw;
+      if (!(q_in_range<L>(q0) && q_in_range<L>(q1) && q_in_range<L>(q2) && q_in_range<L>(q3))) {
+        in_range = in_range && draw_in_range<L>(q0, y, x0, d) && draw_in_range<L>(q1, y, x1, d) &&
+                   draw_in_range<L>(q2, y, x2, d) && draw_in_range<L>(q3, y, x3, d);
       }
       const T w0 = weight(q0), w1 = weight(q1), w2 = weight(q2), w3 = weight(q3);
       const X* nx[4] = {x + (i + 4) * sxn, x + (i + 5) * sxn, x + (i + 6) * sxn, x + (i + 7) * sxn};
@@ -186,7 +187,7 @@ bool weighted_residual_sum(const Prec& prec, const T* y, const X* x, int64_t sxn
     for (; i < N; ++i) {
       const R* xi = rows.stage(x + i * sxn, sxn, 1, d, &sr);
       const T qi = prec.quad(y, xi, d);
-      in_range = in_range && draw_in_range(qi, y, xi, d);
+      in_range = in_range && draw_in_range<Weight::kLaw>(qi, y, xi, d);
       const T w = weight(qi);
       if (w == T(0)) continue;
 #pragma omp simd
@@ -203,9 +204,9 @@ bool weighted_residual_sum(const Prec& prec, const T* y, const X* x, int64_t sxn
     prec.quad_soa(ut, kTile, n, d, q);
     int all_in = 1;
 #pragma omp simd reduction(& : all_in)
-    for (int64_t t = 0; t < n; ++t) all_in &= static_cast<int>(q_in_range(q[t]));
+    for (int64_t t = 0; t < n; ++t) all_in &= static_cast<int>(q_in_range<Weight::kLaw>(q[t]));
     for (int64_t t = 0; !all_in && in_range && t < n; ++t) {
-      if (q_in_range(q[t])) continue;
+      if (q_in_range<Weight::kLaw>(q[t])) continue;
       bool same = q[t] == T(0);  // coincident only if every residual coordinate is exactly 0
       for (int64_t k = 0; same && k < d; ++k) same = ut[k * kTile + t] == T(0);
       in_range = same;
@@ -227,6 +228,7 @@ bool weighted_residual_sum(const Prec& prec, const T* y, const X* x, int64_t sxn
 // weighted_residual_sum_bwd (shape_term: this draw's part of ∂/∂β, summed then divided by N).
 template <typename T>
 struct ResidualWeight {
+  static constexpr int kLaw = 0;  // the range check of the Energy-Tweedie weight (q_in_range)
   T beta;
   T operator()(T q) const { return residual_weight(q, beta); }
   T slope(T q, T w) const { return residual_weight_slope(q, w, beta); }

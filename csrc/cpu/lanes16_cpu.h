@@ -264,8 +264,9 @@ bool weighted_residual_sum16(const Prec& prec, const float* y, const X* x, int64
     const X* xs[4] = {x + i * sxn, x + (i + 1) * sxn, x + (i + 2) * sxn, x + (i + 3) * sxn};
     float q[4], w[4];
     quad(std::integral_constant<int, 4>{}, xs, q);
-    if (!(q_in_range(q[0]) && q_in_range(q[1]) && q_in_range(q[2]) && q_in_range(q[3]))) {
-      for (int t = 0; t < 4; ++t) in_range = in_range && draw_in_range(q[t], y, xs[t], d);
+    constexpr int L = Weight::kLaw;
+    if (!(q_in_range<L>(q[0]) && q_in_range<L>(q[1]) && q_in_range<L>(q[2]) && q_in_range<L>(q[3]))) {
+      for (int t = 0; t < 4; ++t) in_range = in_range && draw_in_range<L>(q[t], y, xs[t], d);
     }
     for (int t = 0; t < 4; ++t) w[t] = weight(q[t]);
     if (i + 8 <= N) {
@@ -279,7 +280,7 @@ bool weighted_residual_sum16(const Prec& prec, const float* y, const X* x, int64
     const X* xi = x + i * sxn;
     float qi;
     quad(std::integral_constant<int, 1>{}, &xi, &qi);
-    in_range = in_range && draw_in_range(qi, y, xi, d);
+    in_range = in_range && draw_in_range<Weight::kLaw>(qi, y, xi, d);
     const float w = weight(qi);
     if (w == 0.0f) continue;
     accumulate16<1>(yp, &xi, &w, d, ap);

@@ -53,6 +53,7 @@ int64_t block_of(const at::Tensor& prec, int64_t kind) { return kind == kBlock ?
 // weighted_residual_sum_bwd (et_score_cpu.h); it has no parameter of its own (c scales the score).
 template <typename T>
 struct StudentTWeight {
+  static constexpr int kLaw = 1;  // 1/(1 + q) needs no lower bound on q in float64 (q_in_range)
   T operator()(T q) const { return student_t_weight(q); }
   T slope(T /*q*/, T w) const { return student_t_weight_slope(w); }
   // w² (h·u): summed over the draws, the isotropic metric's gradient without cancellation (below)

@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) et_score_fwd_kernel(EtSc
       for (int64_t j = lane; j < d; j += kWarp)
         q += (y[j] - widen<T>(xi[j])) * P.apply_at(j, [y, xi](int64_t c) { return y[c] - widen<T>(xi[c]); });
       q = warp_sum(q);
-      if (!q_in_range(q)) {  // out of range unless the draw is y itself (each lane checks its coordinates)
+      if (!q_in_range<LAW>(q)) {  // out of range unless the draw is y itself (each lane checks its coordinates)
         bool differs = q != T(0);
         for (int64_t j = lane; !differs && j < d; j += kWarp) differs = y[j] != widen<T>(xi[j]);
         if (differs) row_flag = 1;
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(kPacketMaxWarps * kWarp, WIDE || sizeof(T) == 
       q += packet_quad<T, KIND, KK, E>(u, prec, pk, p * E);
     });
     for (int o = L / 2; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
-    if (valid && !q_in_range(piso * q)) {  // out of range unless the draw is y itself (each lane
+    if (valid && !q_in_range<LAW>(piso * q)) {  // out of range unless the draw is y itself (each lane
       bool differs = piso * q != T(0);     // checks its own packets)
       on_packets([&](int v, int64_t, const Packet<T, E>& yp) {
 #pragma unroll

@@ -773,14 +773,16 @@ def range_guarded(op: str, name: str, metric, y: torch.Tensor, x: torch.Tensor, 
     a NaN distance like a coincident draw).  A float64 call the kernel flagged although its data
     are in range has a draw closer to y than its accurate range (q below 2^-500): ``near()``
     recomputes the call on the reference's exact near-pair form (``reference.NEAR_PAIR_MODES``)."""
-    in_kernel = kernel_checks_range(name, op)
+    # (the float64 Student-t kernel checks no lower bound on q — 1/(1 + q) needs none — so the data
+    # range that op refuses beyond [2^-200, 2^200] is read by the scan, as on the other backends)
+    in_kernel = kernel_checks_range(name, op) and not (op == "student_t_score" and y.dtype == torch.float64)
     finite = True
     if not in_kernel:
         out_of_range, finite = scan(metric, y, x)
         if out_of_range:
             return None
     out, nonfinite = run()
-    if name == "triton" and near is not None and flagged(out):
+    if name == "triton" and near is not None and flagged(out) and _near_rows(out, batch, y, x):
         # the Triton kernels flag a row with a near draw only (the data's range was scanned above)
         if y.dtype == torch.float32:
             return None  # rerun in float64, where the pair is in range or recomputed exactly
@@ -791,11 +793,21 @@ def range_guarded(op: str, name: str, metric, y: torch.Tensor, x: torch.Tensor, 
         out_of_range, finite = scan(metric, y, x)
         if out_of_range:
             return None  # float64 data beyond float64's range
-        if near is not None:
+        if near is not None and (finite or _near_rows(out, batch, y, x)):
             out = near()  # a draw nearer to y than the kernel's range: exact, rows with NaN/inf masked below
     if not finite:
         out = nan_rows(out.reshape(-1, y.shape[-1]), batch, (y, 1), (x, 2)).reshape(out.shape)
     return out
+
+
+def _near_rows(out: torch.Tensor, batch: torch.Size, y: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether a non-finite row of ``out`` has finite inputs — a row flagged for a draw nearer to
+    y than the kernel's range, which needs the exact recomputation; rows with a NaN or inf input
+    come back NaN anyway (:func:`nan_rows`) and need none.  Reads values (CPU, or debug checks)."""
+    d = y.shape[-1]
+    bad_out = ~torch.isfinite(out.detach().reshape(-1, d)).all(-1)
+    bad_in = ~torch.isfinite(y.detach()).all(-1) | ~torch.isfinite(x.detach()).flatten(x.dim() - 2).all(-1)
+    return bool((bad_out & ~bad_in.expand(batch).reshape(-1)).any())
 
 
 def flagged(out: torch.Tensor) -> bool:

@@ -45,6 +45,13 @@ NEAR_PAIR_MODES = (None, "index", "where")
 NEAR_Q = {torch.float32: 2.0**-64, torch.float64: 2.0**-500}
 
 
+def _scaled(u: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """u · 2^{−e} per pair (e: (...,) int), exact: in two halves, since 2^{−e} alone overflows for a
+    subnormal u (e below −1022 in float64, −126 in float32)."""
+    h = torch.div(e, 2, rounding_mode="floor").unsqueeze(-1).to(u.dtype)
+    return torch.ldexp(torch.ldexp(u, -h), -(e.unsqueeze(-1).to(u.dtype) - h))
+
+
 def _weighted_residuals(u, q, beta, prec, kind, near_pairs) -> torch.Tensor:
     """w_i u_i = q_i^{(β−2)/2} u_i for every pair (B, N, d).
 
@@ -65,12 +72,12 @@ def _weighted_residuals(u, q, beta, prec, kind, near_pairs) -> torch.Tensor:
         rows, cols = near.nonzero(as_tuple=True)
         un, bn = u[rows, cols], b[rows, cols]  # (K, d), (K,)
         e = torch.frexp(un.abs().amax(-1))[1]
-        ut = torch.ldexp(un, -e.unsqueeze(-1).to(un.dtype))
+        ut = _scaled(un, e)
         qt = (ut * apply_precision(prec[rows], kind, ut)).sum(-1)
         fixed = (_residual_weight(qt, bn) * torch.exp2(e.to(un.dtype) * (bn - 1))).unsqueeze(-1) * ut
         return wu.index_put((rows, cols), fixed)
     e = torch.where(near, torch.frexp(u.abs().amax(-1))[1], torch.zeros_like(q, dtype=torch.int32))
-    ut = torch.ldexp(u, -e.unsqueeze(-1).to(u.dtype))
+    ut = _scaled(u, e)
     qt = (ut * apply_precision(prec, kind, ut)).sum(-1)
     fixed = (_residual_weight(qt, beta) * torch.exp2(e.to(u.dtype) * (b - 1))).unsqueeze(-1) * ut
     return torch.where(near.unsqueeze(-1), fixed, wu)

@@ -70,7 +70,8 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
         tensor([[1.]])
     """
     plain = plain_rows(_OP, y, x, 2.0, 1.0, metric, backend)  # β and λ unused, as below
-    if plain is not None and "cpu" in _SUPPORTED:
+    # (float64 takes the general path: its data range is read by a scan there, the kernel checks none)
+    if plain is not None and "cpu" in _SUPPORTED and y.dtype is torch.float32:
         cp = checked_cpu_param("c", c, y.dtype)
         if cp is not None and float(cp) > y.shape[-1] / 2:  # the rounded c, as the general path checks it
             s, nonfinite = torch.ops.etweedie.student_t_score(y, x, cp, *plain[2:])
@@ -112,11 +113,7 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
             return unwhiten_score(_kernel(name, zy, zx, cf, ones, 0), L)
         return _kernel(name, cn.y, cn.x, cf, cn.prec, cn.kind)
 
-    def near():  # a float64 row with a draw nearer to y than the kernel's range: 1/(1 + q) needs no care there
-        cn = shape_rows(a)
-        return reference.student_t_score(cn.y, cn.x, flat(cv, cn.batch, ()), cn.prec, cn.kind).reshape(*a.batch, d)
-
-    s = range_guarded(_OP, name, metric, a.y, a.x, a.batch, run, near)
+    s = range_guarded(_OP, name, metric, a.y, a.x, a.batch, run)  # (1/(1 + q) needs no near-draw care)
     if s is None:  # float32 norms that over/underflow: compute in float64, round the result
         if y.dtype == torch.float64:  # not homogeneous (1 + ‖u‖²): no rescaling
             raise float64_range_error(_OP)
