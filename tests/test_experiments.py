@@ -174,3 +174,19 @@ def test_study_scripts_report_user_errors_in_one_line(module, argv, monkeypatch,
     assert _cli.guarded(f"python -m experiments.{module}", mod.main) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"python -m experiments.{module}: error: "), err
+
+
+def test_export_pretrained_never_deletes_a_folder_that_is_not_an_export(tmp_path, capsys):
+    from etweedie.cli import main as cli
+    from experiments.mnist import export_pretrained
+
+    run = tmp_path / "run"
+    assert cli(["train", "--config", str(ROOT / "configs" / "eight_gaussians_tiny.toml"), "--out", str(run),
+                "--steps", "2", "--no-progress"]) == 0
+    dest = tmp_path / "mine"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("keep")
+    capsys.readouterr()
+    assert export_pretrained.main(["--run", str(run), "--dest", str(dest), "--command", "x"]) == 2
+    assert (dest / "notes.txt").read_text() == "keep"
+    assert "is not an exported posterior" in capsys.readouterr().err

@@ -85,4 +85,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from experiments import _cli
+
+    raise SystemExit(_cli.guarded("python -m experiments.bootstrap_intervals.coverage", main))

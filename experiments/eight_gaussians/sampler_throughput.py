@@ -46,4 +46,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from experiments import _cli
+
+    raise SystemExit(_cli.guarded("python -m experiments.eight_gaussians.sampler_throughput", main))

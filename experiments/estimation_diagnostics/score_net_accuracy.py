@@ -102,4 +102,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from experiments import _cli
+
+    raise SystemExit(_cli.guarded("python -m experiments.estimation_diagnostics.score_net_accuracy", main))

@@ -94,4 +94,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from experiments import _cli
+
+    raise SystemExit(_cli.guarded("python -m experiments.mnist.bank_posterior_check", main))

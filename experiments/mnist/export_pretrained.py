@@ -53,8 +53,19 @@ def main(argv=None) -> int:
     train_cfg = config_from_dict(meta["train_config"])
     log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines() if line.strip()]
 
-    if dest.exists():
-        shutil.rmtree(dest)
+    if dest.exists():  # replaced only when it is an earlier export (never an arbitrary folder or file)
+        try:
+            earlier = json.loads((dest / "config.json").read_text()).get("format", "")
+        except (OSError, ValueError, AttributeError):
+            earlier = ""
+        if dest.is_dir() and not any(dest.iterdir()):
+            dest.rmdir()
+        elif dest.is_dir() and isinstance(earlier, str) and earlier.startswith("etweedie.posterior"):
+            shutil.rmtree(dest)
+        else:
+            print(f"export_pretrained: error: --dest {dest} exists and is not an exported posterior; "
+                  "give a new or empty folder", file=sys.stderr)
+            return 2
     test = load_mnist("test")[0][:512].reshape(512, 784).to(torch.float32) / 255.0
     as_trained = None
     if args.dtype == "as-trained":
@@ -179,4 +190,6 @@ def _config_path(command: str) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from experiments import _cli
+
+    raise SystemExit(_cli.guarded("python -m experiments.mnist.export_pretrained", main))

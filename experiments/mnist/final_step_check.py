@@ -66,4 +66,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from experiments import _cli
+
+    raise SystemExit(_cli.guarded("python -m experiments.mnist.final_step_check", main))

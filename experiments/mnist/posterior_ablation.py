@@ -212,4 +212,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from experiments import _cli
+
+    raise SystemExit(_cli.guarded("python -m experiments.mnist.posterior_ablation", main))

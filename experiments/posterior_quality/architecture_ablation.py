@@ -71,4 +71,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from experiments import _cli
+
+    raise SystemExit(_cli.guarded("python -m experiments.posterior_quality.architecture_ablation", main))
