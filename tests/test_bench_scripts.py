@@ -26,27 +26,18 @@ def test_host_overhead_script_runs(tmp_path):
     assert out.exists()
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--only", "nomatch"], "--only 'nomatch' matches no workload"),
-    (["--threads", "0"], "--threads must be >= 1"),
-    (["--json", "/nonexistent_dir/x.json"], "is not a writable file path"),
+@pytest.mark.parametrize("module, args, words", [
+    ("table", ["--only", "nomatch"], "--only 'nomatch' matches no workload"),
+    ("table", ["--threads", "0"], "--threads must be >= 1"),
+    ("table", ["--json", "/nonexistent_dir/x.json"], "is not a writable file path"),
+    ("bench_mnist_sampler", ["--posterior", "/nonexistent"], "no posterior or checkpoint"),
+    ("bench_mnist_sampler", ["--chains", "0"], "--chains must be >= 1"),
+    ("bench_mnist_sampler", ["--levels", "0"], "--levels must be >= 1"),
 ])
-def test_table_flag_errors_are_one_line(args, words, capsys):
-    from benchmarks.table import main
+def test_bench_flag_errors_are_one_line(module, args, words, capsys):
+    import importlib
 
-    assert main(args) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and words in err[0], err
-
-
-@pytest.mark.parametrize("args, words", [
-    (["--posterior", "/nonexistent"], "no posterior or checkpoint"),
-    (["--chains", "0"], "--chains must be >= 1"),
-    (["--levels", "0"], "--levels must be >= 1"),
-])
-def test_mnist_sampler_bench_flag_errors_are_one_line(args, words, capsys):
-    from benchmarks.bench_mnist_sampler import main
-
+    main = importlib.import_module(f"benchmarks.{module}").main
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err

@@ -747,14 +747,18 @@ _CPU_RANGE_FLAGS = {op: _probe_cpu_range_flags(f"{fwd}_fwd")
                                     ("student_t_score", "student_t_score"))}
 
 
-def kernel_checks_range(name: str, op: str = "et_score") -> bool:
+def kernel_checks_range(name: str, op: str = "et_score", dtype: Optional[torch.dtype] = None) -> bool:
     """Whether backend ``name``'s kernel of ``op`` checks the range itself, so that the op skips
     its min/max pass over the inputs: the CPU kernels of et_score, langevin_step and
     student_t_score flag every row with a draw out of their accurate range — a NaN or inf, a
     float32 squared norm that over- or underflows — with NaN (q_in_range,
     csrc/common/et_score.h), and the op reruns a flagged float32 call in float64 (told by the
     front op's non-finite report, or by :func:`flagged` on the Python form).  The other backends
-    rely on :func:`scan`."""
+    rely on :func:`scan`, and so does a float64 student_t_score (``dtype``): its kernel checks no
+    lower bound on q (1/(1 + q) needs none), so the data range that op refuses beyond
+    [2^-200, 2^200] is read by the scan."""
+    if op == "student_t_score" and dtype == torch.float64:
+        return False
     return name == "cpu" and _CPU_RANGE_FLAGS.get(op, False)
 
 
@@ -773,9 +777,7 @@ def range_guarded(op: str, name: str, metric, y: torch.Tensor, x: torch.Tensor, 
     a NaN distance like a coincident draw).  A float64 call the kernel flagged although its data
     are in range has a draw closer to y than its accurate range (q below 2^-500): ``near()``
     recomputes the call on the reference's exact near-pair form (``reference.NEAR_PAIR_MODES``)."""
-    # (the float64 Student-t kernel checks no lower bound on q — 1/(1 + q) needs none — so the data
-    # range that op refuses beyond [2^-200, 2^200] is read by the scan, as on the other backends)
-    in_kernel = kernel_checks_range(name, op) and not (op == "student_t_score" and y.dtype == torch.float64)
+    in_kernel = kernel_checks_range(name, op, y.dtype)
     finite = True
     if not in_kernel:
         out_of_range, finite = scan(metric, y, x)

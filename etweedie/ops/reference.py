@@ -52,6 +52,15 @@ def _scaled(u: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ldexp(u, -h), -(e.unsqueeze(-1).to(u.dtype) - h))
 
 
+def _scaled_terms(u, e, beta, prec, kind) -> torch.Tensor:
+    """w u from ũ = 2^{−e} u: q̃^{(β−2)/2} ũ · 2^{e(β−1)}, for residuals u (B, ..., d) with their
+    exponents e (B, ...) and one β and metric row per leading index."""
+    ut = _scaled(u, e)
+    qt = (ut * apply_precision(prec, kind, ut)).sum(-1)
+    b = beta.reshape(-1, *([1] * (qt.dim() - 1)))
+    return (_residual_weight(qt, beta) * torch.exp2(e.to(u.dtype) * (b - 1))).unsqueeze(-1) * ut
+
+
 def _weighted_residuals(u, q, beta, prec, kind, near_pairs) -> torch.Tensor:
     """w_i u_i = q_i^{(β−2)/2} u_i for every pair (B, N, d).
 
@@ -65,21 +74,14 @@ def _weighted_residuals(u, q, beta, prec, kind, near_pairs) -> torch.Tensor:
     # the plain term's q kept away from the near pairs: their slope there is inf, and inf times the
     # zero gradient the replaced entries receive would be NaN
     wu = _residual_weight(torch.where(near, torch.ones_like(q), q), beta).unsqueeze(-1) * u
-    b = beta.reshape(-1, *([1] * (q.dim() - 1))).expand_as(q)
     if near_pairs == "index":
         if not bool(near.any()):
             return wu
         rows, cols = near.nonzero(as_tuple=True)
-        un, bn = u[rows, cols], b[rows, cols]  # (K, d), (K,)
-        e = torch.frexp(un.abs().amax(-1))[1]
-        ut = _scaled(un, e)
-        qt = (ut * apply_precision(prec[rows], kind, ut)).sum(-1)
-        fixed = (_residual_weight(qt, bn) * torch.exp2(e.to(un.dtype) * (bn - 1))).unsqueeze(-1) * ut
-        return wu.index_put((rows, cols), fixed)
+        un = u[rows, cols]  # (K, d)
+        return wu.index_put((rows, cols), _scaled_terms(un, torch.frexp(un.abs().amax(-1))[1], beta[rows], prec[rows], kind))
     e = torch.where(near, torch.frexp(u.abs().amax(-1))[1], torch.zeros_like(q, dtype=torch.int32))
-    ut = _scaled(u, e)
-    qt = (ut * apply_precision(prec, kind, ut)).sum(-1)
-    fixed = (_residual_weight(qt, beta) * torch.exp2(e.to(u.dtype) * (b - 1))).unsqueeze(-1) * ut
+    fixed = _scaled_terms(u, e, beta, prec, kind)
     return torch.where(near.unsqueeze(-1), fixed, wu)
 
 
