@@ -41,23 +41,24 @@ def run(prog: str, description: str, add_arguments: Callable[[argparse.ArgumentP
         return 2
 
 
-def usage_error(prog: str, minimums: Sequence[Tuple[str, Optional[int], int]] = (), out=None) -> int:
+def usage_error(prog: str, minimums: Sequence[Tuple[str, Optional[int], int]] = (), out=None, out_flag: str = "--out") -> int:
     """2 after printing one ``PROG: error: ...`` line for the first flag below its minimum
-    (``(flag, value, minimum)``; a None value is not given) or an ``--out`` that names a file;
+    (``(flag, value, minimum)``; a None value is not given) or an ``--out`` (``out_flag``) that names a
+    file or cannot be created;
     else 0.  For checks a script runs before its long work starts."""
     for flag, value, low in minimums:
         if value is not None and value < low:
             print(f"{prog}: error: {flag} must be >= {low}, got {value}", file=sys.stderr)
             return 2
     if isinstance(out, str) and Path(out).exists() and not Path(out).is_dir():
-        print(f"{prog}: error: --out {out} is a file; give a folder (it is created when missing)", file=sys.stderr)
+        print(f"{prog}: error: {out_flag} {out} is a file; give a folder (it is created when missing)", file=sys.stderr)
         return 2
     if isinstance(out, str):  # the folder that would be created under: an existing, writable directory
         base = Path(out).absolute()
         while not base.exists() and base != base.parent:
             base = base.parent
         if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
-            print(f"{prog}: error: --out {out} cannot be created: {base} is {'not writable' if base.is_dir() else 'a file'}",
+            print(f"{prog}: error: {out_flag} {out} cannot be created: {base} is {'not writable' if base.is_dir() else 'a file'}",
                   file=sys.stderr)
             return 2
     return 0

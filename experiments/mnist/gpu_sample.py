@@ -42,6 +42,8 @@ from typing import List, Optional
 import numpy as np
 import torch
 
+from experiments import _cli
+
 from . import sampling
 
 T0 = time.time()
@@ -186,11 +188,12 @@ def main(argv=None) -> int:
     bad = _bad_setting(protocol)
     if not bad and not (math.isfinite(args.deadline) and args.deadline >= 0):
         bad = f"--deadline must be a finite number of seconds >= 0, got {args.deadline}"
-    if not bad and args.pack_dir and Path(args.pack_dir).exists() and not Path(args.pack_dir).is_dir():
-        bad = f"--pack-dir {args.pack_dir} is a file; give a folder (it is created when missing)"
     if bad:
         print(f"gpu_sample: error: {bad}", file=sys.stderr)
         return 2
+    status = _cli.usage_error("gpu_sample", out=args.pack_dir, out_flag="--pack-dir")  # a file, or under one: not a folder to pack into
+    if status:
+        return status
     device = _init_distributed(args.dry_run)
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_sample: error: no CUDA device (use --dry-run on a CPU)", file=sys.stderr)
