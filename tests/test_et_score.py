@@ -421,8 +421,8 @@ def test_generic_loops_four_draw_sweeps(kind, shape, seed):
 @pytest.mark.parametrize("shape", [(3, 70, 48), (2, 9, 784)], ids=["d48", "d784"])
 def test_backward_in_register_lanes(x_dtype, kind, shape, seed):
     """The CPU backward of an isotropic, diagonal or k = 1, 2, 4 block metric with d a multiple of
-    16 and no metric gradient keeps both passes in registers and streams ∂L/∂x of float32 and
-    float16 draws from them, rounded to x's format (lanes16_cpu.h): gradients of y, x, β and λ against the float64 reference, every third draw
+    16 and no metric gradient keeps both passes in registers and streams ∂L/∂x from them, rounded
+    to x's format (lanes16_cpu.h): gradients of y, x, β and λ against the float64 reference, every third draw
     on its query (coincident draws in the four-draw groups and among the single draws after them:
     N = 70, 9), and against the generic loops, which a metric gradient selects."""
     B, N, d = shape
@@ -453,10 +453,11 @@ def test_backward_in_register_lanes(x_dtype, kind, shape, seed):
 
 
 @pytest.mark.parametrize("x_dtype", [torch.float32] + LOW_PRECISION, ids=["f32"] + LOW_PRECISION_IDS)
-@pytest.mark.parametrize("kind", ["diagonal", "block2"])  # bfloat16 ∂L/∂x: the L1 row; the register lanes
+@pytest.mark.parametrize("kind", ["isotropic", "diagonal", "block2"])
 def test_backward_in_register_lanes_subnormal_gradients(x_dtype, kind, seed):
     """An upstream gradient that puts ∂L/∂x at most at 8e-39 makes every value a float32
-    subnormal: rounded to bfloat16 by the integer path (vcvtneps2bf16 flushes subnormals to zero),
+    subnormal: rounded to bfloat16 by the integer path (the hardware conversion flushes subnormals
+    to zero; the register lanes' blocks are tested for them),
     to float16 (0 or its smallest values), kept as they are in float32; each within half a
     quantum of its format plus its relative rounding of the float64 reference."""
     y, x, beta, lam, metric = _inputs(seed, 2, 9, 48, kind)

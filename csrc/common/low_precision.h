@@ -209,10 +209,15 @@ inline __m256i narrow16_bf16_exact(const float* src) {
 }
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 // vcvtneps2bf16 rounds the same way (nearest even, NaN -> (bits >> 16) | 0x40) but treats
-// subnormal inputs as zero: a block holding one takes the integer path.
+// subnormal inputs as zero: a block holding one takes the integer path.  The test is one
+// vfpclassps (class 0x20: denormal) where the CPU has AVX512-DQ.
 inline bool bf16_hw_rounds(__m512 v) {
+#if defined(__AVX512DQ__)
+  return _mm512_fpclass_ps_mask(v, 0x20) == 0;
+#else
   const __m512i mag = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
   return _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(mag, mag), mag, _mm512_set1_epi32(0x00800000)) == 0;
+#endif
 }
 #endif
 inline __m256i narrow16_bf16(const float* src) {
@@ -228,10 +233,15 @@ inline __m256i narrow16_bf16(const float* src) {
 // 16 floats held in the order that widening bfloat16 by unpacks leaves (lo: coordinates 0–3 and
 // 8–11, hi: 4–7 and 12–15; csrc/cpu/lanes16_cpu.h) rounded to bfloat16 in coordinate order:
 // packus per 128-bit lane is the unpacks' inverse, so the exact path needs no permute; on
-// AVX512-BF16 one vcvtneps2bf16 (the quads then come out as 0, 2, 1, 3: one permute), with the
-// exact path for a block holding a subnormal, as in narrow16_bf16.
+// AVX512-BF16 one vcvtne2ps2bf16 of the two halves (lo's eight values, then hi's: the quads come
+// out as 0, 2, 1, 3, so one permute), with the exact path for a block holding a subnormal, as in
+// narrow16_bf16, found by two vfpclassps where the CPU has AVX512-VL and -DQ (no 512-bit
+// insert and no integer range test: benchmarks/RESULTS.md, CPU: 16-bit posterior draws).
 inline __m256i narrow16_bf16_unpacked(__m256 lo, __m256 hi) {
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#if defined(__AVX512BF16__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+  if ((_mm256_fpclass_ps_mask(lo, 0x20) | _mm256_fpclass_ps_mask(hi, 0x20)) == 0)
+    return _mm256_permute4x64_epi64(reinterpret_cast<__m256i>(_mm256_cvtne2ps_pbh(hi, lo)), 0xD8);
+#elif defined(__AVX512BF16__) && defined(__AVX512F__)
   const __m512 v = _mm512_castpd_ps(
       _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
   if (bf16_hw_rounds(v)) return _mm256_permute4x64_epi64(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)), 0xD8);

@@ -292,14 +292,9 @@ T weighted_residual_sum_bwd(const Prec& P, const Weight& weight, const T* y, con
                             T* gxrow) {
 #if ETWEEDIE_LANES16
   if constexpr (kLanes16<T, X, Prec>) {
-    // both passes in registers, ∂L/∂x rounded and streamed from them (lanes16_cpu.h).  Not for
-    // ∂L/∂x of bfloat16 draws under an isotropic or diagonal metric: rounding 16 values held in
-    // the unpacked lane order costs a permute per step, and the four-draw loops' L1 row below,
-    // rounded 16 values per vcvtneps2bf16 in coordinate order, was faster (benchmarks/RESULTS.md,
-    // CPU: et_score backward); a block metric's loops below go draw by draw, slower than either
-    constexpr bool kL1Row = std::is_same_v<X, bf16> && kElementwiseMetric<Prec>;
-    if (d % 16 == 0 && gp == nullptr &&
-        (gx == nullptr || (!kL1Row && (reinterpret_cast<uintptr_t>(gx) & 31) == 0))) {
+    // both passes in registers, ∂L/∂x rounded and streamed from them (lanes16_cpu.h); a block
+    // metric's loops below go draw by draw, slower
+    if (d % 16 == 0 && gp == nullptr && (gx == nullptr || (reinterpret_cast<uintptr_t>(gx) & 31) == 0)) {
       return weighted_residual_sum_bwd16<X>(P, weight, y, x, sxn, N, d, h, gy, gx, want_shape);
     }
   }

@@ -293,9 +293,8 @@ bool weighted_residual_sum16(const Prec& prec, const float* y, const X* x, int64
 
 // 16 gradient values in the lanes' order of X, rounded to X in coordinate order and written with
 // a streaming store to dst (32-byte aligned): ∂L/∂x goes from registers to memory, with no L1 row
-// to round and copy afterwards.  bfloat16 in the unpacked order costs a permute after
-// vcvtneps2bf16 (narrow16_bf16_unpacked), so the isotropic and diagonal metrics' four-draw loops
-// keep their L1 row for it (weighted_residual_sum_bwd).
+// to round and copy afterwards (bfloat16 in the unpacked order: narrow16_bf16_unpacked,
+// csrc/common/low_precision.h).
 template <typename X>
 struct Stream16;
 

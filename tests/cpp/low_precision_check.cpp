@@ -7,7 +7,9 @@
 //   low_precision_check narrow32 n   <- n float32   -> n bf16 bit patterns, then n fp16 bit patterns,
 //                                       then the fp16 ones again through narrow_row, then the
 //                                       bf16 ones again through narrow16_bf16 (the ∂L/∂x store's
-//                                       16-value blocks; AVX2 builds) and the scalar tail
+//                                       16-value blocks; AVX2 builds) and the scalar tail, then
+//                                       through narrow16_bf16_unpacked (blocks in the lanes'
+//                                       order of bfloat16 draws) and the scalar tail
 //   low_precision_check narrow64 n   <- n float64   -> the same, rounded from float64 (narrow<X>(double))
 // The loops carry `#pragma omp simd`, as the kernels' loops do, so the vectorized code is what runs.
 #include <cstdint>
@@ -79,6 +81,20 @@ int main(int argc, char** argv) {
 #endif
     for (; i < n; ++i) br[i] = etweedie::narrow<bf16>(in[i]).bits;
     write_all(br);
+    // and through narrow16_bf16_unpacked: each block handed over in the order that widening
+    // bfloat16 by unpacks leaves (lo: 0-3 and 8-11, hi: 4-7 and 12-15; csrc/cpu/lanes16_cpu.h)
+    std::vector<uint16_t> bu(n);
+    i = 0;
+#if defined(__AVX2__)
+    for (; i + 16 <= n; i += 16) {
+      const float* v = in.data() + i;
+      const __m256 lo = _mm256_setr_ps(v[0], v[1], v[2], v[3], v[8], v[9], v[10], v[11]);
+      const __m256 hi = _mm256_setr_ps(v[4], v[5], v[6], v[7], v[12], v[13], v[14], v[15]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bu.data() + i), etweedie::narrow16_bf16_unpacked(lo, hi));
+    }
+#endif
+    for (; i < n; ++i) bu[i] = etweedie::narrow<bf16>(in[i]).bits;
+    write_all(bu);
     return 0;
   }
   if (std::strcmp(argv[1], "narrow64") == 0) {
