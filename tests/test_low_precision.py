@@ -70,8 +70,8 @@ def _narrow(checker, values: torch.Tensor):
     raw = _run(checker, [mode, str(values.numel())], values.numpy().tobytes())
     out = torch.frombuffer(bytearray(raw), dtype=torch.int16)
     n = values.numel()
-    rows = ((out[2 * n : 3 * n].view(torch.float16), out[3 * n : 4 * n].view(torch.bfloat16),
-             out[4 * n :].view(torch.bfloat16)) if values.dtype == torch.float32 else ())
+    rows = ((out[2 * n : 3 * n].view(torch.float16), *(out[k * n : (k + 1) * n].view(torch.bfloat16) for k in (3, 4, 5)))
+            if values.dtype == torch.float32 else ())
     return (out[:n].view(torch.bfloat16), out[n : 2 * n].view(torch.float16), *rows)
 
 
@@ -86,10 +86,11 @@ def test_narrow_float32_matches_torch(checker):
     # blocks of the ∂L/∂x store, in coordinate order and in the lanes' order of the register
     # backward (AVX2 integer rounding; vcvtneps2bf16 / vcvtne2ps2bf16 on AVX512-BF16 builds for
     # blocks without a subnormal, which those instructions flush: ~6% of these random blocks hold one)
-    got_b, got_h, got_h_rows, got_b_rows, got_b_unpacked = _narrow(checker, values)
-    assert got_b_rows.numel() == got_b_unpacked.numel() == values.numel()
+    # (and through the integer rounding alone, which those fall back to)
+    got_b, got_h, got_h_rows, got_b_rows, got_b_unpacked, got_b_exact = _narrow(checker, values)
+    assert got_b_rows.numel() == got_b_unpacked.numel() == got_b_exact.numel() == values.numel()
     for got, dtype in ((got_b, torch.bfloat16), (got_h, torch.float16), (got_h_rows, torch.float16),
-                       (got_b_rows, torch.bfloat16), (got_b_unpacked, torch.bfloat16)):
+                       (got_b_rows, torch.bfloat16), (got_b_unpacked, torch.bfloat16), (got_b_exact, torch.bfloat16)):
         want = values.to(dtype)
         bad = ~_same_bits_or_both_nan(got, want)
         assert not bad.any(), f"{dtype}: {values[bad][:5].tolist()} -> {got[bad][:5].tolist()}, torch {want[bad][:5].tolist()}"

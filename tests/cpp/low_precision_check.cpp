@@ -9,7 +9,8 @@
 //                                       bf16 ones again through narrow16_bf16 (the ∂L/∂x store's
 //                                       16-value blocks; AVX2 builds) and the scalar tail, then
 //                                       through narrow16_bf16_unpacked (blocks in the lanes'
-//                                       order of bfloat16 draws) and the scalar tail
+//                                       order of bfloat16 draws), then through
+//                                       narrow16_bf16_exact, each with the scalar tail
 //   low_precision_check narrow64 n   <- n float64   -> the same, rounded from float64 (narrow<X>(double))
 // The loops carry `#pragma omp simd`, as the kernels' loops do, so the vectorized code is what runs.
 #include <cstdint>
@@ -95,6 +96,15 @@ int main(int argc, char** argv) {
 #endif
     for (; i < n; ++i) bu[i] = etweedie::narrow<bf16>(in[i]).bits;
     write_all(bu);
+    // and through narrow16_bf16_exact alone (the integer rounding, which the others fall back to)
+    std::vector<uint16_t> be(n);
+    i = 0;
+#if defined(__AVX2__)
+    for (; i + 16 <= n; i += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(be.data() + i), etweedie::narrow16_bf16_exact(in.data() + i));
+#endif
+    for (; i < n; ++i) be[i] = etweedie::narrow<bf16>(in[i]).bits;
+    write_all(be);
     return 0;
   }
   if (std::strcmp(argv[1], "narrow64") == 0) {
