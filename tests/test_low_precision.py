@@ -6,7 +6,9 @@ torch — value by value and through the whole-row conversions (float16: widen_r
 hardware F16C instructions where the build targets them; bfloat16: narrow16_bf16, the ∂L/∂x
 store's blocks), and on float64 values — ties placed where rounding through float32 first would go
 wrong — against exact rounding computed here with fractions.  The header is plain C++, so the
-check is a small program built with the extension's CPU flags (as tests/test_fastmath.py does).
+check is a small program built with the extension's CPU flags (as tests/test_fastmath.py does),
+and again for the ISA levels of other CPUs this one can run (AVX2 only, AVX-512 without
+AVX512-BF16, plain x86-64), whose conversion paths the extension build here never compiles.
 """
 
 import math
@@ -29,14 +31,44 @@ FORMATS = {
 }
 
 
-@pytest.fixture(scope="module")
-def checker(tmp_path_factory):
+# The build's own flags, then the paths other CPUs take, where this one can run them: AVX2 only
+# (integer bfloat16 rounding in both lane orders), AVX-512 without AVX512-BF16 (the 512-bit
+# integer path of narrow16_fp16 and no hardware bfloat16 conversion), and no vector ISA at all.
+# -march levels and the /proc/cpuinfo flags each needs.
+ISA_LEVELS = {
+    "build": (),
+    "x86-64": (),
+    "haswell": ("avx2", "fma", "f16c"),
+    "skylake-avx512": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"),
+}
+
+
+def _cpu_flags() -> set:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+@pytest.fixture(scope="module", params=list(ISA_LEVELS))
+def checker(request, tmp_path_factory):
     if CXX is None:
         pytest.skip("no C++ compiler on PATH (the extension build needs one too)")
-    exe = tmp_path_factory.mktemp("low_precision") / "low_precision_check"
+    level = request.param
+    if level != "build":
+        if not os.uname().machine.startswith("x86"):
+            pytest.skip("the other ISA levels are x86 ones")
+        missing = set(ISA_LEVELS[level]) - _cpu_flags()
+        if missing:
+            pytest.skip(f"this CPU cannot run -march={level} code (lacks {sorted(missing)})")
+    exe = tmp_path_factory.mktemp("low_precision") / f"low_precision_check_{level}"
     cmd = [CXX, "-O3", "-std=c++17", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd",
            "-I", str(ROOT / "csrc" / "common"), str(ROOT / "tests" / "cpp" / "low_precision_check.cpp"), "-o", str(exe)]
-    if os.environ.get("ETWEEDIE_NATIVE", "1") != "0":
+    if level != "build":
+        cmd.insert(1, f"-march={level}")
+    elif os.environ.get("ETWEEDIE_NATIVE", "1") != "0":
         cmd.insert(1, "-march=native")
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return exe
