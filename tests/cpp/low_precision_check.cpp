@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "low_precision.h"
@@ -47,6 +48,23 @@ static void narrow_all(const std::vector<F>& in) {
   write_all(h);
 }
 
+// in rounded to bfloat16 by block(pointer to 16 values) -> __m256i, the tail value by value, written
+template <typename Block>
+static void bf16_blocks(const std::vector<float>& in, const Block& block) {
+  const size_t n = in.size();
+  std::vector<uint16_t> out(n);
+  size_t i = 0;
+#if defined(__AVX2__)
+  if constexpr (!std::is_same_v<Block, std::nullptr_t>) {
+    for (; i + 16 <= n; i += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data() + i), block(in.data() + i));
+  }
+#else
+  (void)block;
+#endif
+  for (; i < n; ++i) out[i] = etweedie::narrow<bf16>(in[i]).bits;
+  write_all(out);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) return 2;
   if (std::strcmp(argv[1], "widen") == 0) {
@@ -74,37 +92,20 @@ int main(int argc, char** argv) {
     std::vector<fp16> hr(n);
     for (size_t i = 0; i < n; i += 1000) etweedie::narrow_row(in.data() + i, std::min<size_t>(1000, n - i), hr.data() + i);
     write_all(hr);
-    std::vector<uint16_t> br(n);
-    size_t i = 0;
 #if defined(__AVX2__)
-    for (; i + 16 <= n; i += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(br.data() + i), etweedie::narrow16_bf16(in.data() + i));
+    // the ∂L/∂x store's 16-value blocks: narrow16_bf16; narrow16_bf16_unpacked, each block handed
+    // over in the order that widening bfloat16 by unpacks leaves (lo: 0-3 and 8-11, hi: 4-7 and
+    // 12-15; csrc/cpu/lanes16_cpu.h); narrow16_bf16_exact alone (the integer rounding, which the
+    // others fall back to)
+    bf16_blocks(in, [](const float* v) { return etweedie::narrow16_bf16(v); });
+    bf16_blocks(in, [](const float* v) {
+      return etweedie::narrow16_bf16_unpacked(_mm256_setr_ps(v[0], v[1], v[2], v[3], v[8], v[9], v[10], v[11]),
+                                              _mm256_setr_ps(v[4], v[5], v[6], v[7], v[12], v[13], v[14], v[15]));
+    });
+    bf16_blocks(in, [](const float* v) { return etweedie::narrow16_bf16_exact(v); });
+#else
+    for (int k = 0; k < 3; ++k) bf16_blocks(in, nullptr);  // no blocks: value by value
 #endif
-    for (; i < n; ++i) br[i] = etweedie::narrow<bf16>(in[i]).bits;
-    write_all(br);
-    // and through narrow16_bf16_unpacked: each block handed over in the order that widening
-    // bfloat16 by unpacks leaves (lo: 0-3 and 8-11, hi: 4-7 and 12-15; csrc/cpu/lanes16_cpu.h)
-    std::vector<uint16_t> bu(n);
-    i = 0;
-#if defined(__AVX2__)
-    for (; i + 16 <= n; i += 16) {
-      const float* v = in.data() + i;
-      const __m256 lo = _mm256_setr_ps(v[0], v[1], v[2], v[3], v[8], v[9], v[10], v[11]);
-      const __m256 hi = _mm256_setr_ps(v[4], v[5], v[6], v[7], v[12], v[13], v[14], v[15]);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bu.data() + i), etweedie::narrow16_bf16_unpacked(lo, hi));
-    }
-#endif
-    for (; i < n; ++i) bu[i] = etweedie::narrow<bf16>(in[i]).bits;
-    write_all(bu);
-    // and through narrow16_bf16_exact alone (the integer rounding, which the others fall back to)
-    std::vector<uint16_t> be(n);
-    i = 0;
-#if defined(__AVX2__)
-    for (; i + 16 <= n; i += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(be.data() + i), etweedie::narrow16_bf16_exact(in.data() + i));
-#endif
-    for (; i < n; ++i) be[i] = etweedie::narrow<bf16>(in[i]).bits;
-    write_all(be);
     return 0;
   }
   if (std::strcmp(argv[1], "narrow64") == 0) {
