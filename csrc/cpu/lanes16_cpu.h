@@ -19,12 +19,14 @@
 // in-lane permutes (P u = Σ_r c_r ⊙ u rotated by r within its block).
 //
 // Time: the draws are read from memory once, in the q sweep of a group of four (the second
-// pass rereads them from L1).  Two things keep that sweep off latencies: the four draws' q share
-// one sweep (one draw alone would be bound by the FMA latency), and the second pass prefetches
-// the next group's rows into L1 (memory would otherwise idle while it runs).  What remains is
+// pass rereads them from L1).  Three things keep the sweeps off latencies: the four draws' q
+// share one sweep (one draw alone would be bound by the FMA latency), the forward runs a group's
+// second pass and the next group's q sweep as one sweep (accumulate_quad16), and the second pass
+// prefetches the group after into L1 (memory would otherwise idle while it runs).  What remains is
 // arithmetic: a subtraction and an FMA per coordinate on each pass, plus the widening.  A
-// 16-lane AVX-512 variant measured no faster on an AVX-512 VM (the same vector-port count), so
-// there is none.
+// 512-bit variant of these loops measured no faster in the forward and 3–9% faster in the
+// backward on an AVX-512 VM (benchmarks/RESULTS.md, 16-bit draws), so there is none: the 256-bit
+// loops that AVX2-only CPUs run are the ones the tests run.
 #pragma once
 
 #include <algorithm>
@@ -200,6 +202,35 @@ inline void accumulate16(const float* yp, const X* const* xs, const float* w, in
   });
 }
 
+// One sweep for two groups of four draws: acc += Σ_t w_t (y − x_t) over the current group xc
+// (read from L1, where the previous sweep left it; the same sums, in the same order, as
+// accumulate16<4>) and q_t = u_tᵀ P u_t of the next group xn (read from memory, as quad16<4>
+// would, with the same sums in the same order as the two passes in turn).  One sweep holds both
+// passes' independent work, and memory serves the next group while the current
+// one accumulates: 1.08–1.20× faster forwards (benchmarks/RESULTS.md, CPU: et_score and
+// langevin_step).  next: the group after xn (or null), prefetched into L1 along the way.
+template <typename X, typename PU>
+inline void accumulate_quad16(const float* yp, const X* const* xc, const float* w, const X* const* xn, int64_t d,
+                              const PU& pu, float* acc, float* qn, const X* const* next) {
+  V16 wv[4], a[4];
+  for (int t = 0; t < 4; ++t) wv[t] = vset1(w[t]), a[t] = vzero();
+  with_next_prefetched<X>(d, next, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; j += 16) {
+      const V16 yv = vload(yp + j);
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) {
+        const V16 u = vsub(yv, Lanes16<X>::load16(xn[t] + j));
+        a[t] = vfma(u, pu(u, j), a[t]);
+      }
+      V16 s = vzero();
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) s = vfma(wv[t], vsub(yv, Lanes16<X>::load16(xc[t] + j)), s);
+      vstore(acc + j, vadd(vload(acc + j), s));
+    }
+  });
+  for (int t = 0; t < 4; ++t) qn[t] = vhsum(a[t]);
+}
+
 // P u for the 16 lanes from j under an isotropic, diagonal or k×k block (k = 1, 2, 4) metric,
 // the form the sweeps take as their pu: an isotropic metric returns u (its p is `scale`, which
 // the caller applies to q and to the gradient's coefficient; 1 for the other kinds), a diagonal
@@ -250,28 +281,37 @@ bool weighted_residual_sum16(const Prec& prec, const float* y, const X* x, int64
     ap[j] = 0.0f;
   }
   const MetricLanes16<Prec> pu(prec, pw);
-  // q of R draws at once (quad16)
-  auto quad = [&](auto r, const X* const* xr, float* q) {
-    constexpr int R = decltype(r)::value;
-    quad16<R>(yp, xr, d, pu, q);
+  auto scaled = [&](int R, float* q) {  // an isotropic metric's p, which the sweeps leave out
     if constexpr (MetricLanes16<Prec>::K == 0 && !kDiag) {
       for (int t = 0; t < R; ++t) q[t] *= pu.scale;
     }
   };
+  // q of R draws at once (quad16)
+  auto quad = [&](auto r, const X* const* xr, float* q) {
+    constexpr int R = decltype(r)::value;
+    quad16<R>(yp, xr, d, pu, q);
+    scaled(R, q);
+  };
   bool in_range = true;
   int64_t i = 0;
+  float q[4];  // the q of the group from i, computed by the sweep before
+  if (N >= 4) {
+    const X* x0[4] = {x, x + sxn, x + 2 * sxn, x + 3 * sxn};
+    quad(std::integral_constant<int, 4>{}, x0, q);
+  }
   for (; i + 4 <= N; i += 4) {
     const X* xs[4] = {x + i * sxn, x + (i + 1) * sxn, x + (i + 2) * sxn, x + (i + 3) * sxn};
-    float q[4], w[4];
-    quad(std::integral_constant<int, 4>{}, xs, q);
+    float w[4];
     constexpr int L = Weight::kLaw;
     if (!(q_in_range<L>(q[0]) && q_in_range<L>(q[1]) && q_in_range<L>(q[2]) && q_in_range<L>(q[3]))) {
       for (int t = 0; t < 4; ++t) in_range = in_range && draw_in_range<L>(q[t], y, xs[t], d);
     }
     for (int t = 0; t < 4; ++t) w[t] = weight(q[t]);
-    if (i + 8 <= N) {
+    if (i + 8 <= N) {  // this group's accumulation and the next group's q in one sweep
       const X* nx[4] = {xs[0] + 4 * sxn, xs[1] + 4 * sxn, xs[2] + 4 * sxn, xs[3] + 4 * sxn};
-      accumulate16<4>(yp, xs, w, d, ap, nx);
+      const X* nnx[4] = {xs[0] + 8 * sxn, xs[1] + 8 * sxn, xs[2] + 8 * sxn, xs[3] + 8 * sxn};
+      accumulate_quad16<X>(yp, xs, w, nx, d, pu, ap, q, i + 12 <= N ? nnx : nullptr);
+      scaled(4, q);
     } else {
       accumulate16<4>(yp, xs, w, d, ap);
     }
@@ -376,6 +416,45 @@ inline void grad16(const float* yp, const float* hp, const X* const* xs, const f
   });
 }
 
+// grad16<4> over the current group xc and quad_dot16<4> over the next group xn in one sweep, as
+// accumulate_quad16 does for the forward (the same sums in the same order as the two passes in
+// turn).  next: the group after xn (or null), prefetched into L1.
+template <typename X, typename PU>
+inline void grad_quad_dot16(const float* yp, const float* hp, const X* const* xc, const float* a, const float* c,
+                            int64_t d, const PU& pu, float* gyp, X* const* gx, const X* const* xn, float* qn,
+                            float* hun, const X* const* next) {
+  V16 na[4], nc[4];
+  __m256 aq[4], ah[4];
+  for (int t = 0; t < 4; ++t) na[t] = vset1(-a[t]), nc[t] = vset1(-c[t]), aq[t] = ah[t] = _mm256_setzero_ps();
+  with_next_prefetched<X>(d, next, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; j += 16) {
+      const V16 yv = vload(yp + j), hv = vload(hp + j);
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) {
+        const V16 u = vsub(yv, Lanes16<X>::load16(xn[t] + j));
+        const V16 pv = pu(u, j);
+        aq[t] = _mm256_fmadd_ps(u.lo, pv.lo, aq[t]);
+        aq[t] = _mm256_fmadd_ps(u.hi, pv.hi, aq[t]);
+        ah[t] = _mm256_fmadd_ps(hv.lo, u.lo, ah[t]);
+        ah[t] = _mm256_fmadd_ps(hv.hi, u.hi, ah[t]);
+      }
+      V16 sum = vload(gyp + j);
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) {
+        const V16 u = pu(vsub(yv, Lanes16<X>::load16(xc[t] + j)), j);
+        const V16 ng = vfma(nc[t], u, vmul(na[t], hv));
+        sum = vsub(sum, ng);
+        if (gx != nullptr) Stream16<X>::store(gx[t] + j, ng);
+      }
+      vstore(gyp + j, sum);
+    }
+  });
+  for (int t = 0; t < 4; ++t) {
+    qn[t] = vhsum({aq[t], _mm256_setzero_ps()});
+    hun[t] = vhsum({ah[t], _mm256_setzero_ps()});
+  }
+}
+
 // weighted_residual_sum_bwd (et_score_cpu.h) for an isotropic, diagonal or k×k block (k = 1, 2,
 // 4) metric, d % 16 == 0, no metric gradient, and gx (N rows of d values, or null) 32-byte
 // aligned: the same contract and the same four-draw groups, with both passes in
@@ -414,17 +493,27 @@ float weighted_residual_sum_bwd16(const Prec& P, const Weight& weight, const flo
     }
   };
   int64_t i = 0;
+  float q[4], hu[4];  // q and h·u of the group from i, computed by the sweep before
+  if (N >= 4) {
+    const X* x0[4] = {x, x + sxn, x + 2 * sxn, x + 3 * sxn};
+    quad_dot16<4, X>(yp, hp, x0, d, pu, q, hu);
+  }
   for (; i + 4 <= N; i += 4) {
     const X* xs[4] = {x + i * sxn, x + (i + 1) * sxn, x + (i + 2) * sxn, x + (i + 3) * sxn};
     X* gr[4] = {};
     if (gx != nullptr) {
       for (int t = 0; t < 4; ++t) gr[t] = gx + (i + t) * d;
     }
-    float q[4], hu[4], a[4], c[4];
-    quad_dot16<4, X>(yp, hp, xs, d, pu, q, hu);
+    float a[4], c[4];
     coefficients(4, q, hu, a, c);
-    const X* nx[4] = {xs[0] + 4 * sxn, xs[1] + 4 * sxn, xs[2] + 4 * sxn, xs[3] + 4 * sxn};
-    grad16<4, X>(yp, hp, xs, a, c, d, pu, gyp, gx != nullptr ? gr : nullptr, i + 8 <= N ? nx : nullptr);
+    if (i + 8 <= N) {  // this group's gradients and the next group's q, h·u in one sweep
+      const X* nx[4] = {xs[0] + 4 * sxn, xs[1] + 4 * sxn, xs[2] + 4 * sxn, xs[3] + 4 * sxn};
+      const X* nnx[4] = {xs[0] + 8 * sxn, xs[1] + 8 * sxn, xs[2] + 8 * sxn, xs[3] + 8 * sxn};
+      grad_quad_dot16<X>(yp, hp, xs, a, c, d, pu, gyp, gx != nullptr ? gr : nullptr, nx, q, hu,
+                         i + 12 <= N ? nnx : nullptr);
+    } else {
+      grad16<4, X>(yp, hp, xs, a, c, d, pu, gyp, gx != nullptr ? gr : nullptr, nullptr);
+    }
   }
   for (; i < N; ++i) {
     const X* xi = x + i * sxn;
