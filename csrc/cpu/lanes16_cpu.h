@@ -264,7 +264,8 @@ struct MetricLanes16 {
 
 // weighted_residual_sum (et_score_cpu.h) for an isotropic, diagonal or k×k block (k = 1, 2, 4)
 // metric, d % 16 == 0: the same contract (acc += Σ_i w(q_i) u_i, false when a draw is out of
-// range), the same four-draw sweeps and skipped zero-weight single draws.
+// range), the same four-draw groups (a group's accumulation and the next group's q in one sweep,
+// accumulate_quad16) and skipped zero-weight single draws.
 template <typename X, typename Prec, typename Weight>
 bool weighted_residual_sum16(const Prec& prec, const float* y, const X* x, int64_t sxn, int64_t N, int64_t d,
                              const Weight& weight, float* acc) {
@@ -457,8 +458,9 @@ inline void grad_quad_dot16(const float* yp, const float* hp, const X* const* xc
 
 // weighted_residual_sum_bwd (et_score_cpu.h) for an isotropic, diagonal or k×k block (k = 1, 2,
 // 4) metric, d % 16 == 0, no metric gradient, and gx (N rows of d values, or null) 32-byte
-// aligned: the same contract and the same four-draw groups, with both passes in
-// registers (quad_dot16, grad16; a block applied by in-lane permutes, block_apply16).  Returns
+// aligned: the same contract and the same four-draw groups, with both passes in registers
+// (quad_dot16, grad16, a group's gradients and the next group's q in one sweep by grad_quad_dot16;
+// a block applied by in-lane permutes, block_apply16).  Returns
 // the weight parameter's gradient (1/N) Σ_i shape_term when want_shape, else 0.
 template <typename X, typename Prec, typename Weight>
 float weighted_residual_sum_bwd16(const Prec& P, const Weight& weight, const float* y, const X* x, int64_t sxn,
