@@ -138,18 +138,21 @@ struct Lanes16<fp16> {
 // q_t = u_tᵀ P u_t for u_t = y − x_t, t < R (R = 1 or 4), yp in the lanes' order; pu(u, j) is
 // P u for the 16 lanes from j.  The R draws share one sweep, two accumulator chains each (the
 // halves of a V16): one draw at a time would be bound by the FMA latency.
+// One 16-lane step of it: a[t] += u_t ⊙ P u_t over the lanes from j (yv: y's lanes there).
+template <int R, typename X, typename PU>
+inline void quad_step16(V16 yv, const X* const* xs, int64_t j, const PU& pu, V16* a) {
+#pragma GCC unroll 4
+  for (int t = 0; t < R; ++t) {
+    const V16 u = vsub(yv, Lanes16<X>::load16(xs[t] + j));
+    a[t] = vfma(u, pu(u, j), a[t]);
+  }
+}
+
 template <int R, typename X, typename PU>
 inline void quad16(const float* yp, const X* const* xs, int64_t d, const PU& pu, float* q) {
   V16 a[R];
   for (int t = 0; t < R; ++t) a[t] = vzero();
-  for (int64_t j = 0; j < d; j += 16) {
-    const V16 yv = vload(yp + j);
-#pragma GCC unroll 4
-    for (int t = 0; t < R; ++t) {
-      const V16 u = vsub(yv, Lanes16<X>::load16(xs[t] + j));
-      a[t] = vfma(u, pu(u, j), a[t]);
-    }
-  }
+  for (int64_t j = 0; j < d; j += 16) quad_step16<R>(vload(yp + j), xs, j, pu, a);
   for (int t = 0; t < R; ++t) q[t] = vhsum(a[t]);
 }
 
@@ -185,6 +188,15 @@ inline V16 block_apply16(const V16* c, V16 u) {
 // acc += Σ_t w_t (y − x_t) over R draws (R = 1 or 4), all in the lanes' order.  With next
 // (R draws), their rows are prefetched into L1 along the way: this pass reads its draws from L1,
 // so memory would otherwise idle while it runs and the next q sweep wait on every line.
+// One 16-lane step of it: acc[j, j + 16) += Σ_t w_t (y − x_t) (wv: the weights broadcast).
+template <int R, typename X>
+inline void accumulate_step16(V16 yv, const X* const* xs, const V16* wv, int64_t j, float* acc) {
+  V16 s = vzero();
+#pragma GCC unroll 4
+  for (int t = 0; t < R; ++t) s = vfma(wv[t], vsub(yv, Lanes16<X>::load16(xs[t] + j)), s);
+  vstore(acc + j, vadd(vload(acc + j), s));
+}
+
 template <int R, typename X>
 inline void accumulate16(const float* yp, const X* const* xs, const float* w, int64_t d, float* acc,
                          const X* const* next = nullptr) {
@@ -192,13 +204,7 @@ inline void accumulate16(const float* yp, const X* const* xs, const float* w, in
   for (int t = 0; t < R; ++t) wv[t] = vset1(w[t]);
   // a cache line holds 16 or 32 draw values, a whole number of 16-value steps
   with_next_prefetched<X>(d, next, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; j += 16) {
-      const V16 yv = vload(yp + j);
-      V16 s = vzero();
-#pragma GCC unroll 4
-      for (int t = 0; t < R; ++t) s = vfma(wv[t], vsub(yv, Lanes16<X>::load16(xs[t] + j)), s);
-      vstore(acc + j, vadd(vload(acc + j), s));
-    }
+    for (int64_t j = j0; j < j1; j += 16) accumulate_step16<R>(vload(yp + j), xs, wv, j, acc);
   });
 }
 
@@ -217,15 +223,8 @@ inline void accumulate_quad16(const float* yp, const X* const* xc, const float* 
   with_next_prefetched<X>(d, next, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; j += 16) {
       const V16 yv = vload(yp + j);
-#pragma GCC unroll 4
-      for (int t = 0; t < 4; ++t) {
-        const V16 u = vsub(yv, Lanes16<X>::load16(xn[t] + j));
-        a[t] = vfma(u, pu(u, j), a[t]);
-      }
-      V16 s = vzero();
-#pragma GCC unroll 4
-      for (int t = 0; t < 4; ++t) s = vfma(wv[t], vsub(yv, Lanes16<X>::load16(xc[t] + j)), s);
-      vstore(acc + j, vadd(vload(acc + j), s));
+      quad_step16<4>(yv, xn, j, pu, a);
+      accumulate_step16<4>(yv, xc, wv, j, acc);
     }
   });
   for (int t = 0; t < 4; ++t) qn[t] = vhsum(a[t]);
@@ -369,51 +368,63 @@ struct Stream16<fp16> {
 // u_t = y − x_t; pu(u, j) is P u for the 16 lanes from j (an isotropic metric: u, its scale applied
 // by the caller).  One 8-lane accumulator per sum (16 coordinates are two FMAs into it): the 2R
 // sums are the independent chains, and they leave registers for y, h and u.
+// One 16-lane step of it (yv, hv: y's and h's lanes from j), and the sums at the end.
 template <int R, typename X, typename PU>
-inline void quad_dot16(const float* yp, const float* hp, const X* const* xs, int64_t d, const PU& pu, float* q,
-                       float* hu) {
-  __m256 aq[R], ah[R];
-  for (int t = 0; t < R; ++t) aq[t] = ah[t] = _mm256_setzero_ps();
-  for (int64_t j = 0; j < d; j += 16) {
-    const V16 yv = vload(yp + j), hv = vload(hp + j);
+inline void quad_dot_step16(V16 yv, V16 hv, const X* const* xs, int64_t j, const PU& pu, __m256* aq, __m256* ah) {
 #pragma GCC unroll 4
-    for (int t = 0; t < R; ++t) {
-      const V16 u = vsub(yv, Lanes16<X>::load16(xs[t] + j));
-      const V16 pv = pu(u, j);
-      aq[t] = _mm256_fmadd_ps(u.lo, pv.lo, aq[t]);
-      aq[t] = _mm256_fmadd_ps(u.hi, pv.hi, aq[t]);
-      ah[t] = _mm256_fmadd_ps(hv.lo, u.lo, ah[t]);
-      ah[t] = _mm256_fmadd_ps(hv.hi, u.hi, ah[t]);
-    }
+  for (int t = 0; t < R; ++t) {
+    const V16 u = vsub(yv, Lanes16<X>::load16(xs[t] + j));
+    const V16 pv = pu(u, j);
+    aq[t] = _mm256_fmadd_ps(u.lo, pv.lo, aq[t]);
+    aq[t] = _mm256_fmadd_ps(u.hi, pv.hi, aq[t]);
+    ah[t] = _mm256_fmadd_ps(hv.lo, u.lo, ah[t]);
+    ah[t] = _mm256_fmadd_ps(hv.hi, u.hi, ah[t]);
   }
+}
+
+template <int R>
+inline void quad_dot_sums16(const __m256* aq, const __m256* ah, float* q, float* hu) {
   for (int t = 0; t < R; ++t) {
     q[t] = vhsum({aq[t], _mm256_setzero_ps()});
     hu[t] = vhsum({ah[t], _mm256_setzero_ps()});
   }
 }
 
+template <int R, typename X, typename PU>
+inline void quad_dot16(const float* yp, const float* hp, const X* const* xs, int64_t d, const PU& pu, float* q,
+                       float* hu) {
+  __m256 aq[R], ah[R];
+  for (int t = 0; t < R; ++t) aq[t] = ah[t] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < d; j += 16) quad_dot_step16<R>(vload(yp + j), vload(hp + j), xs, j, pu, aq, ah);
+  quad_dot_sums16<R>(aq, ah, q, hu);
+}
+
 // The backward's second pass for R draws (still in L1): g_t = a_t h + c_t P u_t, gyp += Σ_t g_t
 // (lanes' order), and −g_t streamed to gx[t] (x's format; gx null: ∂L/∂x not wanted); pu as in
 // quad_dot16 (c holds c_t·p for an isotropic metric).  next (R rows, or null) is prefetched into
 // L1 along the way, as in accumulate16.
+// One 16-lane step of it (na, nc: −a_t and −c_t broadcast).
+template <int R, typename X, typename PU>
+inline void grad_step16(V16 yv, V16 hv, const X* const* xs, const V16* na, const V16* nc, int64_t j, const PU& pu,
+                        float* gyp, X* const* gx) {
+  V16 sum = vload(gyp + j);
+#pragma GCC unroll 4
+  for (int t = 0; t < R; ++t) {
+    const V16 u = pu(vsub(yv, Lanes16<X>::load16(xs[t] + j)), j);
+    const V16 ng = vfma(nc[t], u, vmul(na[t], hv));  // −g_t, rounded as g_t
+    sum = vsub(sum, ng);
+    if (gx != nullptr) Stream16<X>::store(gx[t] + j, ng);
+  }
+  vstore(gyp + j, sum);
+}
+
 template <int R, typename X, typename PU>
 inline void grad16(const float* yp, const float* hp, const X* const* xs, const float* a, const float* c, int64_t d,
                    const PU& pu, float* gyp, X* const* gx, const X* const* next) {
   V16 na[R], nc[R];
   for (int t = 0; t < R; ++t) na[t] = vset1(-a[t]), nc[t] = vset1(-c[t]);
   with_next_prefetched<X>(d, next, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; j += 16) {
-      const V16 yv = vload(yp + j), hv = vload(hp + j);
-      V16 sum = vload(gyp + j);
-#pragma GCC unroll 4
-      for (int t = 0; t < R; ++t) {
-        const V16 u = pu(vsub(yv, Lanes16<X>::load16(xs[t] + j)), j);
-        const V16 ng = vfma(nc[t], u, vmul(na[t], hv));  // −g_t, rounded as g_t
-        sum = vsub(sum, ng);
-        if (gx != nullptr) Stream16<X>::store(gx[t] + j, ng);
-      }
-      vstore(gyp + j, sum);
-    }
+    for (int64_t j = j0; j < j1; j += 16) grad_step16<R>(vload(yp + j), vload(hp + j), xs, na, nc, j, pu, gyp, gx);
   });
 }
 
@@ -430,30 +441,11 @@ inline void grad_quad_dot16(const float* yp, const float* hp, const X* const* xc
   with_next_prefetched<X>(d, next, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; j += 16) {
       const V16 yv = vload(yp + j), hv = vload(hp + j);
-#pragma GCC unroll 4
-      for (int t = 0; t < 4; ++t) {
-        const V16 u = vsub(yv, Lanes16<X>::load16(xn[t] + j));
-        const V16 pv = pu(u, j);
-        aq[t] = _mm256_fmadd_ps(u.lo, pv.lo, aq[t]);
-        aq[t] = _mm256_fmadd_ps(u.hi, pv.hi, aq[t]);
-        ah[t] = _mm256_fmadd_ps(hv.lo, u.lo, ah[t]);
-        ah[t] = _mm256_fmadd_ps(hv.hi, u.hi, ah[t]);
-      }
-      V16 sum = vload(gyp + j);
-#pragma GCC unroll 4
-      for (int t = 0; t < 4; ++t) {
-        const V16 u = pu(vsub(yv, Lanes16<X>::load16(xc[t] + j)), j);
-        const V16 ng = vfma(nc[t], u, vmul(na[t], hv));
-        sum = vsub(sum, ng);
-        if (gx != nullptr) Stream16<X>::store(gx[t] + j, ng);
-      }
-      vstore(gyp + j, sum);
+      quad_dot_step16<4>(yv, hv, xn, j, pu, aq, ah);
+      grad_step16<4>(yv, hv, xc, na, nc, j, pu, gyp, gx);
     }
   });
-  for (int t = 0; t < 4; ++t) {
-    qn[t] = vhsum({aq[t], _mm256_setzero_ps()});
-    hun[t] = vhsum({ah[t], _mm256_setzero_ps()});
-  }
+  quad_dot_sums16<4>(aq, ah, qn, hun);
 }
 
 // weighted_residual_sum_bwd (et_score_cpu.h) for an isotropic, diagonal or k×k block (k = 1, 2,
