@@ -141,11 +141,18 @@ class EightGaussians:
         return -0.5 * sq / var - torch.log(2 * math.pi * var) - math.log(self.n_modes)
 
     def _responsibilities(self, x: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
-        """softmax_k of _log_joint, ``(..., K)``, from the terms that depend on k only:
-        (x·μ_k − ½‖μ_k‖²)/var (‖x − μ_k‖² overflows for a far x — 1e20 in float32 — and the
-        softmax of −inf everywhere is NaN)."""
+        """softmax_k of _log_joint, ``(..., K)``, from the terms that depend on k only,
+        a_k = x·μ_k − ½‖μ_k‖², over var (‖x − μ_k‖² overflows for a far x — 1e20 in float32 — and
+        the softmax of −inf everywhere is NaN).  Near the dtype's largest value x·μ_k itself
+        overflows (3e38 in float32), so each point is scaled by a power of two t ≥ its largest
+        |coordinate| / 2 (exact), the scaled a_k are shifted by their maximum (the softmax depends on
+        differences only) and multiplied back by t/var; a difference of 0 stays 0 where t/var is
+        inf."""
         mu = self.means(x.dtype, x.device)
-        logits = (x @ mu.T - 0.5 * (mu * mu).sum(-1)) / var[..., None]
+        t = torch.exp2(torch.floor(torch.log2(x.abs().amax(-1).clamp_min(1.0))))  # (...,), a power of two
+        a = (x / t[..., None]) @ mu.T - (0.5 * (mu * mu).sum(-1)) / t[..., None]
+        a = a - a.amax(-1, keepdim=True)  # ≤ 0, the largest exactly 0
+        logits = torch.where(a == 0, torch.zeros_like(a), a * (t / var)[..., None])
         return torch.softmax(logits, dim=-1)
 
     def _mixture_log_prob(self, x: torch.Tensor, var: torch.Tensor) -> torch.Tensor:

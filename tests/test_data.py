@@ -324,6 +324,16 @@ def test_ring_far_queries_and_nan_queries(ring):
     y = torch.tensor([[1e20, 0.0]])
     torch.testing.assert_close(ring.noisy_score(y, 0.5), ring.noisy_score(y.double(), 0.5).float())
     assert torch.isfinite(ring.posterior_mean(y, 0.5)).all()
+    # at the end of each dtype's range x·μ_k overflowed too (NaN): the score is then an honest ±inf
+    # (its true value does not fit), the posterior mean finite
+    for top in (torch.tensor([[3e38, 1e38], [-3.4e38, 3.4e38], [2e38, -3e37]]),
+                torch.tensor([[1.7e308, -1e308], [-1.7e308, 1.7e308], [1e300, 0.0]], dtype=torch.float64)):
+        for s in (0.0, 0.5):
+            score, mean = ring.noisy_score(top, s), ring.posterior_mean(top, s)
+            assert not torch.isnan(score).any() and torch.isfinite(mean).all(), (top.dtype, s)
+            if top.dtype == torch.float32:  # float64 holds float32's ends: the same result, rounded
+                torch.testing.assert_close(score, ring.noisy_score(top.double(), s).float())
+                torch.testing.assert_close(mean, ring.posterior_mean(top.double(), s).float())
     mixed = torch.tensor([[float("nan"), 0.0], [0.3, -0.2]])
     x = ring.posterior_sample(mixed, 0.5, 6, fixed(40))
     assert torch.isnan(x[0]).all() and torch.isfinite(x[1]).all()
