@@ -763,6 +763,104 @@ def test_a_nan_input_is_masked_without_the_exact_recomputation(monkeypatch):
 
 
 @needs_cpu
+@pytest.mark.parametrize("shared", [False, True], ids=["own-draws", "shared-cloud"])
+@pytest.mark.parametrize("metric", [None, "dense"])
+@pytest.mark.parametrize("op", ["et_score", "langevin_step"])
+def test_the_exact_near_draw_recomputation_runs_on_the_flagged_rows_only(monkeypatch, op, metric, shared):
+    """A float64 call with a draw nearer to y than the kernel's range in one row of five reruns
+    that row alone on the reference's exact form (its residuals: 1×N×d, not B×N×d); the kernel's
+    rows and the recomputed row together give the whole-call exact reference, in value and in the
+    gradients of y, x, beta and lam, fresh inputs each run — under a dense metric (whitened
+    before the rows are taken) and for one cloud shared by every row too."""
+    from etweedie.ops import reference
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    B, N, d = 5, 7, 6
+    y = torch.randn(B, d, generator=g, dtype=torch.float64)
+    x = y.unsqueeze(1) + torch.randn(B, N, d, generator=g, dtype=torch.float64)
+    y[3, 0] = 0.0
+    x[3, 2] = y[3]
+    x[3, 2, 0] = 1e-170  # row 3's draw 2: q = 1e-340 underflows
+    if shared:
+        x = x[3]  # (N, d): every row's cloud; only row 3 has a draw that near
+    if metric == "dense":
+        a = torch.randn(d, d, generator=g, dtype=torch.float64)
+        metric = Metric.dense(a @ a.T + d * torch.eye(d, dtype=torch.float64))
+    beta = torch.rand(B, generator=g, dtype=torch.float64) + 0.5
+    lam = torch.rand(B, generator=g, dtype=torch.float64) + 0.5
+    noise = torch.randn(B, d, generator=g, dtype=torch.float64)
+    w = torch.randn(B, d, generator=g, dtype=torch.float64)
+    seen = []
+    plain = getattr(reference, op)
+
+    def spy(*args, **kwargs):
+        seen.append(args[1].shape[0])
+        return plain(*args, **kwargs)
+
+    def call(be, *ins):
+        yy, xx, bb, ll = ins
+        if op == "et_score":
+            return etweedie.et_score(yy, xx, bb, ll, metric, backend=be)
+        return etweedie.langevin_step(yy, xx, noise, 0.01, bb, ll, metric, backend=be)
+
+    ins = [t.clone().requires_grad_() for t in (y, x, beta, lam)]
+    with monkeypatch.context() as m:
+        m.setattr(reference, op, spy)
+        got = call("cpu", *ins)
+    assert seen == [1], seen
+    got_g = torch.autograd.grad((got * w).sum(), ins)
+    ref_ins = [t.clone().requires_grad_() for t in (y, x, beta, lam)]
+    want = call("reference", *ref_ins)
+    want_g = torch.autograd.grad((want * w).sum(), ref_ins)
+    assert torch.isfinite(want).all() and all(torch.isfinite(t).all() for t in want_g)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=0)
+    for a, b in zip(got_g, want_g):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9 * float(b.abs().max()))
+
+
+@needs_cpu
+@pytest.mark.parametrize("reads_values", [True, False], ids=["values-read", "no-value-reads"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("op", ["et_score", "langevin_step"])
+def test_a_shared_cloud_under_a_dense_metric_keeps_a_near_draws_term(monkeypatch, op, dtype, reads_values):
+    """A cloud shared by every row is whitened once, about its first draw; a draw much nearer to
+    a query than the rounding of those coordinates (1e-5 and 1e-12 at unit spread) had its term
+    u‖u‖^{β−2} from rounding noise — up to 20% of the score off at β = 1.  Such rows are
+    recomputed about their own query (where no values are read, as on a GPU without debug checks,
+    every row is); against the float64 reference on the same inputs, β at 1 and 0.6."""
+    from etweedie.ops import _prep
+
+    if not reads_values:
+        monkeypatch.setattr(_prep, "value_checks", lambda t: False)
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    B, N, d = 6, 9, 5
+    y = torch.randn(B, d, generator=g, dtype=torch.float64).to(dtype)
+    x = torch.randn(N, d, generator=g, dtype=torch.float64).to(dtype)
+    for row, draw, delta in ((1, 2, 1e-5), (4, 7, 1e-12)):
+        y[row] = x[draw]
+        y[row, 0] = 0.0
+        x[draw, 0] = delta  # exact in both dtypes: the pair is delta apart
+    a = torch.randn(d, d, generator=g, dtype=torch.float64)
+    metric = Metric.dense((a @ a.T + d * torch.eye(d, dtype=torch.float64)).to(dtype))
+    beta = torch.tensor([1.0, 0.6, 1.0, 1.0, 0.6, 1.0], dtype=dtype)
+    noise = torch.randn(B, d, generator=g, dtype=torch.float64).to(dtype)
+
+    def call(yy, xx, m, be):
+        if op == "et_score":
+            return etweedie.et_score(yy, xx, beta.to(yy.dtype), 1.3, m, backend=be)
+        return etweedie.langevin_step(yy, xx, noise.to(yy.dtype), 0.01, beta.to(yy.dtype), 1.3, m, backend=be)
+
+    want = call(y.double(), x.double(), Metric.dense(metric.param.double()), "reference")
+    got = call(y, x, metric, "cpu")
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    rows = torch.ones(B, dtype=torch.bool)
+    if not reads_values:  # no rerun without reading values: a pair below the kernel's range is a NaN row
+        rows = ~torch.isnan(got).all(-1)
+        assert rows.tolist() == [True] * 4 + [dtype == torch.float64, True], rows  # float32: q = 1e-24 < 2^-64
+    torch.testing.assert_close(got.double()[rows], want[rows], rtol=tol, atol=tol * float(want.abs().max()))
+
+
+@needs_cpu
 def test_student_t_kernel_does_not_flag_near_draws_in_float64():
     """1/(1 + q) is exact for any q ≥ 0: a float64 draw 1e-100 from y is not flagged."""
     y = torch.zeros(1, 2, dtype=torch.float64)

@@ -775,8 +775,10 @@ def range_guarded(op: str, name: str, metric, y: torch.Tensor, x: torch.Tensor, 
     non-finite inputs.  Elsewhere one min/max pass (:func:`scan`) decides both before the run.
     Rows whose inputs hold NaN or inf come back NaN (:func:`nan_rows`: the et_score weight treats
     a NaN distance like a coincident draw).  A float64 call the kernel flagged although its data
-    are in range has a draw closer to y than its accurate range (q below 2^-500): ``near()``
-    recomputes the call on the reference's exact near-pair form (``reference.NEAR_PAIR_MODES``)."""
+    are in range has a draw closer to y than its accurate range (q below 2^-500): ``near(rows)``
+    returns the whole output again, with those rows (flat row indices, ``(n,)``) on the reference's
+    exact near-pair form (``reference.NEAR_PAIR_MODES``: its residuals take n×N×d memory, not
+    B×N×d) and the others from the kernel, rerun on them alone (:func:`join_rows`)."""
     in_kernel = kernel_checks_range(name, op, y.dtype)
     finite = True
     if not in_kernel:
@@ -784,32 +786,73 @@ def range_guarded(op: str, name: str, metric, y: torch.Tensor, x: torch.Tensor, 
         if out_of_range:
             return None
     out, nonfinite = run()
-    if name == "triton" and near is not None and flagged(out) and _near_rows(out, batch, y, x):
+    if name == "triton" and near is not None and flagged(out):
         # the Triton kernels flag a row with a near draw only (the data's range was scanned above)
-        if y.dtype == torch.float32:
-            return None  # rerun in float64, where the pair is in range or recomputed exactly
-        out = near()
+        rows = _near_rows(out, batch, y, x, finite)
+        if rows.numel():
+            if y.dtype == torch.float32:
+                return None  # rerun in float64, where the pair is in range or recomputed exactly
+            out = near(rows)
     elif in_kernel and (flagged(out) if nonfinite is None else nonfinite):
         if y.dtype == torch.float32:
             return None  # rows the kernel could not compute accurately in float32 (or non-finite inputs)
         out_of_range, finite = scan(metric, y, x)
         if out_of_range:
             return None  # float64 data beyond float64's range
-        if near is not None and (finite or _near_rows(out, batch, y, x)):
-            out = near()  # a draw nearer to y than the kernel's range: exact, rows with NaN/inf masked below
+        if near is not None:
+            rows = _near_rows(out, batch, y, x, finite)
+            if rows.numel():  # a draw nearer to y than the kernel's range: exact, rows with NaN/inf masked below
+                out = near(rows)
     if not finite:
         out = nan_rows(out.reshape(-1, y.shape[-1]), batch, (y, 1), (x, 2)).reshape(out.shape)
     return out
 
 
-def _near_rows(out: torch.Tensor, batch: torch.Size, y: torch.Tensor, x: torch.Tensor) -> bool:
-    """Whether a non-finite row of ``out`` has finite inputs — a row flagged for a draw nearer to
-    y than the kernel's range, which needs the exact recomputation; rows with a NaN or inf input
-    come back NaN anyway (:func:`nan_rows`) and need none.  Reads values (CPU, or debug checks)."""
+def _near_rows(out: torch.Tensor, batch: torch.Size, y: torch.Tensor, x: torch.Tensor, finite: bool) -> torch.Tensor:
+    """The flat indices of the non-finite rows of ``out`` whose inputs are finite — rows flagged
+    for a draw nearer to y than the kernel's range, which need the exact recomputation; rows with a
+    NaN or inf input come back NaN anyway (:func:`nan_rows`) and need none.  ``finite``: the inputs
+    are known finite (no pass over them).  Reads values (CPU, or debug checks)."""
     d = y.shape[-1]
-    bad_out = ~torch.isfinite(out.detach().reshape(-1, d)).all(-1)
-    bad_in = ~torch.isfinite(y.detach()).all(-1) | ~torch.isfinite(x.detach()).flatten(x.dim() - 2).all(-1)
-    return bool((bad_out & ~bad_in.expand(batch).reshape(-1)).any())
+    bad = ~torch.isfinite(out.detach().reshape(-1, d)).all(-1)
+    if not finite:
+        bad_in = ~torch.isfinite(y.detach()).all(-1) | ~torch.isfinite(x.detach()).flatten(x.dim() - 2).all(-1)
+        bad &= ~bad_in.expand(batch).reshape(-1)
+    return bad.nonzero().squeeze(1)
+
+
+def join_rows(batch: torch.Size, rows: torch.Tensor, exact, rest) -> torch.Tensor:
+    """The (*batch, d) output whose flat rows ``rows`` are ``exact(rows)`` and whose other rows are
+    ``rest(others)``, both (n, d) for the flat indices given.  Each part runs its own autograd
+    graph: a flagged row never enters the kernel's backward (its saved NaN mean would turn the
+    zero gradient of a replaced row into NaN)."""
+    B = math.prod(batch)
+    keep = torch.ones(B, dtype=torch.bool)
+    keep[rows.cpu()] = False
+    others = keep.nonzero().squeeze(1)
+    e = exact(rows)
+    out = e.new_zeros(B, e.shape[-1]).index_put((rows.to(e.device),), e)
+    if others.numel():
+        out = out.index_put((others.to(e.device),), rest(others))
+    return out.reshape(*batch, e.shape[-1])
+
+
+def take_rows(t: torch.Tensor, rows: Optional[torch.Tensor]) -> torch.Tensor:
+    """Rows ``rows`` of a canonical (B, …) tensor (None: all, ``t`` itself); one broadcast over B
+    (stride 0: a shared cloud, a scalar parameter) stays a broadcast instead of being copied once
+    per row."""
+    if rows is None:
+        return t
+    if t.shape[0] > 0 and t.stride(0) == 0:
+        return t[:1].expand(rows.numel(), *t.shape[1:])
+    return t[rows.to(t.device)]
+
+
+def canonical_rows(c: Canonical, rows: torch.Tensor) -> Canonical:
+    """The canonical form of the flat rows ``rows`` of ``c``; its ``metric`` stays the whole
+    call's (a dense metric's whitening reads it: whiten the whole call, then take rows)."""
+    return Canonical(take_rows(c.y, rows), take_rows(c.x, rows), take_rows(c.beta, rows), take_rows(c.lam, rows),
+                     take_rows(c.prec, rows), c.kind, torch.Size([rows.numel()]), c.metric)
 
 
 def flagged(out: torch.Tensor) -> bool:
@@ -858,6 +901,54 @@ def whiten_dense(c: Canonical) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor
     zx = centred_rows_matmul(c.x, centre, Lb)
     ones = torch.ones((), dtype=c.y.dtype, device=c.y.device).expand(c.y.shape[0])
     return zy.contiguous(), zx, ones, Lb
+
+
+#: A draw nearer to the query than this fraction of their squared whitened norms (about the
+#: shared centre) is recomputed about the query (:func:`dense_score`); the Gram form's guard
+#: (csrc/cpu/energy_gram_cpu.h) uses the same 2⁻⁶.
+_NEAR_SHARED = 2.0**-6
+
+
+def dense_score(c: Canonical, kernel, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The score of a per-row op under a dense metric, (n, d) for the flat rows ``rows`` (None:
+    all B): ``kernel(zy, zx, ones, rows)`` gives the isotropic score of whitened queries and draws
+    (it takes its own parameters' rows), mapped back with L.
+
+    A cloud shared by every row is whitened once about its first draw (:func:`dense_centre`), so
+    z_y and z_x each carry a rounding of about ε‖z‖, and the kernel's u = z_y − z_x of a draw much
+    nearer to y than that is mostly rounding: its term u‖u‖^{β−2} then points the wrong way, up
+    to 20% of the score at β = 1 (a draw 1e-5 from y at unit spread, float32).  Rows with a draw
+    within 2⁻³ of the norms (one Gram product, B×N numbers) are recomputed whitened about their own
+    query (z_y = 0 exactly, z_x = (x − y)L: their differences, and a coincidence, exact), at n×N×d
+    memory for n such rows.  Where values are not read (a GPU without debug checks, compile) every
+    row is whitened about its own query."""
+    zy, zx, ones, L = whiten_dense(c)
+    shared = zx.dim() == 3 and zx.shape[0] > 1 and zx.stride(0) == 0
+    if shared and not value_checks(zy):
+        return _dense_own_rows(c, kernel, L, rows)
+    zy, zx, ones = (take_rows(t, rows) for t in (zy, zx, ones))
+    L = take_rows(L, rows) if L.dim() == 3 else L
+    s = unwhiten_score(kernel(zy, zx, ones, rows), L)
+    if not shared or zy.shape[0] == 0:
+        return s
+    zc = zx[0].detach()  # (N, d): the one whitened cloud
+    ny, nx = zy.detach().square().sum(-1, keepdim=True), zc.square().sum(-1)
+    near = ((ny + nx - 2 * zy.detach() @ zc.T) < _NEAR_SHARED * (ny + nx)).any(-1).nonzero().squeeze(1)
+    if near.numel() == 0:
+        return s
+    g = near if rows is None else rows.to(near.device)[near]
+    return s.index_put((near,), _dense_own_rows(c, kernel, L, g))
+
+
+def _dense_own_rows(c: Canonical, kernel, L: torch.Tensor, rows: Optional[torch.Tensor]) -> torch.Tensor:
+    """dense_score of the rows ``rows`` (None: all), each whitened about its own query."""
+    y, x = take_rows(c.y, rows), take_rows(c.x, rows)
+    if L.dim() == 3:
+        L = take_rows(L, rows)
+    zx = (x.to(L.dtype) - y.detach().unsqueeze(1).to(L.dtype)) @ L
+    zy = (y - y.detach()) @ L  # 0, with y's gradient
+    ones = torch.ones((), dtype=y.dtype, device=y.device).expand(y.shape[0])
+    return unwhiten_score(kernel(zy.contiguous(), zx, ones, rows), L)
 
 
 def dense_centre(x: torch.Tensor, own: torch.Tensor, L: torch.Tensor) -> torch.Tensor:

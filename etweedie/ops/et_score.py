@@ -20,7 +20,10 @@ from ..rules.et_score import autograd_rules, fake_bwd, fake_fwd
 from . import reference
 from ._prep import (
     DENSE,
+    canonical_rows,
+    dense_score,
     front,
+    join_rows,
     kernel_or_reference,
     near_mode,
     plain_rows,
@@ -28,8 +31,7 @@ from ._prep import (
     rescale,
     rows_args,
     shape_rows,
-    unwhiten_score,
-    whiten_dense,
+    take_rows,
     widen,
     widen_metric,
 )
@@ -88,19 +90,23 @@ def et_score(
             return torch.ops.etweedie.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
         return python_form().reshape(*a.batch, a.y.shape[-1]), None  # the front op returns (*batch, d) too
 
-    def python_form():
+    def python_form(rows=None):  # rows: flat row indices, or None for all
         c = shape_rows(a)
         if name == "reference":
             return reference.et_score(c.y, c.x, c.beta, c.lam, c.prec, c.kind, near_mode(c.y))
         if c.kind == DENSE:
-            zy, zx, ones, L = whiten_dense(c)
-            return unwhiten_score(_kernel(name, zy, zx, c.beta, c.lam, ones, 0), L)
+            return dense_score(c, lambda zy, zx, ones, r: _kernel(name, zy, zx, take_rows(c.beta, r),
+                                                                   take_rows(c.lam, r), ones, 0), rows)
+        if rows is not None:
+            c = canonical_rows(c, rows)
         return _kernel(name, c.y, c.x, c.beta, c.lam, c.prec, c.kind)
 
     # an infinite draw has no finite limit in the sum (‖u‖^{β−1} grows without bound): NaN rows
-    def near():  # a float64 row with a draw nearer to y than the kernel's range: the exact reference form
-        c = shape_rows(a)
-        return reference.et_score(c.y, c.x, c.beta, c.lam, c.prec, c.kind, "index").reshape(*a.batch, a.y.shape[-1])
+    def near(rows):  # float64 rows with a draw nearer to y than the kernel's range: the exact reference form
+        def exact(rows):
+            c = canonical_rows(shape_rows(a), rows)
+            return reference.et_score(c.y, c.x, c.beta, c.lam, c.prec, c.kind, "index")
+        return join_rows(a.batch, rows, exact, python_form)
 
     s = range_guarded(op, name, metric, a.y, a.x, a.batch, run, near)
     if s is None:

@@ -21,20 +21,22 @@ from ._prep import (
     DENSE,
     as_param,
     broadcast_batch,
+    canonical_rows,
+    dense_score,
     check_finite,
     check_positive,
     checked_cpu_param,
     check_tensor,
     flat,
     front,
+    join_rows,
     kernel_or_reference,
     near_mode,
     plain_rows,
     range_guarded,
     rows_args,
     shape_rows,
-    unwhiten_score,
-    whiten_dense,
+    take_rows,
     widen,
     widen_metric,
 )
@@ -109,24 +111,29 @@ def langevin_step(
             return torch.ops.etweedie.langevin_step(a.y, a.x, noise, step_t, a.beta, a.lam, a.prec, a.kind, a.batch)
         return python_form().reshape(*a.batch, d), None  # the front op returns (*batch, d) too
 
-    def python_form():
+    def python_form(rows=None):  # rows: flat row indices, or None for all
         c = shape_rows(a)
         xi = flat(noise, c.batch, (d,)).contiguous()
         alpha = flat(step_t, c.batch, ())
         if name == "reference":
             return reference.langevin_step(c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind, near_mode(c.y))
-        if c.kind == DENSE:
-            # The update lives in the original space: whitened score kernel, then the update.
-            zy, zx, ones, L = whiten_dense(c)
-            s = unwhiten_score(_score_kernel(name, zy, zx, c.beta, c.lam, ones, 0), L)
+        if rows is not None:
+            xi, alpha = take_rows(xi, rows), take_rows(alpha, rows)
+        if c.kind == DENSE:  # the update lives in the original space: whitened score kernel, then the update
+            s = dense_score(c, lambda zy, zx, ones, r: _score_kernel(name, zy, zx, take_rows(c.beta, r),
+                                                                     take_rows(c.lam, r), ones, 0), rows)
             al = alpha.unsqueeze(-1)
-            return c.y + al * s + torch.sqrt(2 * al) * xi
+            return take_rows(c.y, rows) + al * s + torch.sqrt(2 * al) * xi
+        if rows is not None:
+            c = canonical_rows(c, rows)
         return _kernel(name, c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
 
-    def near():  # a float64 row with a draw nearer to y than the kernel's range: the exact reference form
-        c = shape_rows(a)
-        xi, alpha = flat(noise, c.batch, (d,)).contiguous(), flat(step_t, c.batch, ())
-        return reference.langevin_step(c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind, "index").reshape(*a.batch, d)
+    def near(rows):  # float64 rows with a draw nearer to y than the kernel's range: the exact reference form
+        def exact(rows):
+            c = canonical_rows(shape_rows(a), rows)
+            xi, alpha = (take_rows(flat(t, a.batch, s), rows) for t, s in ((noise, (d,)), (step_t, ())))
+            return reference.langevin_step(c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind, "index")
+        return join_rows(a.batch, rows, exact, python_form)
 
     out = range_guarded(op, name, metric, a.y, a.x, a.batch, run, near)
     if out is None:
