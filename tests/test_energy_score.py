@@ -112,17 +112,20 @@ def test_metric_far_from_origin(backend, device, kind, seed):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("d", [1, 2, 3, 16])
 @pytest.mark.parametrize("fair", [True, False], ids=["fair", "biased"])
-def test_cpu_row_kernel(kind, d, fair, seed):
+@pytest.mark.parametrize("M", [2, 3, 23, 24])
+def test_cpu_row_kernel(kind, d, fair, M, seed):
     """The CPU row kernel (small d, many rows, gradients for the draws and the target only:
     csrc/cpu/energy_score_rows_cpu.h): value and both gradients against the float64
     reference, 1e3 from the origin, coincident draws and a draw on the target, per-row β; the
-    forward-only op and the separate backward op agree with the fused value-and-gradient op."""
+    forward-only op and the separate backward op agree with the fused value-and-gradient op.
+    Odd and even M: the within pairs run by offset, and an even M's last offset, M/2, holds
+    M/2 pairs, not M (M = 2: that one pair alone)."""
     if kind.startswith("block") and d % int(kind[-1]):
         pytest.skip(f"{kind} needs d divisible by its block size")
-    B, M = 16, 23  # B ≥ 2 × threads for any thread count up to 8
+    B = 16  # B ≥ 2 × threads for any thread count up to 8
     samples, target, bt, metric = _inputs(seed, B, M, d, kind, offset=1e3)
-    samples[:, 4] = samples[:, 2]
-    samples[:, 6] = target
+    samples[:, min(4, M - 1)] = samples[:, M // 2 - 1]
+    samples[:, min(6, M - 1) if M > 2 else 0] = target
 
     def run(backend, dtype):
         s = samples.to(dtype).requires_grad_()
