@@ -8,6 +8,8 @@ flash-attention criterion, DESIGN §8).
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -164,3 +166,42 @@ def run_file_under_interpreter(test_file: str) -> None:
     assert proc.returncode == 0, f"Triton interpreter cases failed (rc {proc.returncode}):\n{tail}"
     summary = proc.stdout.strip().splitlines()[-1]
     assert " passed" in summary and "error" not in summary, tail  # only the driver itself skips there
+
+
+# ---------------------------------------------------------------- standalone C++ checkers (tests/cpp)
+CXX = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+CHECKER_FLAGS = ["-O3", "-std=c++17", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd"]
+
+# -march levels for the checkers and the /proc/cpuinfo flags each needs: the build's own flags,
+# then the paths other CPUs take, where this one can run them: AVX2 only, AVX-512 without
+# AVX512-BF16, and no vector ISA at all.
+ISA_LEVELS = {
+    "build": (),
+    "x86-64": (),
+    "haswell": ("avx2", "fma", "f16c"),
+    "skylake-avx512": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"),
+}
+
+
+def cpu_flags() -> set:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+def march_flags(level: str) -> list:
+    """The -march flag of an ISA level (the extension's own for "build"), or pytest.skip where
+    there is no compiler or this CPU cannot run that level's code."""
+    if CXX is None:
+        pytest.skip("no C++ compiler on PATH (the extension build needs one too)")
+    if level == "build":
+        return ["-march=native"] if os.environ.get("ETWEEDIE_NATIVE", "1") != "0" else []
+    if not os.uname().machine.startswith("x86"):
+        pytest.skip("the other ISA levels are x86 ones")
+    missing = set(ISA_LEVELS[level]) - cpu_flags()
+    if missing:
+        pytest.skip(f"this CPU cannot run -march={level} code (lacks {sorted(missing)})")
+    return [f"-march={level}"]

@@ -13,16 +13,15 @@ AVX512-BF16, plain x86-64), whose conversion paths the extension build here neve
 
 import math
 import os
-import shutil
 import subprocess
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import CHECKER_FLAGS, CXX, ISA_LEVELS, march_flags
 
 ROOT = Path(__file__).resolve().parents[1]
-CXX = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 # (mantissa bits with the implicit one, smallest normal exponent, largest finite value)
 FORMATS = {
@@ -31,45 +30,16 @@ FORMATS = {
 }
 
 
-# The build's own flags, then the paths other CPUs take, where this one can run them: AVX2 only
-# (integer bfloat16 rounding in both lane orders), AVX-512 without AVX512-BF16 (the 512-bit
-# integer path of narrow16_fp16 and no hardware bfloat16 conversion), and no vector ISA at all.
-# -march levels and the /proc/cpuinfo flags each needs.
-ISA_LEVELS = {
-    "build": (),
-    "x86-64": (),
-    "haswell": ("avx2", "fma", "f16c"),
-    "skylake-avx512": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"),
-}
-
-
-def _cpu_flags() -> set:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.split(":", 1)[-1].split())
-
-
+# The build's own flags, then the paths other CPUs take (conftest.ISA_LEVELS): AVX2 only (integer
+# bfloat16 rounding in both lane orders), AVX-512 without AVX512-BF16 (the 512-bit integer path
+# of narrow16_fp16 and no hardware bfloat16 conversion), and no vector ISA at all.
 @pytest.fixture(scope="module", params=list(ISA_LEVELS))
 def checker(request, tmp_path_factory):
-    if CXX is None:
-        pytest.skip("no C++ compiler on PATH (the extension build needs one too)")
     level = request.param
-    if level != "build":
-        if not os.uname().machine.startswith("x86"):
-            pytest.skip("the other ISA levels are x86 ones")
-        missing = set(ISA_LEVELS[level]) - _cpu_flags()
-        if missing:
-            pytest.skip(f"this CPU cannot run -march={level} code (lacks {sorted(missing)})")
+    march = march_flags(level)
     exe = tmp_path_factory.mktemp("low_precision") / f"low_precision_check_{level}"
-    cmd = [CXX, "-O3", "-std=c++17", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd",
-           "-I", str(ROOT / "csrc" / "common"), str(ROOT / "tests" / "cpp" / "low_precision_check.cpp"), "-o", str(exe)]
-    if level != "build":
-        cmd.insert(1, f"-march={level}")
-    elif os.environ.get("ETWEEDIE_NATIVE", "1") != "0":
-        cmd.insert(1, "-march=native")
+    cmd = [CXX, *march, *CHECKER_FLAGS, "-I", str(ROOT / "csrc" / "common"),
+           str(ROOT / "tests" / "cpp" / "low_precision_check.cpp"), "-o", str(exe)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return exe
 

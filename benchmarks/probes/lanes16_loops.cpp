@@ -5,10 +5,9 @@
 //                one-sweep kernels)
 //   one sweep    a group's accumulation and the next group's q in accumulate_quad16 (the kernels)
 //   q sweep      quad16<4> alone (the first pass's share)
-// Build and run from the repository root (the kernel headers include ATen):
+// Build and run from the repository root:
 //   g++ -O3 -march=native -std=c++17 -fno-math-errno -fno-trapping-math -fopenmp-simd \
-//     $(python -c "import torch.utils.cpp_extension as c; print(' '.join('-I' + p for p in c.include_paths()))") \
-//     -Icsrc/common benchmarks/probes/lanes16_loops.cpp -o /tmp/lanes16_loops && /tmp/lanes16_loops
+//     benchmarks/probes/lanes16_loops.cpp -o /tmp/lanes16_loops && /tmp/lanes16_loops
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -23,7 +23,7 @@
 
 #include "../common/et_score.h"
 #include "draw_rows_cpu.h"
-#include "fresh_output_cpu.h"
+#include "stream_rows_cpu.h"
 #include "metric_cpu.h"
 
 namespace etweedie {

@@ -1,0 +1,104 @@
+"""csrc/cpu/lanes16_cpu.h: the 16-lane loops of the CPU score kernels at every ISA level.
+
+The extension is built for this CPU only, so the suite runs the 16-lane loops with this CPU's
+helpers alone (the bfloat16 store, for one, has an AVX512-BF16 path, an AVX-512 one and an AVX2
+one).  The per-row loops of et_score_cpu.h (forward sum and backward: ∂/∂y, the β term, ∂/∂x in
+the draws' format) are plain C++, so a small program (tests/cpp/lanes16_check.cpp) runs them on
+fixed inputs — float32, bfloat16 and float16 draws; isotropic, diagonal and k×k block metrics;
+N from 1 to 13; d = 16, 48, 784; an exact coincidence — built at every ISA level this CPU can
+run: the build's flags, AVX2 only (haswell), AVX-512 without AVX512-BF16 (skylake-avx512), and
+plain x86-64, which has no 16-lane loops and is the reference: every other level must agree
+with its generic loops to the rounding of the sums' order (and of the ∂/∂x rows to the draws'
+format, one unit in the last place).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import CHECKER_FLAGS, CXX, march_flags
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "tests" / "cpp" / "lanes16_check.cpp"
+
+LEVELS = ["build", "haswell", "skylake-avx512"]  # ISA levels of conftest.ISA_LEVELS
+# one unit in the last place of each draw format, relative (∂/∂x is rounded to it)
+ULP = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
+
+
+def _parse(text: str) -> dict:
+    cases, cur = {}, None
+    for line in text.splitlines():
+        parts = line.split()
+        if parts[0] == "case":
+            cur = " ".join(parts[1:])
+            cases[cur] = {}
+        elif parts[0] == "in_range":
+            cases[cur]["in_range"] = int(parts[1])
+        elif parts[0] in ("acc", "gy", "gshape", "gx"):
+            cases[cur][parts[0]] = [float.fromhex(v) for v in parts[1:]]
+    return cases
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    """Every runnable level's output (and its header line), the checkers built in parallel."""
+    out_dir = tmp_path_factory.mktemp("lanes16")
+    jobs = {}
+    for level in ["x86-64", *LEVELS]:
+        try:
+            march = march_flags(level)
+        except pytest.skip.Exception as skip:
+            jobs[level] = str(skip)
+            continue
+        exe = out_dir / f"lanes16_check_{level}"
+        cmd = [CXX, *march, *CHECKER_FLAGS, "-I", str(ROOT / "csrc" / "cpu"), "-I",
+               str(ROOT / "csrc" / "common"), str(SOURCE), "-o", str(exe)]
+        jobs[level] = (exe, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = {}
+    for level, job in jobs.items():
+        if isinstance(job, str):
+            results[level] = job
+            continue
+        exe, proc = job
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{level}: {err[-2000:]}"
+        run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        header, _, body = run.stdout.partition("\n")
+        results[level] = (header, _parse(body))
+    return results
+
+
+def test_the_reference_build_has_no_16_lane_loops(outputs):
+    ref = outputs["x86-64"]
+    if isinstance(ref, str):
+        pytest.skip(ref)
+    assert ref[0] == "lanes16 0", ref[0]
+    assert len(ref[1]) == 3 * 3 * 6 * 5 + 3 * 1 * 6, len(ref[1])  # + the k = 3 cases at d = 48
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_every_form_matches_the_generic_loops(outputs, level):
+    ref, got = outputs["x86-64"], outputs[level]
+    for r in (ref, got):
+        if isinstance(r, str):
+            pytest.skip(r)
+    header, cases = got
+    assert header == "lanes16 1" or level == "build", f"{level} did not build the 16-lane loops: {header}"
+    assert cases.keys() == ref[1].keys()
+    for name, want in ref[1].items():
+        have, fmt = cases[name], name.split()[0]
+        assert have["in_range"] == want["in_range"], name
+        for key in ("acc", "gy", "gx"):
+            a, b = have[key], want[key]
+            scale = max(abs(v) for v in b)
+            # sums in another order: a few float ulps of the largest value; ∂/∂x rounded to the
+            # draws' format from such sums: one unit in its last place on top
+            ulp = ULP[fmt] if key == "gx" else 0.0
+            bad = [(i, x, y) for i, (x, y) in enumerate(zip(a, b)) if abs(x - y) > 4e-6 * scale + 1.01 * ulp * abs(y)]
+            assert not bad, f"{level} {name} {key}: {len(bad)} values off, first {bad[:3]} (scale {scale:g})"
+        (a,), (b,) = have["gshape"], want["gshape"]
+        assert abs(a - b) <= 2e-4 * abs(b) + 1e-6, f"{level} {name} gshape {a!r} vs {b!r}"
