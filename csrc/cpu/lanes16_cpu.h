@@ -1,14 +1,18 @@
 // The forward's weighted residual sum (et_score, langevin_step, student_t_score), and its
-// backward (the end of this file), with 16
-// coordinates per step held in registers (V16: two 8-lane AVX2 vectors), for float32, bfloat16
-// and float16 draws, isotropic, diagonal and k×k block metrics with k = 1, 2 or 4, d a multiple
-// of 16, on CPUs with AVX2 + FMA.
+// backward (the end of this file), with 16 coordinates per step held in registers, for float32,
+// bfloat16 and float16 draws, isotropic, diagonal and k×k block metrics with k = 1, 2 or 4, d a
+// multiple of 16, on CPUs with AVX2 + FMA.  The loops are written once over a form W of the 16
+// lanes: Avx2 (two ymm) or Avx512 (one zmm, on CPUs with AVX-512 F/BW/DQ).  16-bit draws take the
+// 512-bit form where the CPU has it, float32 draws the AVX2 form everywhere (Form16): on a Zen 5
+// VM the 512-bit form ran the 16-bit forward 1.3–1.45× and fwd+bwd 1.1–1.4× faster, but the
+// float32 forward from memory ~10% slower (benchmarks/RESULTS.md, CPU: 16-bit posterior draws).
 //
 // Widening the draws in registers, with no staging buffer:
 //   float32: plain loads.
-//   bfloat16 (a bfloat16 is the high half of its float32): one load and two unpacks against
-//     zero, which leave the values in a fixed lane order — within each group of 16 coordinates
-//     the low vector holds 0–3 and 8–11, the high one 4–7 and 12–15 — so the query, the diagonal
+//   bfloat16 (a bfloat16 is the high half of its float32): Avx512: a zero-extending load of the
+//     16 values and a shift, in coordinate order.  Avx2: one load and two unpacks against zero,
+//     which leave the values in a fixed lane order — within each group of 16 coordinates the low
+//     vector holds 0–3 and 8–11, the high one 4–7 and 12–15 — so the query, the diagonal
 //     precisions and the accumulator are kept in that same order in a per-thread buffer (permuted
 //     once per row: the order is its own inverse) and nothing is shuffled inside the loops.
 //   float16 (F16C): vcvtph2ps from memory, in coordinate order.  (The generic path converts a
@@ -23,10 +27,10 @@
 // share one sweep (one draw alone would be bound by the FMA latency), the forward runs a group's
 // second pass and the next group's q sweep as one sweep (accumulate_quad16), and the second pass
 // prefetches the group after into L1 (memory would otherwise idle while it runs).  What remains is
-// arithmetic: a subtraction and an FMA per coordinate on each pass, plus the widening.  A
-// 512-bit variant of these loops measured no faster in the forward and 3–9% faster in the
-// backward on an AVX-512 VM (benchmarks/RESULTS.md, 16-bit draws), so there is none: the 256-bit
-// loops that AVX2-only CPUs run are the ones the tests run.
+// arithmetic: a subtraction and an FMA per coordinate on each pass, plus the widening — which
+// the 512-bit form halves.  Every form, with every ISA level's helpers this CPU can run, is
+// checked against the generic loops of et_score_cpu.h by tests/test_lanes16.py (a standalone
+// build of these headers; -DETWEEDIE_LANES16_AVX2 forces the AVX2 form for all formats).
 #pragma once
 
 #include <algorithm>
@@ -43,6 +47,14 @@
 #define ETWEEDIE_LANES16 1
 #else
 #define ETWEEDIE_LANES16 0
+#endif
+// The 512-bit form (for 16-bit draws) where the CPU has AVX-512 F/BW/DQ, unless
+// ETWEEDIE_LANES16_AVX2 (a test build's switch) asks for the AVX2 form everywhere.
+#if ETWEEDIE_LANES16 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
+    !defined(ETWEEDIE_LANES16_AVX2)
+#define ETWEEDIE_LANES512 1
+#else
+#define ETWEEDIE_LANES512 0
 #endif
 
 namespace etweedie {
@@ -74,45 +86,100 @@ constexpr bool kLanes16 = ETWEEDIE_LANES16 && std::is_same_v<T, float> &&
                           Block16<Prec>::value >= 0;
 
 #if ETWEEDIE_LANES16
-// 16 floats in registers, and the few operations the loops need.
-struct V16 {
-  __m256 lo, hi;
+// The two forms of 16 floats in registers and the few operations the loops need: Avx2 holds them
+// in two ymm, Avx512 in one zmm.  W::Q is the backward's first-pass accumulator (one per sum and
+// draw: a ymm that takes both halves of a V by two FMAs, or a zmm).
+struct Avx2 {
+  struct V {
+    __m256 lo, hi;
+  };
+  using Q = __m256;
+  static V zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static V set1(float a) { return {_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
+  static V load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static void store(float* p, V a) {
+    _mm256_storeu_ps(p, a.lo);
+    _mm256_storeu_ps(p + 8, a.hi);
+  }
+  static V add(V a, V b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+  static V sub(V a, V b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+  static V mul(V a, V b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+  static V fma(V a, V b, V c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+  static float hsum(V a) { return hsum8(_mm256_add_ps(a.lo, a.hi)); }
+  template <int IMM>
+  static V permute(V a) {
+    return {_mm256_permute_ps(a.lo, IMM), _mm256_permute_ps(a.hi, IMM)};
+  }
+  static Q qzero() { return _mm256_setzero_ps(); }
+  static Q qfma(V a, V b, Q c) { return _mm256_fmadd_ps(a.hi, b.hi, _mm256_fmadd_ps(a.lo, b.lo, c)); }
+  static float qsum(Q a) { return hsum8(a); }
+  static float hsum8(__m256 v) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+  }
 };
-inline V16 vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-inline V16 vset1(float a) { return {_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
-inline V16 vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-inline void vstore(float* p, V16 a) {
-  _mm256_storeu_ps(p, a.lo);
-  _mm256_storeu_ps(p + 8, a.hi);
-}
-inline V16 vadd(V16 a, V16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
-inline V16 vsub(V16 a, V16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
-inline V16 vmul(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
-inline V16 vfma(V16 a, V16 b, V16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
-inline float vhsum(V16 a) {
-  const __m256 v = _mm256_add_ps(a.lo, a.hi);
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
-}
-template <int IMM>
-inline V16 vpermute(V16 a) {
-  return {_mm256_permute_ps(a.lo, IMM), _mm256_permute_ps(a.hi, IMM)};
-}
+
+#if ETWEEDIE_LANES512
+struct Avx512 {
+  struct V {
+    __m512 v;
+  };
+  using Q = __m512;
+  static V zero() { return {_mm512_setzero_ps()}; }
+  static V set1(float a) { return {_mm512_set1_ps(a)}; }
+  static V load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static void store(float* p, V a) { _mm512_storeu_ps(p, a.v); }
+  static V add(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
+  static V sub(V a, V b) { return {_mm512_sub_ps(a.v, b.v)}; }
+  static V mul(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
+  static V fma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+  static float hsum(V a) { return _mm512_reduce_add_ps(a.v); }
+  template <int IMM>
+  static V permute(V a) {
+    return {_mm512_permute_ps(a.v, IMM)};
+  }
+  static Q qzero() { return _mm512_setzero_ps(); }
+  static Q qfma(V a, V b, Q c) { return _mm512_fmadd_ps(a.v, b.v, c); }
+  static float qsum(Q a) { return _mm512_reduce_add_ps(a); }
+};
+#endif
+
+// The form a draw format's loops take: the 512-bit one for 16-bit draws where the CPU has it,
+// the AVX2 one for float32 draws everywhere (its 512-bit form measured slower from memory).
+template <typename X>
+struct Form16 {
+  using type = Avx2;
+};
+#if ETWEEDIE_LANES512
+template <>
+struct Form16<bf16> {
+  using type = Avx512;
+};
+#if ETWEEDIE_HW_HALF
+template <>
+struct Form16<fp16> {
+  using type = Avx512;
+};
+#endif
+#endif
+
+template <typename W>
+using V16 = typename W::V;
 
 // 16 draw values widened to float (load16), and coordinate j's lane in that order (lane_of).
-template <typename X>
+template <typename W, typename X>
 struct Lanes16;
 
 template <>
-struct Lanes16<float> {
-  static V16 load16(const float* x) { return vload(x); }
+struct Lanes16<Avx2, float> {
+  static V16<Avx2> load16(const float* x) { return Avx2::load(x); }
   static int64_t lane_of(int64_t j) { return j; }
 };
 
 template <>
-struct Lanes16<bf16> {
-  static V16 load16(const bf16* x) {
+struct Lanes16<Avx2, bf16> {
+  static V16<Avx2> load16(const bf16* x) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
     const __m256i z = _mm256_setzero_si256();
     return {_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, v)), _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, v))};
@@ -126,8 +193,8 @@ struct Lanes16<bf16> {
 
 #if ETWEEDIE_HW_HALF
 template <>
-struct Lanes16<fp16> {
-  static V16 load16(const fp16* x) {
+struct Lanes16<Avx2, fp16> {
+  static V16<Avx2> load16(const fp16* x) {
     return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))),
             _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 8)))};
   }
@@ -135,52 +202,73 @@ struct Lanes16<fp16> {
 };
 #endif
 
+#if ETWEEDIE_LANES512
+template <>
+struct Lanes16<Avx512, bf16> {  // zero-extended to 32 bits and shifted up: coordinate order
+  static V16<Avx512> load16(const bf16* x) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16))};
+  }
+  static int64_t lane_of(int64_t j) { return j; }
+};
+
+#if ETWEEDIE_HW_HALF
+template <>
+struct Lanes16<Avx512, fp16> {
+  static V16<Avx512> load16(const fp16* x) {
+    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)))};
+  }
+  static int64_t lane_of(int64_t j) { return j; }
+};
+#endif
+#endif
+
 // q_t = u_tᵀ P u_t for u_t = y − x_t, t < R (R = 1 or 4), yp in the lanes' order; pu(u, j) is
 // P u for the 16 lanes from j.  The R draws share one sweep, two accumulator chains each (the
-// halves of a V16): one draw at a time would be bound by the FMA latency.
+// halves of a V16<W>): one draw at a time would be bound by the FMA latency.
 // One 16-lane step of it: a[t] += u_t ⊙ P u_t over the lanes from j (yv: y's lanes there).
-template <int R, typename X, typename PU>
-inline void quad_step16(V16 yv, const X* const* xs, int64_t j, const PU& pu, V16* a) {
+template <typename W, int R, typename X, typename PU>
+inline void quad_step16(V16<W> yv, const X* const* xs, int64_t j, const PU& pu, V16<W>* a) {
 #pragma GCC unroll 4
   for (int t = 0; t < R; ++t) {
-    const V16 u = vsub(yv, Lanes16<X>::load16(xs[t] + j));
-    a[t] = vfma(u, pu(u, j), a[t]);
+    const V16<W> u = W::sub(yv, Lanes16<W, X>::load16(xs[t] + j));
+    a[t] = W::fma(u, pu(u, j), a[t]);
   }
 }
 
-template <int R, typename X, typename PU>
+template <typename W, int R, typename X, typename PU>
 inline void quad16(const float* yp, const X* const* xs, int64_t d, const PU& pu, float* q) {
-  V16 a[R];
-  for (int t = 0; t < R; ++t) a[t] = vzero();
-  for (int64_t j = 0; j < d; j += 16) quad_step16<R>(vload(yp + j), xs, j, pu, a);
-  for (int t = 0; t < R; ++t) q[t] = vhsum(a[t]);
+  V16<W> a[R];
+  for (int t = 0; t < R; ++t) a[t] = W::zero();
+  for (int64_t j = 0; j < d; j += 16) quad_step16<W, R>(W::load(yp + j), xs, j, pu, a);
+  for (int t = 0; t < R; ++t) q[t] = W::hsum(a[t]);
 }
 
 // u ↦ its lanes rotated by r within each group of K (K | 4; the groups are aligned to 4 lanes, so
 // within one 128-bit lane): lane l receives lane (l − l mod K) + (l mod K + r) mod K.
-template <int K, int r>
-inline V16 rotate16(V16 u) {
+template <typename W, int K, int r>
+inline V16<W> rotate16(V16<W> u) {
   if constexpr (r == 0) {
     return u;
   } else if constexpr (K == 2) {
-    return vpermute<0xB1>(u);  // (1, 0, 3, 2)
+    return W::template permute<0xB1>(u);  // (1, 0, 3, 2)
   } else if constexpr (r == 1) {
-    return vpermute<0x39>(u);  // (1, 2, 3, 0)
+    return W::template permute<0x39>(u);  // (1, 2, 3, 0)
   } else if constexpr (r == 2) {
-    return vpermute<0x4E>(u);  // (2, 3, 0, 1)
+    return W::template permute<0x4E>(u);  // (2, 3, 0, 1)
   } else {
-    return vpermute<0x93>(u);  // (3, 0, 1, 2)
+    return W::template permute<0x93>(u);  // (3, 0, 1, 2)
   }
 }
 
 // (P u) for a k×k block metric, K | 4: Σ_r c_r ⊙ rotate_r(u), c_r[l] = P[a][(a + r) mod K], a = l mod K
-template <int K>
-inline V16 block_apply16(const V16* c, V16 u) {
-  V16 pu = vmul(c[0], u);
-  if constexpr (K > 1) pu = vfma(c[1], rotate16<K, 1>(u), pu);
+template <typename W, int K>
+inline V16<W> block_apply16(const V16<W>* c, V16<W> u) {
+  V16<W> pu = W::mul(c[0], u);
+  if constexpr (K > 1) pu = W::fma(c[1], rotate16<W, K, 1>(u), pu);
   if constexpr (K > 2) {
-    pu = vfma(c[2], rotate16<K, 2>(u), pu);
-    pu = vfma(c[3], rotate16<K, 3>(u), pu);
+    pu = W::fma(c[2], rotate16<W, K, 2>(u), pu);
+    pu = W::fma(c[3], rotate16<W, K, 3>(u), pu);
   }
   return pu;
 }
@@ -189,22 +277,22 @@ inline V16 block_apply16(const V16* c, V16 u) {
 // (R draws), their rows are prefetched into L1 along the way: this pass reads its draws from L1,
 // so memory would otherwise idle while it runs and the next q sweep wait on every line.
 // One 16-lane step of it: acc[j, j + 16) += Σ_t w_t (y − x_t) (wv: the weights broadcast).
-template <int R, typename X>
-inline void accumulate_step16(V16 yv, const X* const* xs, const V16* wv, int64_t j, float* acc) {
-  V16 s = vzero();
+template <typename W, int R, typename X>
+inline void accumulate_step16(V16<W> yv, const X* const* xs, const V16<W>* wv, int64_t j, float* acc) {
+  V16<W> s = W::zero();
 #pragma GCC unroll 4
-  for (int t = 0; t < R; ++t) s = vfma(wv[t], vsub(yv, Lanes16<X>::load16(xs[t] + j)), s);
-  vstore(acc + j, vadd(vload(acc + j), s));
+  for (int t = 0; t < R; ++t) s = W::fma(wv[t], W::sub(yv, Lanes16<W, X>::load16(xs[t] + j)), s);
+  W::store(acc + j, W::add(W::load(acc + j), s));
 }
 
-template <int R, typename X>
+template <typename W, int R, typename X>
 inline void accumulate16(const float* yp, const X* const* xs, const float* w, int64_t d, float* acc,
                          const X* const* next = nullptr) {
-  V16 wv[R];
-  for (int t = 0; t < R; ++t) wv[t] = vset1(w[t]);
+  V16<W> wv[R];
+  for (int t = 0; t < R; ++t) wv[t] = W::set1(w[t]);
   // a cache line holds 16 or 32 draw values, a whole number of 16-value steps
   with_next_prefetched<X>(d, next, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; j += 16) accumulate_step16<R>(vload(yp + j), xs, wv, j, acc);
+    for (int64_t j = j0; j < j1; j += 16) accumulate_step16<W, R>(W::load(yp + j), xs, wv, j, acc);
   });
 }
 
@@ -215,30 +303,30 @@ inline void accumulate16(const float* yp, const X* const* xs, const float* w, in
 // passes' independent work, and memory serves the next group while the current
 // one accumulates: 1.08–1.20× faster forwards (benchmarks/RESULTS.md, CPU: et_score and
 // langevin_step).  next: the group after xn (or null), prefetched into L1 along the way.
-template <typename X, typename PU>
+template <typename W, typename X, typename PU>
 inline void accumulate_quad16(const float* yp, const X* const* xc, const float* w, const X* const* xn, int64_t d,
                               const PU& pu, float* acc, float* qn, const X* const* next) {
-  V16 wv[4], a[4];
-  for (int t = 0; t < 4; ++t) wv[t] = vset1(w[t]), a[t] = vzero();
+  V16<W> wv[4], a[4];
+  for (int t = 0; t < 4; ++t) wv[t] = W::set1(w[t]), a[t] = W::zero();
   with_next_prefetched<X>(d, next, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; j += 16) {
-      const V16 yv = vload(yp + j);
-      quad_step16<4>(yv, xn, j, pu, a);
-      accumulate_step16<4>(yv, xc, wv, j, acc);
+      const V16<W> yv = W::load(yp + j);
+      quad_step16<W, 4>(yv, xn, j, pu, a);
+      accumulate_step16<W, 4>(yv, xc, wv, j, acc);
     }
   });
-  for (int t = 0; t < 4; ++t) qn[t] = vhsum(a[t]);
+  for (int t = 0; t < 4; ++t) qn[t] = W::hsum(a[t]);
 }
 
 // P u for the 16 lanes from j under an isotropic, diagonal or k×k block (k = 1, 2, 4) metric,
 // the form the sweeps take as their pu: an isotropic metric returns u (its p is `scale`, which
 // the caller applies to q and to the gradient's coefficient; 1 for the other kinds), a diagonal
 // one multiplies by its precisions in the lanes' order (pw), a block one applies block_apply16.
-template <typename Prec>
+template <typename W, typename Prec>
 struct MetricLanes16 {
   static constexpr int K = Block16<Prec>::value;  // 0: isotropic or diagonal
   static constexpr bool kDiag = std::is_same_v<Prec, RowPrec<float, kDiagonal, 0>>;
-  V16 c[4];         // a block metric's coefficient vectors
+  V16<W> c[4];      // a block metric's coefficient vectors
   const float* pw;  // a diagonal metric's precisions in the lanes' order
   float scale;
   MetricLanes16(const Prec& P, const float* pw_lanes) : pw(pw_lanes), scale(K == 0 && !kDiag ? P.p[0] : 1.0f) {
@@ -246,15 +334,15 @@ struct MetricLanes16 {
       float lanes[16];
       for (int r = 0; r < K; ++r) {
         for (int l = 0; l < 16; ++l) lanes[l] = P.p[(l % K) * K + (l % K + r) % K];
-        c[r] = vload(lanes);
+        c[r] = W::load(lanes);
       }
     }
   }
-  V16 operator()(V16 u, int64_t j) const {
+  V16<W> operator()(V16<W> u, int64_t j) const {
     if constexpr (K > 0) {
-      return block_apply16<K>(c, u);
+      return block_apply16<W, K>(c, u);
     } else if constexpr (kDiag) {
-      return vmul(vload(pw + j), u);
+      return W::mul(W::load(pw + j), u);
     } else {
       return u;
     }
@@ -265,31 +353,32 @@ struct MetricLanes16 {
 // metric, d % 16 == 0: the same contract (acc += Σ_i w(q_i) u_i, false when a draw is out of
 // range), the same four-draw groups (a group's accumulation and the next group's q in one sweep,
 // accumulate_quad16) and skipped zero-weight single draws.
-template <typename X, typename Prec, typename Weight>
-bool weighted_residual_sum16(const Prec& prec, const float* y, const X* x, int64_t sxn, int64_t N, int64_t d,
-                             const Weight& weight, float* acc) {
-  constexpr bool kDiag = MetricLanes16<Prec>::kDiag;
+template <typename W, typename X, typename Prec, typename Weight>
+bool weighted_residual_sum16_form(const Prec& prec, const float* y, const X* x, int64_t sxn, int64_t N, int64_t d,
+                                  const Weight& weight, float* acc) {
+  using ML = MetricLanes16<W, Prec>;
+  constexpr bool kDiag = ML::kDiag;
   thread_local std::vector<float> buf;
   if (static_cast<int64_t>(buf.size()) < 3 * d) buf.resize(3 * d);
   float* yp = buf.data();
   float* pw = kDiag ? buf.data() + d : nullptr;
   float* ap = buf.data() + 2 * d;
   for (int64_t j = 0; j < d; ++j) {
-    const int64_t l = Lanes16<X>::lane_of(j);
+    const int64_t l = Lanes16<W, X>::lane_of(j);
     yp[l] = y[j];
     if (kDiag) pw[l] = prec.p[j];
     ap[j] = 0.0f;
   }
-  const MetricLanes16<Prec> pu(prec, pw);
+  const ML pu(prec, pw);
   auto scaled = [&](int R, float* q) {  // an isotropic metric's p, which the sweeps leave out
-    if constexpr (MetricLanes16<Prec>::K == 0 && !kDiag) {
+    if constexpr (ML::K == 0 && !kDiag) {
       for (int t = 0; t < R; ++t) q[t] *= pu.scale;
     }
   };
   // q of R draws at once (quad16)
   auto quad = [&](auto r, const X* const* xr, float* q) {
     constexpr int R = decltype(r)::value;
-    quad16<R>(yp, xr, d, pu, q);
+    quad16<W, R>(yp, xr, d, pu, q);
     scaled(R, q);
   };
   bool in_range = true;
@@ -310,10 +399,10 @@ bool weighted_residual_sum16(const Prec& prec, const float* y, const X* x, int64
     if (i + 8 <= N) {  // this group's accumulation and the next group's q in one sweep
       const X* nx[4] = {xs[0] + 4 * sxn, xs[1] + 4 * sxn, xs[2] + 4 * sxn, xs[3] + 4 * sxn};
       const X* nnx[4] = {xs[0] + 8 * sxn, xs[1] + 8 * sxn, xs[2] + 8 * sxn, xs[3] + 8 * sxn};
-      accumulate_quad16<X>(yp, xs, w, nx, d, pu, ap, q, i + 12 <= N ? nnx : nullptr);
+      accumulate_quad16<W, X>(yp, xs, w, nx, d, pu, ap, q, i + 12 <= N ? nnx : nullptr);
       scaled(4, q);
     } else {
-      accumulate16<4>(yp, xs, w, d, ap);
+      accumulate16<W, 4>(yp, xs, w, d, ap);
     }
   }
   for (; i < N; ++i) {
@@ -323,10 +412,16 @@ bool weighted_residual_sum16(const Prec& prec, const float* y, const X* x, int64
     in_range = in_range && draw_in_range<Weight::kLaw>(qi, y, xi, d);
     const float w = weight(qi);
     if (w == 0.0f) continue;
-    accumulate16<1>(yp, &xi, &w, d, ap);
+    accumulate16<W, 1>(yp, &xi, &w, d, ap);
   }
-  for (int64_t j = 0; j < d; ++j) acc[j] += ap[Lanes16<X>::lane_of(j)];
+  for (int64_t j = 0; j < d; ++j) acc[j] += ap[Lanes16<W, X>::lane_of(j)];
   return in_range;
+}
+
+template <typename X, typename Prec, typename Weight>
+bool weighted_residual_sum16(const Prec& prec, const float* y, const X* x, int64_t sxn, int64_t N, int64_t d,
+                             const Weight& weight, float* acc) {
+  return weighted_residual_sum16_form<typename Form16<X>::type>(prec, y, x, sxn, N, d, weight, acc);
 }
 
 // ---------------------------------------------------------------------------- backward
@@ -335,28 +430,28 @@ bool weighted_residual_sum16(const Prec& prec, const float* y, const X* x, int64
 // a streaming store to dst (32-byte aligned): ∂L/∂x goes from registers to memory, with no L1 row
 // to round and copy afterwards (bfloat16 in the unpacked order: narrow16_bf16_unpacked,
 // csrc/common/low_precision.h).
-template <typename X>
+template <typename W, typename X>
 struct Stream16;
 
 template <>
-struct Stream16<float> {
-  static void store(float* dst, V16 g) {
+struct Stream16<Avx2, float> {
+  static void store(float* dst, V16<Avx2> g) {
     _mm256_stream_ps(dst, g.lo);
     _mm256_stream_ps(dst + 8, g.hi);
   }
 };
 
 template <>
-struct Stream16<bf16> {
-  static void store(bf16* dst, V16 g) {
+struct Stream16<Avx2, bf16> {
+  static void store(bf16* dst, V16<Avx2> g) {
     _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), narrow16_bf16_unpacked(g.lo, g.hi));
   }
 };
 
 #if ETWEEDIE_HW_HALF
 template <>
-struct Stream16<fp16> {
-  static void store(fp16* dst, V16 g) {
+struct Stream16<Avx2, fp16> {
+  static void store(fp16* dst, V16<Avx2> g) {
     const __m128i lo = _mm256_cvtps_ph(g.lo, _MM_FROUND_TO_NEAREST_INT);
     const __m128i hi = _mm256_cvtps_ph(g.hi, _MM_FROUND_TO_NEAREST_INT);
     _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), _mm256_set_m128i(hi, lo));
@@ -364,39 +459,66 @@ struct Stream16<fp16> {
 };
 #endif
 
+#if ETWEEDIE_LANES512
+// 512-bit bfloat16: one vcvtneps2bf16 where the CPU has AVX512-BF16 and the block holds no
+// subnormal (which it would flush), else the exact integer rounding (low_precision.h).
+template <>
+struct Stream16<Avx512, bf16> {
+  static void store(bf16* dst, V16<Avx512> g) {
+#if defined(__AVX512BF16__)
+    if (bf16_hw_rounds(g.v)) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(g.v)));
+      return;
+    }
+#endif
+    alignas(64) float tmp[16];
+    _mm512_store_ps(tmp, g.v);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), narrow16_bf16_exact(tmp));
+  }
+};
+
+#if ETWEEDIE_HW_HALF
+template <>
+struct Stream16<Avx512, fp16> {
+  static void store(fp16* dst, V16<Avx512> g) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtps_ph(g.v, _MM_FROUND_TO_NEAREST_INT));
+  }
+};
+#endif
+#endif
+
 // The backward's first pass for R draws (R = 1 or 4): q_t = u_tᵀ P u_t, hu_t = h·u_t,
 // u_t = y − x_t; pu(u, j) is P u for the 16 lanes from j (an isotropic metric: u, its scale applied
-// by the caller).  One 8-lane accumulator per sum (16 coordinates are two FMAs into it): the 2R
-// sums are the independent chains, and they leave registers for y, h and u.
+// by the caller).  One accumulator per sum (W::Q: a ymm that takes 16 coordinates by two FMAs, or
+// a zmm): the 2R sums are the independent chains, and they leave registers for y, h and u.
 // One 16-lane step of it (yv, hv: y's and h's lanes from j), and the sums at the end.
-template <int R, typename X, typename PU>
-inline void quad_dot_step16(V16 yv, V16 hv, const X* const* xs, int64_t j, const PU& pu, __m256* aq, __m256* ah) {
+template <typename W, int R, typename X, typename PU>
+inline void quad_dot_step16(V16<W> yv, V16<W> hv, const X* const* xs, int64_t j, const PU& pu, typename W::Q* aq,
+                            typename W::Q* ah) {
 #pragma GCC unroll 4
   for (int t = 0; t < R; ++t) {
-    const V16 u = vsub(yv, Lanes16<X>::load16(xs[t] + j));
-    const V16 pv = pu(u, j);
-    aq[t] = _mm256_fmadd_ps(u.lo, pv.lo, aq[t]);
-    aq[t] = _mm256_fmadd_ps(u.hi, pv.hi, aq[t]);
-    ah[t] = _mm256_fmadd_ps(hv.lo, u.lo, ah[t]);
-    ah[t] = _mm256_fmadd_ps(hv.hi, u.hi, ah[t]);
+    const V16<W> u = W::sub(yv, Lanes16<W, X>::load16(xs[t] + j));
+    const V16<W> pv = pu(u, j);
+    aq[t] = W::qfma(u, pv, aq[t]);
+    ah[t] = W::qfma(hv, u, ah[t]);
   }
 }
 
-template <int R>
-inline void quad_dot_sums16(const __m256* aq, const __m256* ah, float* q, float* hu) {
+template <typename W, int R>
+inline void quad_dot_sums16(const typename W::Q* aq, const typename W::Q* ah, float* q, float* hu) {
   for (int t = 0; t < R; ++t) {
-    q[t] = vhsum({aq[t], _mm256_setzero_ps()});
-    hu[t] = vhsum({ah[t], _mm256_setzero_ps()});
+    q[t] = W::qsum(aq[t]);
+    hu[t] = W::qsum(ah[t]);
   }
 }
 
-template <int R, typename X, typename PU>
+template <typename W, int R, typename X, typename PU>
 inline void quad_dot16(const float* yp, const float* hp, const X* const* xs, int64_t d, const PU& pu, float* q,
                        float* hu) {
-  __m256 aq[R], ah[R];
-  for (int t = 0; t < R; ++t) aq[t] = ah[t] = _mm256_setzero_ps();
-  for (int64_t j = 0; j < d; j += 16) quad_dot_step16<R>(vload(yp + j), vload(hp + j), xs, j, pu, aq, ah);
-  quad_dot_sums16<R>(aq, ah, q, hu);
+  typename W::Q aq[R], ah[R];
+  for (int t = 0; t < R; ++t) aq[t] = ah[t] = W::qzero();
+  for (int64_t j = 0; j < d; j += 16) quad_dot_step16<W, R>(W::load(yp + j), W::load(hp + j), xs, j, pu, aq, ah);
+  quad_dot_sums16<W, R>(aq, ah, q, hu);
 }
 
 // The backward's second pass for R draws (still in L1): g_t = a_t h + c_t P u_t, gyp += Σ_t g_t
@@ -404,48 +526,48 @@ inline void quad_dot16(const float* yp, const float* hp, const X* const* xs, int
 // quad_dot16 (c holds c_t·p for an isotropic metric).  next (R rows, or null) is prefetched into
 // L1 along the way, as in accumulate16.
 // One 16-lane step of it (na, nc: −a_t and −c_t broadcast).
-template <int R, typename X, typename PU>
-inline void grad_step16(V16 yv, V16 hv, const X* const* xs, const V16* na, const V16* nc, int64_t j, const PU& pu,
+template <typename W, int R, typename X, typename PU>
+inline void grad_step16(V16<W> yv, V16<W> hv, const X* const* xs, const V16<W>* na, const V16<W>* nc, int64_t j, const PU& pu,
                         float* gyp, X* const* gx) {
-  V16 sum = vload(gyp + j);
+  V16<W> sum = W::load(gyp + j);
 #pragma GCC unroll 4
   for (int t = 0; t < R; ++t) {
-    const V16 u = pu(vsub(yv, Lanes16<X>::load16(xs[t] + j)), j);
-    const V16 ng = vfma(nc[t], u, vmul(na[t], hv));  // −g_t, rounded as g_t
-    sum = vsub(sum, ng);
-    if (gx != nullptr) Stream16<X>::store(gx[t] + j, ng);
+    const V16<W> u = pu(W::sub(yv, Lanes16<W, X>::load16(xs[t] + j)), j);
+    const V16<W> ng = W::fma(nc[t], u, W::mul(na[t], hv));  // −g_t, rounded as g_t
+    sum = W::sub(sum, ng);
+    if (gx != nullptr) Stream16<W, X>::store(gx[t] + j, ng);
   }
-  vstore(gyp + j, sum);
+  W::store(gyp + j, sum);
 }
 
-template <int R, typename X, typename PU>
+template <typename W, int R, typename X, typename PU>
 inline void grad16(const float* yp, const float* hp, const X* const* xs, const float* a, const float* c, int64_t d,
                    const PU& pu, float* gyp, X* const* gx, const X* const* next) {
-  V16 na[R], nc[R];
-  for (int t = 0; t < R; ++t) na[t] = vset1(-a[t]), nc[t] = vset1(-c[t]);
+  V16<W> na[R], nc[R];
+  for (int t = 0; t < R; ++t) na[t] = W::set1(-a[t]), nc[t] = W::set1(-c[t]);
   with_next_prefetched<X>(d, next, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; j += 16) grad_step16<R>(vload(yp + j), vload(hp + j), xs, na, nc, j, pu, gyp, gx);
+    for (int64_t j = j0; j < j1; j += 16) grad_step16<W, R>(W::load(yp + j), W::load(hp + j), xs, na, nc, j, pu, gyp, gx);
   });
 }
 
 // grad16<4> over the current group xc and quad_dot16<4> over the next group xn in one sweep, as
 // accumulate_quad16 does for the forward (the same sums in the same order as the two passes in
 // turn).  next: the group after xn (or null), prefetched into L1.
-template <typename X, typename PU>
+template <typename W, typename X, typename PU>
 inline void grad_quad_dot16(const float* yp, const float* hp, const X* const* xc, const float* a, const float* c,
                             int64_t d, const PU& pu, float* gyp, X* const* gx, const X* const* xn, float* qn,
                             float* hun, const X* const* next) {
-  V16 na[4], nc[4];
-  __m256 aq[4], ah[4];
-  for (int t = 0; t < 4; ++t) na[t] = vset1(-a[t]), nc[t] = vset1(-c[t]), aq[t] = ah[t] = _mm256_setzero_ps();
+  V16<W> na[4], nc[4];
+  typename W::Q aq[4], ah[4];
+  for (int t = 0; t < 4; ++t) na[t] = W::set1(-a[t]), nc[t] = W::set1(-c[t]), aq[t] = ah[t] = W::qzero();
   with_next_prefetched<X>(d, next, [&](int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; j += 16) {
-      const V16 yv = vload(yp + j), hv = vload(hp + j);
-      quad_dot_step16<4>(yv, hv, xn, j, pu, aq, ah);
-      grad_step16<4>(yv, hv, xc, na, nc, j, pu, gyp, gx);
+      const V16<W> yv = W::load(yp + j), hv = W::load(hp + j);
+      quad_dot_step16<W, 4>(yv, hv, xn, j, pu, aq, ah);
+      grad_step16<W, 4>(yv, hv, xc, na, nc, j, pu, gyp, gx);
     }
   });
-  quad_dot_sums16<4>(aq, ah, qn, hun);
+  quad_dot_sums16<W, 4>(aq, ah, qn, hun);
 }
 
 // weighted_residual_sum_bwd (et_score_cpu.h) for an isotropic, diagonal or k×k block (k = 1, 2,
@@ -454,10 +576,11 @@ inline void grad_quad_dot16(const float* yp, const float* hp, const X* const* xc
 // (quad_dot16, grad16, a group's gradients and the next group's q in one sweep by grad_quad_dot16;
 // a block applied by in-lane permutes, block_apply16).  Returns
 // the weight parameter's gradient (1/N) Σ_i shape_term when want_shape, else 0.
-template <typename X, typename Prec, typename Weight>
-float weighted_residual_sum_bwd16(const Prec& P, const Weight& weight, const float* y, const X* x, int64_t sxn,
-                                  int64_t N, int64_t d, const float* h, float* gy, X* gx, bool want_shape) {
-  constexpr bool kDiag = MetricLanes16<Prec>::kDiag;
+template <typename W, typename X, typename Prec, typename Weight>
+float weighted_residual_sum_bwd16_form(const Prec& P, const Weight& weight, const float* y, const X* x, int64_t sxn,
+                                       int64_t N, int64_t d, const float* h, float* gy, X* gx, bool want_shape) {
+  using ML = MetricLanes16<W, Prec>;
+  constexpr bool kDiag = ML::kDiag;
   thread_local std::vector<float> buf;
   if (static_cast<int64_t>(buf.size()) < 4 * d) buf.resize(4 * d);
   float* yp = buf.data();
@@ -465,13 +588,13 @@ float weighted_residual_sum_bwd16(const Prec& P, const Weight& weight, const flo
   float* gyp = buf.data() + 2 * d;
   float* pw = buf.data() + 3 * d;  // diagonal precisions
   for (int64_t j = 0; j < d; ++j) {
-    const int64_t l = Lanes16<X>::lane_of(j);
+    const int64_t l = Lanes16<W, X>::lane_of(j);
     yp[l] = y[j];
     hp[l] = h[j];
     if (kDiag) pw[l] = P.p[j];
     gyp[j] = 0.0f;
   }
-  const MetricLanes16<Prec> pu(P, pw);
+  const ML pu(P, pw);
   const float scale = pu.scale;  // an isotropic metric's p, applied to q and c
   const float inv_n = 1.0f / static_cast<float>(N);
   float gshape = 0.0f;
@@ -490,7 +613,7 @@ float weighted_residual_sum_bwd16(const Prec& P, const Weight& weight, const flo
   float q[4], hu[4];  // q and h·u of the group from i, computed by the sweep before
   if (N >= 4) {
     const X* x0[4] = {x, x + sxn, x + 2 * sxn, x + 3 * sxn};
-    quad_dot16<4, X>(yp, hp, x0, d, pu, q, hu);
+    quad_dot16<W, 4, X>(yp, hp, x0, d, pu, q, hu);
   }
   for (; i + 4 <= N; i += 4) {
     const X* xs[4] = {x + i * sxn, x + (i + 1) * sxn, x + (i + 2) * sxn, x + (i + 3) * sxn};
@@ -503,26 +626,33 @@ float weighted_residual_sum_bwd16(const Prec& P, const Weight& weight, const flo
     if (i + 8 <= N) {  // this group's gradients and the next group's q, h·u in one sweep
       const X* nx[4] = {xs[0] + 4 * sxn, xs[1] + 4 * sxn, xs[2] + 4 * sxn, xs[3] + 4 * sxn};
       const X* nnx[4] = {xs[0] + 8 * sxn, xs[1] + 8 * sxn, xs[2] + 8 * sxn, xs[3] + 8 * sxn};
-      grad_quad_dot16<X>(yp, hp, xs, a, c, d, pu, gyp, gx != nullptr ? gr : nullptr, nx, q, hu,
+      grad_quad_dot16<W, X>(yp, hp, xs, a, c, d, pu, gyp, gx != nullptr ? gr : nullptr, nx, q, hu,
                          i + 12 <= N ? nnx : nullptr);
     } else {
-      grad16<4, X>(yp, hp, xs, a, c, d, pu, gyp, gx != nullptr ? gr : nullptr, nullptr);
+      grad16<W, 4, X>(yp, hp, xs, a, c, d, pu, gyp, gx != nullptr ? gr : nullptr, nullptr);
     }
   }
   for (; i < N; ++i) {
     const X* xi = x + i * sxn;
     X* gr = gx != nullptr ? gx + i * d : nullptr;
     float q, hu, a, c;
-    quad_dot16<1, X>(yp, hp, &xi, d, pu, &q, &hu);
+    quad_dot16<W, 1, X>(yp, hp, &xi, d, pu, &q, &hu);
     coefficients(1, &q, &hu, &a, &c);
     if (a == 0.0f && c == 0.0f) {  // coincident draw (or q = ∞): contributes nothing
       if (gr != nullptr) std::fill(gr, gr + d, narrow<X>(0.0f));
       continue;
     }
-    grad16<1, X>(yp, hp, &xi, &a, &c, d, pu, gyp, gx != nullptr ? &gr : nullptr, nullptr);
+    grad16<W, 1, X>(yp, hp, &xi, &a, &c, d, pu, gyp, gx != nullptr ? &gr : nullptr, nullptr);
   }
-  for (int64_t j = 0; j < d; ++j) gy[j] += gyp[Lanes16<X>::lane_of(j)];
+  for (int64_t j = 0; j < d; ++j) gy[j] += gyp[Lanes16<W, X>::lane_of(j)];
   return gshape * inv_n;
+}
+
+template <typename X, typename Prec, typename Weight>
+float weighted_residual_sum_bwd16(const Prec& P, const Weight& weight, const float* y, const X* x, int64_t sxn,
+                                  int64_t N, int64_t d, const float* h, float* gy, X* gx, bool want_shape) {
+  return weighted_residual_sum_bwd16_form<typename Form16<X>::type>(P, weight, y, x, sxn, N, d, h, gy, gx,
+                                                                    want_shape);
 }
 #endif
 

@@ -1,8 +1,9 @@
 // The CPU score kernels' per-row loops (csrc/cpu/et_score_cpu.h: weighted_residual_sum and
 // weighted_residual_sum_bwd) on fixed pseudo-random inputs, every output printed as hex floats,
 // so that tests/test_lanes16.py can compare builds of the same header at several ISA levels: the
-// 16-lane loops (lanes16_cpu.h) with the helpers of each level against the generic loops of a
-// plain x86-64 build.
+// 16-lane loops (lanes16_cpu.h) in their 512-bit and AVX2 forms, with the helpers of each level,
+// against the generic loops of a plain x86-64 build (-DETWEEDIE_LANES16_AVX2 selects the AVX2 form
+// for every draw format on an AVX-512 CPU).
 //
 // Cases: float32, bfloat16 and float16 draws; isotropic, diagonal and k×k block metrics (k = 1,
 // 2, 4; the 16-lane loops' metrics) and k = 3 (generic loops at every level); N = 1, 3, 4, 7, 8,
@@ -130,7 +131,7 @@ void run_format(Rng& rng) {
 
 int main() {
   Rng rng{0x9E3779B97F4A7C15ULL};
-  std::printf("lanes16 %d\n", ETWEEDIE_LANES16);
+  std::printf("lanes512 %d lanes16 %d\n", ETWEEDIE_LANES512, ETWEEDIE_LANES16);
   run_format<float>(rng);
   run_format<bf16>(rng);
   run_format<fp16>(rng);
