@@ -20,13 +20,15 @@ using namespace etweedie;
 using namespace etweedie::cpu;
 
 struct Isotropic {  // P u for the unit isotropic metric, as MetricLanes16 applies it
-  V16 operator()(V16 u, int64_t) const { return u; }
+  template <typename V>
+  V operator()(V u, int64_t) const { return u; }
 };
 
 enum Mode { kTwoPasses, kOneSweep, kQSweep };
 
 template <typename X>
 double ns_per_step(Mode mode, int64_t N, int64_t d, int reps) {
+  using W = typename Form16<X>::type;  // the form the kernels take for this draw format
   std::mt19937 g(0);
   std::normal_distribution<float> normal;
   std::vector<float> y(d), acc(d);
@@ -47,12 +49,12 @@ double ns_per_step(Mode mode, int64_t N, int64_t d, int reps) {
       if (mode == kOneSweep) {
         const X* xs[4];
         group(0, xs);
-        quad16<4>(y.data(), xs, d, pu, q);
+        quad16<W, 4>(y.data(), xs, d, pu, q);
       }
       for (int64_t i = 0; i + 4 <= N; i += 4) {
         const X *xs[4], *nx[4], *nnx[4];
         group(i, xs);
-        if (mode != kOneSweep) quad16<4>(y.data(), xs, d, pu, q);
+        if (mode != kOneSweep) quad16<W, 4>(y.data(), xs, d, pu, q);
         if (mode == kQSweep) {
           sink += q[0] + q[1] + q[2] + q[3];  // all four, or the compiler drops three sums
           continue;
@@ -60,15 +62,15 @@ double ns_per_step(Mode mode, int64_t N, int64_t d, int reps) {
         for (int t = 0; t < 4; ++t) w[t] = weight(q[t]);
         sink += w[0];
         if (i + 8 > N) {
-          accumulate16<4>(y.data(), xs, w, d, acc.data());
+          accumulate16<W, 4>(y.data(), xs, w, d, acc.data());
           continue;
         }
         group(i + 4, nx);
         if (i + 12 <= N) group(i + 8, nnx);
         if (mode == kOneSweep) {
-          accumulate_quad16<X>(y.data(), xs, w, nx, d, pu, acc.data(), q, i + 12 <= N ? nnx : nullptr);
+          accumulate_quad16<W, X>(y.data(), xs, w, nx, d, pu, acc.data(), q, i + 12 <= N ? nnx : nullptr);
         } else {
-          accumulate16<4>(y.data(), xs, w, d, acc.data(), nx);
+          accumulate16<W, 4>(y.data(), xs, w, d, acc.data(), nx);
         }
       }
     }
