@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import etweedie
-from conftest import BACKEND_DEVICE, BACKEND_IDS, assert_close_to_ref, gen, metric_to, random_metric
+from conftest import BACKEND_DEVICE, BACKEND_IDS, KERNEL_BACKENDS, assert_close_to_ref, gen, metric_to, random_metric
 
 KINDS = ["none", "isotropic", "diagonal", "block2", "dense"]
 
@@ -75,6 +75,42 @@ def _check_all(backend, device, args, seed, label, unbiased=True, grads=True):
 @pytest.mark.parametrize("unbiased", [True, False], ids=["U", "V"])
 def test_matches_float64_reference(backend, device, kind, shape, unbiased, seed):
     _check_all(backend, device, _inputs(seed, *shape, kind), seed, f"{kind} U={unbiased}", unbiased)
+
+
+@pytest.mark.skipif("cpu" not in KERNEL_BACKENDS, reason="the C++ extension is not built")
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("d", [1, 2, 3, 16])
+@pytest.mark.parametrize("nm", [(1, 1), (2, 5), (16, 16), (23, 9)], ids=["1x1", "2x5", "16x16", "23x9"])
+@pytest.mark.parametrize("unbiased", [True, False], ids=["U", "V"])
+def test_cpu_row_kernel(kind, d, nm, unbiased, seed):
+    """The CPU row kernel (small d, many rows, gradients of the two clouds only:
+    csrc/cpu/energy_score_rows_cpu.h, each cloud's within pairs in runs by offset, the cross pairs
+    in one run per point of b): value and both clouds' gradients against the float64 reference,
+    1e3 from the origin, per-row β, a point of a on a point of b and a coincidence within a."""
+    n, m = nm
+    if kind.startswith("block") and d % int(kind[-1]):
+        pytest.skip(f"{kind} needs d divisible by its block size")
+    if unbiased and min(n, m) < 2:
+        pytest.skip("the unbiased estimator needs two points per cloud")
+    B = 16  # B ≥ 2 × threads for any thread count up to 8
+    a, b, beta, metric = _inputs(seed, B, n, m, d, kind, offset=1e3)
+    a[:, n // 2] = b[:, 0]
+    if n > 2:
+        a[:, 1] = a[:, 0]
+
+    def run(backend, dtype):
+        ac, bc = (t.to(dtype).requires_grad_() for t in (a, b))
+        mm, _ = metric_to(metric, dtype, "cpu", requires_grad=False)
+        out = etweedie.energy_distance(ac, bc, beta.to(dtype), mm, unbiased=unbiased, backend=backend)
+        up = torch.linspace(0.5, 1.5, B, dtype=dtype)
+        return [out, *torch.autograd.grad((out * up).sum(), (ac, bc))]
+
+    got, r32, r64 = run("cpu", torch.float32), run("reference", torch.float32), run("reference", torch.float64)
+    eps32 = torch.finfo(torch.float32).eps
+    scale = _term_scale(a, b, beta, metric)
+    for name, x, y, z in zip(["ED", "grad a", "grad b"], got, r32, r64):
+        assert_close_to_ref(x, y, z, name=f"{name} [rows {kind} d={d} n={n} m={m}]", seed=seed, atol_scale=3e-5,
+                            atol_floor=2 * eps32 * scale if name == "ED" else 0.0)
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)

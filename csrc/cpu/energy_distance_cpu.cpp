@@ -7,11 +7,14 @@
 //
 // The pair engine (csrc/cpu/energy_cpu.h) forms every pair from direct differences, tiled so
 // that memory stays O((n + m)·d) for any n, m, and exploits the symmetry of the within sums in
-// the forward pass.  Inputs are canonical: a (B, n, d), b (B, m, d), beta (B,), prec (B, *param).
+// the forward pass.  Small d with many rows and no β or metric gradient takes the row kernel of
+// energy_score_rows_cpu.h instead (the union of both clouds per row, its pairs in runs by offset).
+// Inputs are canonical: a (B, n, d), b (B, m, d), beta (B,), prec (B, *param).
 #include <torch/library.h>
 
 #include "../common/checks.h"
 #include "energy_cpu.h"
+#include "energy_score_rows_cpu.h"
 
 namespace etweedie {
 namespace cpu {
@@ -42,8 +45,13 @@ at::Tensor energy_distance_fwd_cpu(const at::Tensor& a, const at::Tensor& b, con
                                    const at::Tensor& prec, int64_t kind, bool unbiased) {
   checks::energy_args("energy_distance", a, b, beta, prec, kind);
   check_sizes(a, b, unbiased);
-  return energy_forward("energy_distance", a, b, beta, prec, kind,
-                              energy_distance_weights(a.size(1), b.size(1), unbiased));
+  const auto w = energy_distance_weights(a.size(1), b.size(1), unbiased);
+  if (energy_rows_applicable(a.size(0), a.size(1), b.size(1), a.size(2), false, false)) {
+    auto value = at::empty({a.size(0)}, a.options());
+    energy_rows(a, b, beta, prec, kind, w, nullptr, &value, nullptr, nullptr);
+    return value;
+  }
+  return energy_forward("energy_distance", a, b, beta, prec, kind, w);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_distance_bwd_cpu(
@@ -53,9 +61,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_distance_bwd_c
   checks::same_dtype_device("energy_distance_bwd", {"a", &a}, {{"grad", &grad}});
   checks::rows("energy_distance_bwd", "grad", grad, a.size(0));
   check_sizes(a, b, unbiased);
-  return energy_backward("energy_distance", grad, a, b, beta, prec, kind,
-                               energy_distance_weights(a.size(1), b.size(1), unbiased), need_a, need_b, need_beta,
-                               need_prec);
+  const auto w = energy_distance_weights(a.size(1), b.size(1), unbiased);
+  if (energy_rows_applicable(a.size(0), a.size(1), b.size(1), a.size(2), need_beta, need_prec)) {
+    auto g = grad.contiguous();
+    auto empty = [&] { return at::empty({0}, a.options()); };
+    auto ga = need_a ? at::empty(a.sizes(), a.options()) : empty();
+    auto gb = need_b ? at::empty(b.sizes(), a.options()) : empty();
+    energy_rows(a, b, beta, prec, kind, w, &g, nullptr, need_a ? &ga : nullptr, need_b ? &gb : nullptr);
+    return {ga, gb, empty(), empty()};
+  }
+  return energy_backward("energy_distance", grad, a, b, beta, prec, kind, w, need_a, need_b, need_beta, need_prec);
 }
 
 }  // namespace

@@ -1,25 +1,28 @@
-// Row kernel of the CPU energy score for small d (d ≤ kSmallD) and many rows — the Engression
-// training shape in low dimension (e.g. B = 128 examples × M = 64 draws in d = 2): one task
-// per row, the row's draws held in structure-of-arrays form so that every loop over draws is a
-// contiguous vector loop.  Math: csrc/common/energy.h; the loss (energy_score_cpu.cpp):
-//   ES = w_c Σ_j E(x_j − y) + w_w Σ_{i<j} E(x_i − x_j),   E(u) = (uᵀPu)^{β/2}.
+// Row kernel of the CPU energy score and energy distance for small d (d ≤ kSmallD) and many rows
+// — the Engression training shape in low dimension (e.g. B = 128 examples × M = 64 draws in d = 2)
+// and batched low-dimensional energy distances: one task per row, the row's points held in
+// structure-of-arrays form so that every loop over pairs is a contiguous vector loop.  Math:
+// csrc/common/energy.h; both losses are, per row, with E(u) = (uᵀPu)^{β/2},
+//   w_ab Σ_{i,j} E(a_i − b_j) + w_aa Σ_{i<j} E(a_i − a_j) + w_bb Σ_{i<j} E(b_i − b_j)
+// (energy score: a = the M draws, b = the target alone; energy distance: the two clouds).
 //
-// Per row:  U[k][j] = x_j[k] − y[k] (centred on the target: no precision loss far from the
-// origin, and the cross residuals come for free), stored twice over (U[k][j + M] = U[k][j]);
-// cross: q_j = U_jᵀ P U_j over all j at once;
-// within: by offset o = 1 … ⌊M/2⌋, the pairs (j, j + o mod M) for all j as one run
-// W[k][j] = U[k][j] − U[k][j + o] of M pairs (M/2 at o = M/2 for even M, whose pairs would
-// otherwise come twice), one power per pair for the energy and the slope
-// (tile_energies_and_slopes), then
-//   GA[k][j] += w s_j W[k][j],   GB[k][j + o] −= w s_j W[k][j]   (two vector updates)
-// and G[k][j] = GA[k][j] + GB[k][j] + GB[k][j + M] at the end.  Each unordered pair is formed
-// once, in runs of M instead of the M − 1 − i pairs after draw i: at M = 64 those short runs
-// spent more time in loop set-up and remainders than in the pairs' powers (4.3 against 1.6 ns a
-// pair at M = 256, one thread, β = 1.5).  The general engine (energy_cpu.h) scatters strided
-// gradients and is about twice as slow again.
-// Finally ∂/∂x_j = g·P G_j and ∂/∂y = −g·P Σ_j (cross terms of G_j).
-// Memory: O(M·d) scratch per thread; nothing of size M².  β and metric gradients are not
-// produced here (the training loss needs only the draws'); those calls use the general engine.
+// Per row, each cloud's points in SoA form and stored twice over (U[k][j + n] = U[k][j]):
+//   within pairs of a cloud of n points: by offset o = 1 … ⌊n/2⌋, the pairs (j, j + o mod n) for
+//     all j form one run W[k][j] = U[k][j] − U[k][j + o] of n pairs (n/2 at o = n/2 for even n,
+//     whose pairs would otherwise come twice), and the gradient goes to both points by two vector
+//     updates, GA[k][j] += w s_j W[k][j] and GB[k][j + o] −= w s_j W[k][j], folded at the end as
+//     G[k][j] = GA[k][j] + GB[k][j] + GB[k][j + n];
+//   cross pairs: for each point b_j, the run of all a_i − b_j (its gradient a reduction for b_j).
+// Every unordered pair once, from its direct difference, one power per pair for the energy and
+// the slope (tile_energies_and_slopes), one weight per run; ∂/∂z_j = g·P G_j.  Before the runs by
+// offset, draw i's run held the M − 1 − i pairs after it: at M = 64 those short runs spent more
+// time in loop set-up and remainders than in the pairs' powers (4.3 against 1.2 ns a pair, one
+// thread, β = 1.5).  (One run over the union of both clouds measured slower for the energy
+// score: its runs of M + 1 pairs leave a remainder in every vector loop, and a weight per pair
+// costs a load in each.)  The general engine (energy_cpu.h) scatters strided gradients and is
+// about twice as slow again.
+// Memory: O((n + m)·d) scratch per thread; nothing of size n·m.  β and metric gradients are not
+// produced here (the training loss needs only the points'); those calls use the general engine.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -36,126 +39,154 @@
 namespace etweedie {
 namespace cpu {
 
-constexpr int64_t kRowsMaxM = 4096;  // scratch per thread: ~5·M·d values
+constexpr int64_t kRowsMaxM = 4096;  // points per row (T = n + m); scratch per thread: ~7·T·d values
 
-inline bool energy_score_rows_applicable(const at::Tensor& samples, bool need_beta, bool need_prec) {
-  const int64_t B = samples.size(0), M = samples.size(1), d = samples.size(2);
-  return !need_beta && !need_prec && d >= 1 && d <= kSmallD && M >= 2 && M <= kRowsMaxM &&
+// Whether the row kernel serves a call on clouds of n and m points (B rows, dimension d).
+inline bool energy_rows_applicable(int64_t B, int64_t n, int64_t m, int64_t d, bool need_beta, bool need_prec) {
+  return !need_beta && !need_prec && d >= 1 && d <= kSmallD && n >= 1 && m >= 1 && n + m <= kRowsMaxM &&
          B >= 2 * static_cast<int64_t>(at::get_num_threads());
 }
 
-// One task per row; Prec is the row's precision view (metric_cpu.h).
+inline bool energy_score_rows_applicable(const at::Tensor& samples, bool need_beta, bool need_prec) {
+  return samples.size(1) >= 2 &&
+         energy_rows_applicable(samples.size(0), samples.size(1), 1, samples.size(2), need_beta, need_prec);
+}
+
+// One task per row; Prec is the row's precision view (metric_cpu.h).  a (B, n, d) and b (B, m, d)
+// with strides (sa0, sa1) and (sb0, sb1); value (B,), ga (B, n, d), gb (B, m, d) contiguous, each
+// optional; gp the upstream gradient (B,) or null (1).
 template <typename T, typename Prec>
-void energy_score_rows_impl(const T* xp, int64_t sx0, int64_t sx1, const T* yp, int64_t sy0, const T* bp, int64_t sb,
-                            const T* pp, int64_t sp, const T* gp, int64_t gstride, int64_t B, int64_t M, int64_t d,
-                            T wc, T ww, T* vp, T* gxp, T* gyp) {
-  const int64_t Mp = (M + 15) / 16 * 16;  // the stride of U's and GB's halves
-  const bool need_grad = gxp != nullptr || gyp != nullptr;
+void energy_rows_impl(const T* ap, int64_t sa0, int64_t sa1, int64_t n, const T* bp_, int64_t sb0, int64_t sb1,
+                      int64_t m, const T* betap, int64_t sbeta, const T* pp, int64_t sp, const T* gp, int64_t gstride,
+                      int64_t B, int64_t d, PairWeights w, T* vp, T* gap, T* gbp) {
+  const int64_t np = (n + 15) / 16 * 16, mp = (m + 15) / 16 * 16, rp = std::max(np, mp);
+  const bool need_grad = gap != nullptr || gbp != nullptr;
+  const T w_aa = static_cast<T>(w.within_a), w_bb = static_cast<T>(w.within_b), w_ab = static_cast<T>(w.cross);
   at::parallel_for(0, B, 1, [&](int64_t r0, int64_t r1) {
-    std::vector<T> U(2 * d * Mp), W(d * Mp), GA(need_grad ? d * Mp : 0), GB(need_grad ? 2 * d * Mp : 0), q(Mp),
-        e(Mp), s(Mp);
-    T tmp[kSmallD], out[kSmallD];
+    // per cloud: its points twice over (U), the gradient sums GA and GB (GB's second half folds back)
+    std::vector<T> Ua(2 * d * np), Ub(2 * d * mp), W(d * rp), q(rp), e(rp), s(rp);
+    std::vector<T> GAa(need_grad ? d * np : 0), GBa(need_grad ? 2 * d * np : 0), GAb(need_grad ? d * mp : 0),
+        GBb(need_grad ? 2 * d * mp : 0);
+    T tmp[kSmallD];
     for (int64_t r = r0; r < r1; ++r) {
       const Prec P{pp + r * sp};
-      const T be = bp[r * sb];
-      const T* xr = xp + r * sx0;
-      const T* yr = yp + r * sy0;
-      for (int64_t k = 0; k < d; ++k) {  // U[k] from U + 2k·Mp, its copy right after it (U[k][M + j])
-        T* Uk = U.data() + 2 * k * Mp;
-        const T yk = yr[k];
-        for (int64_t j = 0; j < M; ++j) Uk[j] = Uk[M + j] = xr[j * sx1 + k] - yk;
+      const T be = betap[r * sbeta];
+      const T* ar = ap + r * sa0;
+      const T* br = bp_ + r * sb0;
+      for (int64_t k = 0; k < d; ++k) {  // cloud k-rows from U + 2k·np, each copied right after itself
+        T* Uak = Ua.data() + 2 * k * np;
+        for (int64_t j = 0; j < n; ++j) Uak[j] = Uak[n + j] = ar[j * sa1 + k];
+        T* Ubk = Ub.data() + 2 * k * mp;
+        for (int64_t j = 0; j < m; ++j) Ubk[j] = Ubk[m + j] = br[j * sb1 + k];
       }
       if (need_grad) {
-        std::fill(GA.begin(), GA.end(), T(0));
-        std::fill(GB.begin(), GB.end(), T(0));
+        std::fill(GAa.begin(), GAa.end(), T(0));
+        std::fill(GBa.begin(), GBa.end(), T(0));
+        std::fill(GAb.begin(), GAb.end(), T(0));
+        std::fill(GBb.begin(), GBb.end(), T(0));
       }
       double val = 0;
-      T cross_sum[kSmallD] = {};  // Σ_j of the cross terms of G (∂/∂y up to −P)
-      // cross pairs (x_j, y)
-      P.quad_soa(U.data(), 2 * Mp, M, d, q.data());
-      if (need_grad) {
-        val += wc * tile_energies_and_slopes(q.data(), M, be, e.data(), s.data());
-        for (int64_t k = 0; k < d; ++k) {
-          const T* Uk = U.data() + 2 * k * Mp;
-          T* Gk = GA.data() + k * Mp;
-          T acc = 0;
-#pragma omp simd reduction(+ : acc)
-          for (int64_t j = 0; j < M; ++j) {
-            const T f = wc * s[j] * Uk[j];
-            Gk[j] += f;
-            acc += f;
-          }
-          cross_sum[k] = acc;
-        }
-      } else {
-        val += wc * tile_energy_sum(q.data(), M, be);
-      }
-      // within pairs (x_j, x_{j+o mod M}), by offset
-      if (ww != T(0)) {
-        for (int64_t o = 1; 2 * o <= M; ++o) {
-          const int64_t n = 2 * o == M ? M / 2 : M;
+      // q, E (and slopes) of the len pairs in W, weighted by wt: returns wt Σ E
+      auto energies = [&](int64_t len, T wt) -> double {
+        P.quad_soa(W.data(), rp, len, d, q.data());
+        if (!need_grad) return wt * tile_energy_sum(q.data(), len, be);
+        return wt * tile_energies_and_slopes(q.data(), len, be, e.data(), s.data());
+      };
+      // within pairs of one cloud (cnt points, U and its stride), by offset
+      auto within = [&](const T* U, int64_t cnt, int64_t stride, T wt, T* GA, T* GB) {
+        if (wt == T(0) || cnt < 2) return;
+        for (int64_t o = 1; 2 * o <= cnt; ++o) {
+          const int64_t len = 2 * o == cnt ? cnt / 2 : cnt;
           for (int64_t k = 0; k < d; ++k) {
-            const T* Uk = U.data() + 2 * k * Mp;
-            T* Wk = W.data() + k * Mp;
+            const T* Uk = U + 2 * k * stride;
+            T* Wk = W.data() + k * rp;
 #pragma omp simd
-            for (int64_t j = 0; j < n; ++j) Wk[j] = Uk[j] - Uk[j + o];
+            for (int64_t j = 0; j < len; ++j) Wk[j] = Uk[j] - Uk[j + o];
           }
-          P.quad_soa(W.data(), Mp, n, d, q.data());
-          if (!need_grad) {
-            val += ww * tile_energy_sum(q.data(), n, be);
-            continue;
-          }
-          val += ww * tile_energies_and_slopes(q.data(), n, be, e.data(), s.data());
+          val += energies(len, wt);
+          if (!need_grad) continue;
           for (int64_t k = 0; k < d; ++k) {
-            const T* Wk = W.data() + k * Mp;
-            T* GAk = GA.data() + k * Mp;
-            T* GBk = GB.data() + 2 * k * Mp + o;
+            const T* Wk = W.data() + k * rp;
+            T* GAk = GA + k * stride;
+            T* GBk = GB + 2 * k * stride + o;
 #pragma omp simd
-            for (int64_t j = 0; j < n; ++j) {
-              const T f = ww * s[j] * Wk[j];
+            for (int64_t j = 0; j < len; ++j) {
+              const T f = wt * s[j] * Wk[j];
               GAk[j] += f;
               GBk[j] -= f;
             }
           }
         }
+      };
+      within(Ua.data(), n, np, w_aa, GAa.data(), GBa.data());
+      within(Ub.data(), m, mp, w_bb, GAb.data(), GBb.data());
+      // cross pairs: for each b_j, the run of all a_i − b_j
+      for (int64_t jb = 0; jb < m && w_ab != T(0); ++jb) {
+        for (int64_t k = 0; k < d; ++k) {
+          const T* Uak = Ua.data() + 2 * k * np;
+          const T bk = Ub[2 * k * mp + jb];
+          T* Wk = W.data() + k * rp;
+#pragma omp simd
+          for (int64_t i = 0; i < n; ++i) Wk[i] = Uak[i] - bk;
+        }
+        val += energies(n, w_ab);
+        if (!need_grad) continue;
+        for (int64_t k = 0; k < d; ++k) {
+          const T* Wk = W.data() + k * rp;
+          T* GAk = GAa.data() + k * np;
+          T acc = 0;
+#pragma omp simd reduction(+ : acc)
+          for (int64_t i = 0; i < n; ++i) {
+            const T f = w_ab * s[i] * Wk[i];
+            GAk[i] += f;
+            acc += f;
+          }
+          GAb[k * mp + jb] -= acc;
+        }
       }
       if (vp) vp[r] = static_cast<T>(val);
       if (!need_grad) continue;
       const T g = gp ? gp[r * gstride] : T(1);
-      if (gxp) {
-        for (int64_t j = 0; j < M; ++j) {
+      // ∂/∂ of point j of a cloud (cnt points): g·P (GA_j + GB_j + GB_{j+cnt})
+      auto point_grads = [&](const T* GA, const T* GB, int64_t cnt, int64_t stride, T* out) {
+        for (int64_t j = 0; j < cnt; ++j) {
           for (int64_t k = 0; k < d; ++k) {
-            const T* GBk = GB.data() + 2 * k * Mp;
-            tmp[k] = GA[k * Mp + j] + (GBk[j] + GBk[j + M]);
+            const T* GBk = GB + 2 * k * stride;
+            tmp[k] = GA[k * stride + j] + (GBk[j] + GBk[j + cnt]);
           }
-          P.apply(tmp, g, gxp + (r * M + j) * d, d);
+          P.apply(tmp, g, out + (r * cnt + j) * d, d);
         }
-      }
-      if (gyp) {
-        P.apply(cross_sum, -g, out, d);
-        std::copy(out, out + d, gyp + r * d);
-      }
+      };
+      if (gap) point_grads(GAa.data(), GBa.data(), n, np, gap);
+      if (gbp) point_grads(GAb.data(), GBb.data(), m, mp, gbp);
     }
   });
 }
 
-// value (B,) if given; gx (B, M, d) / gy (B, d) scaled by grad[r] when grad is given (else 1).
-inline void energy_score_rows(const at::Tensor& x, const at::Tensor& y, const at::Tensor& beta,
-                              const at::Tensor& prec, int64_t kind, PairWeights w, const at::Tensor* grad,
-                              at::Tensor* value, at::Tensor* gx, at::Tensor* gy) {
-  const int64_t B = x.size(0), M = x.size(1), d = x.size(2);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "energy_score_rows", [&] {
+// value (B,) if given; ga (B, n, d) / gb (B, m, d) contiguous, scaled by grad[r] when grad is given
+// (else 1).  a (B, n, d) and b (B, m, d) with unit stride over d.
+inline void energy_rows(const at::Tensor& a, const at::Tensor& b, const at::Tensor& beta, const at::Tensor& prec,
+                        int64_t kind, PairWeights w, const at::Tensor* grad, at::Tensor* value, at::Tensor* ga,
+                        at::Tensor* gb) {
+  const int64_t B = a.size(0), n = a.size(1), m = b.size(1), d = a.size(2);
+  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "energy_rows", [&] {
     using T = scalar_t;
     const int64_t K = kind == kBlock ? prec.size(1) : 0;
     ET_DISPATCH_METRIC(kind, K, T, [&] {
-      energy_score_rows_impl<T, Prec>(x.data_ptr<T>(), x.stride(0), x.stride(1), y.data_ptr<T>(), y.stride(0),
-                                      beta.data_ptr<T>(), beta.stride(0), prec.data_ptr<T>(), prec.stride(0),
-                                      grad ? grad->data_ptr<T>() : nullptr, grad ? grad->stride(0) : 0, B, M, d,
-                                      static_cast<T>(w.cross), static_cast<T>(w.within_a),
-                                      value ? value->data_ptr<T>() : nullptr, gx ? gx->data_ptr<T>() : nullptr,
-                                      gy ? gy->data_ptr<T>() : nullptr);
+      energy_rows_impl<T, Prec>(a.data_ptr<T>(), a.stride(0), a.stride(1), n, b.data_ptr<T>(), b.stride(0),
+                                b.stride(1), m, beta.data_ptr<T>(), beta.stride(0), prec.data_ptr<T>(),
+                                prec.stride(0), grad ? grad->data_ptr<T>() : nullptr, grad ? grad->stride(0) : 0, B,
+                                d, w, value ? value->data_ptr<T>() : nullptr, ga ? ga->data_ptr<T>() : nullptr,
+                                gb ? gb->data_ptr<T>() : nullptr);
     });
   });
+}
+
+// The energy score's call: the draws x (B, M, d) as a, the target y (B, d) as a one-point b.
+inline void energy_score_rows(const at::Tensor& x, const at::Tensor& y, const at::Tensor& beta,
+                              const at::Tensor& prec, int64_t kind, PairWeights w, const at::Tensor* grad,
+                              at::Tensor* value, at::Tensor* gx, at::Tensor* gy) {
+  energy_rows(x, y.unsqueeze(1), beta, prec, kind, w, grad, value, gx, gy);
 }
 
 }  // namespace cpu
