@@ -67,6 +67,10 @@ void energy_rows_impl(const T* ap, int64_t sa0, int64_t sa1, int64_t n, const T*
     std::vector<T> Ua(2 * d * np), Ub(2 * d * mp), W(d * rp), q(rp), e(rp), s(rp);
     std::vector<T> GAa(need_grad ? d * np : 0), GBa(need_grad ? 2 * d * np : 0), GAb(need_grad ? d * mp : 0),
         GBb(need_grad ? 2 * d * mp : 0);
+    T* const Wd = W.data();  // raw pointers for the vector loops (no vector accessors through captures)
+    T* const qd = q.data();
+    T* const ed = e.data();
+    T* const sd = s.data();
     T tmp[kSmallD];
     for (int64_t r = r0; r < r1; ++r) {
       const Prec P{pp + r * sp};
@@ -88,9 +92,9 @@ void energy_rows_impl(const T* ap, int64_t sa0, int64_t sa1, int64_t n, const T*
       double val = 0;
       // q, E (and slopes) of the len pairs in W, weighted by wt: returns wt Σ E
       auto energies = [&](int64_t len, T wt) -> double {
-        P.quad_soa(W.data(), rp, len, d, q.data());
-        if (!need_grad) return wt * tile_energy_sum(q.data(), len, be);
-        return wt * tile_energies_and_slopes(q.data(), len, be, e.data(), s.data());
+        P.quad_soa(Wd, rp, len, d, qd);
+        if (!need_grad) return wt * tile_energy_sum(qd, len, be);
+        return wt * tile_energies_and_slopes(qd, len, be, ed, sd);
       };
       // within pairs of one cloud (cnt points, U and its stride), by offset
       auto within = [&](const T* U, int64_t cnt, int64_t stride, T wt, T* GA, T* GB) {
@@ -99,19 +103,19 @@ void energy_rows_impl(const T* ap, int64_t sa0, int64_t sa1, int64_t n, const T*
           const int64_t len = 2 * o == cnt ? cnt / 2 : cnt;
           for (int64_t k = 0; k < d; ++k) {
             const T* Uk = U + 2 * k * stride;
-            T* Wk = W.data() + k * rp;
+            T* Wk = Wd + k * rp;
 #pragma omp simd
             for (int64_t j = 0; j < len; ++j) Wk[j] = Uk[j] - Uk[j + o];
           }
           val += energies(len, wt);
           if (!need_grad) continue;
           for (int64_t k = 0; k < d; ++k) {
-            const T* Wk = W.data() + k * rp;
+            const T* Wk = Wd + k * rp;
             T* GAk = GA + k * stride;
             T* GBk = GB + 2 * k * stride + o;
 #pragma omp simd
             for (int64_t j = 0; j < len; ++j) {
-              const T f = wt * s[j] * Wk[j];
+              const T f = wt * sd[j] * Wk[j];
               GAk[j] += f;
               GBk[j] -= f;
             }
@@ -125,19 +129,19 @@ void energy_rows_impl(const T* ap, int64_t sa0, int64_t sa1, int64_t n, const T*
         for (int64_t k = 0; k < d; ++k) {
           const T* Uak = Ua.data() + 2 * k * np;
           const T bk = Ub[2 * k * mp + jb];
-          T* Wk = W.data() + k * rp;
+          T* Wk = Wd + k * rp;
 #pragma omp simd
           for (int64_t i = 0; i < n; ++i) Wk[i] = Uak[i] - bk;
         }
         val += energies(n, w_ab);
         if (!need_grad) continue;
         for (int64_t k = 0; k < d; ++k) {
-          const T* Wk = W.data() + k * rp;
+          const T* Wk = Wd + k * rp;
           T* GAk = GAa.data() + k * np;
           T acc = 0;
 #pragma omp simd reduction(+ : acc)
           for (int64_t i = 0; i < n; ++i) {
-            const T f = w_ab * s[i] * Wk[i];
+            const T f = w_ab * sd[i] * Wk[i];
             GAk[i] += f;
             acc += f;
           }
