@@ -227,8 +227,8 @@ struct Lanes16<Avx512, fp16> {
 #endif
 
 // q_t = u_tᵀ P u_t for u_t = y − x_t, t < R (R = 1 or 4), yp in the lanes' order; pu(u, j) is
-// P u for the 16 lanes from j.  The R draws share one sweep, two accumulator chains each (the
-// halves of a V16<W>): one draw at a time would be bound by the FMA latency.
+// P u for the 16 lanes from j.  The R draws share one sweep, with an accumulator chain per draw
+// (two under Avx2, the halves of its V): one draw at a time would be bound by the FMA latency.
 // One 16-lane step of it: a[t] += u_t ⊙ P u_t over the lanes from j (yv: y's lanes there).
 template <typename W, int R, typename X, typename PU>
 inline void quad_step16(V16<W> yv, const X* const* xs, int64_t j, const PU& pu, V16<W>* a) {
