@@ -192,6 +192,15 @@ def cpu_flags() -> set:
     return set(line.split(":", 1)[-1].split())
 
 
+def checker_command(level: str, source: str, exe, *, defines=()) -> list:
+    """The g++ command that builds the standalone checker tests/cpp/<source> into ``exe`` at an ISA
+    level of :data:`ISA_LEVELS` (with the extension's CPU flags; csrc/common and csrc/cpu on the
+    include path), or pytest.skip where :func:`march_flags` says so."""
+    root = Path(__file__).resolve().parents[1]
+    return [CXX, *march_flags(level), *CHECKER_FLAGS, *defines, "-I", str(root / "csrc" / "common"), "-I",
+            str(root / "csrc" / "cpu"), str(root / "tests" / "cpp" / source), "-o", str(exe)]
+
+
 def march_flags(level: str) -> list:
     """The -march flag of an ISA level (the extension's own for "build"), or pytest.skip where
     there is no compiler or this CPU cannot run that level's code."""

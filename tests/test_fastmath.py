@@ -6,27 +6,17 @@ flags and run here on fresh random inputs; the float64 versions carry the float6
 """
 
 import os
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-CXX = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+from conftest import checker_command
 
 
 @pytest.fixture(scope="module")
 def checker(tmp_path_factory):
-    if CXX is None:
-        pytest.skip("no C++ compiler on PATH (the extension build needs one too)")
     exe = tmp_path_factory.mktemp("fastmath") / "fastmath_check"
-    # The flags of setup.py's CPU build (-march=native vectorizes the loops this header targets).
-    cmd = [CXX, "-O3", "-std=c++17", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd",
-           "-I", str(ROOT / "csrc" / "common"), str(ROOT / "tests" / "cpp" / "fastmath_check.cpp"), "-o", str(exe)]
-    if os.environ.get("ETWEEDIE_NATIVE", "1") != "0":
-        cmd.insert(1, "-march=native")
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    # the flags of setup.py's CPU build (-march=native vectorizes the loops this header targets)
+    subprocess.run(checker_command("build", "fastmath_check.cpp", exe), check=True, capture_output=True, text=True)
     return exe
 
 

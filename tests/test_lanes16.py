@@ -17,13 +17,9 @@ unit in the last place).
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
-from conftest import CHECKER_FLAGS, CXX, march_flags
-
-ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "tests" / "cpp" / "lanes16_check.cpp"
+from conftest import checker_command
 
 # level -> (ISA level of conftest.ISA_LEVELS, extra defines)
 LEVELS = {
@@ -56,14 +52,12 @@ def outputs(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("lanes16")
     jobs = {}
     for level, (isa, defines) in {"x86-64": ("x86-64", []), **LEVELS}.items():
+        exe = out_dir / f"lanes16_check_{level}"
         try:
-            march = march_flags(isa)
+            cmd = checker_command(isa, "lanes16_check.cpp", exe, defines=defines)
         except pytest.skip.Exception as skip:
             jobs[level] = str(skip)
             continue
-        exe = out_dir / f"lanes16_check_{level}"
-        cmd = [CXX, *march, *CHECKER_FLAGS, *defines, "-I", str(ROOT / "csrc" / "cpu"), "-I",
-               str(ROOT / "csrc" / "common"), str(SOURCE), "-o", str(exe)]
         jobs[level] = (exe, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = {}
     for level, job in jobs.items():

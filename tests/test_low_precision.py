@@ -15,13 +15,11 @@ import math
 import os
 import subprocess
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import CHECKER_FLAGS, CXX, ISA_LEVELS, march_flags
+from conftest import ISA_LEVELS, checker_command
 
-ROOT = Path(__file__).resolve().parents[1]
 
 # (mantissa bits with the implicit one, smallest normal exponent, largest finite value)
 FORMATS = {
@@ -36,11 +34,8 @@ FORMATS = {
 @pytest.fixture(scope="module", params=list(ISA_LEVELS))
 def checker(request, tmp_path_factory):
     level = request.param
-    march = march_flags(level)
     exe = tmp_path_factory.mktemp("low_precision") / f"low_precision_check_{level}"
-    cmd = [CXX, *march, *CHECKER_FLAGS, "-I", str(ROOT / "csrc" / "common"),
-           str(ROOT / "tests" / "cpp" / "low_precision_check.cpp"), "-o", str(exe)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    subprocess.run(checker_command(level, "low_precision_check.cpp", exe), check=True, capture_output=True, text=True)
     return exe
 
 
