@@ -84,7 +84,7 @@ def test_matches_float64_reference(backend, device, kind, shape, unbiased, seed)
 @pytest.mark.parametrize("unbiased", [True, False], ids=["U", "V"])
 def test_cpu_row_kernel(kind, d, nm, unbiased, seed):
     """The CPU row kernel (small d, many rows, gradients of the two clouds only:
-    csrc/cpu/energy_score_rows_cpu.h, each cloud's within pairs in runs by offset, the cross pairs
+    csrc/cpu/energy_rows_cpu.h, each cloud's within pairs in runs by offset, the cross pairs
     in one run per point of b): value and both clouds' gradients against the float64 reference,
     1e3 from the origin, per-row β, a point of a on a point of b and a coincidence within a."""
     n, m = nm

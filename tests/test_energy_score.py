@@ -115,7 +115,7 @@ def test_metric_far_from_origin(backend, device, kind, seed):
 @pytest.mark.parametrize("M", [2, 3, 23, 24])
 def test_cpu_row_kernel(kind, d, fair, M, seed):
     """The CPU row kernel (small d, many rows, gradients for the draws and the target only:
-    csrc/cpu/energy_score_rows_cpu.h): value and both gradients against the float64
+    csrc/cpu/energy_rows_cpu.h): value and both gradients against the float64
     reference, 1e3 from the origin, coincident draws and a draw on the target, per-row β; the
     forward-only op and the separate backward op agree with the fused value-and-gradient op.
     Odd and even M: the within pairs run by offset, and an even M's last offset, M/2, holds

@@ -1,5 +1,5 @@
 """The CPU energy ops on many small low-dimensional rows (the row kernel of
-csrc/cpu/energy_score_rows_cpu.h), one thread, ns per pair, median of 20 calls after 3 warm-up
+csrc/cpu/energy_rows_cpu.h), one thread, ns per pair, median of 20 calls after 3 warm-up
 calls, isotropic metric, d = 2, per-row β at 1.5 and 1.0 (a power against a square root per pair):
 
     energy_distance  B rows of n = m points, forward and fwd+bwd (∂/∂a and ∂/∂b);

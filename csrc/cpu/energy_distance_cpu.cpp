@@ -8,13 +8,14 @@
 // The pair engine (csrc/cpu/energy_cpu.h) forms every pair from direct differences, tiled so
 // that memory stays O((n + m)·d) for any n, m, and exploits the symmetry of the within sums in
 // the forward pass.  Small d with many rows and no β or metric gradient takes the row kernel of
-// energy_score_rows_cpu.h instead (the union of both clouds per row, its pairs in runs by offset).
+// energy_rows_cpu.h instead (each cloud's within pairs in runs by offset, one cross run per point
+// of b).
 // Inputs are canonical: a (B, n, d), b (B, m, d), beta (B,), prec (B, *param).
 #include <torch/library.h>
 
 #include "../common/checks.h"
 #include "energy_cpu.h"
-#include "energy_score_rows_cpu.h"
+#include "energy_rows_cpu.h"
 
 namespace etweedie {
 namespace cpu {

@@ -5,7 +5,7 @@
 //
 // The pair engine (csrc/cpu/energy_cpu.h) runs with cloud a = the M samples and cloud b = the
 // target as a one-point cloud; parallel over (row, block of samples).  With no β / metric
-// gradient asked, small d with many rows takes the row kernel of energy_score_rows_cpu.h and
+// gradient asked, small d with many rows takes the row kernel of energy_rows_cpu.h and
 // large d (float32, up to 255 draws) the Gram-form row kernel of energy_score_gram_cpu.h
 // instead.  Inputs are canonical (etweedie/ops/_prep.py): samples (B, M, d), target (B, d),
 // beta (B,), prec (B, *param).
@@ -17,7 +17,7 @@
 #include "../common/checks.h"
 #include "energy_cpu.h"
 #include "energy_score_gram_cpu.h"
-#include "energy_score_rows_cpu.h"
+#include "energy_rows_cpu.h"
 #include "fresh_output_cpu.h"
 
 namespace etweedie {

@@ -39,7 +39,7 @@
 namespace etweedie {
 namespace cpu {
 
-constexpr int64_t kRowsMaxM = 4096;  // points per row (T = n + m); scratch per thread: ~7·T·d values
+constexpr int64_t kRowsMaxM = 4096;  // points per row (n + m); scratch per thread: ~6·(n + m)·d values
 
 // Whether the row kernel serves a call on clouds of n and m points (B rows, dimension d).
 inline bool energy_rows_applicable(int64_t B, int64_t n, int64_t m, int64_t d, bool need_beta, bool need_prec) {
