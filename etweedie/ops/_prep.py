@@ -896,11 +896,15 @@ def whiten_dense(c: Canonical) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor
     GEMM writes a new cloud in y's dtype anyway, so dense metrics do not keep the 16-bit byte count).
     """
     Lb = row_whitening_factor(c.metric, c.batch, c.y.dtype)
-    centre = dense_centre(c.x, c.y.unsqueeze(1), Lb)
-    zy = ((c.y.unsqueeze(1) - centre) @ Lb).squeeze(1)
-    zx = centred_rows_matmul(c.x, centre, Lb)
-    ones = torch.ones((), dtype=c.y.dtype, device=c.y.device).expand(c.y.shape[0])
-    return zy.contiguous(), zx, ones, Lb
+    return (*_whiten_about(c.y, c.x, dense_centre(c.x, c.y.unsqueeze(1), Lb), Lb), Lb)
+
+
+def _whiten_about(y: torch.Tensor, x: torch.Tensor, centre: torch.Tensor, L: torch.Tensor):
+    """(z_y, z_x, ones): queries y (B, d) and draws x (B, N, d) whitened about ``centre`` (detached,
+    (B, 1, d) or (1, 1, d)) by L, and the unit precision the isotropic kernel then takes."""
+    zy = ((y.unsqueeze(1) - centre) @ L).squeeze(1)
+    ones = torch.ones((), dtype=y.dtype, device=y.device).expand(y.shape[0])
+    return zy.contiguous(), centred_rows_matmul(x, centre, L), ones
 
 
 #: A draw nearer to the query than this fraction of their squared whitened norms (about the
@@ -941,14 +945,11 @@ def dense_score(c: Canonical, kernel, rows: Optional[torch.Tensor] = None) -> to
 
 
 def _dense_own_rows(c: Canonical, kernel, L: torch.Tensor, rows: Optional[torch.Tensor]) -> torch.Tensor:
-    """dense_score of the rows ``rows`` (None: all), each whitened about its own query."""
+    """dense_score of the rows ``rows`` (None: all), each whitened about its own query (L is the
+    shared factor: only a cloud shared under a shared metric gets here)."""
     y, x = take_rows(c.y, rows), take_rows(c.x, rows)
-    if L.dim() == 3:
-        L = take_rows(L, rows)
-    zx = (x.to(L.dtype) - y.detach().unsqueeze(1).to(L.dtype)) @ L
-    zy = (y - y.detach()) @ L  # 0, with y's gradient
-    ones = torch.ones((), dtype=y.dtype, device=y.device).expand(y.shape[0])
-    return unwhiten_score(kernel(zy.contiguous(), zx, ones, rows), L)
+    zy, zx, ones = _whiten_about(y, x, y.detach().unsqueeze(1).to(L.dtype), L)  # z_y = 0, with y's gradient
+    return unwhiten_score(kernel(zy, zx, ones, rows), L)
 
 
 def dense_centre(x: torch.Tensor, own: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
