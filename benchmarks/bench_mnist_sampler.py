@@ -28,7 +28,6 @@ import argparse
 import datetime
 import json
 import math
-import os
 import platform
 import sys
 import time
@@ -40,6 +39,8 @@ import etweedie
 from etweedie.models import EngressionPosterior
 from etweedie.paths import get_path, level_times
 from etweedie.sample import initial_states, sample_langevin, step_sizes
+
+from .common import check_flags
 
 D = 784
 
@@ -301,11 +302,7 @@ def main(argv=None) -> int:
              ("--levels", args.levels), ("--steps", args.steps), ("--repeats", args.repeats), ("--rounds", args.rounds),
              ("--chunk-chains", args.chunk_chains), ("--first-level-steps", args.first_level_steps), ("--threads", args.threads)]
     try:  # one line and exit status 2 for a value the run cannot use, before any timing
-        for flag, value in flags:
-            if value is not None and value < 1:
-                raise ValueError(f"{flag} must be >= 1, got {value}")
-        if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-            raise ValueError(f"--json {args.json!r}: its folder does not exist")
+        check_flags([(flag, value, 1) for flag, value in flags], args.json)
         report = run(args)
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)

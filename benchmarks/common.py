@@ -45,6 +45,20 @@ def set_threads(n: int = THREADS) -> int:
     return torch.get_num_threads()
 
 
+def check_flags(minimums: Sequence[tuple] = (), json_path: Optional[str] = None) -> None:
+    """ValueError naming the first flag a benchmark script cannot use, checked before minutes of
+    timing (the script prints it as one line and exits with status 2): ``minimums`` holds
+    ``(flag, value, least)`` (a None value was not given); ``json_path`` must be a file path in
+    an existing, writable folder."""
+    for flag, value, least in minimums:
+        if value is not None and value < least:
+            raise ValueError(f"{flag} must be >= {least}, got {value}")
+    if json_path:
+        folder = os.path.dirname(os.path.abspath(json_path))
+        if os.path.isdir(json_path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise ValueError(f"--json {json_path!r} is not a writable file path (its folder must exist)")
+
+
 # ----------------------------------------------------------------------------- timing
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from . import (
 from .common import (
     THREADS,
     Result,
+    check_flags,
     copy_bandwidth,
     environment,
     format_bytes,
@@ -216,12 +217,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="time process CPU time (time.process_time) instead of wall time; use with --threads 1")
     args = p.parse_args(argv)
     try:  # flag values checked before minutes of timing: one line and exit status 2
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
-        if args.json:
-            folder = os.path.dirname(os.path.abspath(args.json))
-            if os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-                raise ValueError(f"--json {args.json!r} is not a writable file path (its folder must exist)")
+        check_flags([("--threads", args.threads, 1)], args.json)
         chosen = select(args.only)
     except ValueError as exc:
         print(f"{p.prog}: error: {exc}", file=sys.stderr)

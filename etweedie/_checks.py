@@ -92,7 +92,8 @@ def check_device(device, name: str = "device") -> Optional[torch.device]:
         raise ValueError(f"{name} must be a device string such as 'cpu' or 'cuda:0', got {device!r}") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"{name} {device!r} was requested but CUDA is not available")
+            raise ValueError(f"{name} {device!r} was requested but CUDA is not available "
+                             f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'})")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(f"{name} {device!r} was requested but this machine has "
                              f"{torch.cuda.device_count()} CUDA device(s)")

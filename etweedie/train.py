@@ -796,17 +796,14 @@ class _Ranks:
 
 
 def _resolve_device(config: TrainConfig, ranks: _Ranks) -> torch.device:
-    device = torch.device(config.device)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {config.device!r} was requested but CUDA is not available "
-                             f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); use --device cpu")
-        if ranks.world > 1 and device.index is None:
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", ranks.rank)) % torch.cuda.device_count())
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"device {str(device)!r} does not exist: {torch.cuda.device_count()} CUDA device(s)")
-    elif device.type != "cpu":
+    """The run's device: ``config.device`` checked by :func:`~etweedie._checks.check_device`
+    (CUDA present, the index in range); under ``torchrun`` a bare ``"cuda"`` becomes this
+    rank's local GPU."""
+    device = check_device(config.device, "device")
+    if device.type not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or a CUDA device, got {config.device!r}")
+    if device.type == "cuda" and ranks.world > 1 and device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", ranks.rank)) % torch.cuda.device_count())
     return device
 
 
