@@ -166,13 +166,24 @@ def _law_scale(lam, LAW: tl.constexpr):
 @triton.jit
 def _near_q(dt: tl.constexpr):
     """The smallest squared norm of a distinct draw the kernels compute accurately, forward and
-    backward (q_in_range, csrc/common/et_score.h): 2^-500 in float64, 2^-64 in float32.  (A float
+    backward (q_in_range, csrc/common/et_score.h): 2^-500 in float64, 2^-62 in float32.  (A float
     literal would be a float32 constant: 2^-500 is built from exact float64 products.)"""
     if dt == tl.float64:
         t = tl.full([], 2.0**-100, tl.float64)
         return t * t * t * t * t
     else:
-        return tl.full([], 2.0**-64, tl.float32)
+        return tl.full([], 2.0**-62, tl.float32)
+
+
+@triton.jit
+def _far_q(dt: tl.constexpr):
+    """The largest squared norm the kernels compute accurately, both laws (q_in_range): 2^510 in
+    float64, 2^62 in float32 — beyond it the backward's slope, of size q^-2, is subnormal."""
+    if dt == tl.float64:
+        t = tl.full([], 2.0**102, tl.float64)
+        return t * t * t * t * t
+    else:
+        return tl.full([], 2.0**62, tl.float32)
 
 
 @triton.jit
@@ -312,10 +323,12 @@ def _et_score_forward_kernel(
     acc_u = tl.zeros([BLOCK_D], dtype=y_ptr.dtype.element_ty)
     acc_pu = tl.zeros([BLOCK_D], dtype=y_ptr.dtype.element_ty)
     # a distinct draw nearer to y than the accurate range of q (Energy-Tweedie law only; 1/(1 + q)
-    # needs no care there) flags the row NaN, as the C++ kernels do: the op then recomputes it
-    # exactly where it reads values (CPU tensors) and returns the NaN row on a GPU
+    # needs no care there), or farther than it (both laws: the backward's slope would be
+    # subnormal), flags the row NaN, as the C++ kernels do: the op then recomputes it where it
+    # reads values (CPU tensors, debug checks) and returns the NaN row on a GPU otherwise
     near = tl.zeros([BLOCK_N], dtype=tl.int32)
     q_min = _near_q(y_ptr.dtype.element_ty)
+    q_max = _far_q(y_ptr.dtype.element_ty)
     n_lo = rng * n_per
     n_hi = tl.minimum(n_lo + n_per, N)
     for n0 in range(n_lo, n_hi, BLOCK_N):
@@ -340,7 +353,9 @@ def _et_score_forward_kernel(
             u, pu = _residual_pu(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K, KIND, BLOCK_N, BLOCK_D,
                                  IN_REGISTERS)
         if LAW == 0:
-            near = tl.maximum(near, (mask_n & (q < q_min) & (u_max > 0)).to(tl.int32))
+            near = tl.maximum(near, (mask_n & (((q < q_min) & (u_max > 0)) | (q > q_max))).to(tl.int32))
+        else:
+            near = tl.maximum(near, (mask_n & (q > q_max)).to(tl.int32))
         w = tl.where(mask_n, _law_weight(q, beta, LAW), 0.0)
         acc_u += tl.sum(w[:, None] * u, axis=0)
         acc_pu += tl.sum(w[:, None] * pu, axis=0)

@@ -184,7 +184,7 @@ def test_cpu_kernel_flags_rows_out_of_range(d):
     x[1, 2] = 1e30  # q overflows
     y[2:4] = 0.0  # (a small offset from a query of order 1 would round away in float32)
     x[2, 8] = 1e-30  # q underflows to 0 for a distinct draw
-    x[3, 0] = 1e-19  # q = 1e-38·d: normal, but below 2^-64
+    x[3, 0] = 1e-19  # q = 1e-38·d: normal, but below 2^-62
     x[4, 5] = NAN
     x[5, 3] = y[5]  # an exact coincidence: in range
     one = torch.ones(B)
@@ -669,7 +669,7 @@ def _near_pair_truth(op, y, x, near, beta, lam, m):
 @pytest.mark.parametrize("op", ["et_score", "langevin_step", "student_t_score"])
 def test_a_draw_very_near_the_query_keeps_its_exact_term(backend, device, dtype, delta, op):
     """A distinct draw closer to y than the squared norm can resolve (q underflows, or its
-    backward slope overflows: |y − x_i| ≲ 1e-150 in float64, 1e-19 in float32) still contributes
+    backward slope overflows: |y − x_i| ≲ 1e-150 in float64, 5e-10 in float32) still contributes
     its exact term ‖u‖^{β−2}_P P u — of size δ^{β−1}, 1e85 at β = 0.5 — with finite gradients,
     instead of a weight of 0, NaN gradients or a NaN row.  GPU kernels may flag such a row NaN
     (no rerun without a device sync); never a finite wrong value."""
@@ -736,6 +736,190 @@ def test_a_subnormal_residual_keeps_its_unit_term(backend, device, dtype, delta)
     torch.testing.assert_close(s.detach().cpu()[0], want.to(dtype), rtol=1e-6, atol=0)
     g, = torch.autograd.grad(s[0, 0], y)  # (∂s₁/∂y₁ ∝ 1/δ overflows honestly; along u the term's is 0)
     assert torch.isfinite(g).all(), g
+
+
+# (dtype, data scale, β, near): far draws whose backward slope q^{(β−4)/2} (or the Student-t
+# law's −2(1 + q)^{-2}) would be subnormal — q ≈ 2^73 to 2^93 in float32 (1e11: inside the
+# range of 2^±40 per coordinate that backends without in-kernel range checks scan), 2^666 in float64 (data beyond 2^200, scaled by a power of two)
+# — and a draw just above the old float32 lower bound with β = 0.001, where the slope
+# (2 − β)·2^{128 − 32β} overflowed float32
+_SLOPE_RANGE_CASES = {
+    "f32-1e11-beta0.3": (torch.float32, 1e11, 0.3, False),
+    "f32-1e12-beta0.3": (torch.float32, 1e12, 0.3, False),
+    "f32-1e14-beta1": (torch.float32, 1e14, 1.0, False),
+    "f64-1e100-beta0.3": (torch.float64, 1e100, 0.3, False),
+    "f32-q2^-63.9-beta0.001": (torch.float32, 1.0, 0.001, True),
+}
+
+
+@pytest.mark.parametrize("backend,device", ALL, ids=ALL_IDS)
+@pytest.mark.parametrize("case", list(_SLOPE_RANGE_CASES))
+@pytest.mark.parametrize("op", ["et_score", "langevin_step", "student_t_score"])
+def test_gradients_stay_right_where_the_backward_slope_leaves_its_range(backend, device, case, op):
+    """The forward of a draw far from y (or, at small β, very near it) was right while the
+    backward's slope, of size q^{(β−4)/2}, went subnormal (gradients 5–700% off) or overflowed
+    (inf/NaN gradients): every backend's q range now keeps the slope a normal number, a CPU call
+    outside it runs in float64 (or scaled), and a GPU kernel may return the row NaN — never a
+    finite wrong gradient."""
+    dtype, scale, beta, near = _SLOPE_RANGE_CASES[case]
+    if near and op == "student_t_score":
+        pytest.skip("1/(1 + q) has no slope singularity at q = 0")
+    g = _g(41)
+    B, N, d = 2, 4, 3
+    if near:
+        y64 = torch.zeros(B, d, dtype=torch.float64)
+        x64 = torch.rand(B, N, d, generator=g, dtype=torch.float64) + 0.5
+        x64[:, 0] = 0.0
+        x64[:, 0, 0] = 2.0 ** (-63.9 / 2)  # q = 2^-63.9
+    else:
+        y64 = torch.randn(B, d, generator=g, dtype=torch.float64) * scale
+        x64 = torch.randn(B, N, d, generator=g, dtype=torch.float64) * scale
+    w = torch.randn(B, d, generator=g, dtype=torch.float64)
+    noise = torch.randn(B, d, generator=g, dtype=torch.float64)
+
+    def call(y, x, be):
+        if op == "et_score":
+            return etweedie.et_score(y, x, beta, 0.7, backend=be)
+        if op == "langevin_step":
+            return etweedie.langevin_step(y, x, noise.to(y), 0.01, beta, 0.7, backend=be)
+        return etweedie.student_t_score(y, x, 4.0, backend=be)
+
+    def value_and_grads(y, x, be):
+        y, x = y.clone().requires_grad_(), x.clone().requires_grad_()
+        out = call(y, x, be)
+        return (out.detach(),) + torch.autograd.grad((out * w.to(out)).sum(), (y, x))
+
+    if op == "student_t_score" and scale > 2.0**200:  # not homogeneous: refused, not rescaled
+        with pytest.raises(ValueError, match="outside the op's range"):
+            value_and_grads(y64.to(device, dtype), x64.to(device, dtype), backend)
+        return
+    # the float64 reference on the same (rounded) values
+    want = value_and_grads(y64.to(dtype).double(), x64.to(dtype).double(), "reference")
+    got = [t.cpu().double() for t in value_and_grads(y64.to(device, dtype), x64.to(device, dtype), backend)]
+    flagged = torch.isnan(got[0]).all(-1)
+    if device.type != "cpu":  # a GPU kernel may return such a row NaN (no rerun without a sync), never wrong
+        assert not (torch.isnan(got[0]) & ~flagged.unsqueeze(-1)).any()
+        keep = ~flagged
+        got, want = [t[keep] for t in got], [t[keep] for t in want]
+    else:
+        assert not flagged.any(), got[0]
+    rtol = 1e-5 if dtype == torch.float32 else 1e-10
+    # the kernel backends compute such rows in float64 (or scaled): within rtol of the float64
+    # reference; the float32 reference's own plain formula is the accuracy criterion's baseline
+    # (its slope is subnormal at 1e11), so it is held to nothing tighter than itself
+    for name, a, b in zip(("value", "grad y", "grad x"), got, want):
+        assert torch.isfinite(a).all(), (name, a)
+        err = float((a - b).abs().max() / b.abs().max())
+        assert err < rtol or (backend == "reference" and dtype == torch.float32), (name, err, a, b)
+
+
+def _dense_sigma(d, g, dtype):
+    A = torch.randn(d, d, generator=g, dtype=torch.float64)
+    return (A @ A.T / d + 0.5 * torch.eye(d, dtype=torch.float64)).to(dtype)
+
+
+def _pair_energies(a, b, beta, P):
+    """‖a_i − b_j‖_P^β from the direct differences, float64, (B, n, m); 0 with a zero gradient at
+    a coincidence (the ops' convention)."""
+    u = a.unsqueeze(2) - b.unsqueeze(1)
+    q = torch.einsum("bijk,kl,bijl->bij", u, P, u)
+    pos = q > 0
+    return torch.where(pos, torch.where(pos, q, 1.0) ** (beta / 2), 0.0)
+
+
+@pytest.mark.parametrize("backend,device", ALL, ids=ALL_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", ["own", "shared"])
+@pytest.mark.parametrize("op", ["energy_score", "energy_distance"])
+def test_equal_points_under_a_dense_metric_are_exact_coincidences(backend, device, dtype, layout, op):
+    """A dense metric whitens the points with a matrix product, which may round two equal rows
+    differently (MKL: by the tile a row falls into, 1e-7 apart in float32): equal draws, a draw
+    equal to the target, and a point shared by both clouds must still meet as exact coincidences
+    (0 and a zero gradient), not as a spurious distance whose gradient at β = 0.5 is 10⁴–10⁸× the
+    true one.  Truth: the float64 pair sums on the direct differences."""
+    g = _g(17)
+    d, beta = 17, 0.5
+    S = _dense_sigma(d, g, torch.float64)
+    P = torch.linalg.inv(S)
+    if op == "energy_score":
+        B, M = (1, 5) if layout == "own" else (3, 5)
+        x = torch.randn(1 if layout == "shared" else B, M, d, generator=g, dtype=torch.float64)
+        x[:, 1] = x[:, 0]
+        x[:, 4] = x[:, 2]
+        y = torch.randn(B, d, generator=g, dtype=torch.float64)
+        y[-1] = x[0, 3]  # a target on a draw (of the shared cloud: its own centre is another point)
+        x, y = x.to(dtype), y.to(dtype)
+        xs = x.expand(B, M, d)
+
+        def truth(xv, yv):
+            cross = _pair_energies(xv, yv.unsqueeze(1), beta, P).sum((1, 2)) / M
+            within = _pair_energies(xv, xv, beta, P).sum((1, 2)) / (M * (M - 1))
+            return cross - within / 2
+
+        args = (x, y)
+        call = lambda xv, yv, be: etweedie.energy_score(xv, yv, beta, Metric.dense(S.to(xv.dtype)).to(device), backend=be)  # noqa: E731
+        want_in = (xs.double(), y.double())
+    else:
+        B, n, m = 2, 4, 5
+        a = torch.randn(1 if layout == "shared" else B, n, d, generator=g, dtype=torch.float64)
+        b = torch.randn(B, m, d, generator=g, dtype=torch.float64)
+        a[:, 2] = a[:, 1]
+        b[:, 3] = a[0, 3]  # a point in both clouds
+        b[:, 4] = b[:, 0]
+        a, b = a.to(dtype), b.to(dtype)
+
+        def truth(av, bv):
+            cross = _pair_energies(av, bv, beta, P).mean((1, 2))
+            wa = _pair_energies(av, av, beta, P).sum((1, 2)) / (n * (n - 1))
+            wb = _pair_energies(bv, bv, beta, P).sum((1, 2)) / (m * (m - 1))
+            return 2 * cross - wa - wb
+
+        args = (a, b)
+        call = lambda av, bv, be: etweedie.energy_distance(av, bv, beta, Metric.dense(S.to(av.dtype)).to(device), backend=be)  # noqa: E731
+        want_in = (a.expand(B, n, d).double(), b.double())
+    first = want_in[0].clone().requires_grad_()
+    want = truth(first, want_in[1])
+    want_g, = torch.autograd.grad(want.sum(), first)
+    inp = args[0].to(device).requires_grad_()
+    got = call(inp, args[1].to(device), backend)
+    got_g, = torch.autograd.grad(got.sum(), inp)
+    if layout == "shared":
+        want_g = want_g.sum(0, keepdim=True)  # the shared cloud's gradient: the sum over its rows
+    rtol = 1e-4 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(got.detach().cpu().double(), want.detach(), rtol=rtol, atol=rtol)
+    err = float((got_g.cpu().double() - want_g).abs().max() / want_g.abs().max())
+    assert err < rtol * 10, (err, got_g, want_g)
+
+
+@needs_cpu
+@pytest.mark.parametrize("layout", ["own", "shared"])
+@pytest.mark.parametrize("op", ["energy_score", "energy_distance"])
+def test_equal_points_tie_without_value_reads(monkeypatch, op, layout):
+    """The ties' select form, which a GPU, torch.compile and vmap take (no value is read to skip
+    it), ties the same rows as the eager CPU path."""
+    from etweedie.ops import _ties
+
+    monkeypatch.setattr(_ties, "_values_read", lambda t: False)
+    test_equal_points_under_a_dense_metric_are_exact_coincidences("cpu", torch.device("cpu"), torch.float32, layout, op)
+
+
+@pytest.mark.parametrize("backend,device", ALL, ids=ALL_IDS)
+@pytest.mark.parametrize("dtype,d,Q", [(torch.float32, 6, 1), (torch.float64, 64, 4)])
+def test_a_query_on_a_bank_point_under_a_dense_metric(backend, device, dtype, d, Q):
+    """is_score with a dense metric and a query equal to a bank point: that point is an exact
+    coincidence (weight term 0), not a spurious distance whose ‖u‖^{β−2}u term at β = 0.3 made
+    the score 10⁸× too large."""
+    g = _g(3)
+    bank = torch.randn(40, d, generator=g, dtype=torch.float64)
+    y = bank[:Q].clone() if Q > 1 else bank[:1].clone()
+    y[Q - 1] += 0.0
+    S = _dense_sigma(d, g, torch.float64)
+    law = lambda dt: etweedie.GeneralizedGaussian(0.3, 1.0, Metric.dense(S.to(dt)).to(device))  # noqa: E731
+    s, mean, ess = etweedie.is_score(y.to(device, dtype), bank.to(device, dtype), law(dtype), backend=backend)
+    r, rmean, ress = etweedie.is_score(y.to(dtype).double(), bank.to(dtype).double(), law(torch.float64), backend="reference")
+    rtol = 1e-4 if dtype == torch.float32 else 1e-9
+    torch.testing.assert_close(s.cpu().double(), r, rtol=rtol, atol=rtol * float(r.abs().max()))
+    torch.testing.assert_close(ess.cpu().double(), ress, rtol=rtol, atol=0)
 
 
 @needs_cpu

@@ -244,6 +244,17 @@ def test_is_score_far_queries_do_not_underflow():
     assert abs(float(ess) - 1.0) < 1e-6
 
 
+@pytest.mark.parametrize("case", ["f32-1e11-beta0.3", "f32-q2^-63.9-beta0.001"])
+@pytest.mark.parametrize("op", ["et_score", "langevin_step", "student_t_score"])
+def test_gradients_where_the_backward_slope_leaves_its_range(op, case):
+    """A far draw (or, at β = 0.001, a very near one) flags its row in the Triton kernels too
+    (q_in_range's bounds: _near_q, _far_q), so the CPU call reruns in float64 instead of
+    returning gradients whose slope went subnormal or overflowed."""
+    from test_guarantees import test_gradients_stay_right_where_the_backward_slope_leaves_its_range as check
+
+    check("triton", DEV, case, op)
+
+
 def test_host_functions_validate_canonical_arguments():
     y, x = torch.zeros(2, 4), torch.zeros(2, 3, 4)
     one = torch.ones(2)

@@ -27,6 +27,7 @@ from .. import backends
 from ..geometry import Metric, _functorch_wrapped, _in_vmap
 from ..rules import pairwise
 from ..rules.common import BLOCK, DENSE, DIAGONAL, ISOTROPIC  # noqa: F401 (the canonical kinds, re-exported)
+from ._ties import tie_equal_rows, tie_to_rows  # noqa: F401 (tie_to_rows: for the ops)
 _KIND = {"isotropic": ISOTROPIC, "diagonal": DIAGONAL, "block": BLOCK, "dense": DENSE}
 
 
@@ -786,13 +787,16 @@ def range_guarded(op: str, name: str, metric, y: torch.Tensor, x: torch.Tensor, 
         if out_of_range:
             return None
     out, nonfinite = run()
-    if name == "triton" and near is not None and flagged(out):
-        # the Triton kernels flag a row with a near draw only (the data's range was scanned above)
+    if name in ("triton", "cuda") and flagged(out):
+        # the GPU kernels flag a row with a draw outside their q range (q_in_range): a near draw,
+        # or a far one whose backward slope would be subnormal — data within the scanned range
+        # can still hold one (whitened magnitudes up to 2^40 give q up to 2^82·d, over 2^62)
         rows = _near_rows(out, batch, y, x, finite)
         if rows.numel():
             if y.dtype == torch.float32:
                 return None  # rerun in float64, where the pair is in range or recomputed exactly
-            out = near(rows)
+            if near is not None:
+                out = near(rows)
     elif in_kernel and (flagged(out) if nonfinite is None else nonfinite):
         if y.dtype == torch.float32:
             return None  # rows the kernel could not compute accurately in float32 (or non-finite inputs)
@@ -962,13 +966,17 @@ def dense_centre(x: torch.Tensor, own: torch.Tensor, L: torch.Tensor) -> torch.T
     return own.detach().to(L.dtype)
 
 
-def centred_rows_matmul(x: torch.Tensor, centre: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
+def centred_rows_matmul(x: torch.Tensor, centre: torch.Tensor, L: torch.Tensor, tie: bool = False) -> torch.Tensor:
     """(x − centre) @ L for x (B, N, d), centre (B, 1, d) or (1, 1, d), L (d, d) shared or
     (B, d, d) per row; a broadcast cloud (stride 0 over B) with a common centre and a shared L
-    stays a broadcast: the product of its one distinct row is expanded, not materialized B times."""
+    stays a broadcast: the product of its one distinct row is expanded, not materialized B times.
+    ``tie``: equal points of a row whiten to equal z (:func:`~etweedie.ops._ties.tie_equal_rows`;
+    a matrix product may round them differently), for the pair ops."""
     if L.dim() == 2 and x.shape[0] > 1 and x.stride(0) == 0 and centre.shape[0] == 1:
-        return ((x[:1].to(L.dtype) - centre) @ L).expand(x.shape[0], *x.shape[1:])
-    return (x.to(L.dtype) - centre) @ L
+        return centred_rows_matmul(x[:1], centre, L, tie).expand(x.shape[0], *x.shape[1:])
+    u = x.to(L.dtype) - centre
+    z = u @ L
+    return tie_equal_rows(z, u) if tie else z
 
 
 def unwhiten_score(s_iso: torch.Tensor, L: torch.Tensor) -> torch.Tensor:

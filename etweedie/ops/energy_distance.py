@@ -38,6 +38,7 @@ from ._prep import (
     register_pairwise_op,
     row_whitening_factor,
     scan,
+    tie_to_rows,
     value_checks,
     widen,
     widen_metric,
@@ -136,13 +137,21 @@ def energy_distance(
         # coordinates, and their rounding, at the clouds' spread: see whiten_dense)
         Lb = row_whitening_factor(metric, batch, a.dtype, _OP)
         c = dense_centre(ac, ac[:, :1], Lb)
-        if ac.stride(0) == 0 or bc.stride(0) == 0:  # a shared cloud stays a broadcast
-            za, zb = centred_rows_matmul(ac, c, Lb), centred_rows_matmul(bc, c, Lb)
+        # equal points whiten to equal z, within a cloud and across the two (a matrix product may
+        # round them differently: a spurious distance of 1e-7 relative in float32, 1e-16 in
+        # float64, and at β < 1 a spurious gradient far above the true one; see _ties)
+        if c.shape[0] == 1 and B > 1 and bc.stride(0) != 0:
+            # a shared cloud a (with its first point as the centre) stays a broadcast; b's points
+            # equal to one of a's take its z
+            za = centred_rows_matmul(ac, c, Lb, tie=True)
+            zb = centred_rows_matmul(bc, c, Lb, tie=True)
+            ub = (bc.to(c.dtype) - c).reshape(-1, d)
+            zb = tie_to_rows(zb.reshape(-1, d), ub, za[0], ac[0].to(c.dtype) - c[0]).reshape(B, m, d)
+        elif c.shape[0] == 1 and B > 1:  # both clouds shared: one row's product, expanded
+            za, zb = centred_rows_matmul(torch.cat([ac[:1], bc[:1]], dim=1), c, Lb, tie=True).split([n, m], dim=1)
+            za, zb = za.expand(B, n, d), zb.expand(B, m, d)
         else:
-            # one product for both clouds, so that a point of a equal to a point of b whitens to
-            # the same z (two products of different shapes may round differently: a spurious
-            # distance of 1e-16 relative, and at β < 1 a spurious energy far above it)
-            za, zb = centred_rows_matmul(torch.cat([ac, bc], dim=1), c, Lb).split([n, m], dim=1)
+            za, zb = centred_rows_matmul(torch.cat([ac, bc], dim=1), c, Lb, tie=True).split([n, m], dim=1)
         ones = torch.ones((), dtype=ac.dtype, device=ac.device).expand(B)
         out = _kernel(name, za, zb, betas, ones, 0, unbiased)
     else:

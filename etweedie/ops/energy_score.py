@@ -27,6 +27,7 @@ from ..rules.energy_score import fake_fwd_grad, fwd_grad_autograd_rules
 from . import reference
 from ._prep import (
     rescale,
+    tie_to_rows,
     _KIND,
     DENSE,
     as_param,
@@ -156,8 +157,11 @@ def energy_score(
         # draw), a constant: whitened coordinates, and their rounding, at the draws' spread (see whiten_dense)
         Lb = row_whitening_factor(metric, batch, samples.dtype, _OP)
         c = dense_centre(xs, yt.unsqueeze(1), Lb)
-        zs = centred_rows_matmul(xs, c, Lb)
-        zt = ((yt.unsqueeze(1) - c) @ Lb).squeeze(1).contiguous()
+        zs = centred_rows_matmul(xs, c, Lb, tie=True)  # equal draws, equal z
+        ut = yt.unsqueeze(1) - c  # (0 when c is the target: an exact coincidence with a draw there)
+        zt = (ut @ Lb).squeeze(1).contiguous()
+        if c.shape[0] == 1 and B > 1:  # a shared cloud's centre: a target equal to one of its draws takes its z
+            zt = tie_to_rows(zt, ut.squeeze(1), zs[0], xs[0].to(c.dtype) - c[0])
         ones = torch.ones((), dtype=xs.dtype, device=xs.device).expand(B)
         out = _kernel(name, zs, zt, betas, ones, 0, fair)
     else:

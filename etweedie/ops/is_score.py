@@ -29,6 +29,7 @@ from ._prep import (
     float64_range_error,
     metric_param,
     row_whitening_factor,
+    tie_to_rows,
 )
 
 __all__ = ["is_score"]
@@ -107,10 +108,12 @@ def is_score(
             L = row_whitening_factor(metric, torch.Size([1]), y.dtype, op)
             c = bank.mean(0, keepdim=True)
             ones = torch.ones(1, dtype=y.dtype, device=y.device)
-            # one product for queries and bank: a query equal to a bank point whitens to the same z
-            # (two products of different shapes may round differently, and at β < 2 the spurious
-            # distance's term ‖u‖^{β−2}u is far above the score)
-            zq, zb = ((torch.cat([yq, bank]) - c) @ L).split([yq.shape[0], bank.shape[0]])
+            # a query equal to a bank point takes that point's z: a matrix product may round equal
+            # rows differently (even within one product; see _ties), and at β < 2 the spurious
+            # distance's term ‖u‖^{β−2}u is far above the score
+            uq, ub = yq - c, bank - c
+            zb = ub @ L
+            zq = tie_to_rows(uq @ L, uq, zb, ub)
             zs, zmean, ess = _kernel(name, zq.contiguous(), zb.contiguous(), b, l, ones, 0)
             score = zs @ L.T
             mean = torch.linalg.solve_triangular(L.T, zmean.T, upper=True).T + c

@@ -21,6 +21,7 @@ from typing import Tuple
 import torch
 
 from ..rules.common import BLOCK, DENSE, DIAGONAL, ISOTROPIC, apply_precision
+from ._ties import tie_equal_rows
 
 __all__ = ["apply_precision", "et_score", "et_score_with_mean", "langevin_step", "is_score"]
 
@@ -35,14 +36,14 @@ def _residual_weight(q: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
 
 
 #: How a reference call treats near pairs (a distinct draw with q = ‖y − x_i‖²_P below NEAR_Q, e.g.
-#: |y − x_i| < 1e-150 in float64, 1e-19 in float32, where q^{(β−2)/2} or its slope over- or
-#: underflows): None, the plain formula (what a user would write; the benchmarks' baseline), whose
-#: weight there is 0 and whose gradient is NaN; "index", recompute those pairs exactly (reads the
-#: values: eager CPU calls); "where", the same without reading values (a select over every pair:
-#: GPU calls, torch.compile).
+#: |y − x_i| < 1e-150 in float64, 5e-10 in float32, where q^{(β−2)/2} or its slope over- or
+#: underflows, or comes near it): None, the plain formula (what a user would write; the benchmarks'
+#: baseline), whose weight is 0 and whose gradient NaN once q underflows; "index", recompute those
+#: pairs exactly (reads the values: eager CPU calls); "where", the same without reading values (a
+#: select over every pair: GPU calls, torch.compile).
 NEAR_PAIR_MODES = (None, "index", "where")
 #: The smallest q computed by the plain formula per dtype: the kernels' q_in_range (csrc/common/et_score.h).
-NEAR_Q = {torch.float32: 2.0**-64, torch.float64: 2.0**-500}
+NEAR_Q = {torch.float32: 2.0**-62, torch.float64: 2.0**-500}
 
 
 def _scaled(u: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
@@ -166,8 +167,10 @@ def whiten_centred(a: torch.Tensor, b: torch.Tensor, centre: torch.Tensor, prec:
     rounding, at the clouds' spread rather than their distance from the origin (a point equal to
     the centre whitens to exactly 0, so a draw on the target is an exact coincidence)."""
     c = centre.detach()
-    # one product for both (equal points whiten to equal z: two products may round differently)
-    z = whiten_rows(torch.cat([a, b], dim=1) - c, prec, kind)
+    u = torch.cat([a, b], dim=1) - c
+    z = whiten_rows(u, prec, kind)
+    if kind in (BLOCK, DENSE):  # a matrix product may round equal rows differently (see _ties)
+        z = tie_equal_rows(z, u)
     return z.split([a.shape[1], b.shape[1]], dim=1)
 
 
