@@ -159,11 +159,23 @@ def save_weights(
         raise ValueError(f"max_shard_bytes must be an int >= 1024 or None, got {max_shard_bytes!r}")
     tensors: List[Tuple[str, torch.Tensor]] = []
     parts: Dict[str, List[str]] = {}
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype or None, got {type(dtype).__name__} {dtype!r}")
     int8 = dtype == torch.int8
     if dtype is not None and not (dtype.is_floating_point or int8):
         raise ValueError(f"dtype must be a floating-point dtype, torch.int8 or None, got {dtype}")
+    if not isinstance(state, dict):
+        raise TypeError(f"state must be a dict of name -> tensor, got {type(state).__name__}")
+    try:
+        config_text = json.dumps(config, indent=1) if isinstance(config, dict) else None
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"config must be JSON-serializable: {exc}") from None
+    if config_text is None:
+        raise TypeError(f"config must be a dict, got {type(config).__name__}")
     items = []
     for name, t in state.items():
+        if not isinstance(name, str) or not isinstance(t, torch.Tensor):
+            raise TypeError(f"state must map names (str) to tensors, got {name!r}: {type(t).__name__}")
         if _PART in name or _SCALE in name:
             raise ValueError(f"tensor name {name!r} must not contain {_PART!r} or {_SCALE!r}")
         t = t.detach().to("cpu")
@@ -172,7 +184,12 @@ def save_weights(
             items += [(name, q), (name + _SCALE, scale)]
             continue
         if dtype is not None and t.is_floating_point():
-            t = t.to(torch.float16 if int8 else dtype)
+            narrow = torch.float16 if int8 else dtype
+            cast = t.to(narrow)
+            if bool(torch.isfinite(t).all()) and not bool(torch.isfinite(cast).all()):
+                raise ValueError(f"tensor {name!r} does not fit {narrow} (largest magnitude {float(t.abs().max()):.4g}, "
+                                 f"{narrow} holds up to {torch.finfo(narrow).max:.4g}); save it in a wider dtype")
+            t = cast
         items.append((name, t))
     for name, t in items:
         pieces = _split(name, t, max_shard_bytes) if max_shard_bytes else [(name, t)]
@@ -240,6 +257,11 @@ def load_weights(directory: PathLike, *, verify: bool = True) -> Tuple[Dict[str,
         config = json.loads(cfg_path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"weights directory {str(directory)!r} has no {WEIGHTS_CONFIG}") from None
+    except NotADirectoryError:
+        raise CheckpointError(f"{str(directory)!r} is a file, not a weights directory (give the folder that holds "
+                              f"{WEIGHTS_CONFIG})") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {str(cfg_path)!r}: {exc.strerror or exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{str(cfg_path)!r} is not valid JSON: {exc}") from None
     weights = config.get("weights") if isinstance(config, dict) else None

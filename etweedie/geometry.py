@@ -118,8 +118,11 @@ class Metric:
             raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
         name = {"isotropic": "var", "diagonal": "var", "block": "S", "dense": "Sigma"}[kind]
         param = _as_float_tensor(param, name)
-        if kind == "diagonal" and param.dim() < 1:
-            raise ValueError(f"var must have shape (*batch, d) for a diagonal metric, got shape {tuple(param.shape)}")
+        if kind == "diagonal" and (param.dim() < 1 or param.shape[-1] == 0):
+            raise ValueError(f"var must have shape (*batch, d) with d >= 1 for a diagonal metric, "
+                             f"got shape {tuple(param.shape)}")
+        if kind == "dense" and param.dim() >= 2 and param.shape[-1] == param.shape[-2] == 0:
+            raise ValueError(f"Sigma must have shape (*batch, d, d) with d >= 1, got {tuple(param.shape)}")
         if kind in ("block", "dense"):
             if param.dim() < 2 or param.shape[-1] != param.shape[-2]:
                 k = "k, k" if kind == "block" else "d, d"
@@ -346,13 +349,34 @@ class Metric:
             p = p.reshape(*self.batch_shape, *([1] * sample_dims), *p.shape[p.dim() - core :])
         return p
 
+    def _check_vectors(self, u, sample_dims, name: str = "u") -> None:
+        """``u`` a floating tensor ``(*batch, *sample, d)`` whose batch dims broadcast with the
+        metric's, ``sample_dims`` an int >= 0: a TypeError/ValueError naming what is wrong."""
+        if not isinstance(u, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of shape (*batch, *sample, d), got {type(u).__name__}")
+        if not u.is_floating_point():
+            raise TypeError(f"{name} must be a floating tensor, got dtype {u.dtype}")
+        if isinstance(sample_dims, bool) or not isinstance(sample_dims, int) or sample_dims < 0:
+            raise ValueError(f"sample_dims must be an int >= 0, got {sample_dims!r}")
+        if u.dim() < 1 + sample_dims:
+            raise ValueError(f"{name} must have shape (*batch, *sample, d) with {sample_dims} sample dim(s), "
+                             f"got shape {tuple(u.shape)}")
+        self.check_dim(u.shape[-1], "metric")
+        batch = u.shape[: u.dim() - 1 - sample_dims]
+        try:
+            torch.broadcast_shapes(batch, self.batch_shape)
+        except RuntimeError:
+            raise ValueError(f"{name}'s batch shape {tuple(batch)} does not broadcast with the metric's batch shape "
+                             f"{tuple(self.batch_shape)}") from None
+
     def apply_precision(self, u: torch.Tensor, sample_dims: int = 0) -> torch.Tensor:
         """P u for u of shape ``(*batch, *sample, d)`` (``sample_dims`` = len(sample))."""
+        self._check_vectors(u, sample_dims)
         return self.inverse().apply_covariance(u, sample_dims)
 
     def apply_covariance(self, u: torch.Tensor, sample_dims: int = 0) -> torch.Tensor:
         """Σ u for u of shape ``(*batch, *sample, d)`` (``sample_dims`` = len(sample))."""
-        self.check_dim(u.shape[-1], "metric")
+        self._check_vectors(u, sample_dims)
         if self.kind == "isotropic":
             return self._param_for(u, 0, sample_dims)[..., None] * u
         if self.kind == "diagonal":
@@ -369,7 +393,7 @@ class Metric:
 
     def whiten(self, u: torch.Tensor, sample_dims: int = 0) -> torch.Tensor:
         """z = Lᵀ u, so that ‖u‖²_P = ‖z‖². u: ``(*batch, *sample, d)``."""
-        self.check_dim(u.shape[-1], "metric")
+        self._check_vectors(u, sample_dims)
         L = Metric.trusted(self.kind, self.whitening_factor())
         if self.kind == "isotropic":
             return L._param_for(u, 0, sample_dims)[..., None] * u
@@ -392,7 +416,7 @@ class Metric:
             >>> Metric.diagonal(torch.tensor([4.0, 9.0])).unwhiten(torch.tensor([1.0, 1.0]))
             tensor([2., 3.])
         """
-        self.check_dim(z.shape[-1], "metric")
+        self._check_vectors(z, sample_dims, "z")
         if self.kind == "isotropic":
             return self._param_for(z, 0, sample_dims).sqrt()[..., None] * z
         if self.kind == "diagonal":
@@ -408,6 +432,7 @@ class Metric:
 
     def sq_norm(self, u: torch.Tensor, sample_dims: int = 0) -> torch.Tensor:
         """‖u‖²_P = uᵀ P u, shape ``u.shape[:-1]``."""
+        self._check_vectors(u, sample_dims)
         return (u * self.apply_precision(u, sample_dims)).sum(-1)
 
     def logdet(self, d: Optional[int] = None) -> torch.Tensor:

@@ -138,7 +138,7 @@ def find_mnist_files(split: str = "train", data_dir: Optional[PathLike] = None) 
 
 
 def _check_split(split) -> str:
-    if split not in MNIST_FILES:
+    if not isinstance(split, str) or split not in MNIST_FILES:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     return split
 

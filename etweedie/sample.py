@@ -43,7 +43,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 from tqdm.auto import tqdm
 
-from ._checks import check_int
+from ._checks import check_device, check_int
 from .geometry import Metric
 from .noise import NoiseParams
 from .ops import langevin_step
@@ -212,6 +212,7 @@ def chunk_generators(seed: int, chunks, device="cpu") -> List[torch.Generator]:
         indices = [check_int(c, "chunks[]", 0) for c in chunks]
     else:
         raise TypeError(f"chunks must be a number of chunks or a list of chunk indices, got {type(chunks).__name__} {chunks!r}")
+    device = check_device(device, "device") or torch.device("cpu")
     return [torch.Generator(device=device).manual_seed(chunk_seed(seed, int(c))) for c in indices]
 
 

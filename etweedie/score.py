@@ -119,8 +119,11 @@ def fit_mc_budget(n_draws: Sequence[float], nmse: Sequence[float]) -> Tuple[floa
         >>> round(a, 6), round(b, 6)
         (0.02, 1.4)
     """
-    n = torch.as_tensor(n_draws, dtype=torch.float64).flatten()
-    e = torch.as_tensor(nmse, dtype=torch.float64).flatten()
+    try:
+        n = torch.as_tensor(n_draws, dtype=torch.float64).flatten()
+        e = torch.as_tensor(nmse, dtype=torch.float64).flatten()
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"n_draws and nmse must be sequences of numbers, got {n_draws!r} and {nmse!r}") from None
     if n.numel() != e.numel():
         raise ValueError(f"n_draws and nmse must have one length, got {n.numel()} and {e.numel()}")
     if n.numel() and not bool((n >= 1).all() & torch.isfinite(n).all()):

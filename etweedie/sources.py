@@ -86,6 +86,11 @@ class TensorSource(DataSource):
             raise TypeError(f"examples must be floating point (or pass a transform), got {examples.dtype}")
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}")
+        if examples.is_floating_point():  # (one pass, once: a NaN would surface steps later as a NaN loss)
+            bad = ~torch.isfinite(examples).all(-1)
+            if bool(bad.any()):
+                raise ValueError(f"examples must be finite, got NaN or inf in {int(bad.sum())} of {len(bad)} rows "
+                                 f"(the first: row {int(bad.nonzero()[0, 0])})")
         self.examples = examples
         self.transform = transform
         self.dim = int(examples.shape[1])

@@ -583,7 +583,8 @@ def noise_law(params: NoiseParams, d: int, geometry: str = "block") -> Generaliz
 def learning_rate(config: TrainConfig, step: int, total: Optional[int] = None) -> float:
     """lr at optimizer step ``step`` (0-based): linear warm-up, then cosine decay to ``lr_min`` at
     step ``total`` (default ``config.steps``; a deadline-fitted run passes its fitted count)."""
-    total = config.steps if total is None else total
+    step = check_int(step, "step", minimum=0)
+    total = config.steps if total is None else check_int(total, "total", minimum=1)
     warmup = config.warmup_steps
     if warmup and step < warmup:
         return config.lr * (step + 1) / warmup

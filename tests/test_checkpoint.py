@@ -210,3 +210,31 @@ def test_run_lock_refuses_a_second_run(tmp_path):
     import dataclasses
 
     assert train(dataclasses.replace(config, steps=2), out, progress=False)["step"] == 2
+
+
+def test_save_weights_checks_its_arguments(tmp_path):
+    st = {"a": torch.ones(3)}
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
+        save_weights(st, tmp_path / "x", {}, dtype="float16")
+    with pytest.raises(TypeError, match="names \\(str\\) to tensors"):
+        save_weights({"a": [1, 2]}, tmp_path / "y", {})
+    with pytest.raises(TypeError, match="JSON-serializable"):
+        save_weights(st, tmp_path / "z", {"f": object()})
+    assert not (tmp_path / "z").exists() and not (tmp_path / "z.tmp").exists()  # refused before any file
+
+
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_weights_that_do_not_fit_the_dtype_are_refused(tmp_path, dtype):
+    """A bias of 1e5 saved in float16 (int8 keeps small tensors in float16) became inf, and the
+    file was then refused on load as damaged: refused when saving instead, naming the tensor."""
+    m = EngressionPosterior(dim=2, width=8, depth=1)
+    with torch.no_grad():
+        m.out.bias.fill_(1e5)
+    with pytest.raises(ValueError, match="'out.bias' does not fit torch.float16"):
+        save_posterior(m, tmp_path / "p", dtype=dtype)
+
+
+def test_load_weights_given_a_file_is_a_checkpoint_error(tmp_path):
+    save_weights({"a": torch.ones(3)}, tmp_path / "w", {"x": 1})
+    with pytest.raises(CheckpointError, match="is a file, not a weights directory"):
+        load_weights(tmp_path / "w" / "config.json")

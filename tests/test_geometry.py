@@ -320,3 +320,28 @@ def test_noise_params_build_the_law_in_one_dtype():
     law = p.noise(2)
     assert p.metric(2).dtype == torch.float64 and law.metric.dtype == torch.float64
     torch.testing.assert_close(law.realized_rms(), p.realized_rms(), rtol=1e-15, atol=0)
+
+
+def test_vector_methods_check_their_input():
+    """apply_precision / apply_covariance / whiten / unwhiten / sq_norm name what is wrong with
+    the vectors they are given (not a torch error from inside, nor a silent cast)."""
+    m = Metric.dense(torch.eye(2))
+    per_row = Metric.dense(torch.eye(2).expand(2, 2, 2).clone())
+    cases = [
+        (lambda: m.apply_precision([[1.0, 2.0]]), TypeError, "must be a torch.Tensor"),
+        (lambda: m.apply_covariance(torch.tensor(1.0)), ValueError, "got shape \\(\\)"),
+        (lambda: per_row.apply_precision(torch.ones(3, 2)), ValueError, "does not broadcast"),
+        (lambda: Metric.isotropic(1.0).apply_precision(torch.ones(1, 2, dtype=torch.long)), TypeError, "floating"),
+        (lambda: m.whiten(torch.ones(2, 3)), ValueError, "dimension 2"),
+        (lambda: m.unwhiten(torch.ones(2), sample_dims=-1), ValueError, "sample_dims"),
+        (lambda: m.sq_norm(torch.ones(2), sample_dims=1), ValueError, "1 sample dim"),
+        (lambda: Metric.dense(torch.ones(0, 0)), ValueError, "d >= 1"),
+        (lambda: Metric.diagonal(torch.ones(0)), ValueError, "d >= 1"),
+    ]
+    for call, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            call()
+    # a sample dim between the batch and d, and an empty batch of metrics, still work
+    out = per_row.apply_precision(torch.ones(2, 5, 2), 1)
+    assert out.shape == (2, 5, 2)
+    assert Metric.diagonal(torch.ones(0, 3)).apply_covariance(torch.ones(0, 3)).shape == (0, 3)

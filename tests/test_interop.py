@@ -146,6 +146,8 @@ def test_gaussian_denoiser_shapes_and_errors(seed):
         denoiser(x, -1.0)
     with pytest.raises(ValueError, match=r"\(batch,\) tensor"):
         denoiser(x, torch.ones(3))
+    with pytest.raises(TypeError, match="sigma must be a number"):
+        denoiser(x, "a")
     with pytest.raises(TypeError, match="score must be callable"):
         GaussianDenoiser(None)
     # a zero-size batch gives an empty result (GaussianDenoiser and KDiffusionDenoiser)

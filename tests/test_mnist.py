@@ -115,6 +115,8 @@ def test_missing_directory_names_folders_and_files(tmp_path):
 def test_bad_arguments():
     with pytest.raises(ValueError, match="split must be 'train' or 'test'"):
         load_mnist("validation")
+    with pytest.raises(ValueError, match="split must be 'train' or 'test'"):
+        load_mnist(["test"])  # (not hashable: a TypeError from the lookup before)
     with pytest.raises(TypeError, match="data_dir"):
         load_mnist("test", data_dir=3)
 

@@ -586,6 +586,8 @@ def test_initial_states_and_chunk_generators_check_their_arguments():
         chunk_generators(0, True)
     with pytest.raises(TypeError, match=r"chunks\[\] must be an int"):
         chunk_generators(0, [1.7])
+    with pytest.raises(ValueError, match="device must be a device string"):
+        chunk_generators(0, 2, device="bogus")
     assert [g.initial_seed() for g in chunk_generators(3, [2, 0])] == [g.initial_seed() for g in chunk_generators(3, 3)][::2][::-1]
 
 

@@ -378,3 +378,8 @@ def test_antithetic_energy_tweedie_score_is_unbiased_and_needs_support(seed):
         EnergyTweedieScore(oracle, 8, antithetic=True)
     with pytest.raises(TypeError, match="antithetic"):
         EnergyTweedieScore(model, 8, antithetic="no")
+
+
+def test_fit_mc_budget_names_bad_input():
+    with pytest.raises(TypeError, match="sequences of numbers"):
+        fit_mc_budget(["a"], [1.0])

@@ -236,3 +236,12 @@ def test_train_names_data_dim_for_a_callable_without_one(tmp_path):
     config = load_config(Path(__file__).resolve().parents[1] / "configs" / "eight_gaussians_tiny.toml")
     with pytest.raises(ValueError, match="pass data_dim="):
         train(config, tmp_path / "r", data=lambda b, g: torch.zeros(b, 2), progress=False)
+
+
+def test_tensor_source_refuses_non_finite_examples():
+    """A NaN in the data is named when the source is built, not as a NaN loss steps later."""
+    data = torch.randn(100, 2, generator=gen(1))
+    data[3, 0] = float("nan")
+    data[7, 1] = float("inf")
+    with pytest.raises(ValueError, match="2 of 100 rows \\(the first: row 3\\)"):
+        TensorSource(data)

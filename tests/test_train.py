@@ -437,3 +437,12 @@ def test_compiled_step_equals_the_eager_step(tmp_path, tiny):
     pa, pb = load_posterior(a["posterior"]).state_dict(), load_posterior(b["posterior"]).state_dict()
     for k in pa:
         torch.testing.assert_close(pa[k], pb[k], rtol=1e-4, atol=1e-5)
+
+
+def test_learning_rate_checks_the_step():
+    cfg = dataclasses.replace(load_config("configs/eight_gaussians_tiny.toml"), warmup_steps=1)
+    assert learning_rate(cfg, 0) > 0
+    with pytest.raises(ValueError, match="step must be >= 0"):
+        learning_rate(cfg, -5)
+    with pytest.raises(ValueError, match="total must be >= 1"):
+        learning_rate(cfg, 3, total=0)

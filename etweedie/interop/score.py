@@ -277,6 +277,8 @@ class GaussianDenoiser:
         if x.dim() < 2:
             raise ValueError(f"x must have shape (batch, *event), got {tuple(x.shape)}")
         flat = x.reshape(x.shape[0], math.prod(x.shape[1:]))  # (not -1: a zero-size batch)
+        if isinstance(sigma, bool) or not isinstance(sigma, (int, float, torch.Tensor)):
+            raise TypeError(f"sigma must be a number or a (batch,) tensor, got {type(sigma).__name__} {sigma!r}")
         sigma = torch.as_tensor(sigma, dtype=x.dtype, device=x.device)
         if sigma.dim() > 1 or (sigma.dim() == 1 and sigma.shape[0] not in (1, flat.shape[0])):
             raise ValueError(f"sigma must be a number or a (batch,) tensor with batch = {flat.shape[0]}, got shape {tuple(sigma.shape)}")
