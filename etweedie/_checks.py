@@ -22,7 +22,8 @@ from typing import Optional
 
 import torch
 
-__all__ = ["check_bool", "check_device", "check_float", "check_generator", "check_int"]
+__all__ = ["check_bool", "check_device", "check_float", "check_generator", "check_int", "check_output_dir",
+           "check_output_file"]
 
 
 # ---------------------------------------------------------------------------- argument checks
@@ -98,3 +99,49 @@ def check_device(device, name: str = "device") -> Optional[torch.device]:
             raise ValueError(f"{name} {device!r} was requested but this machine has "
                              f"{torch.cuda.device_count()} CUDA device(s)")
     return dev
+
+
+def check_output_file(path, name: str, parents: bool = False) -> str:
+    """``path`` (str or PathLike) as a file an output can be written to, tried now rather than after
+    the work: not empty, not a folder, its folder existing (``parents``: created), and the file
+    creatable or appendable (created and removed again when it did not exist: ``os.access`` says
+    yes to root even on /proc).  A ValueError names ``name`` (the flag or argument) otherwise."""
+    import os
+
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ValueError(f"{name} must be a file path, got {path!r}")
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"{name} {path!r} is a folder; give a file path")
+    existed = os.path.exists(path)
+    try:
+        if parents:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "a" if existed else "x"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{name} {path!r} cannot be written: {exc.strerror or exc}") from None
+    if not existed:
+        os.remove(path)
+    return path
+
+
+def check_output_dir(path, name: str) -> str:
+    """``path`` as a folder outputs can be written into, created now (with its parents) so that
+    a path that cannot hold one fails before the work: a ValueError naming ``name``."""
+    import os
+
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ValueError(f"{name} must be a folder path, got {path!r}")
+    path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{name} {path!r} is a file; give a folder (it is created when missing)")
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".write-probe-{os.getpid()}")
+        with open(probe, "x"):
+            pass
+        os.remove(probe)
+    except OSError as exc:
+        raise ValueError(f"{name} {path!r} cannot be created or written: {exc.strerror or exc}") from None
+    return path

@@ -458,6 +458,9 @@ def load_config(path: Union[str, os.PathLike]) -> TrainConfig:
             values = tomllib.load(fh)
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"config {str(path)!r} is not valid TOML: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"config {str(path)!r} is not UTF-8 text (TOML): byte {exc.start} is "
+                             f"{exc.object[exc.start:exc.start + 1]!r}") from None
     return config_from_dict(values, source=f"config {str(path)!r}")
 
 

@@ -352,6 +352,21 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
     assert "--n-boot" in capsys.readouterr().err
     assert main(["mnist-eval", "--real", "768", "--seed", "9223372036854775"]) == 2
     assert "--seed must be in [0, " in capsys.readouterr().err
+    # the outputs' paths, the threads and the grouping are checked before the (seconds-long) set-up
+    np.save(tmp_path / "s.npy", np.random.default_rng(0).random((16, 784), dtype=np.float32))
+    sample = str(tmp_path / "s.npy")
+    (tmp_path / "file").write_text("x")
+    for extra, message in [
+        (["--json", ""], "--json must be a file path"),
+        (["--json", str(tmp_path)], "is a folder"),
+        (["--json", str(tmp_path / "file" / "out.json")], "--json"),
+        (["--figures", str(tmp_path / "file")], "--figures"),
+        (["--threads", "100000"], "--threads must be in [1, 1024]"),
+        (["--groups", "3"], "--groups 3 must split its 16 images"),
+    ]:
+        assert main(["mnist-eval", sample, *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, (extra, err)
 
 
 @needs_onnx

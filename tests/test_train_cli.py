@@ -215,3 +215,36 @@ def test_a_config_asking_for_a_huge_network_is_refused_before_allocating(tmp_pat
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="names or shapes differ from the config's network"):
         load_posterior(out / "posterior")
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--out", ""], ["--out must not be empty"]),
+    (["--device", ""], ["--device must not be empty"]),
+    (["--steps", "0"], ["--steps must be >= 1, got 0"]),
+    (["--dry-run", "0"], ["--dry-run must be >= 1"]),
+    (["--deadline", "nan"], ["--deadline must be a finite number of seconds"]),
+    (["--fit-to-deadline"], ["--fit-to-deadline needs --deadline"]),
+])
+def test_flag_values_are_named(tmp_path, capsys, monkeypatch, flags, words):
+    """Values the run cannot use name the flag typed (not the config key behind it) and stop
+    before any work: an empty --out no longer trains into runs/<config>, --steps 0 no longer
+    reports a run whose checkpoint it never wrote."""
+    monkeypatch.chdir(tmp_path)
+    assert _train(*flags) == 2
+    _one_line_error(capsys, *words)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_config_that_is_not_text(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(b"\xff\xfesteps = 3\n")
+    assert cli(["train", "--config", str(bad), "--out", str(tmp_path / "run")]) == 2
+    _one_line_error(capsys, "is not UTF-8 text", "bad.toml")
+
+
+def test_a_finished_run_says_there_is_nothing_left(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _train("--out", out, "--steps", "3") == 0
+    capsys.readouterr()
+    assert _train("--out", out, "--steps", "2") == 0
+    assert "nothing left to train" in capsys.readouterr().out

@@ -121,8 +121,17 @@ def cli_main(args) -> int:
             return fail(f"--{name.replace('_', '-')} must be >= {minimum}, got {getattr(args, name)}")
     if not 0 < args.level < 1:
         return fail(f"--level must lie in (0, 1), got {args.level}")
-    if args.threads is not None and args.threads < 1:
-        return fail(f"--threads must be >= 1, got {args.threads}")
+    if args.threads is not None and not 1 <= args.threads <= 1024:
+        return fail(f"--threads must be in [1, 1024], got {args.threads}")
+    from .._checks import check_output_dir, check_output_file
+
+    try:  # the outputs' paths are tried now, not after minutes of evaluation
+        if args.json is not None:
+            check_output_file(args.json, "--json", parents=True)
+        if args.figures is not None:
+            check_output_dir(args.figures, "--figures")
+    except ValueError as exc:
+        return fail(str(exc))
     from ..backends import BackendUnavailable
     from ..image_metrics import BANK_SIZE, MAX_SEED  # onnx is imported only when the classifier loads
 
@@ -144,6 +153,13 @@ def cli_main(args) -> int:
             except (ValueError, TypeError) as exc:
                 msg = str(exc)
                 raise ValueError(msg if str(path) in msg else f"{path}: {msg}") from exc
+            n = samples[-1][1].shape[0]
+            if n % args.groups or n // args.groups < 2:
+                raise ValueError(f"{path}: --groups {args.groups} must split its {n} images into equal groups "
+                                 f"of at least 2")
+        if args.real is not None and (args.real % args.groups or args.real // args.groups < 2):
+            raise ValueError(f"--groups {args.groups} must split the --real {args.real} images into equal groups "
+                             f"of at least 2")
         start = time.perf_counter()
         evaluator = MnistEvaluator(args.data_dir, classifier=MnistClassifier(threads=torch.get_num_threads()))
         jobs = [(str(p), x) for p, x in samples]

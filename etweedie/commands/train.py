@@ -49,6 +49,21 @@ def _error(message) -> int:
     return 2
 
 
+def _check_flags(args) -> None:
+    """ValueError naming the flag, for values the run cannot use (before the config is read)."""
+    import math
+
+    for flag, value in (("--config", args.config), ("--out", args.out), ("--device", args.device)):
+        if value is not None and not str(value).strip():
+            raise ValueError(f"{flag} must not be empty")
+    if args.steps is not None and args.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {args.steps}")
+    if args.dry_run is not None and args.dry_run < 1:
+        raise ValueError(f"--dry-run must be >= 1 steps, got {args.dry_run}")
+    if args.deadline is not None and not (math.isfinite(args.deadline) and args.deadline > 0):
+        raise ValueError(f"--deadline must be a finite number of seconds > 0, got {args.deadline}")
+
+
 def _init_distributed(device: str):
     """Join the torchrun process group when launched by torchrun; returns the dist module or None."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
@@ -73,11 +88,14 @@ def cli_main(args) -> int:
     from ..train import dry_run_config, load_config, train
 
     try:
+        _check_flags(args)
         config = load_config(args.config)
         overrides = {k: getattr(args, k) for k in ("steps", "seed", "device") if getattr(args, k) is not None}
         if args.deadline is not None:
             overrides["max_wall_s"] = args.deadline
         if args.fit_to_deadline:
+            if args.deadline is None and not config.max_wall_s > 0:
+                raise ValueError("--fit-to-deadline needs --deadline SECONDS (or max_wall_s > 0 in the config)")
             overrides["fit_to_deadline"] = True
         if overrides:
             config = dataclasses.replace(config, **overrides)
@@ -87,7 +105,8 @@ def cli_main(args) -> int:
         return _error(exc)
     # a dry run without --out gets its own folder: it must never leave a checkpoint that the real
     # run of the same config would then resume from (other schedule, 2 steps)
-    out_dir = args.out or str(Path("runs") / (Path(args.config).stem + ("-dry-run" if args.dry_run is not None else "")))
+    out_dir = args.out if args.out is not None else str(
+        Path("runs") / (Path(args.config).stem + ("-dry-run" if args.dry_run is not None else "")))
     dist = None
     try:
         dist = _init_distributed(config.device)
@@ -105,6 +124,9 @@ def cli_main(args) -> int:
         return 0
     if summary["resumed_from"] is not None:
         print(f"resumed from step {summary['resumed_from']}")
+        if summary["resumed_from"] >= summary["steps"]:
+            print(f"nothing left to train: the run in {out_dir} had reached step {summary['resumed_from']} of its "
+                  f"{summary['steps']} (more --steps continue it; --no-resume starts afresh)")
     ranks = f" on {summary['world_size']} processes" if summary["world_size"] > 1 else ""
     print(
         f"trained {summary['step']} steps{ranks} in {summary['wall_time_s']:.1f} s "
