@@ -35,7 +35,8 @@ import etweedie
 from etweedie.ops import reference
 from etweedie.ops._prep import canonicalize
 
-from .common import BACKENDS, Case, Timing, check_close, copy_thunk, run_benchmark, set_threads, time_calls
+from .common import (BACKENDS, MAX_THREADS, Case, Timing, check_close, check_flags, check_threads, copy_thunk, flag_error,
+                     run_benchmark, set_threads, time_calls)
 
 BETA, LAM = 1.4, 1.8
 BLOCK_S = torch.tensor([[0.5, 0.3], [0.3, 0.5]])  # SPD, correlated pixel pairs
@@ -262,11 +263,15 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_et_score", description=__doc__.splitlines()[0])
     p.add_argument("--raw-backward", action="store_true", help="time the raw backward op by draws dtype")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=25)
+    p.add_argument("--threads", type=int, default=1, help=f"torch threads, 1 to {MAX_THREADS}")
+    p.add_argument("--rounds", type=int, default=25, help="interleaved timed rounds (>= 1)")
     args = p.parse_args(argv)
     if not args.raw_backward:
         p.error("nothing to do: pass --raw-backward (the workloads run under benchmarks.table or pytest)")
+    try:  # one line and exit status 2 for a flag the run cannot use, before any timing
+        check_flags([check_threads(args.threads), ("--rounds", args.rounds, 1)])
+    except ValueError as exc:
+        return flag_error(p.prog, exc)
     set_threads(args.threads)
     print(f"et_score_bwd 64 × 256 × 784, isotropic, {torch.get_num_threads()} thread(s), {args.rounds} interleaved rounds")
     print("| draws | gradients | median ms (p20–p80) |\n|---|---|---|")

@@ -38,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import etweedie  # noqa: E402
+from benchmarks.common import MAX_THREADS, check_flags, check_threads, flag_error  # noqa: E402
 from etweedie.ops import _prep  # noqa: E402
 
 
@@ -135,10 +136,14 @@ def cases():
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=2000)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=2000, help="calls per timed round (>= 1)")
+    ap.add_argument("--threads", type=int, default=1, help=f"torch threads, 1 to {MAX_THREADS}")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    try:  # one line and exit status 2 for a flag the run cannot use, before any timing
+        check_flags([("--repeats", args.repeats, 1), check_threads(args.threads)], args.json)
+    except ValueError as exc:
+        return flag_error("python benchmarks/bench_host_overhead.py", exc)
     torch.set_num_threads(args.threads)
     rows = []
     real_checks, real_plain = _prep.value_checks, _plain_calls()
@@ -167,7 +172,11 @@ def main(argv=None) -> int:
         print(f"| {r['op']} | {r['regime']} | {r['wrapper_us']:.0f} ({r['wrapper_p20']:.0f}–{r['wrapper_p80']:.0f}) "
               f"| {r['raw_us']:.0f} | {front} | {r['overhead_us']:.0f} |")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        try:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        except OSError as exc:  # checked at the start; the file system may have changed since
+            return flag_error("python benchmarks/bench_host_overhead.py",
+                              ValueError(f"--json {args.json!r}: could not write the rows ({exc})"))
     return 0
 
 

@@ -31,6 +31,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import cpu_name, time_call  # noqa: E402
+from benchmarks.common import MAX_THREADS, check_flags, check_threads, cpu_name, flag_error, time_call  # noqa: E402
 from etweedie.image_metrics import MnistClassifier, MnistEvaluator, nearest_train  # noqa: E402
 from etweedie.mnist import load_mnist  # noqa: E402
 
@@ -81,17 +82,32 @@ def cpu_seconds(fn) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
+    parser.add_argument("--threads", type=int, default=2, help=f"CPU threads, 1 to {MAX_THREADS} (default 2)")
     parser.add_argument("--quick", action="store_true", help="one repeat of the end-to-end run, fewer of the others")
     parser.add_argument("--data-dir", help="MNIST folder (default: the repository's data/mnist)")
     args = parser.parse_args(argv)
+    prog = "python benchmarks/bench_mnist_eval.py"
+    try:  # one line and exit status 2 for a flag the run cannot use, before any timing
+        check_flags([check_threads(args.threads)])
+        if args.data_dir is not None and not args.data_dir.strip():
+            raise ValueError("--data-dir must be a folder holding the MNIST files, got an empty string")
+        if args.data_dir is not None and not os.path.isdir(args.data_dir):
+            raise ValueError(f"--data-dir must be a folder holding the MNIST files, got {args.data_dir!r} "
+                             f"({'not a folder' if os.path.exists(args.data_dir) else 'no such folder'})")
+    except ValueError as exc:
+        return flag_error(prog, exc)
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
     rows = []
 
-    test_images, test_labels = load_mnist("test", args.data_dir)
-    train_images, _ = load_mnist("train", args.data_dir)
-    clf = MnistClassifier(threads=args.threads)
+    try:  # missing or corrupt MNIST files (MnistChecksumError is a ValueError), a missing classifier
+        test_images, test_labels = load_mnist("test", args.data_dir)
+        train_images, _ = load_mnist("train", args.data_dir)
+        clf = MnistClassifier(threads=args.threads)
+    except (ValueError, OSError, EOFError, zlib.error) as exc:  # zlib.error: a .gz whose deflate stream is corrupt
+        where = f"--data-dir {args.data_dir!r}" if args.data_dir is not None else "the default MNIST folder (--data-dir)"
+        what = "" if isinstance(exc, (ValueError, FileNotFoundError)) else "cannot read the MNIST files: "
+        return flag_error(prog, ValueError(f"{where}: {what}{exc}"))
     _check_classifier(clf, test_images, test_labels)
     t = time_call(lambda: clf(test_images), warmup=1, min_repeats=3 if args.quick else 5, budget_s=5.0)
     rows.append(("classifier_t10k", "features + logits, 10,000 t10k images", t, cpu_seconds(lambda: clf(test_images))))

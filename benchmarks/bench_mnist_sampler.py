@@ -40,7 +40,9 @@ from etweedie.models import EngressionPosterior
 from etweedie.paths import get_path, level_times
 from etweedie.sample import initial_states, sample_langevin, step_sizes
 
-from .common import check_flags
+from etweedie._checks import check_device
+
+from .common import MAX_THREADS, check_flags, check_threads, flag_error
 
 D = 784
 
@@ -289,7 +291,7 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=5, help="repeats of the forward and the step timed alone")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of both samplers; the fastest counts")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (on a shared CPU, 1: two threads spin-wait on each other)")
+                   help=f"torch intra-op threads, 1 to {MAX_THREADS} (on a shared CPU, 1: two threads spin-wait on each other)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the report here")
     return p.parse_args(argv)
@@ -300,17 +302,29 @@ def main(argv=None) -> int:
     prog = "python -m benchmarks.bench_mnist_sampler"
     flags = [("--width", args.width), ("--depth", args.depth), ("--chains", args.chains), ("--n-posterior", args.n_posterior),
              ("--levels", args.levels), ("--steps", args.steps), ("--repeats", args.repeats), ("--rounds", args.rounds),
-             ("--chunk-chains", args.chunk_chains), ("--first-level-steps", args.first_level_steps), ("--threads", args.threads)]
+             ("--chunk-chains", args.chunk_chains), ("--first-level-steps", args.first_level_steps)]
     try:  # one line and exit status 2 for a value the run cannot use, before any timing
-        check_flags([(flag, value, 1) for flag, value in flags], args.json)
+        check_flags([*((flag, value, 1) for flag, value in flags), check_threads(args.threads),
+                     ("--seed", args.seed, 0, 2**63 - 1)], args.json)
+        check_device(args.device, "--device")
+        if not args.posterior.strip():
+            raise ValueError("--posterior must be 'untrained', 'mnist' or a posterior file/run directory, got an empty string")
+        try:
+            get_path(args.path)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"--path {args.path!r} is not a noise path: {exc}") from None
+        if not (math.isfinite(args.step_scale) and args.step_scale > 0):
+            raise ValueError(f"--step-scale must be a finite number > 0, got {args.step_scale}")
         report = run(args)
     except (ValueError, TypeError, FileNotFoundError) as exc:
-        print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
+        return flag_error(prog, exc)
     print(format_table(report))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        try:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+        except OSError as exc:  # checked at the start; the file system may have changed since
+            return flag_error(prog, ValueError(f"--json {args.json!r}: could not write the report ({exc})"))
     return 0
 
 

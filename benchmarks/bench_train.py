@@ -41,6 +41,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import etweedie  # noqa: E402
+from benchmarks.common import MAX_THREADS, check_flags, check_threads, flag_error  # noqa: E402
+from etweedie._checks import check_device  # noqa: E402
 from etweedie.train import (  # noqa: E402
     ModelConfig,
     NoisePrior,
@@ -94,6 +96,10 @@ def step_flops(config: TrainConfig, data: torch.Tensor) -> int:
     return int(counter.get_total_flops())
 
 
+class TooFewSteps(ValueError):
+    """The timed steps were too quick for the training log's clock."""
+
+
 def run_variant(config: TrainConfig, data: torch.Tensor, warmup: int, steps: int) -> Dict[str, float]:
     """Train ``warmup + steps`` steps; time the last ``steps`` between two log lines."""
     # log lines (the only host syncs) at step `warmup` and `warmup + steps`, and a few between
@@ -102,8 +108,13 @@ def run_variant(config: TrainConfig, data: torch.Tensor, warmup: int, steps: int
     with tempfile.TemporaryDirectory() as tmp:
         summary = train(cfg, Path(tmp) / "run", data=data, progress=False)
         rows = [json.loads(line) for line in Path(summary["log"]).read_text().splitlines()]
-    at = {r["step"]: r["wall_time"] for r in rows}
+    # a fresh run's clock starts at 0 just before its first step: with no warm-up the timed
+    # steps start there (and include the first step's compilation and allocator warm-up)
+    at = {0: 0.0, **{r["step"]: r["wall_time"] for r in rows}}
     seconds = at[warmup + steps] - at[warmup]
+    if seconds <= 0:  # the log's wall times are rounded to the millisecond
+        raise TooFewSteps(f"--steps {steps}: the timed steps took less than the training log's 1 ms resolution; "
+                          f"time more steps")
     return {"seconds": seconds, "examples_per_s": steps * config.batch_size / seconds,
             "step_ms": 1e3 * seconds / steps, "final_loss": summary["final_loss"]}
 
@@ -119,18 +130,28 @@ def main(argv=None) -> int:
     parser.add_argument("--draws", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--threads", type=int, default=0, help=f"torch threads, 0 to {MAX_THREADS} (0: torch's default)")
     parser.add_argument("--json", metavar="PATH", help="also write the results here")
     args = parser.parse_args(argv)
+    prog = "python benchmarks/bench_train.py"
 
-    config = default_config(args)
-    from etweedie.train import build_data_source
+    try:  # one line and exit status 2 for a flag or config the run cannot use, before any training
+        check_flags([("--dim", args.dim, 1), ("--width", args.width, 1), ("--depth", args.depth, 1),
+                     ("--batch", args.batch, 1), ("--draws", args.draws, 2), ("--warmup", args.warmup, 0),
+                     ("--steps", args.steps, 1), check_threads(args.threads, least=0)], args.json)
+        check_device(args.device, "--device")
+        if args.config is not None and not Path(args.config).is_file():
+            raise ValueError(f"--config must be an existing TOML file, got {args.config!r}")
+        config = default_config(args)
+        from etweedie.train import build_data_source
 
-    if args.config:
-        source = build_data_source(config.data)
-        data = source.draw(8192, torch.Generator().manual_seed(0))
-    else:
-        data = synthetic_data(args.dim)
+        if args.config:
+            source = build_data_source(config.data)
+            data = source.draw(8192, torch.Generator().manual_seed(0))
+        else:
+            data = synthetic_data(args.dim)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        return flag_error(prog, exc)
     device = torch.device(config.device)
     gpu = device.type == "cuda"
     name = torch.cuda.get_device_name(device) if gpu else f"CPU ({platform.processor() or platform.machine()})"
@@ -140,7 +161,10 @@ def main(argv=None) -> int:
     peak = bf16_peak(name) if gpu else None
     results = []
     for label, cfg in (("eager fp32", eager), ("fast" if gpu else "fast (= eager fp32 on CPU)", fast)):
-        r = run_variant(cfg, data, args.warmup, args.steps)
+        try:
+            r = run_variant(cfg, data, args.warmup, args.steps)
+        except TooFewSteps as exc:
+            return flag_error(prog, exc)
         r.update(variant=label, tflops=flops * r["examples_per_s"] / cfg.batch_size / 1e12)
         r["peak_share"] = r["tflops"] / peak if peak else None
         results.append(r)
@@ -158,12 +182,15 @@ def main(argv=None) -> int:
         print(f"fast / eager: {results[1]['examples_per_s'] / results[0]['examples_per_s']:.2f}x "
               f"(bf16 peak {peak} TFLOP/s)" if peak else "")
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "device": name, "torch": torch.__version__, "etweedie": etweedie.__version__,
-            "threads": config.threads or torch.get_num_threads(), "dim": int(data.shape[1]), "config": dataclasses.asdict(config),
-            "flops_per_step": flops, "bf16_peak_tflops": peak, "results": results,
-            "date": time.strftime("%Y-%m-%d"),
-        }, indent=1, default=str) + "\n")
+        try:
+            Path(args.json).write_text(json.dumps({
+                "device": name, "torch": torch.__version__, "etweedie": etweedie.__version__,
+                "threads": config.threads or torch.get_num_threads(), "dim": int(data.shape[1]),
+                "config": dataclasses.asdict(config), "flops_per_step": flops, "bf16_peak_tflops": peak,
+                "results": results, "date": time.strftime("%Y-%m-%d"),
+            }, indent=1, default=str) + "\n")
+        except OSError as exc:  # checked at the start; the file system may have changed since
+            return flag_error(prog, ValueError(f"--json {args.json!r}: could not write the results ({exc})"))
     return 0
 
 

@@ -26,6 +26,7 @@ import datetime
 import os
 import platform
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
@@ -34,29 +35,55 @@ import numpy as np
 import torch
 
 import etweedie
+from etweedie._checks import check_output_file
 
 BACKENDS = ("cpu", "reference", "compile")
 THREADS = int(os.environ.get("ETWEEDIE_BENCH_THREADS", "2"))
 
 
 def set_threads(n: int = THREADS) -> int:
-    """Intra-op threads for torch and the kernels (at::parallel_for follows torch's setting)."""
+    """Intra-op threads for torch and the kernels (at::parallel_for follows torch's setting);
+    ValueError outside [1, MAX_THREADS] (torch itself can crash on a huge count)."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
+        raise ValueError(f"threads must be an int in [1, {MAX_THREADS}] (ETWEEDIE_BENCH_THREADS or --threads), got {n!r}")
     torch.set_num_threads(n)
     return torch.get_num_threads()
 
 
-def check_flags(minimums: Sequence[tuple] = (), json_path: Optional[str] = None) -> None:
+#: the most intra-op threads a script accepts (the training config's bound): beyond it
+#: ``torch.set_num_threads`` can crash the process instead of raising.
+MAX_THREADS = 1024
+
+
+def check_flags(bounds: Sequence[tuple] = (), json_path: Optional[str] = None) -> None:
     """ValueError naming the first flag a benchmark script cannot use, checked before minutes of
-    timing (the script prints it as one line and exits with status 2): ``minimums`` holds
-    ``(flag, value, least)`` (a None value was not given); ``json_path`` must be a file path in
-    an existing, writable folder."""
-    for flag, value, least in minimums:
-        if value is not None and value < least:
+    timing (the script prints it as one line and exits with status 2): ``bounds`` holds
+    ``(flag, value, least)`` or ``(flag, value, least, most)`` (a None value was not given, a
+    None bound is no bound); ``json_path`` (None: not given) must be a file this process can
+    write (:func:`etweedie._checks.check_output_file`: tried by creating it, not by ``os.access``,
+    which answers True for root whatever the file system says)."""
+    for flag, value, least, *most in bounds:
+        most = most[0] if most else None
+        if value is None:
+            continue
+        if least is not None and value < least:
             raise ValueError(f"{flag} must be >= {least}, got {value}")
-    if json_path:
-        folder = os.path.dirname(os.path.abspath(json_path))
-        if os.path.isdir(json_path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            raise ValueError(f"--json {json_path!r} is not a writable file path (its folder must exist)")
+        if most is not None and value > most:
+            raise ValueError(f"{flag} must be <= {most}, got {value}")
+    if json_path is not None:
+        check_output_file(json_path, "--json")
+
+
+def check_threads(value: Optional[int], flag: str = "--threads", least: int = 1) -> tuple:
+    """The ``check_flags`` bound of a threads flag: ``least`` (1, or 0 where 0 means torch's
+    default) to :data:`MAX_THREADS`."""
+    return (flag, value, least, MAX_THREADS)
+
+
+def flag_error(prog: str, exc: BaseException) -> int:
+    """Print ``exc`` as the one line ``PROG: error: ...`` on stderr; the exit status 2."""
+    print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+    return 2
 
 
 # ----------------------------------------------------------------------------- timing

@@ -72,13 +72,20 @@ def speed() -> None:
         print(f"{kind:9s} B={B:2d} n=m={n:4d} d={d:2d}: {sorted(times)[3] * 1e3:8.2f} ms (median of 7)")
 
 
-def main() -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("accuracy", "speed"))
-    parser.add_argument("--seeds", nargs=2, type=int, default=(0, 400), metavar=("FIRST", "END"))
-    args = parser.parse_args()
-    accuracy(*args.seeds) if args.what == "accuracy" else speed()
+    parser.add_argument("--seeds", nargs=2, type=int, default=(0, 400), metavar=("FIRST", "END"),
+                        help="accuracy: the seeds FIRST, ..., END - 1 (0 <= FIRST < END)")
+    args = parser.parse_args(argv)
+    first, end = args.seeds
+    if first < 0 or end <= first:  # an empty range would print statistics of no draws
+        print(f"python benchmarks/metric_grad_accuracy.py: error: --seeds FIRST END must satisfy 0 <= FIRST < END "
+              f"(the seeds FIRST..END-1), got {first} {end}", file=sys.stderr)
+        return 2
+    accuracy(first, end) if args.what == "accuracy" else speed()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

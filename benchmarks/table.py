@@ -33,11 +33,14 @@ from . import (
     bench_student_t_score,
 )
 from .common import (
+    MAX_THREADS,
     THREADS,
     Result,
     check_flags,
+    check_threads,
     copy_bandwidth,
     environment,
+    flag_error,
     format_bytes,
     format_table,
     measure,
@@ -211,17 +214,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--quick", action="store_true", help="small shapes (smoke run, < 60 s)")
     p.add_argument("--json", metavar="PATH", help="also write rows, targets and environment as JSON")
     p.add_argument("--only", metavar="IDS", help="comma-separated workload id prefixes")
-    p.add_argument("--threads", type=int, default=THREADS, help=f"torch threads (default {THREADS})")
+    p.add_argument("--threads", type=int, default=THREADS, help=f"torch threads, 1 to {MAX_THREADS} (default {THREADS})")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--cpu-time", action="store_true",
                    help="time process CPU time (time.process_time) instead of wall time; use with --threads 1")
     args = p.parse_args(argv)
     try:  # flag values checked before minutes of timing: one line and exit status 2
-        check_flags([("--threads", args.threads, 1)], args.json)
+        check_flags([check_threads(args.threads)], args.json)
         chosen = select(args.only)
     except ValueError as exc:
-        print(f"{p.prog}: error: {exc}", file=sys.stderr)
-        return 2
+        return flag_error(p.prog, exc)
     set_threads(args.threads)
     env = environment()
     copy_mib = 64 if args.quick else COPY_MIB
@@ -267,8 +269,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "extras": {k: {n: dataclasses.asdict(t) for n, t in r.extras.items()} for k, r in results.items()},
             "targets": [dataclasses.asdict(t) for t in ts],
         }
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=2)
+        try:
+            with open(args.json, "w") as f:
+                json.dump(payload, f, indent=2)
+        except OSError as exc:  # checked at the start; the file system may have changed since
+            return flag_error(p.prog, ValueError(f"--json {args.json!r}: could not write the results ({exc})"))
     return 0
 
 

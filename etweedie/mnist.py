@@ -34,6 +34,7 @@ import gzip
 import hashlib
 import os
 import threading
+import zlib
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple, Union
 
@@ -148,7 +149,7 @@ def _read_bytes(path: Path) -> bytes:
         try:
             with gzip.open(path, "rb") as handle:
                 return handle.read()
-        except (OSError, EOFError) as exc:  # not a gzip stream, or truncated
+        except (OSError, EOFError, zlib.error) as exc:  # not a gzip stream, truncated, or a corrupt body
             raise MnistChecksumError(f"{path} is not a readable gzip file ({exc})") from exc
     return path.read_bytes()
 

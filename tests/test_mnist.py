@@ -126,6 +126,12 @@ def test_corrupt_gzip_is_a_named_error(tmp_path):
         (tmp_path / f"{name}.gz").write_bytes(b"not gzip")
     with pytest.raises(MnistChecksumError, match="gzip"):
         load_mnist("test", tmp_path)
+    # a valid gzip header with a corrupt deflate body: zlib's own error, named the same way
+    raw = gzip.compress(bytes(range(256)) * 64)
+    for name in _NAMES:
+        (tmp_path / f"{name}.gz").write_bytes(raw[:10] + bytes([raw[10] ^ 0xFF]) + raw[11:])
+    with pytest.raises(MnistChecksumError, match="gzip"):
+        load_mnist("test", tmp_path)
 
 
 def test_repository_carries_the_data_and_its_licence(monkeypatch):

@@ -75,6 +75,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=6)
     args = p.parse_args()
+    if args.seeds < 1:
+        p.exit(2, f"{p.prog}: error: --seeds must be >= 1, got {args.seeds}\n")
     torch.set_num_threads(2)
     fine_cloud(args.seeds)
     wide_rows()

@@ -29,8 +29,28 @@ import etweedie
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def main() -> None:
-    torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
+def parse(argv) -> tuple:
+    """(threads, block) from ``[threads] [iso|block2]``; ValueError naming the bad argument."""
+    if len(argv) > 2:
+        raise ValueError(f"expected at most 2 arguments [threads] [iso|block2], got {len(argv)}: {' '.join(argv)}")
+    try:
+        threads = int(argv[0]) if argv else 1
+    except ValueError:
+        raise ValueError(f"threads must be an int in [1, 1024], got {argv[0]!r}") from None
+    if not 1 <= threads <= 1024:
+        raise ValueError(f"threads must be an int in [1, 1024], got {threads}")
+    if len(argv) > 1 and argv[1] not in ("iso", "block2"):
+        raise ValueError(f"the metric must be 'iso' or 'block2', got {argv[1]!r}")
+    return threads, len(argv) > 1 and argv[1] == "block2"
+
+
+def main(argv=None) -> int:
+    try:
+        threads, block = parse(sys.argv[1:] if argv is None else list(argv))
+    except ValueError as exc:
+        print(f"python benchmarks/probes/score_backward_ab.py: error: {exc}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)
     B, N, d = 64, 256, 784
     y = torch.randn(B, d, generator=g)
@@ -38,7 +58,6 @@ def main() -> None:
     gup = torch.randn(B, d, generator=g)
     gm = torch.zeros(B, d)
     beta, lam = torch.full((B,), 1.4), torch.ones(B)
-    block = len(sys.argv) > 2 and sys.argv[2] == "block2"
     sigma = torch.tensor([[1.0, 0.3], [0.3, 0.8]])
     metric = etweedie.Metric.block(sigma.expand(B, 2, 2)) if block else None
     prec, kind = (torch.linalg.inv(sigma).expand(B, 2, 2).contiguous(), 2) if block else (torch.ones(B), 0)
@@ -73,7 +92,8 @@ def main() -> None:
             t = statistics.median(times[(what, name)])
             row.append(f"{name} {1e3 * t:6.2f} ms" + ("" if name == "float32" else f" ({t / base:.2f}×)"))
         print("  ".join(row))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -25,6 +25,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--evict", action="store_true", help="a 256 MiB copy before every timed call")
     args = p.parse_args()
+    if not 1 <= args.threads <= 1024:
+        p.exit(2, f"{p.prog}: error: --threads must be in [1, 1024], got {args.threads}\n")
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     B, N, d = 64, 256, 784
