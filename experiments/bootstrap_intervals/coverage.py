@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from etweedie.metrics import stratified_bootstrap
+from experiments import _cli
 
 K = 8
 
@@ -56,6 +57,9 @@ def main(argv=None) -> None:
     parser.add_argument("--n-boot", type=int, default=200, help="bootstrap replicates (the tables use 200)")
     parser.add_argument("--seed", type=int, default=11)
     args = parser.parse_args(argv)
+    _cli.at_least("--sizes", args.sizes, 1)  # before the table's header
+    _cli.at_least("--datasets", args.datasets, 1)
+    _cli.at_least("--n-boot", args.n_boot, 2)
     g = torch.Generator().manual_seed(args.seed)
     print("| points per seed | true weights | statistic | truth | mean estimate | "
           "percentile: coverage, width | basic: coverage, width |")
@@ -85,6 +89,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from experiments import _cli
-
     raise SystemExit(_cli.guarded("python -m experiments.bootstrap_intervals.coverage", main))

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from etweedie.data import EightGaussians
 from etweedie.metrics import bootstrap_ed_replicates, signed_energy_distance
+from experiments import _cli
 
 
 def main(argv=None) -> None:
@@ -29,6 +30,10 @@ def main(argv=None) -> None:
     parser.add_argument("--n-boot", type=int, default=100, help="bootstrap replicates")
     parser.add_argument("--seed", type=int, default=3)
     args = parser.parse_args(argv)
+    _cli.at_least("--sizes", args.sizes, 2)  # before the table's header
+    _cli.at_least("--reference", args.reference, 2)
+    _cli.at_least("--datasets", args.datasets, 1)
+    _cli.at_least("--n-boot", args.n_boot, 2)
     ring = EightGaussians(radius=2.0, std=0.2, n_modes=8)
     g = torch.Generator().manual_seed(args.seed)
     ref = ring.sample(args.reference, g)[0]
@@ -58,6 +63,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from experiments import _cli
-
     raise SystemExit(_cli.guarded("python -m experiments.bootstrap_intervals.energy_distance_shift", main))

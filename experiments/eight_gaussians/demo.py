@@ -477,7 +477,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args, status = _cli.parse(parser, argv)
     if args is None:
         return status
-    status = _cli.usage_error(PROG, [("--seed", args.seed, 0)], out=args.out)
+    # the run directory (the default too, without --quick) is created and written here, before the work
+    status = _cli.usage_error(PROG, [("--seed", args.seed, 0)], out=DEMO_OUT if args.out is None and not args.quick else args.out)
     if status:
         return status
     from etweedie.backends import BackendUnavailable

@@ -32,7 +32,6 @@ import pickle
 import struct
 import sys
 import time
-import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Dict, List, Optional, Sequence
@@ -153,8 +152,7 @@ def load_config(path) -> Dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config: no file at {str(path)!r}")
-    with open(path, "rb") as fh:
-        raw = tomllib.load(fh)
+    raw = _cli.read_toml(path)
     config = _merge(DEFAULT_CONFIG, raw)
     config["source"] = str(path)
     _validate(config, need_checkpoints=False)  # --checkpoint may supply them (override_config checks again)
@@ -704,6 +702,10 @@ def run_paths_cli(args) -> Dict:
         names=names, r_max=r_max, r_min=r_min, n_levels=levels, n_samples=n,
         seeds=[seed + i for i in range(n_seeds)], ed_subset=n, n_reference=n,
     )
+    if not r_min < r_max:  # GeometricRMS's own message would name its fields, not the flags
+        raise _cli.UsageError(f"--r-min must be below --r-max (the RMS falls from --r-max to --r-min), got --r-max {r_max:g}"
+                              f"{'' if args.r_max is not None else ' (the path default)'}, --r-min {r_min:g}"
+                              f"{'' if args.r_min is not None else ' (the path default)'}")
     config["isolation"]["enabled"] = False
     config["tracking"].update(n_reference=min(n, 2048), max_chains=min(n, 2048))
     if n_seeds < 1:
@@ -848,6 +850,23 @@ def _error(message: str) -> int:
     return 2
 
 
+def check_cli_arguments(args: argparse.Namespace) -> None:
+    """The flag values, before any work (raises _cli.UsageError naming the flag)."""
+    for flag, low in (("seeds", 1), ("seed", 0), ("chains", 1), ("levels", 1), ("steps_per_level", 1),
+                      ("first_level_steps", 0), ("n_posterior", 1), ("n_proposals", 1)):
+        _cli.at_least(f"--{flag.replace('_', '-')}", getattr(args, flag, None), low)
+    for flag in ("r_max", "r_min", "step_scale"):
+        _cli.positive(f"--{flag.replace('_', '-')}", getattr(args, flag, None))
+    _cli.nonempty("--checkpoint", args.checkpoint, "a posterior checkpoint")
+    for path in args.checkpoint or ():
+        if not Path(path).exists():
+            raise _cli.UsageError(f"--checkpoint {path}: no such file or folder; expected a trained posterior "
+                                  "(run directory, posterior/ folder or checkpoint)")
+    _cli.nonempty("--from-samples", getattr(args, "from_samples", None), "a folder of an earlier run")
+    _cli.nonempty("--config", args.config, "a TOML file")
+    _cli.device("--device", args.device)
+
+
 def cli_main(args: argparse.Namespace) -> int:
     """Run the parsed command line: a single-path run (``--path``) or the paper's tables (``--config``)."""
     if (args.config is None) == (args.path is None):
@@ -856,11 +875,6 @@ def cli_main(args: argparse.Namespace) -> int:
         return _error("--posterior known and --checkpoint exclude each other")
     if getattr(args, "from_samples", None) and args.config is None:
         return _error("--from-samples needs --config (the config the samples were drawn with)")
-    for flag, low in (("seeds", 1), ("seed", 0), ("chains", 1), ("levels", 1), ("steps_per_level", 1),
-                      ("first_level_steps", 0), ("n_posterior", 1), ("n_proposals", 1)):
-        value = getattr(args, flag, None)
-        if value is not None and value < low:
-            return _error(f"--{flag.replace('_', '-')} must be >= {low}, got {value}")
     if getattr(args, "quick", False) and args.config is None:  # it would override --chains/--levels/--seeds
         return _error("--quick shrinks a --config run; with --path set --chains, --levels and --seeds yourself")
     for folder in getattr(args, "from_samples", None) or ():
@@ -873,7 +887,7 @@ def cli_main(args: argparse.Namespace) -> int:
                               "TOML's [paths] / [isolation] sections")
     try:
         if args.config is not None:
-            config = load_config(args.config)
+            config = _cli.read_config("--config", args.config, load_config)
             config = override_config(config, args)
             results = run_diffusion_eval(
                 config, out_dir=args.out, progress=not args.no_progress, figures=not args.no_figures,
@@ -883,6 +897,8 @@ def cli_main(args: argparse.Namespace) -> int:
         else:
             results = run_paths_cli(args)
             print(format_tables(results))
+    except _cli.UsageError:
+        raise
     except (ValueError, TypeError, FileNotFoundError) as exc:
         return _error(str(exc))
     if args.out:
@@ -892,7 +908,7 @@ def cli_main(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m experiments.eight_gaussians.diffusion [ARGS]``; returns the exit status."""
-    return _cli.run(PROG, CLI_HELP, add_cli_arguments, cli_main, argv)
+    return _cli.run(PROG, CLI_HELP, add_cli_arguments, cli_main, argv, check=check_cli_arguments)
 
 
 if __name__ == "__main__":

@@ -133,13 +133,10 @@ DEFAULT_CONFIG: Dict = {
 # ---------------------------------------------------------------------------- config
 def load_config(path: Optional[str]) -> Dict:
     """DEFAULT_CONFIG updated by the TOML file at ``path`` (tables merge key by key)."""
-    import tomllib
-
     config = copy.deepcopy(DEFAULT_CONFIG)
     if path is None:
         return config
-    with open(path, "rb") as fh:
-        loaded = tomllib.load(fh)
+    loaded = _cli.read_toml(path)
     for key, value in loaded.items():
         if key not in config:
             raise ValueError(f"{path}: unknown config key {key!r}; expected one of {sorted(config)}")
@@ -620,10 +617,21 @@ def add_cli_arguments(parser) -> None:
     )
 
 
+def check_cli_arguments(args) -> None:
+    """The flag values, before any work (raises _cli.UsageError naming the flag)."""
+    _cli.at_least("--replicates", args.replicates, 1)
+    _cli.at_least("--seed", args.seed, 0)
+    _cli.threads("--threads", args.threads)
+    _cli.nonempty("--posterior-checkpoint", args.posterior_checkpoint, "a posterior checkpoint")
+    for path in args.posterior_checkpoint or ():
+        if not os.path.exists(path):
+            raise _cli.UsageError(f"--posterior-checkpoint {path}: no such file or folder; expected a posterior checkpoint")
+
+
 def cli_main(args) -> int:
     """Run the experiment of ``--config`` and write its outputs to ``--out``."""
+    config = _cli.read_config("--config", args.config, load_config)
     try:
-        config = load_config(args.config)
         if args.replicates is not None:
             config["replicates"] = args.replicates
         if args.seed is not None:
@@ -645,9 +653,6 @@ def cli_main(args) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     if args.threads is not None:
-        if args.threads < 1:
-            print(f"{PROG}: error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
-            return 2
         torch.set_num_threads(args.threads)
     try:
         results = run_experiment(
@@ -664,7 +669,7 @@ def cli_main(args) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m experiments.eight_gaussians.estimation [ARGS]``; returns the exit status."""
-    return _cli.run(PROG, CLI_HELP, add_cli_arguments, cli_main, argv)
+    return _cli.run(PROG, CLI_HELP, add_cli_arguments, cli_main, argv, check=check_cli_arguments)
 
 
 if __name__ == "__main__":

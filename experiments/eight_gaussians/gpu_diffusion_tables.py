@@ -46,6 +46,8 @@ import tarfile
 import time
 from pathlib import Path
 
+from experiments import _cli
+
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN_CONFIG = "configs/eight_gaussians_diffusion_full.toml"
 SAMPLE_CONFIG = "configs/diffusion_full.toml"
@@ -189,7 +191,7 @@ def worker(args) -> int:
 
 
 # ---------------------------------------------------------------------------- driver
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pack-dir", help="where the tar.gz results go (the device's $OUT)")
     parser.add_argument("--deadline", type=float, default=560.0, help="seconds from start to stop everything and pack")
@@ -213,7 +215,20 @@ def main() -> int:
     parser.add_argument("--worker", nargs=2, metavar=("TABLE", "NAME"), help=argparse.SUPPRESS)
     parser.add_argument("--job-dir", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=3, help="CPU threads per table job (default 3)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+
+    def check():  # before anything starts: a bad --pack-dir would otherwise surface only at the packing, minutes later
+        _cli.positive("--deadline", args.deadline)
+        _cli.positive("--table-seconds", args.table_seconds, zero_ok=True)
+        _cli.at_least("--workers", args.workers, 1)
+        _cli.threads("--threads", args.threads)
+        _cli.device("--device", args.device)
+        if not args.worker:
+            _cli.out_dir("--pack-dir", None if args.pack_dir is None else ROOT / args.pack_dir)  # used after chdir(ROOT)
+
+    status = _cli.report("python -m experiments.eight_gaussians.gpu_diffusion_tables", check)
+    if status:
+        return status
     global JOB_ROOT, MODELS, TRAIN_CONFIG
     if args.device is None:  # the dry run checks the driver on a CPU, as its help says
         args.device = "cpu" if args.dry_run else "cuda"

@@ -33,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+from experiments import _cli
 from experiments.eight_gaussians.gpu_diffusion_tables import finished, poll_trainings, rate, spawn, stop, tail  # shared process helpers
 
 T0 = time.time()
@@ -59,7 +60,7 @@ def run_name(prefix: str, seed: int, first_seed: int) -> str:
     return prefix if seed == first_seed else f"{prefix}_seed{seed}"
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/eight_gaussians_large.toml")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
@@ -70,11 +71,23 @@ def main() -> int:
     parser.add_argument("--min-steps", type=int, default=8000)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dry-run", action="store_true", help="20 steps of each training on the CPU into runs/dry_gpu_estimation_posteriors (checks the driver)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     from etweedie.train import load_config
 
-    config_steps = load_config(ROOT / args.config).steps
+    try:  # before anything starts: a bad --pack-dir would otherwise surface only at the packing, minutes later
+        _cli.at_least("--seeds", args.seeds, 0)
+        _cli.positive("--deadline", args.deadline)
+        _cli.positive("--margin", args.margin, zero_ok=True)
+        _cli.at_least("--min-steps", args.min_steps, 1)
+        _cli.nonempty("--prefix", args.prefix, "a run directory")
+        _cli.nonempty("--config", args.config, "a TOML file")
+        if not args.dry_run:  # the dry run trains on the CPU whatever --device says
+            _cli.device("--device", args.device)
+        _cli.out_dir("--pack-dir", args.pack_dir)
+        config_steps = _cli.read_config("--config", ROOT / args.config, load_config).steps
+    except _cli.UsageError as exc:
+        return _cli.fail("python -m experiments.eight_gaussians.gpu_estimation_posteriors", exc)
     if args.dry_run:
         args.device, args.prefix = "cpu", "runs/dry_gpu_estimation_posteriors/" + Path(args.prefix).name
     py = sys.executable

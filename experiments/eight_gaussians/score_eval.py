@@ -45,7 +45,6 @@ import math
 import os
 import sys
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -273,11 +272,7 @@ def load_config(path: Union[str, os.PathLike]) -> ScoreEvalConfig:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config: no such file {str(path)!r}")
-    with open(path, "rb") as fh:
-        try:
-            values = tomllib.load(fh)
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"config: {path} is not valid TOML ({exc})") from None
+    values = _cli.read_toml(path)
     return config_from_dict(values, source=str(path))
 
 
@@ -897,10 +892,18 @@ def add_cli_arguments(parser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def check_cli_arguments(args) -> None:
+    """The flag values, before any work (raises _cli.UsageError naming the flag)."""
+    _cli.at_least("--seed", args.seed, 0)
+    _cli.nonempty("--checkpoint", args.checkpoint, "a run directory or checkpoint")
+    if args.parts is not None and not [p for p in args.parts.split(",") if p.strip()]:
+        raise _cli.UsageError(f"--parts must be a comma-separated subset of {','.join(PARTS)}, got {args.parts!r}")
+
+
 def cli_main(args) -> int:
     prog = PROG
+    config = _cli.read_config("--config", args.config, load_config)
     try:
-        config = load_config(args.config)
         if args.parts:
             config = dataclasses.replace(config, parts=[p.strip() for p in args.parts.split(",") if p.strip()])
         if args.seed is not None:
@@ -927,13 +930,10 @@ def cli_main(args) -> int:
     else:
         from etweedie.train import load_posterior
 
-        try:
-            posteriors = [load_posterior(path) for path in args.checkpoint]
-        except (ValueError, OSError) as exc:
-            print(f"{prog}: error: --checkpoint: {exc}", file=sys.stderr)
-            return 2
+        posteriors = [_cli.load("--checkpoint", path, load_posterior) for path in args.checkpoint]
         names = list(args.checkpoint)
     out_dir = args.out or str(Path("runs") / f"score_eval_{Path(args.config).stem}")
+    _cli.out_dir("--out", out_dir)  # the default too: created and written here, before the evaluation
     results = run_score_eval(posteriors, config, out_dir, names=names, progress=not args.no_progress,
                              figures=not args.no_figures)
     print(format_results(results))
@@ -945,7 +945,7 @@ def cli_main(args) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m experiments.eight_gaussians.score_eval [ARGS]``; returns the exit status."""
-    return _cli.run(PROG, CLI_HELP, add_cli_arguments, cli_main, argv)
+    return _cli.run(PROG, CLI_HELP, add_cli_arguments, cli_main, argv, check=check_cli_arguments)
 
 
 if __name__ == "__main__":

@@ -17,12 +17,13 @@ import json
 
 import torch
 
+from experiments import _cli
 from experiments.eight_gaussians import estimation as ee
 from etweedie.data import posterior_sample_sir
 from etweedie.estimate import EstimatorSettings, estimate_noise
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/estimate_spd.toml")
     parser.add_argument("--posterior-checkpoint", action="append", required=True, metavar="PATH")
@@ -32,15 +33,19 @@ def main() -> None:
                         help="redraw the oracle (SIR) posterior with K draws per observation instead of the config's")
     parser.add_argument("--split-half", action="store_true", help="the split-half debiased objective (EstimatorSettings.split_half)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    _cli.at_least("--replicates", args.replicates, 0)
+    _cli.at_least("--oracle-draws", args.oracle_draws, 1)
+    _cli.out_file("--json", args.json)
     torch.set_num_threads(1)
 
-    config = ee.validate_config(ee.load_config(args.config))
+    config = ee.validate_config(_cli.read_config("--config", args.config, ee.load_config))
     truth = config["truth"]
     if args.split_half:
         config["estimator"]["split_half"] = True
     settings = EstimatorSettings(**config["estimator"], level_scale=truth["level_scale"])
-    models = ee._load_posteriors(args.posterior_checkpoint)
+    models = [_cli.load("--posterior-checkpoint", path, lambda p: ee._load_posteriors([p])[0])
+              for path in args.posterior_checkpoint]
     rows = []
     print(f"truth β {truth['beta']} λ {truth['lam']} u {truth['u']} v {truth['v']}; generalized family, oracle score")
     for rep in args.replicates:
@@ -79,6 +84,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from experiments import _cli
-
     raise SystemExit(_cli.guarded("python -m experiments.estimation_diagnostics.per_level_beta", main))

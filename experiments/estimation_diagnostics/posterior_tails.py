@@ -22,6 +22,7 @@ from etweedie.data import EightGaussians
 from etweedie.noise import NoiseParams
 from etweedie.known_posterior import KnownPosterior
 from etweedie.train import load_posterior
+from experiments import _cli
 
 
 def residual_stats(t: torch.Tensor, beta: float) -> dict:
@@ -31,7 +32,7 @@ def residual_stats(t: torch.Tensor, beta: float) -> dict:
             "q99_q50": float(t.quantile(0.99) / t.quantile(0.5)), "m_beta": float(t.pow(beta).mean())}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--posterior-checkpoint", action="append", default=[], metavar="PATH")
     parser.add_argument("--sigmas", type=float, nargs="+", default=[0.1, 0.25, 0.45, 0.75])
@@ -39,11 +40,16 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="PATH")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    _cli.positive("--sigmas", args.sigmas)
+    _cli.at_least("--queries", args.queries, 2)  # the quantiles and moments of the residuals
+    _cli.at_least("--draws", args.draws, 1)
+    _cli.at_least("--seed", args.seed, 0)
+    _cli.out_file("--json", args.json)
     beta, lam, u, v = 1.4, 1.8, 0.25, 0.35
     ring = EightGaussians()
     oracle = KnownPosterior(method="sir", generator=torch.Generator().manual_seed(args.seed + 1))
-    models = {path: load_posterior(path) for path in args.posterior_checkpoint}
+    models = {path: _cli.load("--posterior-checkpoint", path, load_posterior) for path in args.posterior_checkpoint}
     g = torch.Generator().manual_seed(args.seed)
     rows = {}
     for sigma in args.sigmas:
@@ -76,6 +82,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from experiments import _cli
-
     raise SystemExit(_cli.guarded("python -m experiments.estimation_diagnostics.posterior_tails", main))

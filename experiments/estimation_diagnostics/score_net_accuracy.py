@@ -26,6 +26,7 @@ import torch
 
 from etweedie.ops import is_score
 from etweedie.score import mean_cosine, score_nmse
+from experiments import _cli
 from experiments.eight_gaussians.estimation import learned_score_for, load_config, replicate_observations, validate_config
 
 
@@ -59,14 +60,21 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="append one JSON line with the results here")
     p.add_argument("--progress", action="store_true")
     args = p.parse_args(argv)
+    _cli.at_least("--rep", args.rep, 0)
+    _cli.out_file("--json", args.json)
     torch.set_num_threads(1)
-    config = load_config(args.config)
+    config = _cli.read_config("--config", args.config, load_config)
     for item in args.set:
-        key, _, value = item.partition("=")
+        key, sep, value = item.partition("=")
+        if not sep or key not in config["score_net"]:
+            raise _cli.UsageError(f"--set must be KEY=VALUE with KEY one of {', '.join(config['score_net'])}, got {item!r}")
         config["score_net"][key] = _parse_value(value)
     if args.level_scale:
         config["truth"]["level_scale"] = args.level_scale
-    config = validate_config(config)
+    try:
+        config = validate_config(config)
+    except (ValueError, TypeError) as exc:  # a --set value, or the config's
+        raise _cli.UsageError(f"--config {args.config} with --set {' '.join(args.set) or '(none)'}: {exc}") from None
     rep = light_replicate(config, args.rep)
     t = time.perf_counter()
     _, diag = learned_score_for(config, rep, args.rep, progress=args.progress, return_model=True)
@@ -102,6 +110,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from experiments import _cli
-
     raise SystemExit(_cli.guarded("python -m experiments.estimation_diagnostics.score_net_accuracy", main))

@@ -30,6 +30,8 @@ from etweedie.noise import NoiseParams
 from etweedie.paths import get_path, level_times
 from etweedie.sample import initial_states, sample_langevin
 
+from experiments import _cli
+
 from . import sampling, sampling_figures
 
 
@@ -57,6 +59,13 @@ def main(argv=None) -> int:
     p.add_argument("--paths", nargs="+", default=["mnist_gaussian_isotropic", "mnist_generalized_nondiagonal"])
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    _cli.at_least("--bank", args.bank, 1)
+    _cli.at_most("--bank", args.bank, 60000)  # the MNIST training images
+    _cli.at_least("--chains", args.chains, 1)
+    for name in args.paths:
+        if name not in sampling_figures.TITLES:
+            raise _cli.UsageError(f"--paths must name MNIST paths ({', '.join(sampling_figures.TITLES)}), got {name!r}")
+    _cli.out_dir("--out", args.out)
     protocol = sampling.CPU
     images, _ = load_mnist("train")
     bank = images[: args.bank].reshape(-1, sampling.D).double() / 255
@@ -94,6 +103,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from experiments import _cli
-
     raise SystemExit(_cli.guarded("python -m experiments.mnist.bank_posterior_check", main))

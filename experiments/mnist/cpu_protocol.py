@@ -58,8 +58,16 @@ def parse_args(argv=None):
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     # every flag is checked before the sampling, which takes minutes (the table's flags too)
-    status = _cli.usage_error("cpu_protocol", [("--threads", args.threads, 1), ("--n-boot", args.n_boot, 2),
-                                               ("--null-draws", args.null_draws, 0)], out=args.out)
+
+    def check():
+        _cli.threads("--threads", args.threads)
+        for flag, low in (("--n-boot", 2), ("--null-draws", 0), ("--n-posterior", 1), ("--final-average", 1)):
+            _cli.at_least(flag, getattr(args, flag[2:].replace("-", "_")), low)
+        _cli.nonempty("--posterior", args.posterior, "a posterior name or path, or untrained:WIDTH")
+        _cli.nonempty("--data-dir", args.data_dir, "an MNIST folder")
+        _cli.out_dir("--out", args.out)
+
+    status = _cli.report("cpu_protocol", check)
     if status:
         return status
     if args.threads:
@@ -68,16 +76,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.paths:
         protocol = dataclasses.replace(protocol, paths=tuple(args.paths))
     if args.n_posterior is not None:
-        if args.n_posterior < 1:
-            print(f"cpu_protocol: error: --n-posterior must be >= 1, got {args.n_posterior}", file=sys.stderr)
-            return 2
         protocol = dataclasses.replace(protocol, n_posterior=args.n_posterior)
     if args.antithetic:
         protocol = dataclasses.replace(protocol, antithetic=True)
     if args.final_average is not None:
-        if args.final_average < 1:
-            print(f"cpu_protocol: error: --final-average must be >= 1, got {args.final_average}", file=sys.stderr)
-            return 2
         protocol = dataclasses.replace(protocol, final_average=args.final_average)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ from posterior_ablation import evaluate  # noqa: E402  (the ablation's per-level
 from etweedie.checkpoint import safe_torch_load
 from etweedie.mnist import load_mnist
 from etweedie.train import config_from_dict, held_out_loss, load_posterior, save_posterior
+from experiments import _cli
 
 
 def main(argv=None) -> int:
@@ -46,6 +47,12 @@ def main(argv=None) -> int:
                          "the card then also scores the as-trained weights, for the difference")
     ap.add_argument("--train-torch", default=None, help="torch version of the training run (default: this one's)")
     args = ap.parse_args(argv)
+    _cli.threads("--threads", args.threads)
+    _cli.nonempty("--run", args.run, "a training run directory")
+    _cli.nonempty("--dest", args.dest, "a destination folder")
+    _cli.nonempty("--command", args.command, "the training command")
+    if not (Path(args.run) / "posterior" / "config.json").is_file():
+        raise _cli.UsageError(f"--run {args.run}: no posterior/config.json there; expected a finished training run directory")
     torch.set_num_threads(args.threads)
     run, dest = Path(args.run), Path(args.dest)
     src = run / "posterior"
@@ -190,6 +197,4 @@ def _config_path(command: str) -> str:
 
 
 if __name__ == "__main__":
-    from experiments import _cli
-
     raise SystemExit(_cli.guarded("python -m experiments.mnist.export_pretrained", main))

@@ -21,6 +21,7 @@ from etweedie.mnist import load_mnist
 from etweedie.paths import get_path, level_times
 from etweedie.sample_parallel import sample_langevin_sharded
 from etweedie.train import load_posterior
+from experiments import _cli
 from experiments.mnist import sampling
 
 
@@ -32,9 +33,13 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    # checked before the sampling (minutes): the scoring's flags too
+    _cli.at_least("--n-boot", args.n_boot, 2)
+    _cli.threads("--threads", args.threads)
+    _cli.out_file("--json", args.json)
     torch.set_num_threads(args.threads)
     protocol = sampling.CPU
-    post = load_posterior(args.posterior)
+    post = _cli.load("--posterior", args.posterior, load_posterior, "a registered posterior name or weights folder")
     center = load_mnist("train")[0].flatten(1).float().mean(0) / 255
     path = get_path(args.path)
     states = []
@@ -66,6 +71,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from experiments import _cli
-
     raise SystemExit(_cli.guarded("python -m experiments.mnist.final_step_check", main))

@@ -191,7 +191,14 @@ def main(argv=None) -> int:
     if bad:
         print(f"gpu_sample: error: {bad}", file=sys.stderr)
         return 2
-    status = _cli.usage_error("gpu_sample", out=args.pack_dir, out_flag="--pack-dir")  # a file, or under one: not a folder to pack into
+
+    def check():
+        _cli.positive("--pack-reserve", args.pack_reserve, zero_ok=True)
+        _cli.nonempty("--posterior", args.posterior, "a posterior name or path")
+        _cli.out_dir("--pack-dir", args.pack_dir)  # a file, or under one: not a folder to pack into
+        _cli.out_dir("--work", args.work)
+
+    status = _cli.report("gpu_sample", check)
     if status:
         return status
     device = _init_distributed(args.dry_run)

@@ -17,6 +17,7 @@ import torch
 
 from etweedie.image_metrics import FEATURE_TENSOR, LOGITS_TENSOR, classifier_path, dynamic_batch_model
 from etweedie.mnist import load_mnist
+from experiments import _cli
 
 SCALES = {
     "[0, 1] (x / 255)": lambda x: x / 255,
@@ -26,10 +27,11 @@ SCALES = {
 }
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    _cli.nonempty("--data-dir", args.data_dir, "an MNIST folder")
     images, labels = load_mnist("test", args.data_dir)
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -52,6 +54,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from experiments import _cli
-
     raise SystemExit(_cli.guarded("python -m experiments.mnist.pixel_scale", main))

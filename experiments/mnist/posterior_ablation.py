@@ -24,7 +24,6 @@ import copy
 import gzip
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from etweedie.models import EngressionPosterior
 from etweedie.noise import NoiseParams
 from etweedie.ops import energy_score
 from etweedie.train import NoisePrior, _loss_and_backward
+from experiments import _cli
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 LEVELS = (0.197, 0.5, 1.3, 2.63)
@@ -193,16 +193,23 @@ def main(argv=None):
     ap.add_argument("--n-test", type=int, default=512)
     ap.add_argument("--out", default="experiments/mnist/results/ablation")
     args = ap.parse_args(argv)
+    # every flag and arm is checked before the data are read and the first arm trains
+    for flag, low in (("--steps", 1), ("--batch", 1), ("--seed", 0), ("--n-test", 1)):
+        _cli.at_least(flag, getattr(args, flag[2:].replace("-", "_")), low)
+    _cli.threads("--threads", args.threads)
+    if not args.arms:
+        raise _cli.UsageError(f"--arms must name at least one arm of {', '.join(ARMS)}; got none")
+    for name in args.arms:
+        if name not in ARMS:
+            raise _cli.UsageError(f"--arms must name arms of {', '.join(ARMS)}, got {name!r}")
+    _cli.nonempty("--data-dir", args.data_dir, "an MNIST folder")
+    _cli.out_dir("--out", args.out)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     data = Path(args.data_dir)
     train_images = read_idx_images(data / "train-images-idx3-ubyte.gz")
     test = read_idx_images(data / "t10k-images-idx3-ubyte.gz")[: args.n_test].to(torch.float32) / 255.0
     for name in args.arms:
-        if name not in ARMS:
-            print(f"unknown arm {name!r}; known: {', '.join(ARMS)}", file=sys.stderr)
-            return 2
         res = run_arm(name, *ARMS[name], train_images, test, args.steps, args.batch, args.seed, out)
         with open(out / "ablation.jsonl", "a") as fh:
             fh.write(json.dumps(res) + "\n")
@@ -212,6 +219,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from experiments import _cli
-
     raise SystemExit(_cli.guarded("python -m experiments.mnist.posterior_ablation", main))

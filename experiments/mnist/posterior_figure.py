@@ -22,6 +22,7 @@ import torch
 from etweedie.paths import get_path, level_times
 from etweedie.sample import sample_langevin
 from etweedie.train import load_posterior
+from experiments import _cli
 
 PATHS = ("mnist_gaussian_isotropic", "mnist_generalized_nondiagonal", "mnist_joint")
 
@@ -40,11 +41,18 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="experiments/mnist/figures/posterior_samples_cpu.png")
     args = ap.parse_args(argv)
-    for flag in ("chains", "levels", "steps", "first_steps", "n_posterior", "threads"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    if not 0 < args.step_ratio < float("inf"):
-        raise ValueError(f"--step-ratio must be a finite float > 0, got {args.step_ratio}")
+    for flag in ("chains", "levels", "steps", "first_steps", "n_posterior"):
+        _cli.at_least(f"--{flag.replace('_', '-')}", getattr(args, flag), 1)
+    _cli.threads("--threads", args.threads)
+    _cli.positive("--step-ratio", args.step_ratio)
+    if not args.paths:
+        raise _cli.UsageError(f"--paths must name at least one path, e.g. {PATHS[0]}; got none")
+    for name in args.paths:
+        try:
+            get_path(name)
+        except (KeyError, ValueError) as exc:
+            raise _cli.UsageError(f"--paths {name}: {' '.join(str(exc).split())}") from None
+    _cli.out_file("--out", args.out)
     torch.set_num_threads(args.threads)
 
     import matplotlib
@@ -52,7 +60,7 @@ def main(argv=None) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    posterior = load_posterior(args.posterior)
+    posterior = _cli.load("--posterior", args.posterior, load_posterior, "a registered posterior name or weights folder")
     posterior = posterior.float()
     blocks, stats = [], {}
     for name in args.paths:
@@ -88,6 +96,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from experiments import _cli
-
     raise SystemExit(_cli.guarded("python -m experiments.mnist.posterior_figure", main))

@@ -112,8 +112,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
-    status = _cli.usage_error("sampling_table", [("--seeds", args.seeds, 1), ("--n-boot", args.n_boot, 2),
-                                                 ("--null-draws", args.null_draws, 0)])
+
+    def check():
+        for flag, low in (("--seeds", 1), ("--n-boot", 2), ("--null-draws", 0)):
+            _cli.at_least(flag, getattr(args, flag[2:].replace("-", "_")), low)
+        _cli.nonempty("DIRECTORY", args.directory, "a folder of <path>.npy files")
+        if not Path(args.directory).is_dir():
+            raise _cli.UsageError(f"DIRECTORY {args.directory}: no such folder; expected a folder of <path>.npy files")
+        _cli.nonempty("--data-dir", args.data_dir, "an MNIST folder")
+        _cli.out_file("--json", args.json)
+
+    status = _cli.report("sampling_table", check)
     if status:
         return status
     try:

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from etweedie.train import config_from_dict, gaussian_posterior_check, held_out_loss, load_posterior
+from experiments import _cli
 
 
 def _run_metadata(path: Path) -> dict:
@@ -32,13 +33,14 @@ def _run_metadata(path: Path) -> dict:
     return torch.load(legacy, map_location="cpu", weights_only=True)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", help="run directories or posterior.pt files")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    _cli.nonempty("PATH", args.paths, "a run directory or posterior.pt file")
     torch.set_num_threads(1)
     for path in args.paths:
-        posterior = load_posterior(path)
+        posterior = _cli.load("PATH", path, load_posterior, "a run directory or posterior.pt file")
         meta = _run_metadata(Path(path))
         config = config_from_dict(meta["train_config"])
         check = gaussian_posterior_check(posterior)
@@ -55,6 +57,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from experiments import _cli
-
     raise SystemExit(_cli.guarded("python -m experiments.posterior_quality.quality", main))
