@@ -32,6 +32,7 @@ import pytest
 import torch
 
 import etweedie
+from etweedie.cli import OneLineParser
 from etweedie.ops import reference
 from etweedie.ops._prep import canonicalize
 
@@ -259,9 +260,8 @@ def raw_backward_times(B: int = 64, N: int = 256, d: int = 784, rounds: int = 25
 
 
 def main(argv=None) -> int:
-    import argparse
 
-    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_et_score", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m benchmarks.bench_et_score", description=__doc__.splitlines()[0])
     p.add_argument("--raw-backward", action="store_true", help="time the raw backward op by draws dtype")
     p.add_argument("--threads", type=int, default=1, help=f"torch threads, 1 to {MAX_THREADS}")
     p.add_argument("--rounds", type=int, default=25, help="interleaved timed rounds (>= 1)")

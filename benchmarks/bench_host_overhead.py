@@ -26,7 +26,6 @@ autograd kernel) or of the query (et_score: ``et_score_fwd`` and its backward ke
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -38,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import etweedie  # noqa: E402
+from etweedie.cli import OneLineParser  # noqa: E402
 from benchmarks.common import MAX_THREADS, check_flags, check_threads, flag_error  # noqa: E402
 from etweedie.ops import _prep  # noqa: E402
 
@@ -135,7 +135,7 @@ def cases():
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=2000, help="calls per timed round (>= 1)")
     ap.add_argument("--threads", type=int, default=1, help=f"torch threads, 1 to {MAX_THREADS}")
     ap.add_argument("--json", default=None)

@@ -24,14 +24,12 @@ the threads are kept busy.  Not collected by pytest.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
 import subprocess
 import sys
 import tempfile
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import MAX_THREADS, check_flags, check_threads, cpu_name, flag_error, time_call  # noqa: E402
+from etweedie.cli import OneLineParser  # noqa: E402
 from etweedie.image_metrics import MnistClassifier, MnistEvaluator, nearest_train  # noqa: E402
 from etweedie.mnist import load_mnist  # noqa: E402
 
@@ -81,7 +80,7 @@ def cpu_seconds(fn) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2, help=f"CPU threads, 1 to {MAX_THREADS} (default 2)")
     parser.add_argument("--quick", action="store_true", help="one repeat of the end-to-end run, fewer of the others")
     parser.add_argument("--data-dir", help="MNIST folder (default: the repository's data/mnist)")
@@ -96,18 +95,17 @@ def main(argv=None) -> int:
                              f"({'not a folder' if os.path.exists(args.data_dir) else 'no such folder'})")
     except ValueError as exc:
         return flag_error(prog, exc)
-    torch.set_num_threads(args.threads)
-    load_before = os.getloadavg()[0]
-    rows = []
-
     try:  # missing or corrupt MNIST files (MnistChecksumError is a ValueError), a missing classifier
         test_images, test_labels = load_mnist("test", args.data_dir)
         train_images, _ = load_mnist("train", args.data_dir)
         clf = MnistClassifier(threads=args.threads)
-    except (ValueError, OSError, EOFError, zlib.error) as exc:  # zlib.error: a .gz whose deflate stream is corrupt
+    except (ValueError, OSError, EOFError) as exc:
         where = f"--data-dir {args.data_dir!r}" if args.data_dir is not None else "the default MNIST folder (--data-dir)"
         what = "" if isinstance(exc, (ValueError, FileNotFoundError)) else "cannot read the MNIST files: "
         return flag_error(prog, ValueError(f"{where}: {what}{exc}"))
+    torch.set_num_threads(args.threads)  # (after the inputs are read: a refused call leaves the caller's setting)
+    load_before = os.getloadavg()[0]
+    rows = []
     _check_classifier(clf, test_images, test_labels)
     t = time_call(lambda: clf(test_images), warmup=1, min_repeats=3 if args.quick else 5, budget_s=5.0)
     rows.append(("classifier_t10k", "features + logits, 10,000 t10k images", t, cpu_seconds(lambda: clf(test_images))))

@@ -24,7 +24,6 @@ out with torch ops).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import math
@@ -36,6 +35,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 import etweedie
+from etweedie.cli import OneLineParser
 from etweedie.models import EngressionPosterior
 from etweedie.paths import get_path, level_times
 from etweedie.sample import initial_states, sample_langevin, step_sizes
@@ -275,7 +275,7 @@ def format_table(report: Dict) -> str:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineParser(description=__doc__.split("\n")[0])
     p.add_argument("--posterior", default="untrained", help="'untrained', 'mnist' or a posterior file/run directory")
     p.add_argument("--width", type=int, default=512, help="untrained posterior: hidden width")
     p.add_argument("--depth", type=int, default=3, help="untrained posterior: hidden layers")

@@ -23,7 +23,6 @@ share of the card's dense bf16 tensor-core peak (NVIDIA datasheets; :data:`BF16_
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -41,6 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import etweedie  # noqa: E402
+from etweedie.cli import OneLineParser  # noqa: E402
 from benchmarks.common import MAX_THREADS, check_flags, check_threads, flag_error  # noqa: E402
 from etweedie._checks import check_device  # noqa: E402
 from etweedie.train import (  # noqa: E402
@@ -120,7 +120,7 @@ def run_variant(config: TrainConfig, data: torch.Tensor, warmup: int, steps: int
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="training config (default: an MNIST-shaped synthetic step)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dim", type=int, default=784, help="data dimension for the synthetic data (default 784)")

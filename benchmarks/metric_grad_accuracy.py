@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 import etweedie
+from etweedie.cli import OneLineParser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,7 +74,7 @@ def speed() -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("accuracy", "speed"))
     parser.add_argument("--seeds", nargs=2, type=int, default=(0, 400), metavar=("FIRST", "END"),
                         help="accuracy: the seeds FIRST, ..., END - 1 (0 <= FIRST < END)")

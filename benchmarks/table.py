@@ -14,7 +14,6 @@ does: a parallel region waits for its slowest thread).  Progress goes to stderr.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -23,6 +22,8 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from tqdm import tqdm
+
+from etweedie.cli import OneLineParser
 
 from . import (
     bench_energy_distance,
@@ -210,7 +211,7 @@ def select(only: Optional[str]):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.table", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m benchmarks.table", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small shapes (smoke run, < 60 s)")
     p.add_argument("--json", metavar="PATH", help="also write rows, targets and environment as JSON")
     p.add_argument("--only", metavar="IDS", help="comma-separated workload id prefixes")

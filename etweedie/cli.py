@@ -22,7 +22,17 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-__all__ = ["main", "MOVED_COMMANDS", "PLUGIN_COMMANDS"]
+__all__ = ["main", "MOVED_COMMANDS", "OneLineParser", "PLUGIN_COMMANDS"]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``argparse.ArgumentParser`` whose usage errors (an unknown flag, ``--steps abc``, a
+    missing argument) are one line, ``PROG: error: MESSAGE (PROG --help lists the arguments)``,
+    and exit status 2 — like every other error of this package's command lines, instead of
+    argparse's usage block before the line.  Subcommand parsers inherit it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the arguments)\n")
 
 # command name -> module defining CLI_HELP, add_cli_arguments(parser), cli_main(args)
 PLUGIN_COMMANDS = {
@@ -45,9 +55,7 @@ def _plugin(name: str):
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="etweedie", description="Energy-Tweedie scores from denoising-posterior samples."
-    )
+    parser = OneLineParser(prog="etweedie", description="Energy-Tweedie scores from denoising-posterior samples.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
 

@@ -24,6 +24,15 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 MAX_THREADS = 1024
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with one-line usage errors, ``PROG: error: MESSAGE (PROG --help lists the
+    arguments)``, status 2: the behaviour of ``etweedie.cli.OneLineParser``, defined again here so
+    that importing these helpers (the GPU orchestration scripts do) does not import torch."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the arguments)\n")
+
+
 class UsageError(ValueError):
     """A flag's value a user gave cannot work: its message is the one line after ``PROG: error: ``."""
 
@@ -220,7 +229,7 @@ def run(prog: str, description: str, add_arguments: Callable[[argparse.ArgumentP
     """Build the parser with ``add_arguments``, parse ``argv``, run ``check(args)`` (the flag checks
     that raise UsageError), check ``--out`` (created here) and hand the arguments to ``cli_main``;
     a UsageError raised there too is one line and status 2."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = OneLineParser(prog=prog, description=description)
     add_arguments(parser)
     args, status = parse(parser, argv)
     if args is None:

@@ -13,11 +13,11 @@ the gradient's error relative to its largest entry and the value's error relativ
 term (1/M) Σ ‖x_i − y‖^β (the value is a difference of terms ~1e12 or ~1e19 there).
 """
 
-import argparse
 
 import torch
 
 import etweedie
+from etweedie.cli import OneLineParser
 
 
 def grads(samples, target, beta, backend, dtype):
@@ -72,7 +72,7 @@ def wide_rows() -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=6)
     args = p.parse_args()
     if args.seeds < 1:

@@ -11,17 +11,17 @@ caches holding none of its code or data (the slot after the table's copy or eage
 where the host path costs several times its warm time.
 """
 
-import argparse
 import statistics
 import time
 
 import torch
 
 import etweedie
+from etweedie.cli import OneLineParser
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--evict", action="store_true", help="a 256 MiB copy before every timed call")
     args = p.parse_args()

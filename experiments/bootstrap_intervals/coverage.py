@@ -14,7 +14,6 @@ and reports the mean interval width.  Weight scenarios: half the modes at 1/8 + 
 
 from __future__ import annotations
 
-import argparse
 
 import torch
 from tqdm import tqdm
@@ -51,7 +50,7 @@ def scenarios():
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _cli.OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 4096], help="points per seed (3 seeds)")
     parser.add_argument("--datasets", type=int, default=200, help="independent data sets per scenario and size")
     parser.add_argument("--n-boot", type=int, default=200, help="bootstrap replicates (the tables use 200)")

@@ -11,7 +11,6 @@ each 95 % interval covers 0.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 import torch
@@ -23,7 +22,7 @@ from experiments import _cli
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _cli.OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[171, 1365], help="points per seed (3 seeds)")
     parser.add_argument("--reference", type=int, default=1024, help="clean reference points")
     parser.add_argument("--datasets", type=int, default=10, help="independent data sets per size")

@@ -31,7 +31,6 @@ NMSE = E‖ŝ − s‖² / E‖s‖² over queries; cosine is the mean per-query
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -467,7 +466,7 @@ PROG = "python -m experiments.eight_gaussians.demo"
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m experiments.eight_gaussians.demo [--seed N] [--out DIR] [--quick] [--no-progress]``."""
-    parser = argparse.ArgumentParser(
+    parser = _cli.OneLineParser(
         prog=PROG, description="train a small posterior on CPU and evaluate its score (paper §5.1)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")

@@ -192,7 +192,7 @@ def worker(args) -> int:
 
 # ---------------------------------------------------------------------------- driver
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _cli.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pack-dir", help="where the tar.gz results go (the device's $OUT)")
     parser.add_argument("--deadline", type=float, default=560.0, help="seconds from start to stop everything and pack")
     parser.add_argument("--workers", type=int, default=4, help="table jobs at a time")

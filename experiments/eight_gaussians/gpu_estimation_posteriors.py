@@ -61,7 +61,7 @@ def run_name(prefix: str, seed: int, first_seed: int) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _cli.OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/eight_gaussians_large.toml")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     parser.add_argument("--prefix", default="runs/eg_large", help="run directory of the first seed; the others get _seed<N>")

@@ -7,7 +7,6 @@ forward vs fused score/step kernel vs rest) per posterior.
     OMP_NUM_THREADS=1 python -m experiments.eight_gaussians.sampler_throughput [--checkpoint RUN_DIR] [--levels 2] [--no-blocking]
 """
 
-import argparse
 import json
 
 import torch
@@ -21,7 +20,7 @@ LEVELS = 51  # the joint path's schedule
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _cli.OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", action="append", default=[], help="learned posterior(s) to time as well")
     parser.add_argument("--chains", type=int, default=4096)
     parser.add_argument("--levels", type=int, default=2, help=f"levels timed, from the first (1 to {LEVELS})")

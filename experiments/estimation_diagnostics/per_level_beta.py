@@ -11,7 +11,6 @@ where the learned rows leave the oracle row is where the posterior model is off.
         --replicates 0 3 [--antithetic] [--oracle-draws 1024] [--split-half]
 """
 
-import argparse
 import dataclasses
 import json
 
@@ -24,7 +23,7 @@ from etweedie.estimate import EstimatorSettings, estimate_noise
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _cli.OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/estimate_spd.toml")
     parser.add_argument("--posterior-checkpoint", action="append", required=True, metavar="PATH")
     parser.add_argument("--replicates", type=int, nargs="+", default=[0])

@@ -13,7 +13,6 @@ Gaussian's for β < 2.  kurt = E t⁴ / (E t²)², q99/q50 = the 99 % over the 5
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import torch
@@ -33,7 +32,7 @@ def residual_stats(t: torch.Tensor, beta: float) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _cli.OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--posterior-checkpoint", action="append", default=[], metavar="PATH")
     parser.add_argument("--sigmas", type=float, nargs="+", default=[0.1, 0.25, 0.45, 0.75])
     parser.add_argument("--queries", type=int, default=1500)

@@ -18,7 +18,6 @@ observations and their known σ only.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
@@ -51,7 +50,7 @@ def light_replicate(config, rep):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = _cli.OneLineParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default="configs/estimate_spd.toml")
     p.add_argument("--rep", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a [score_net] entry (JSON value)")

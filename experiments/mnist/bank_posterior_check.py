@@ -15,10 +15,8 @@ independently of a trained posterior's quality.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -52,7 +50,7 @@ class BankPosterior:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = _cli.OneLineParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--bank", type=int, default=1000, help="bank size M (the first M training images)")
     p.add_argument("--chains", type=int, default=9)

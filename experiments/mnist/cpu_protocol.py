@@ -18,7 +18,6 @@ variant whose final state is the mean of K posterior draws instead of one:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -34,7 +33,7 @@ from . import sampling, sampling_figures, sampling_table
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = _cli.OneLineParser(description=__doc__.split("\n")[0])
     p.add_argument("--posterior", default="mnist", help="posterior name or path, or untrained:WIDTH (default mnist)")
     p.add_argument("--protocol", choices=tuple(sampling.PROTOCOLS), default="cpu")
     p.add_argument("--out", required=True, help="output folder (parts, pooled samples, table, figures)")

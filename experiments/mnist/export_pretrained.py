@@ -16,7 +16,6 @@ split, and writes ``MODEL_CARD.md`` and ``model_card.json`` beside the weights:
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import platform
@@ -36,7 +35,7 @@ from experiments import _cli
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _cli.OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", required=True, help="training run directory (holds posterior/ and train_log.jsonl)")
     ap.add_argument("--dest", required=True, help="destination weights folder, e.g. pretrained/mnist_cpu")
     ap.add_argument("--command", required=True, help="the exact training command, for the card")

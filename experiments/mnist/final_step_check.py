@@ -9,9 +9,7 @@ and 64 draws): feature ED, mean confidence, class TV, classes present, nearest-t
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 
 import torch
@@ -26,7 +24,7 @@ from experiments.mnist import sampling
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _cli.OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--path", default="mnist_generalized_nondiagonal", choices=sampling.PATHS)
     ap.add_argument("--posterior", default="mnist")
     ap.add_argument("--n-boot", type=int, default=200)

@@ -28,7 +28,6 @@ of each part's chains (``etweedie.sample_parallel``) and rank 0 writes.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -52,7 +51,7 @@ MAX_FILE_BYTES = 16 * 2**20
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = _cli.OneLineParser(description=__doc__.split("\n")[0])
     p.add_argument("--posterior", default=None, help="posterior name or path (default: mnist; dry run: untrained:32)")
     p.add_argument("--work", default="runs/mnist_gpu", help="work folder (parts, logs); rerun to continue")
     p.add_argument("--pack-dir", required=True, help="where the ≤ 8 files worth committing go")

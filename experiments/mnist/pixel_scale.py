@@ -9,7 +9,6 @@ of the mean confidence over random 768-image draws of t10k (the real row is one 
 
 from __future__ import annotations
 
-import argparse
 
 import onnx
 import onnxruntime as ort
@@ -28,7 +27,7 @@ SCALES = {
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _cli.OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir")
     args = parser.parse_args(argv)
     _cli.nonempty("--data-dir", args.data_dir, "an MNIST folder")

@@ -19,7 +19,6 @@ r = 0.197 and at r = 1.3).
 
 from __future__ import annotations
 
-import argparse
 import copy
 import gzip
 import json
@@ -183,7 +182,7 @@ def run_arm(name, model_kw, opts, train_images, x_test, steps, batch, seed, out:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _cli.OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-dir", default="/work/shared/data/mnist")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=64)

@@ -12,7 +12,6 @@ figure has one block of chains per path; nothing is selected.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ PATHS = ("mnist_gaussian_isotropic", "mnist_generalized_nondiagonal", "mnist_joi
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _cli.OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--posterior", default="mnist", help="registered name or weights directory (default: mnist)")
     ap.add_argument("--paths", nargs="*", default=list(PATHS))
     ap.add_argument("--chains", type=int, default=32)

@@ -11,7 +11,6 @@ held-out images' value; plus the real-vs-real row.  The paper's numbers stand be
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -104,7 +103,7 @@ def format_table(result: Dict) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(description="Table mnist_quantitative from pooled <path>.npy sample files")
+    p = _cli.OneLineParser(description="Table mnist_quantitative from pooled <path>.npy sample files")
     p.add_argument("directory")
     p.add_argument("--seeds", type=int, default=len(SEEDS), help="seed groups per pooled file (default 3)")
     p.add_argument("--n-boot", type=int, default=1000)

@@ -11,7 +11,6 @@ OUT/ablation.jsonl.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -24,7 +23,7 @@ from experiments import _cli
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _cli.OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--variant", action="append", required=True, help="conditioning:output[:width], e.g. film:scaled_residual or concat:residual:200")
     parser.add_argument("--out", default="runs/ablation")

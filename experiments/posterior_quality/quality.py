@@ -12,7 +12,6 @@ posterior-mean error ‖x̄_N − E[X|y]‖².  One JSON line per model.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -34,7 +33,7 @@ def _run_metadata(path: Path) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _cli.OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", help="run directories or posterior.pt files")
     args = parser.parse_args(argv)
     _cli.nonempty("PATH", args.paths, "a run directory or posterior.pt file")
