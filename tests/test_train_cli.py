@@ -248,3 +248,18 @@ def test_a_finished_run_says_there_is_nothing_left(tmp_path, capsys):
     capsys.readouterr()
     assert _train("--out", out, "--steps", "2") == 0
     assert "nothing left to train" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["train", "--config", str(TINY), "--steps", "abc"], ["argument --steps: invalid int value: 'abc'"]),
+    (["train"], ["required: --config"]),
+    (["train", "--config", str(TINY), "--no-such-flag"], ["unrecognized arguments: --no-such-flag"]),
+])
+def test_argparse_errors_are_one_line(capsys, argv, words):
+    """argparse's own errors (a bad type, a missing or unknown flag) are one line too, not the
+    usage block before it (etweedie.cli.OneLineParser)."""
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("etweedie") and ": error: " in lines[0], err
+    assert all(w in lines[0] for w in words) and lines[0].endswith("--help lists the arguments)"), lines[0]
