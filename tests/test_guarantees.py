@@ -904,13 +904,17 @@ def test_equal_points_tie_without_value_reads(monkeypatch, op, layout):
 
 
 @pytest.mark.parametrize("backend,device", ALL, ids=ALL_IDS)
-@pytest.mark.parametrize("dtype,d,Q", [(torch.float32, 6, 1), (torch.float64, 64, 4)])
+@pytest.mark.parametrize("dtype,d,Q", [(torch.float32, 6, 1), (torch.float64, 64, 4), (torch.float32, 5, 2),
+                                       (torch.float64, 17, 2)])
 def test_a_query_on_a_bank_point_under_a_dense_metric(backend, device, dtype, d, Q):
-    """is_score with a dense metric and a query equal to a bank point: that point is an exact
-    coincidence (weight term 0), not a spurious distance whose ‖u‖^{β−2}u term at β = 0.3 made
-    the score 10⁸× too large."""
+    """is_score with a dense metric and a query equal to a bank point (a point the bank holds
+    twice, too): every copy is an exact coincidence (weight term 0), not a spurious distance
+    whose ‖u‖^{β−2}u term at β = 0.3 made the score 10⁸× too large."""
     g = _g(3)
     bank = torch.randn(40, d, generator=g, dtype=torch.float64)
+    bank[37] = bank[0]
+    bank[38] = bank[0]
+    bank[39] = bank[Q - 1]
     y = bank[:Q].clone() if Q > 1 else bank[:1].clone()
     y[Q - 1] += 0.0
     S = _dense_sigma(d, g, torch.float64)

@@ -29,6 +29,7 @@ from ._prep import (
     float64_range_error,
     metric_param,
     row_whitening_factor,
+    tie_equal_rows,
     tie_to_rows,
 )
 
@@ -108,11 +109,11 @@ def is_score(
             L = row_whitening_factor(metric, torch.Size([1]), y.dtype, op)
             c = bank.mean(0, keepdim=True)
             ones = torch.ones(1, dtype=y.dtype, device=y.device)
-            # a query equal to a bank point takes that point's z: a matrix product may round equal
-            # rows differently (even within one product; see _ties), and at β < 2 the spurious
-            # distance's term ‖u‖^{β−2}u is far above the score
+            # equal bank points take one z, and a query equal to a bank point takes that z: a matrix
+            # product may round equal rows differently (even within one product; see _ties), and at
+            # β < 2 the spurious distance's term ‖u‖^{β−2}u is far above the score
             uq, ub = yq - c, bank - c
-            zb = ub @ L
+            zb = tie_equal_rows((ub @ L).unsqueeze(0), ub.unsqueeze(0)).squeeze(0)
             zq = tie_to_rows(uq @ L, uq, zb, ub)
             zs, zmean, ess = _kernel(name, zq.contiguous(), zb.contiguous(), b, l, ones, 0)
             score = zs @ L.T
