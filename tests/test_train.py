@@ -345,7 +345,7 @@ def test_cli_train_usage_errors(tmp_path, capsys):
     assert cli(["train", "--config", str(bad), "--out", str(tmp_path / "x")]) == 2
     assert "unknown key(s) bogus" in capsys.readouterr().err
     assert cli(["train", "--config", str(TINY), "--out", str(tmp_path / "y"), "--steps", "-1"]) == 2
-    assert "steps must be >= 0" in capsys.readouterr().err
+    assert "--steps must be >= 1, got -1" in capsys.readouterr().err
     assert cli(["train", "--config", str(TINY), "--out", str(tmp_path / "z"), "--device", "gpu0"]) == 2
     assert "device must name a torch device" in capsys.readouterr().err
 
