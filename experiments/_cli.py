@@ -236,13 +236,20 @@ def run(prog: str, description: str, add_arguments: Callable[[argparse.ArgumentP
         return status
     from etweedie.backends import BackendUnavailable
 
+    out = getattr(args, "out", None)
+    fresh = isinstance(out, (str, os.PathLike)) and str(out).strip() != "" and not Path(out).exists()
+    status = 2
     try:
         if check is not None:
             check(args)
-        out_dir("--out", getattr(args, "out", None))
-        return cli_main(args)
+        out_dir("--out", out)
+        status = cli_main(args)
+        return status
     except (UsageError, BackendUnavailable) as exc:  # e.g. ETWEEDIE_BACKEND=cuda on a machine without it
         return fail(prog, exc)
+    finally:
+        if fresh and status != 0 and Path(out).is_dir() and not any(Path(out).iterdir()):
+            Path(out).rmdir()  # a run refused after --out was created leaves no empty folder behind
 
 
 def usage_error(prog: str, minimums: Sequence[Tuple[str, Optional[int], int]] = (), out=None, out_flag: str = "--out") -> int:

@@ -229,3 +229,20 @@ def test_config_read_errors_name_the_flag_and_file(files):
         assert str(exc.value).startswith(f"--config {path}".strip()) and words in str(exc.value), str(exc.value)
     with pytest.raises(_cli.UsageError, match="is a folder"):
         _cli.read_config("--config", str(files), loader)
+
+
+def test_a_refused_run_leaves_no_empty_out_folder(tmp_path, capsys):
+    """--out is created before the run (a path that cannot hold it fails at once); a run refused
+    after that (here a config with an unknown key) removes the folder it made, if still empty."""
+    from experiments.eight_gaussians import score_eval
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("bogus = 1\n")
+    out = tmp_path / "new"
+    assert score_eval.main(["--config", str(bad), "--oracle", "--out", str(out)]) == 2
+    assert "unknown key 'bogus'" in capsys.readouterr().err
+    assert not out.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert score_eval.main(["--config", str(bad), "--oracle", "--out", str(kept)]) == 2
+    assert kept.is_dir()  # a folder that was there before stays
