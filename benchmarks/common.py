@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 import etweedie
-from etweedie._checks import check_output_file
+from etweedie._checks import MAX_THREADS, check_output_file
 
 BACKENDS = ("cpu", "reference", "compile")
 THREADS = int(os.environ.get("ETWEEDIE_BENCH_THREADS", "2"))
@@ -50,9 +50,6 @@ def set_threads(n: int = THREADS) -> int:
     return torch.get_num_threads()
 
 
-#: the most intra-op threads a script accepts (the training config's bound): beyond it
-#: ``torch.set_num_threads`` can crash the process instead of raising.
-MAX_THREADS = 1024
 
 
 def check_flags(bounds: Sequence[tuple] = (), json_path: Optional[str] = None) -> None:

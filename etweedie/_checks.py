@@ -22,8 +22,12 @@ from typing import Optional
 
 import torch
 
-__all__ = ["check_bool", "check_device", "check_float", "check_generator", "check_int", "check_output_dir",
-           "check_output_file"]
+__all__ = ["MAX_THREADS", "check_bool", "check_device", "check_float", "check_generator", "check_int",
+           "check_output_dir", "check_output_file"]
+
+#: The most intra-op threads a config or flag accepts: ``torch.set_num_threads`` of far more
+#: crashes the process (100000 segfaults) instead of raising.
+MAX_THREADS = 1024
 
 
 # ---------------------------------------------------------------------------- argument checks

@@ -166,12 +166,12 @@ def save_weights(
         raise ValueError(f"dtype must be a floating-point dtype, torch.int8 or None, got {dtype}")
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict of name -> tensor, got {type(state).__name__}")
-    try:
-        config_text = json.dumps(config, indent=1) if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict, got {type(config).__name__}")
+    try:  # (before any file is written)
+        json.dumps(config)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"config must be JSON-serializable: {exc}") from None
-    if config_text is None:
-        raise TypeError(f"config must be a dict, got {type(config).__name__}")
     items = []
     for name, t in state.items():
         if not isinstance(name, str) or not isinstance(t, torch.Tensor):

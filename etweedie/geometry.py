@@ -372,11 +372,15 @@ class Metric:
     def apply_precision(self, u: torch.Tensor, sample_dims: int = 0) -> torch.Tensor:
         """P u for u of shape ``(*batch, *sample, d)`` (``sample_dims`` = len(sample))."""
         self._check_vectors(u, sample_dims)
-        return self.inverse().apply_covariance(u, sample_dims)
+        return self.inverse()._apply_covariance(u, sample_dims)
 
     def apply_covariance(self, u: torch.Tensor, sample_dims: int = 0) -> torch.Tensor:
         """Σ u for u of shape ``(*batch, *sample, d)`` (``sample_dims`` = len(sample))."""
         self._check_vectors(u, sample_dims)
+        return self._apply_covariance(u, sample_dims)
+
+    def _apply_covariance(self, u: torch.Tensor, sample_dims: int) -> torch.Tensor:
+        """:meth:`apply_covariance` on vectors already checked."""
         if self.kind == "isotropic":
             return self._param_for(u, 0, sample_dims)[..., None] * u
         if self.kind == "diagonal":
@@ -433,7 +437,7 @@ class Metric:
     def sq_norm(self, u: torch.Tensor, sample_dims: int = 0) -> torch.Tensor:
         """‖u‖²_P = uᵀ P u, shape ``u.shape[:-1]``."""
         self._check_vectors(u, sample_dims)
-        return (u * self.apply_precision(u, sample_dims)).sum(-1)
+        return (u * self.inverse()._apply_covariance(u, sample_dims)).sum(-1)
 
     def logdet(self, d: Optional[int] = None) -> torch.Tensor:
         """log det Σ (of the full d×d covariance; ``d`` needed for isotropic and block)."""

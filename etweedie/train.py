@@ -71,7 +71,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import torch
 from tqdm.auto import tqdm
 
-from ._checks import check_device, check_float, check_int
+from ._checks import MAX_THREADS, check_device, check_float, check_int
 from . import models as _models
 from .checkpoint import (
     CheckpointError,
@@ -286,7 +286,7 @@ class TrainConfig:
         _require(self.warmup_steps >= 0, "warmup_steps", ">= 0", self.warmup_steps)
         _require(self.checkpoint_every >= 1, "checkpoint_every", ">= 1", self.checkpoint_every)
         _require(self.log_every >= 1, "log_every", ">= 1", self.log_every)
-        _require(0 <= self.threads <= 1024, "threads", "in [0, 1024] (0: torch's default)", self.threads)
+        _require(0 <= self.threads <= MAX_THREADS, "threads", f"in [0, {MAX_THREADS}] (0: torch's default)", self.threads)
         if not isinstance(self.device, str):
             raise TypeError(f"device must be a string such as 'cpu' or 'cuda', got {type(self.device).__name__}")
         try:

@@ -121,9 +121,10 @@ def cli_main(args) -> int:
             return fail(f"--{name.replace('_', '-')} must be >= {minimum}, got {getattr(args, name)}")
     if not 0 < args.level < 1:
         return fail(f"--level must lie in (0, 1), got {args.level}")
-    if args.threads is not None and not 1 <= args.threads <= 1024:
-        return fail(f"--threads must be in [1, 1024], got {args.threads}")
-    from .._checks import check_output_dir, check_output_file
+    from .._checks import MAX_THREADS, check_output_dir, check_output_file
+
+    if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+        return fail(f"--threads must be in [1, {MAX_THREADS}], got {args.threads}")
 
     try:  # the outputs' paths are tried now, not after minutes of evaluation
         if args.json is not None:

@@ -14,6 +14,7 @@ the same ``--out``) is one line on stderr and exit status 2.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 from pathlib import Path
@@ -51,8 +52,6 @@ def _error(message) -> int:
 
 def _check_flags(args) -> None:
     """ValueError naming the flag, for values the run cannot use (before the config is read)."""
-    import math
-
     for flag, value in (("--config", args.config), ("--out", args.out), ("--device", args.device)):
         if value is not None and not str(value).strip():
             raise ValueError(f"{flag} must not be empty")

@@ -27,7 +27,7 @@ from .. import backends
 from ..geometry import Metric, _functorch_wrapped, _in_vmap
 from ..rules import pairwise
 from ..rules.common import BLOCK, DENSE, DIAGONAL, ISOTROPIC  # noqa: F401 (the canonical kinds, re-exported)
-from ._ties import tie_equal_rows, tie_to_rows  # noqa: F401 (tie_to_rows: for the ops)
+from ._ties import row_keys, tie_equal_rows, tie_to_rows  # noqa: F401 (row_keys, tie_to_rows: for the ops)
 _KIND = {"isotropic": ISOTROPIC, "diagonal": DIAGONAL, "block": BLOCK, "dense": DENSE}
 
 

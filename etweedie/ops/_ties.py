@@ -17,11 +17,13 @@ passes over the n×d points and a sort of n keys, beside the product's n·d² wo
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ..geometry import _functorch_wrapped, _in_vmap
 
-__all__ = ["tie_equal_rows", "tie_to_rows"]
+__all__ = ["row_keys", "tie_equal_rows", "tie_to_rows"]
 
 # odd multipliers (steps of the golden-ratio constant) for the row hash; int32 products wrap
 # around and their int64 sum is exact, so a row's key is a function of its bits alone, whatever
@@ -35,10 +37,11 @@ def _weights(n: int, device: torch.device) -> torch.Tensor:
     return ((k * _GOLDEN) % (1 << 32) | 1).to(torch.int64).sub_(1 << 31).to(torch.int32)
 
 
-def _row_keys(u: torch.Tensor) -> torch.Tensor:
+def row_keys(u: torch.Tensor) -> torch.Tensor:
     """(..., n) int64 hash of each row of u (..., n, d) float32/float64: equal rows (as values:
     ±0 alike, through |u|'s bits) get equal keys; different rows rarely do (the exact comparison
-    after the sort tells)."""
+    after the sort tells).  A caller tying one set twice (within itself, then against another)
+    computes them once and passes them to both."""
     d = u.shape[-1]
     flat = u.reshape(-1, d)
     words = d * (2 if u.dtype == torch.float64 else 1)
@@ -55,9 +58,8 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a == b).all(-1)
 
 
-def _take(z: torch.Tensor, rep: torch.Tensor, tied: torch.Tensor) -> torch.Tensor:
-    """z with row i replaced by row rep[i] where ``tied``, the gradient of each row kept its own."""
-    src = z.detach().gather(-2, rep.unsqueeze(-1).expand(*rep.shape, z.shape[-1]))
+def _straight_through(z: torch.Tensor, src: torch.Tensor, tied: torch.Tensor) -> torch.Tensor:
+    """``src`` (detached values) where ``tied``, else ``z``; each row's gradient stays its own."""
     return torch.where(tied.unsqueeze(-1), src + (z - z.detach()), z)
 
 
@@ -69,13 +71,14 @@ def _values_read(t: torch.Tensor) -> bool:
             and not (_functorch_wrapped(t) and _in_vmap()))
 
 
-def tie_equal_rows(z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def tie_equal_rows(z: torch.Tensor, u: torch.Tensor, keys: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``z`` (B, n, d), the whitened rows of ``u`` (B, n, d), with rows equal in ``u`` made equal
-    in ``z`` within each leading index (rows of different leading indices never meet in a pair)."""
+    in ``z`` within each leading index (rows of different leading indices never meet in a pair).
+    ``keys``: ``row_keys(u)``, when the caller has them."""
     B, n, d = u.shape
     if n < 2 or z.numel() == 0:
         return z
-    ks, order = torch.sort(_row_keys(u), dim=1, stable=True)
+    ks, order = torch.sort(row_keys(u) if keys is None else keys, dim=1, stable=True)
     start = torch.ones_like(ks, dtype=torch.bool)
     start[:, 1:] = ks[:, 1:] != ks[:, :-1]
     pos = torch.arange(n, device=u.device).expand(B, n)
@@ -88,32 +91,33 @@ def tie_equal_rows(z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
             return z
         bi, si = cand[:, 0], cand[:, 1]
         ok = _same(u[bi, order[bi, si]], u[bi, rep_sorted[bi, si]])
-        tied_sorted = torch.zeros_like(start)
-        tied_sorted[bi[ok], si[ok]] = True
         if not bool(ok.any()):
             return z
+        tied_sorted = torch.zeros_like(start)
+        tied_sorted[bi[ok], si[ok]] = True
     else:  # no reads (a GPU, compile, vmap): the same as selects over every row
         idx = lambda i: i.unsqueeze(-1).expand(B, n, d)  # noqa: E731
         tied_sorted = ~start & _same(u.gather(1, idx(order)), u.gather(1, idx(rep_sorted)))
     back = torch.argsort(order, dim=1)  # sorted position of each row (a gather: vmap has no rule for scatter_)
     rep = torch.where(tied_sorted, rep_sorted, order).gather(1, back)
-    tied = tied_sorted.gather(1, back)
-    return _take(z, rep, tied)
+    src = z.detach().gather(1, rep.unsqueeze(-1).expand(B, n, z.shape[-1]))
+    return _straight_through(z, src, tied_sorted.gather(1, back))
 
 
-def tie_to_rows(zq: torch.Tensor, uq: torch.Tensor, zr: torch.Tensor, ur: torch.Tensor) -> torch.Tensor:
+def tie_to_rows(zq: torch.Tensor, uq: torch.Tensor, zr: torch.Tensor, ur: torch.Tensor,
+                keys_q: Optional[torch.Tensor] = None, keys_r: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``zq`` (n, d), the whitened rows of ``uq``, with a row equal to a row of the reference set
     ``ur`` (m, d) taking that row's whitened ``zr`` (queries against a bank, a target against a
-    shared cloud, a cloud against a shared cloud)."""
+    shared cloud, a cloud against a shared cloud).  ``keys_q`` / ``keys_r``: ``row_keys`` of
+    ``uq`` / ``ur``, when the caller has them."""
     n, m = uq.shape[0], ur.shape[0]
     if n == 0 or m == 0:
         return zq
-    kr_sorted, order = torch.sort(_row_keys(ur), stable=True)
-    kq = _row_keys(uq)
+    kr_sorted, order = torch.sort(row_keys(ur) if keys_r is None else keys_r, stable=True)
+    kq = row_keys(uq) if keys_q is None else keys_q
     at = torch.searchsorted(kr_sorted, kq).clamp_(max=m - 1)
     rep = order[at]
     tied = (kr_sorted[at] == kq) & _same(uq, ur[rep])
     if _values_read(uq) and not bool(tied.any()):
         return zq
-    src = zr.detach()[rep]
-    return torch.where(tied.unsqueeze(-1), src + (zq - zq.detach()), zq)
+    return _straight_through(zq, zr.detach()[rep], tied)

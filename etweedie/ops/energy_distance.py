@@ -37,7 +37,9 @@ from ._prep import (
     nan_rows,
     register_pairwise_op,
     row_whitening_factor,
+    row_keys,
     scan,
+    tie_equal_rows,
     tie_to_rows,
     value_checks,
     widen,
@@ -144,9 +146,11 @@ def energy_distance(
             # a shared cloud a (with its first point as the centre) stays a broadcast; b's points
             # equal to one of a's take its z
             za = centred_rows_matmul(ac, c, Lb, tie=True)
-            zb = centred_rows_matmul(bc, c, Lb, tie=True)
-            ub = (bc.to(c.dtype) - c).reshape(-1, d)
-            zb = tie_to_rows(zb.reshape(-1, d), ub, za[0], ac[0].to(c.dtype) - c[0]).reshape(B, m, d)
+            ub = bc.to(c.dtype) - c
+            kb = row_keys(ub)  # (hashed once: for b's own ties and for b's ties to a)
+            zb = tie_equal_rows(ub @ Lb, ub, kb)
+            zb = tie_to_rows(zb.reshape(-1, d), ub.reshape(-1, d), za[0], ac[0].to(c.dtype) - c[0],
+                             keys_q=kb.reshape(-1)).reshape(B, m, d)
         elif c.shape[0] == 1 and B > 1:  # both clouds shared: one row's product, expanded
             za, zb = centred_rows_matmul(torch.cat([ac[:1], bc[:1]], dim=1), c, Lb, tie=True).split([n, m], dim=1)
             za, zb = za.expand(B, n, d), zb.expand(B, m, d)

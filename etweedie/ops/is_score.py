@@ -28,6 +28,7 @@ from ._prep import (
     float64_out_of_range,
     float64_range_error,
     metric_param,
+    row_keys,
     row_whitening_factor,
     tie_equal_rows,
     tie_to_rows,
@@ -113,8 +114,9 @@ def is_score(
             # product may round equal rows differently (even within one product; see _ties), and at
             # β < 2 the spurious distance's term ‖u‖^{β−2}u is far above the score
             uq, ub = yq - c, bank - c
-            zb = tie_equal_rows((ub @ L).unsqueeze(0), ub.unsqueeze(0)).squeeze(0)
-            zq = tie_to_rows(uq @ L, uq, zb, ub)
+            kb = row_keys(ub)  # (the bank hashed once: for its own ties and for the queries')
+            zb = tie_equal_rows((ub @ L).unsqueeze(0), ub.unsqueeze(0), kb.unsqueeze(0)).squeeze(0)
+            zq = tie_to_rows(uq @ L, uq, zb, ub, keys_r=kb)
             zs, zmean, ess = _kernel(name, zq.contiguous(), zb.contiguous(), b, l, ones, 0)
             score = zs @ L.T
             mean = torch.linalg.solve_triangular(L.T, zmean.T, upper=True).T + c
