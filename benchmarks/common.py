@@ -38,14 +38,32 @@ import etweedie
 from etweedie._checks import MAX_THREADS, check_output_file
 
 BACKENDS = ("cpu", "reference", "compile")
-THREADS = int(os.environ.get("ETWEEDIE_BENCH_THREADS", "2"))
+THREADS_ENV = "ETWEEDIE_BENCH_THREADS"
 
 
-def set_threads(n: int = THREADS) -> int:
+def env_threads(default: int = 2) -> int:
+    """The thread count :data:`THREADS_ENV` asks for (``default`` where it is unset or empty);
+    ValueError naming the variable where it is not an integer in [1, MAX_THREADS]."""
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if not text:
+        return default
+    try:
+        n = int(text)
+    except ValueError:
+        raise ValueError(f"{THREADS_ENV} must be an integer in [1, {MAX_THREADS}], got {text!r}") from None
+    if not 1 <= n <= MAX_THREADS:
+        raise ValueError(f"{THREADS_ENV} must be an integer in [1, {MAX_THREADS}], got {n}")
+    return n
+
+
+def set_threads(n: Optional[int] = None) -> int:
     """Intra-op threads for torch and the kernels (at::parallel_for follows torch's setting);
-    ValueError outside [1, MAX_THREADS] (torch itself can crash on a huge count)."""
+    None reads :func:`env_threads`; ValueError outside [1, MAX_THREADS] (torch itself can crash
+    on a huge count)."""
+    if n is None:
+        n = env_threads()
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS:
-        raise ValueError(f"threads must be an int in [1, {MAX_THREADS}] (ETWEEDIE_BENCH_THREADS or --threads), got {n!r}")
+        raise ValueError(f"threads must be an int in [1, {MAX_THREADS}], got {n!r}")
     torch.set_num_threads(n)
     return torch.get_num_threads()
 

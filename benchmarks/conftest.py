@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from .common import THREADS, set_threads
+from .common import set_threads
 
 
 def pytest_addoption(parser):
@@ -24,7 +24,7 @@ def pytest_collect_file(file_path, parent):
 
 @pytest.fixture(scope="session", autouse=True)
 def _threads():
-    set_threads(THREADS)
+    set_threads()  # ETWEEDIE_BENCH_THREADS, else 2
 
 
 @pytest.fixture(scope="session")

@@ -35,11 +35,12 @@ from . import (
 )
 from .common import (
     MAX_THREADS,
-    THREADS,
+    THREADS_ENV,
     Result,
     check_flags,
     check_threads,
     copy_bandwidth,
+    env_threads,
     environment,
     flag_error,
     format_bytes,
@@ -215,13 +216,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--quick", action="store_true", help="small shapes (smoke run, < 60 s)")
     p.add_argument("--json", metavar="PATH", help="also write rows, targets and environment as JSON")
     p.add_argument("--only", metavar="IDS", help="comma-separated workload id prefixes")
-    p.add_argument("--threads", type=int, default=THREADS, help=f"torch threads, 1 to {MAX_THREADS} (default {THREADS})")
+    p.add_argument("--threads", type=int, default=None,
+                   help=f"torch threads, 1 to {MAX_THREADS} (default ${THREADS_ENV}, else 2)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--cpu-time", action="store_true",
                    help="time process CPU time (time.process_time) instead of wall time; use with --threads 1")
     args = p.parse_args(argv)
     try:  # flag values checked before minutes of timing: one line and exit status 2
         check_flags([check_threads(args.threads)], args.json)
+        if args.threads is None:
+            args.threads = env_threads()
         chosen = select(args.only)
     except ValueError as exc:
         return flag_error(p.prog, exc)

@@ -90,7 +90,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as exc:  # argparse's --help and usage errors: a status, not an exception
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     if args.command in PLUGIN_COMMANDS:
-        return int(_plugin(args.command).cli_main(args) or 0)
+        try:
+            return int(_plugin(args.command).cli_main(args) or 0)
+        except (RuntimeError, MemoryError) as exc:  # sizes beyond the machine: one line, not a traceback
+            from ._checks import allocation_failure
+
+            message = allocation_failure(exc)
+            if message is None:
+                raise
+            print(f"etweedie {args.command}: error: {message}", file=sys.stderr)
+            return 2
     return _info()
 
 

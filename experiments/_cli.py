@@ -7,7 +7,8 @@ A user's mistake is one line ``PROG: error: ...`` on stderr and exit status 2, r
 any long work starts.  The checks below (:func:`at_least`, :func:`threads`, :func:`positive`,
 :func:`nonempty`, :func:`device`, :func:`out_dir`, :func:`out_file`, :func:`read_config`) raise
 :class:`UsageError` naming the flag as typed, what was expected and what was received;
-:func:`run`, :func:`guarded` and :func:`report` turn it into that line.
+:func:`run`, :func:`guarded` and :func:`report` turn it into that line (:func:`run` and
+:func:`guarded` do the same for a failed memory allocation: sizes beyond the machine).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -42,6 +44,23 @@ def fail(prog: str, message: Any) -> int:
     text = " ".join(str(message).split()) or type(message).__name__
     print(f"{prog}: error: {text}", file=sys.stderr)
     return 2
+
+
+def allocation_failure(exc: BaseException) -> Optional[str]:
+    """``etweedie._checks.allocation_failure`` without importing torch here (the GPU
+    orchestration scripts import these helpers): the one-line message for a failed memory
+    allocation, else None."""
+    text = " ".join(str(exc).split())
+    torch = sys.modules.get("torch")
+    oom = torch is not None and isinstance(exc, torch.OutOfMemoryError)
+    if not (oom or isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and "can't allocate memory" in text)):
+        return None
+    match = re.search(r"(?:tried|Tried) to allocate (\d+) bytes", text) or re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", text)
+    asked = ""
+    if match is not None:
+        size = match.group(1)
+        asked = f" (one tensor of {int(size) / 2**30:,.1f} GiB)" if size.isdigit() else f" (one tensor of {size})"
+    return f"out of memory{asked}: the sizes asked for (chains, samples, batch) do not fit this machine; lower them"
 
 
 def report(prog: str, check: Callable[[], Any]) -> int:
@@ -247,6 +266,11 @@ def run(prog: str, description: str, add_arguments: Callable[[argparse.ArgumentP
         return status
     except (UsageError, BackendUnavailable) as exc:  # e.g. ETWEEDIE_BACKEND=cuda on a machine without it
         return fail(prog, exc)
+    except (RuntimeError, MemoryError) as exc:  # sizes beyond the machine's memory: one line
+        message = allocation_failure(exc)
+        if message is None:
+            raise
+        return fail(prog, message)
     finally:
         if fresh and status != 0 and Path(out).is_dir() and not any(Path(out).iterdir()):
             Path(out).rmdir()  # a run refused after --out was created leaves no empty folder behind
@@ -278,3 +302,8 @@ def guarded(prog: str, main: Callable[[], Optional[int]]) -> int:
         return main() or 0
     except (ValueError, TypeError, OSError, BackendUnavailable) as exc:
         return fail(prog, exc)
+    except (RuntimeError, MemoryError) as exc:  # sizes beyond the machine's memory: one line
+        message = allocation_failure(exc)
+        if message is None:
+            raise
+        return fail(prog, message)

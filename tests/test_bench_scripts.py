@@ -110,6 +110,27 @@ def test_bench_flag_errors_are_one_line(module, args, words, capsys, tmp_path):
     assert torch.get_num_threads() == threads
 
 
+@pytest.mark.parametrize("value, words", [("abc", "got 'abc'"), ("0", "got 0"), ("5000", "got 5000"), ("2.5", "got '2.5'")])
+def test_bench_threads_variable_is_named(value, words, monkeypatch, capsys):
+    """A bad ``ETWEEDIE_BENCH_THREADS`` is one line naming the variable (it was a traceback at
+    import for a non-integer and an error naming ``--threads`` otherwise); ``--threads`` wins
+    over it; unset or empty means 2."""
+    from benchmarks.common import env_threads
+    from benchmarks.table import main
+
+    monkeypatch.setenv("ETWEEDIE_BENCH_THREADS", value)
+    assert main(["--only", "nothing"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ETWEEDIE_BENCH_THREADS must be an integer in [1, 1024]" in err[0] and words in err[0], err
+    assert main(["--only", "nothing", "--threads", "1"]) == 2  # the flag given: the variable is not read
+    assert "--only 'nothing' matches no workload" in capsys.readouterr().err
+    for unset in ("", " "):
+        monkeypatch.setenv("ETWEEDIE_BENCH_THREADS", unset)
+        assert env_threads() == 2
+    monkeypatch.setenv("ETWEEDIE_BENCH_THREADS", " 3 ")
+    assert env_threads() == 3
+
+
 def test_check_flags_tries_the_json_file(tmp_path):
     """--json is checked by opening the file (``os.access`` answers True for root everywhere):
     a missing file is created and removed again, an existing one is not truncated."""

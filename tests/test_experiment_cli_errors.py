@@ -246,3 +246,27 @@ def test_a_refused_run_leaves_no_empty_out_folder(tmp_path, capsys):
     kept.mkdir()
     assert score_eval.main(["--config", str(bad), "--oracle", "--out", str(kept)]) == 2
     assert kept.is_dir()  # a folder that was there before stays
+
+
+def test_sizes_beyond_memory_are_one_line(capsys, monkeypatch):
+    """``--chains 1000000000`` asked the allocator for 37 GiB in one tensor: a traceback
+    (RuntimeError from torch's CPU allocator); now one line naming the size, status 2.  Other
+    RuntimeErrors still propagate (they are bugs, not a user's sizes)."""
+    import torch
+
+    assert _cli.guarded("prog", lambda: torch.empty(10**9, 40, dtype=torch.float64)) == 2  # 298 GiB
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("prog: error: out of memory (one tensor of 298.0 GiB)"), err
+
+    def oom():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 80 GiB")
+
+    def fresh(args):
+        raise MemoryError()
+
+    assert _cli.guarded("prog", oom) == 2
+    assert capsys.readouterr().err.strip() == "prog: error: out of memory (one tensor of 20.00 GiB): the sizes asked for (chains, samples, batch) do not fit this machine; lower them"
+    assert _cli.run("prog", "d", lambda p: None, fresh, []) == 2
+    assert "prog: error: out of memory: the sizes" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="a bug"):
+        _cli.guarded("prog", lambda: (_ for _ in ()).throw(RuntimeError("a bug")))

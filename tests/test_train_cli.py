@@ -263,3 +263,24 @@ def test_argparse_errors_are_one_line(capsys, argv, words):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("etweedie") and ": error: " in lines[0], err
     assert all(w in lines[0] for w in words) and lines[0].endswith("--help lists the arguments)"), lines[0]
+
+
+def test_an_allocation_failure_is_one_line(capsys, monkeypatch):
+    """A command whose sizes exceed the machine's memory reports it in one line, status 2 (it was
+    the allocator's RuntimeError and a traceback); another RuntimeError still propagates."""
+    from etweedie.commands import train
+
+    def alloc(args):
+        torch.empty(2**62, dtype=torch.uint8)
+
+    monkeypatch.setattr(train, "cli_main", alloc)
+    assert cli(["train", "--config", "eight_gaussians_cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("etweedie train: error: out of memory (one tensor of 4,294,967,296.0 GiB)"), err
+
+    def bug(args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(train, "cli_main", bug)
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli(["train", "--config", "eight_gaussians_cpu"])
