@@ -47,7 +47,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without diffuser
         "(or pip install 'etweedie[interop]')"
     ) from exc
 
-from .._checks import check_device
+from .._checks import check_device, check_int
 from ..noise import NoiseParams
 from ..ops import langevin_step
 from ..paths import DEFAULT_LEVELS, PATHS, GeometricRMS, NoisePath, get_path, level_times
@@ -152,7 +152,20 @@ class EnergyTweedieLangevinScheduler(SchedulerMixin, ConfigMixin):
     def _level(self, timestep) -> int:
         if self.timesteps is None:
             raise RuntimeError("call set_timesteps before step")
-        t = float(timestep.item() if isinstance(timestep, torch.Tensor) else timestep)
+        if isinstance(timestep, torch.Tensor):
+            if timestep.numel() != 1 or timestep.dtype == torch.bool or timestep.is_complex():
+                raise TypeError(
+                    f"timestep must be one entry of scheduler.timesteps (a number or a one-element real tensor), "
+                    f"got a {timestep.dtype} tensor of shape {tuple(timestep.shape)}"
+                )
+            t = float(timestep.item())
+        elif isinstance(timestep, (int, float)) and not isinstance(timestep, bool):
+            t = float(timestep)
+        else:
+            raise TypeError(
+                "timestep must be one entry of scheduler.timesteps (a number or a one-element real tensor), "
+                f"got {type(timestep).__name__} {timestep!r}"
+            )
         # the nearest level time, within a quarter of the smallest spacing: a copy of a timestep
         # cast to float32 or float16 (a pipeline's cast, a device without float64) still names its level
         gap = torch.diff(self.level_times).min().item() if self.level_times.numel() > 1 else 1.0
@@ -169,6 +182,11 @@ class EnergyTweedieLangevinScheduler(SchedulerMixin, ConfigMixin):
 
     def eta(self, timestep, batch: Optional[int] = None, *, dtype: torch.dtype = torch.float64, device=None) -> torch.Tensor:
         """η = (β, log λ, log σ, u, v) at this timestep: ``(5,)``, or ``(batch, 5)`` to condition a model."""
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point torch.dtype (η holds log λ, log σ), got {dtype!r}")
+        device = check_device(device, "device")
+        if batch is not None:
+            batch = check_int(batch, "batch", minimum=0)
         eta = self.noise_params(timestep).eta().to(dtype=dtype, device=device)
         return eta if batch is None else eta.expand(batch, 5)
 
@@ -198,11 +216,15 @@ class EnergyTweedieLangevinScheduler(SchedulerMixin, ConfigMixin):
             generator: the ``torch.Generator`` for ξ (required: randomness is always explicit).
             return_dict: return :class:`EnergyTweedieSchedulerOutput` (else a tuple).
         """
-        if not isinstance(sample, torch.Tensor) or sample.dtype not in (torch.float32, torch.float64) or sample.dim() < 2:
-            got = (sample.dtype, tuple(sample.shape)) if isinstance(sample, torch.Tensor) else type(sample).__name__
+        if not isinstance(sample, torch.Tensor) or sample.dtype not in (torch.float32, torch.float64):
+            got = sample.dtype if isinstance(sample, torch.Tensor) else type(sample).__name__
             raise TypeError(f"sample must be a float32/float64 tensor of shape (batch, *event), got {got}")
-        if not isinstance(model_output, torch.Tensor):
-            raise TypeError(f"model_output must be a tensor of posterior draws or a score, got {type(model_output).__name__}")
+        if sample.dim() < 2:
+            raise ValueError(f"sample must have shape (batch, *event), got {tuple(sample.shape)}")
+        if not isinstance(model_output, torch.Tensor) or not model_output.is_floating_point():
+            got = model_output.dtype if isinstance(model_output, torch.Tensor) else type(model_output).__name__
+            # an integer, bool or complex tensor would be cast silently (a complex one losing its imaginary part)
+            raise TypeError(f"model_output must be a floating-point tensor of posterior draws or a score, got {got}")
         if not isinstance(generator, torch.Generator):
             raise TypeError(
                 f"generator must be a torch.Generator (the Langevin noise is drawn from it), got {type(generator).__name__}"
@@ -210,8 +232,8 @@ class EnergyTweedieLangevinScheduler(SchedulerMixin, ConfigMixin):
         k = self._level(timestep)
         alpha = float(self.level_steps[k])
         B, event = sample.shape[0], sample.shape[1:]
-        y = sample.reshape(B, -1)
-        d = y.shape[-1]
+        d = math.prod(event)
+        y = sample.reshape(B, d)  # (not -1: a zero-size batch)
         xi = torch.randn(y.shape, generator=generator, dtype=y.dtype, device=y.device)
         if model_output.dim() == sample.dim() + 1 and model_output.shape[0] == B and model_output.shape[2:] == event:
             draws = model_output.reshape(B, model_output.shape[1], d).to(y.dtype)

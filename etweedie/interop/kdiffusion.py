@@ -43,9 +43,10 @@ from typing import Optional, Union
 
 import torch
 
+from .._checks import check_device
 from ..noise import NoiseParams
-from ..paths import NoisePath, get_path, level_times
-from .score import SamplerScore
+from ..paths import PATHS, NoisePath, get_path, level_times
+from .score import SamplerScore, _row_sigma
 
 __all__ = ["KDiffusionDenoiser", "load_k_diffusion_sampling"]
 
@@ -67,7 +68,7 @@ class KDiffusionDenoiser:
         generator: the ``torch.Generator`` of the draws (None: a fresh one seeded with 0).
 
     ``denoiser(x, sigma)``: x ``(B, *event)`` (flattened to ``(B, d)`` for the sampler and back),
-    sigma a number or ``(B,)``; rows with σ = 0 come back unchanged.
+    sigma a number or a ``(B,)`` tensor, finite and >= 0; rows with σ = 0 come back unchanged.
     """
 
     def __init__(
@@ -78,7 +79,10 @@ class KDiffusionDenoiser:
         n_draws: int,
         generator: Optional[torch.Generator] = None,
     ):
-        path = get_path(path) if isinstance(path, str) else path
+        if isinstance(path, str):
+            if path not in PATHS:
+                raise ValueError(f"path must be a NoisePath or one of {', '.join(PATHS)}; got {path!r}")
+            path = get_path(path)
         if not isinstance(path, NoisePath):
             raise TypeError(f"path must be a built-in path name or an etweedie.paths.NoisePath, got {type(path).__name__}")
         beta, lam, _, u, v = path.coordinates(level_times(_CHECK_TIMES))
@@ -104,6 +108,8 @@ class KDiffusionDenoiser:
 
     def sigmas(self, n_levels: int, *, dtype: torch.dtype = torch.float64, device=None) -> torch.Tensor:
         """The path's realized-RMS levels r_{t_k} at ``level_times(n_levels)``, then 0: ``(n_levels + 1,)``, decreasing."""
+        _check_float_dtype(dtype)
+        device = check_device(device, "device")
         r = self.path.rms(level_times(n_levels, dtype=torch.float64)).to(dtype=dtype, device=device)
         return torch.cat([r, r.new_zeros(1)])
 
@@ -112,16 +118,13 @@ class KDiffusionDenoiser:
         return NoiseParams(2.0, self.lam, sigma * self.lam**0.5, self.u, self.v)
 
     def __call__(self, x: torch.Tensor, sigma) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.float64) or x.dim() < 2:
-            got = (x.dtype, tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
+        if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float32, torch.float64):
+            got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
             raise TypeError(f"x must be a float32/float64 tensor of shape (batch, *event), got {got}")
+        if x.dim() < 2:
+            raise ValueError(f"x must have shape (batch, *event), got {tuple(x.shape)}")
         flat = x.reshape(x.shape[0], math.prod(x.shape[1:]))  # (not -1: a zero-size batch)
-        sigma = torch.as_tensor(sigma, dtype=x.dtype, device=x.device)
-        if sigma.dim() > 1 or (sigma.dim() == 1 and sigma.shape[0] not in (1, flat.shape[0])):
-            raise ValueError(f"sigma must be a number or a (batch,) tensor with batch = {flat.shape[0]}, got shape {tuple(sigma.shape)}")
-        sigma = sigma.expand(flat.shape[0])
-        if sigma.numel() and not bool((torch.isfinite(sigma) & (sigma >= 0)).all()):
-            raise ValueError(f"sigma must be finite and >= 0, got values in [{sigma.min().item():.4g}, {sigma.max().item():.4g}]")
+        sigma = _row_sigma(sigma, x, flat.shape[0])
         out = flat.clone()
         live = sigma > 0
         if bool(live.any()):
@@ -134,6 +137,11 @@ class KDiffusionDenoiser:
                 cov_s = params.metric(y.shape[-1]).to(dtype=y.dtype, device=y.device).apply_covariance(s) / self.lam
             out[live] = y + cov_s
         return out.reshape(x.shape)
+
+
+def _check_float_dtype(dtype) -> None:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
 
 
 def _append_dims(x: torch.Tensor, target_dims: int) -> torch.Tensor:

@@ -60,11 +60,33 @@ def _check_queries(y) -> torch.Tensor:
     return y
 
 
+def _check_real_sigma(sigma, name: str) -> None:
+    """A σ is a real number or a real tensor: a bool, or a complex tensor (whose imaginary part
+    a cast would silently drop), is refused."""
+    if isinstance(sigma, torch.Tensor):
+        if sigma.dtype == torch.bool or sigma.is_complex():
+            raise TypeError(f"{name} must be a real (integer or floating-point) tensor, got dtype {sigma.dtype}")
+    elif isinstance(sigma, bool) or not isinstance(sigma, (int, float)):
+        raise TypeError(f"{name} must be a number or a tensor, got {type(sigma).__name__} {sigma!r}")
+
+
+def _row_sigma(sigma, x: torch.Tensor, batch: int) -> torch.Tensor:
+    """A denoiser's σ (a number or a ``(batch,)``/``(1,)`` tensor, finite and >= 0) as a ``(batch,)``
+    tensor in x's dtype and device; σ = 0 marks a row returned unchanged."""
+    _check_real_sigma(sigma, "sigma")
+    sigma = torch.as_tensor(sigma, dtype=x.dtype, device=x.device)
+    if sigma.dim() > 1 or (sigma.dim() == 1 and sigma.shape[0] not in (1, batch)):
+        raise ValueError(f"sigma must be a number or a (batch,) tensor with batch = {batch}, got shape {tuple(sigma.shape)}")
+    sigma = sigma.expand(batch)
+    if sigma.numel() and not bool((torch.isfinite(sigma) & (sigma >= 0)).all()):
+        raise ValueError(f"sigma must be >= 0 and finite, got values in [{sigma.min().item():.4g}, {sigma.max().item():.4g}]")
+    return sigma
+
+
 def _gaussian_sigma(noise, y: torch.Tensor) -> torch.Tensor:
-    """σ given as a number or a tensor broadcasting to y's batch, as a (*batch,) tensor (> 0)."""
+    """σ given as a number or a tensor broadcasting to y's batch, as a (*batch,) tensor (finite, > 0)."""
     batch = y.shape[:-1]
-    if isinstance(noise, bool):
-        raise TypeError("noise must be a float σ, a tensor of σ, NoiseParams, GeneralizedGaussian or StudentT, got bool")
+    _check_real_sigma(noise, "noise σ")
     sigma = torch.as_tensor(noise, dtype=y.dtype, device=y.device)
     if not sigma.is_floating_point():
         sigma = sigma.to(y.dtype)
@@ -74,8 +96,8 @@ def _gaussian_sigma(noise, y: torch.Tensor) -> torch.Tensor:
         sigma = None
     if sigma is None:
         raise ValueError(f"noise σ of shape {tuple(torch.as_tensor(noise).shape)} does not broadcast to y's batch {tuple(batch)}")
-    if sigma.numel() and not bool((sigma > 0).all()):
-        raise ValueError(f"noise σ must be > 0, got min {sigma.min().item():.4g}")
+    if sigma.numel() and not bool((torch.isfinite(sigma) & (sigma > 0)).all()):
+        raise ValueError(f"noise σ must be > 0 and finite, got values in [{sigma.min().item():.4g}, {sigma.max().item():.4g}]")
     return sigma
 
 
@@ -259,8 +281,8 @@ class GaussianDenoiser:
         score: ``score(x (*batch, d), sigma (*batch,)) -> (*batch, d)`` — a :class:`SamplerScore`
             or any callable taking σ as the noise law.
 
-    ``D(x, sigma)`` takes σ as a number or a tensor broadcasting to x's batch (k-diffusion passes
-    one σ per row); rows with σ = 0 return x unchanged.  x may be ``(B, *event)``: it is
+    ``D(x, sigma)`` takes σ (finite, >= 0) as a number or a tensor broadcasting to x's batch
+    (k-diffusion passes one σ per row); rows with σ = 0 return x unchanged.  x may be ``(B, *event)``: it is
     flattened to ``(B, d)`` for the score and reshaped back.
     """
 
@@ -277,17 +299,15 @@ class GaussianDenoiser:
         if x.dim() < 2:
             raise ValueError(f"x must have shape (batch, *event), got {tuple(x.shape)}")
         flat = x.reshape(x.shape[0], math.prod(x.shape[1:]))  # (not -1: a zero-size batch)
-        if isinstance(sigma, bool) or not isinstance(sigma, (int, float, torch.Tensor)):
-            raise TypeError(f"sigma must be a number or a (batch,) tensor, got {type(sigma).__name__} {sigma!r}")
-        sigma = torch.as_tensor(sigma, dtype=x.dtype, device=x.device)
-        if sigma.dim() > 1 or (sigma.dim() == 1 and sigma.shape[0] not in (1, flat.shape[0])):
-            raise ValueError(f"sigma must be a number or a (batch,) tensor with batch = {flat.shape[0]}, got shape {tuple(sigma.shape)}")
-        sigma = sigma.expand(flat.shape[:-1])
-        if sigma.numel() and not bool((sigma >= 0).all()):
-            raise ValueError(f"sigma must be >= 0, got min {sigma.min().item():.4g}")
+        sigma = _row_sigma(sigma, x, flat.shape[0])
         out = flat.clone()
         live = sigma > 0
         if bool(live.any()):
-            s = self.score(flat[live], sigma[live])
-            out[live] = flat[live] + sigma[live].unsqueeze(-1) ** 2 * s
+            y = flat[live]
+            s = self.score(y, sigma[live])
+            # checked, not broadcast: a (rows, 1) or (d,) score would silently spread over the row
+            if not isinstance(s, torch.Tensor) or s.shape != y.shape:
+                got = tuple(s.shape) if isinstance(s, torch.Tensor) else type(s).__name__
+                raise ValueError(f"score(x, sigma) must return a tensor of x's shape {tuple(y.shape)}, got {got}")
+            out[live] = y + sigma[live].unsqueeze(-1) ** 2 * s.to(y.dtype)
         return out.reshape(x.shape)
