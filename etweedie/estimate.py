@@ -145,6 +145,8 @@ def level_sampler(
         if not isinstance(params, NoiseParams):
             raise TypeError(f"params_at(sigma) must return NoiseParams, got {type(params).__name__}")
         eta = params.eta().to(dtype)
+        if y.shape[0] == 0:  # an empty batch: no posterior call, the (0, K, d) draws
+            return y.new_empty(0, check_int(K, "K", minimum=1), y.shape[-1])
         out = []
         with torch.no_grad():
             for start in range(0, y.shape[0], chunk):
@@ -219,13 +221,26 @@ class EstimatorSettings:
 
 
 # ---------------------------------------------------------------------------- building blocks
+def _check_beta_min(beta_min) -> float:
+    return check_float(beta_min, "beta_min", 0.0, 2.0, strict=True)
+
+
 def beta_from_zeta(zeta: torch.Tensor, beta_min: float) -> torch.Tensor:
-    """β = β_min + (2 − β_min)·sigmoid(ζ) ∈ (β_min, 2) (Alg. noise_param, line 1)."""
+    """β = β_min + (2 − β_min)·sigmoid(ζ) ∈ (β_min, 2) (Alg. noise_param, line 1).
+
+    ``zeta``: a floating-point tensor (any shape); ``beta_min`` ∈ (0, 2).
+    """
+    if not isinstance(zeta, torch.Tensor) or not zeta.is_floating_point():
+        got = zeta.dtype if isinstance(zeta, torch.Tensor) else type(zeta).__name__
+        raise TypeError(f"zeta must be a floating-point tensor, got {got}")
+    beta_min = _check_beta_min(beta_min)
     return beta_min + (2.0 - beta_min) * torch.sigmoid(zeta)
 
 
 def zeta_from_beta(beta: float, beta_min: float) -> float:
-    """Inverse of :func:`beta_from_zeta` for β ∈ (β_min, 2)."""
+    """Inverse of :func:`beta_from_zeta` for β ∈ (β_min, 2) (the open interval: the bounds are ζ = ∓∞)."""
+    beta_min = _check_beta_min(beta_min)
+    beta = check_float(beta, "beta", beta_min, 2.0, strict=True)
     p = (beta - beta_min) / (2.0 - beta_min)
     return math.log(p / (1.0 - p))
 
@@ -235,7 +250,14 @@ def shape_from_cholesky(phi: torch.Tensor) -> torch.Tensor:
 
     L = strictly-lower(φ) + diag(exp(diag φ)) is lower triangular with positive diagonal, so S
     is SPD with tr S = k (Alg. noise_param, line 1).  φ = 0 gives S = I.
+
+    ``phi``: a floating-point ``(..., k, k)`` tensor, k ≥ 1; returns S of the same shape.
     """
+    if not isinstance(phi, torch.Tensor) or not phi.is_floating_point():
+        got = phi.dtype if isinstance(phi, torch.Tensor) else type(phi).__name__
+        raise TypeError(f"phi must be a floating-point tensor of shape (..., k, k), got {got}")
+    if phi.dim() < 2 or phi.shape[-1] != phi.shape[-2] or phi.shape[-1] < 1:
+        raise ValueError(f"phi must have shape (..., k, k) with k >= 1, got {tuple(phi.shape)}")
     L = torch.tril(phi, -1) + torch.diag_embed(torch.exp(torch.diagonal(phi, dim1=-2, dim2=-1)))
     A = L @ L.transpose(-1, -2)
     k = phi.shape[-1]
@@ -282,20 +304,34 @@ def profile_lambda(
     Returns:
         ``(λ̂, λ*)`` as 0-d tensors (projected, unconstrained).
     """
-    if scores.shape != field.shape:
-        raise ValueError(f"scores and field must have the same shape, got {tuple(scores.shape)} and {tuple(field.shape)}")
-    if field_power is not None and field_power.shape != field.shape[:-1]:
-        raise ValueError(f"field_power must have shape {tuple(field.shape[:-1])}, got {tuple(field_power.shape)}")
+    _check_field_args(scores, field, field_power)
+    lo = -math.inf if lam_min is None else check_float(lam_min, "lam_min")
+    hi = math.inf if lam_max is None else check_float(lam_max, "lam_max")
+    if not lo <= hi:
+        raise ValueError(f"lam_min must be <= lam_max (the projection interval), got [{lo}, {hi}]")
     den = field.pow(2).sum() if field_power is None else field_power.sum()
+    num = (scores * field).sum()
+    if not bool(torch.isfinite(num) & torch.isfinite(den)):
+        raise ValueError(f"scores and field must be finite: Σ⟨ŝ, G⟩ = {float(num):.4g}, Σ‖G‖² = {float(den):.4g}")
     if field_power is not None and not bool(den > 0):
         raise ValueError(f"field_power sums to {float(den):.3g} <= 0: the split-half estimate of Σ‖G‖² carries no "
                          "signal on these observations (more observations or draws per observation)")
     if not bool(den > 0):
         raise ValueError("the residual field G is identically zero on these observations; λ is not identifiable (Cor. lambda_profile needs E‖G‖² > 0)")
-    raw = (scores * field).sum() / den
-    lo = -math.inf if lam_min is None else lam_min
-    hi = math.inf if lam_max is None else lam_max
+    raw = num / den
     return raw.clamp(lo, hi), raw
+
+
+def _check_field_args(scores, field, field_power) -> None:
+    """Shapes of (ŝ, G, per-row ‖G‖²): (n, d), (n, d), (n,) — no silent broadcasting."""
+    for name, t in (("scores", scores), ("field", field)) + ((("field_power", field_power),) if field_power is not None else ()):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"{name} must be a floating-point tensor, got {got}")
+    if scores.shape != field.shape:
+        raise ValueError(f"scores and field must have the same shape, got {tuple(scores.shape)} and {tuple(field.shape)}")
+    if field_power is not None and field_power.shape != field.shape[:-1]:
+        raise ValueError(f"field_power must have shape {tuple(field.shape[:-1])}, got {tuple(field_power.shape)}")
 
 
 def profiled_objective(
@@ -305,7 +341,10 @@ def profiled_objective(
 
     With ``field_power`` (per-row estimates of ‖G(Y_i)‖², e.g. the split-half ⟨Ĝ_A, Ĝ_B⟩) the
     square is expanded and ‖G‖² replaced: (1/n) Σ_i ‖ŝ‖² − 2λ⟨ŝ, G⟩ + λ² field_power_i.
+
+    ``scores`` and ``field`` must have the same shape ``(n, d)`` (``field_power``: ``(n,)``).
     """
+    _check_field_args(scores, field, field_power)
     if field_power is None:
         return (scores - lam * field).pow(2).sum(-1).mean()
     return (scores.pow(2).sum(-1) - 2 * lam * (scores * field).sum(-1) + lam**2 * field_power).mean()
@@ -321,6 +360,8 @@ def _kron_identity(S: torch.Tensor, d: int) -> torch.Tensor:
 
 def level_variance(sigma, beta, d: int, level_scale: str = "rms"):
     """The factor multiplying I ⊗ S at known level σ: (σ/c_{β,d})² ("rms") or σ² ("plain")."""
+    if level_scale not in LEVEL_SCALES:
+        raise ValueError(f"level_scale must be one of {LEVEL_SCALES}, got {level_scale!r}")
     if level_scale == "plain":
         return sigma**2
     return (sigma / scale_constant(beta, d)) ** 2
@@ -460,7 +501,7 @@ def _levels(sigma, n_groups: int) -> Optional[List[float]]:
     return out
 
 
-def _check_observations(groups: List[torch.Tensor], name: str, d: Optional[int] = None) -> int:
+def _check_observations(groups: List[torch.Tensor], name: str, d: Optional[int] = None, device=None) -> int:
     if not groups:
         raise ValueError(f"{name} must hold at least one group, got an empty sequence")
     for i, y in enumerate(groups):
@@ -475,6 +516,8 @@ def _check_observations(groups: List[torch.Tensor], name: str, d: Optional[int] 
             d = y.shape[1]
         if y.shape[1] != d:
             raise ValueError(f"{label} must have d={d} columns like the other groups, got {tuple(y.shape)}")
+        if device is not None and y.device != device:
+            raise ValueError(f"{label} must be on the observations' device {device}, got {y.device}")
         _check_finite(y, label)
     return d
 
@@ -486,6 +529,16 @@ def _check_finite(t: torch.Tensor, label: str) -> None:
     if bool(bad.any()):
         where = tuple(int(i) for i in bad.nonzero()[0])
         raise ValueError(f"{label} must be finite, got {t.detach()[where].item()} at index {where}")
+
+
+def _check_values_like(t: torch.Tensor, y: torch.Tensor, label: str) -> None:
+    """Draws or scores for observations y: real values (a cast to y's dtype would drop an imaginary
+    part silently), on y's device, finite."""
+    if t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{label} must be a real floating-point tensor, got {t.dtype}")
+    if t.device != y.device:
+        raise ValueError(f"{label} must be on the observations' device {y.device}, got {t.device}")
+    _check_finite(t, label)
 
 
 def _draws(
@@ -507,7 +560,7 @@ def _draws(
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[0] != y.shape[0] or x.shape[2] != y.shape[1] or x.shape[1] < 1:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"{label} must have shape (n={y.shape[0]}, K, d={y.shape[1]}) with K >= 1, got {got}")
-        _check_finite(x, label)
+        _check_values_like(x, y, label)
     return [x.to(y.dtype) for y, x in zip(groups_y, xs)]
 
 
@@ -526,7 +579,7 @@ def _scores(groups_y: List[torch.Tensor], levels, score, scores, name: str, scor
         if not isinstance(s, torch.Tensor) or s.shape != y.shape:
             got = tuple(s.shape) if isinstance(s, torch.Tensor) else type(s).__name__
             raise ValueError(f"{label} must have the shape of its observations {tuple(y.shape)}, got {got}")
-        _check_finite(s, label)
+        _check_values_like(s, y, label)
     return [s.to(y.dtype) for y, s in zip(groups_y, ss)]
 
 
@@ -579,7 +632,8 @@ def estimate_noise(
         doubly-given posterior/score source.
     """
     t_start = time.perf_counter()
-    if family not in FAMILIES:
+    check_bool(progress, "progress")
+    if not isinstance(family, str) or family not in FAMILIES:
         raise ValueError(f"family must be one of {tuple(FAMILIES)}, got {family!r}")
     settings = EstimatorSettings() if settings is None else settings
     if not isinstance(settings, EstimatorSettings):
@@ -615,7 +669,7 @@ def estimate_noise(
             raise ValueError("heldout_observations and heldout_reference must be given together")
         hy = _groups(heldout_observations, "heldout_observations")
         _check_group_count(hy, "heldout_observations", len(groups_y))
-        _check_observations(hy, "heldout_observations", d)
+        _check_observations(hy, "heldout_observations", d, device)
         hy = [h.to(dtype) for h in hy]
         t0 = time.perf_counter()
         if heldout_posterior_samples is None and posterior is None:
@@ -689,7 +743,7 @@ def estimate_noise(
         bar = trange(settings.steps, desc=f"estimate ({family})", disable=not progress, leave=False)
         for _ in bar:
             if batch < n:
-                idx = torch.randperm(n, generator=generator)[:batch].to(device)
+                idx = torch.randperm(n, generator=generator, device=generator.device)[:batch].to(device)
             else:
                 idx = torch.arange(n, device=device)
             beta, S = current()

@@ -87,13 +87,18 @@ class KnownPosterior:
         if method not in _METHODS:
             raise ValueError(f"method must be one of {', '.join(_METHODS)}; got {method!r}")
         n_proposals = check_int(n_proposals, "n_proposals", minimum=2)
+        if bank is not None and method != "sir":
+            # ignoring it would leave the caller believing the draws come from their bank
+            raise ValueError(f"bank is used only by method='sir' (the other methods need no clean points), "
+                             f"got a bank with method={method!r}")
         if method == "sir":
             if bank is None:
                 bank_size = check_int(bank_size, "bank_size", minimum=1)
                 generator = check_generator(generator, "generator (needed to draw the bank)")
                 bank, _ = data.sample(bank_size, generator, dtype=bank_dtype)
             if not isinstance(bank, torch.Tensor) or not bank.is_floating_point():
-                raise TypeError(f"bank must be a floating-point tensor (M, {data.dim}), got {type(bank).__name__}")
+                got = f"a {bank.dtype} tensor" if isinstance(bank, torch.Tensor) else type(bank).__name__
+                raise TypeError(f"bank must be a floating-point tensor (M, {data.dim}), got {got}")
             if bank.dim() != 2 or bank.shape[1] != data.dim or bank.shape[0] == 0:
                 raise ValueError(f"bank must have shape (M, {data.dim}) with M >= 1 for method='sir', "
                                  f"got {tuple(bank.shape)}")

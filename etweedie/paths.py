@@ -46,7 +46,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 
-from ._checks import check_float, check_int
+from ._checks import check_device, check_float, check_int
 from .noise import NoiseParams
 
 __all__ = [
@@ -108,6 +108,7 @@ def level_times(n_levels: int, *, dtype: torch.dtype = torch.float64, device=Non
     n_levels = check_int(n_levels, "n_levels", minimum=1)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point torch.dtype (level times lie in [0, 1]), got {dtype!r}")
+    device = check_device(device, "device")
     if n_levels == 1:
         return torch.ones(1, dtype=dtype, device=device)
     return torch.linspace(0.0, 1.0, n_levels, dtype=dtype, device=device)
@@ -179,6 +180,9 @@ class NoisePath:
             value = coord(t) if callable(coord) else torch.full_like(t, float(coord))
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"path {self.name!r}: {coord_name}(t) must return a tensor, got {type(value).__name__}")
+            if value.is_complex() or value.dtype == torch.bool:
+                # a cast to t's dtype would drop the imaginary part (or read True as 1) silently
+                raise TypeError(f"path {self.name!r}: {coord_name}(t) must return a real-valued tensor, got {value.dtype}")
             try:
                 fits = torch.broadcast_shapes(value.shape, t.shape) == t.shape
             except RuntimeError:

@@ -43,7 +43,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 from tqdm.auto import tqdm
 
-from ._checks import check_device, check_int
+from ._checks import check_bool, check_device, check_int
 from .geometry import Metric
 from .noise import NoiseParams
 from .ops import langevin_step
@@ -213,6 +213,11 @@ def chunk_generators(seed: int, chunks, device="cpu") -> List[torch.Generator]:
     else:
         raise TypeError(f"chunks must be a number of chunks or a list of chunk indices, got {type(chunks).__name__} {chunks!r}")
     device = check_device(device, "device") or torch.device("cpu")
+    try:
+        torch.Generator(device=device)
+    except RuntimeError:
+        raise ValueError(f"device must be one torch.Generator can live on (cpu or an accelerator such as cuda), "
+                         f"got {str(device)!r}") from None
     return [torch.Generator(device=device).manual_seed(chunk_seed(seed, int(c))) for c in indices]
 
 
@@ -264,9 +269,11 @@ def initial_states(
         ...                     generator=torch.Generator().manual_seed(0))
         >>> y0.shape, round(float(y0.pow(2).mean().sqrt()), 1)
         (torch.Size([512, 784]), 2.6)
+
+    ``n_chains = 0`` gives an empty ``(0, dim)`` batch (with one generator, or a list of one).
     """
     schedule = _check_schedule(schedule)
-    n_chains = check_int(n_chains, "n_chains", 1)
+    n_chains = check_int(n_chains, "n_chains", 0)
     dim = check_int(dim, "dim", 2)
     if dim % 2:
         raise ValueError(f"dim must be even (the block metric I_(d/2) ⊗ S(u, v)), got {dim}")
@@ -319,8 +326,14 @@ def _posterior_draws(posterior, y, eta, n, generator, options, autocast_dtype, f
         # Matmuls in bf16 with float32 accumulation.
         with torch.autocast(device_type=y.device.type, dtype=autocast_dtype):
             x = posterior.sample(y, eta, n, generator=generator, **options)
-        if for_score and x.dtype in LOW_PRECISION_DRAWS:
-            return x
+    if not isinstance(x, torch.Tensor) or x.is_complex() or x.dtype == torch.bool:
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"posterior.sample must return a real-valued tensor of shape "
+                        f"{(y.shape[0], n, y.shape[-1])}, got {got}")
+    if x.shape != (y.shape[0], n, y.shape[-1]):
+        raise ValueError(f"posterior.sample returned shape {tuple(x.shape)}, expected {(y.shape[0], n, y.shape[-1])}")
+    if autocast_dtype is not None and for_score and x.dtype in LOW_PRECISION_DRAWS:
+        return x
     return x.to(y.dtype)
 
 
@@ -526,6 +539,7 @@ def sample_langevin(
     final_average = check_int(final_average, "final_average", 1)
     if first_level_steps is not None:
         first_level_steps = check_int(first_level_steps, "first_level_steps", 0)
+    final_draw = check_bool(final_draw, "final_draw")
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable or None, got {type(callback).__name__}")
     options = antithetic_options(posterior, antithetic)
@@ -544,7 +558,12 @@ def sample_langevin(
     chunk = chains if chunk_chains is None else check_int(chunk_chains, "chunk_chains", 1)
     if max_draw_elements is not None:
         max_draw_elements = check_int(max_draw_elements, "max_draw_elements", 1)
-        fitting = max(1, max_draw_elements // (n_posterior * d))
+        if n_posterior * d > max_draw_elements:
+            raise ValueError(
+                f"max_draw_elements={max_draw_elements} is below the draws of a single chain, N·d = "
+                f"{n_posterior}·{d} = {n_posterior * d}: raise it to at least {n_posterior * d} or lower n_posterior"
+            )
+        fitting = max_draw_elements // (n_posterior * d)
         if shared:
             chunk = min(chunk, fitting)
         elif min(chunk, chains) > fitting:
@@ -604,10 +623,6 @@ def sample_langevin(
                     t0 = clock.now()
                     x = _posterior_draws(posterior, yc, eta, n_posterior, g, score_options, autocast_dtype)
                     t1 = clock.now()
-                    if x.shape != (yc.shape[0], n_posterior, d):
-                        raise ValueError(
-                            f"posterior.sample returned shape {tuple(x.shape)}, expected {(yc.shape[0], n_posterior, d)}"
-                        )
                     xi = torch.randn(yc.shape, generator=g, dtype=y.dtype, device=y.device)
                     t2 = clock.now()
                     yc = langevin_step(yc, x, xi, alpha, beta, lam, metric)
