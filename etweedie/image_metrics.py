@@ -63,6 +63,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from ._checks import check_int
 from .metrics import stratified_bootstrap
 from .mnist import load_mnist
 from .ops import energy_distance
@@ -127,6 +128,7 @@ def as_unit_images(images, name: str = "images", dtype: torch.dtype = torch.floa
         raise ValueError(f"{name} must have shape (n, 28, 28) or (n, 784), got {shape}")
     if shape[0] == 0:
         raise ValueError(f"{name} must hold at least one image, got shape {shape}")
+    images = images.detach()  # metrics are not differentiable; a generator's output may still carry a graph
     if images.dtype == torch.uint8:
         return (images.reshape(-1, 28, 28).to(dtype) / 255.0).cpu()
     if not images.is_floating_point():
@@ -256,8 +258,10 @@ class MnistClassifier:
 def _check_features(x, name: str, min_points: int = 2) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"{name} must be a float tensor of shape (n, d), got {type(x).__name__}")
-    if x.dim() != 2 or x.shape[0] < min_points:
-        raise ValueError(f"{name} must have shape (n >= {min_points}, d), got {tuple(x.shape)}")
+    if x.dim() != 2 or x.shape[0] < min_points or x.shape[1] < 1:
+        raise ValueError(f"{name} must have shape (n >= {min_points}, d >= 1), got {tuple(x.shape)}")
+    if x.is_meta:
+        raise ValueError(f"{name} must hold data, got a tensor on the meta device")
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} must be finite (it holds NaN or inf)")
     return x
@@ -275,6 +279,9 @@ def feature_energy_distance(features: torch.Tensor, bank: torch.Tensor) -> float
     """
     features = _check_features(features, "features")
     bank = _check_features(bank, "bank")
+    for name, x in (("features", features), ("bank", bank)):
+        if x.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"{name} must be float32 or float64 (the energy_distance op's precisions), got {x.dtype}")
     if bank.shape[1] != features.shape[1] or bank.dtype != features.dtype:
         raise ValueError(f"bank must have features' width {features.shape[1]} and dtype {features.dtype}, got {tuple(bank.shape)} {bank.dtype}")
     return float(energy_distance(features, bank, 1.0, unbiased=True))
@@ -400,7 +407,14 @@ def bootstrap_feature_energy_distance(
         raise ValueError(f"groups must hold at least 2 points in all, got {n}")
     cross = _distances(pool, bank).mean(1)  # (n,)
     within = _distances(pool)  # (n, n), zero diagonal
-    within_bank = _within_mean(bank) if bank_within_mean is None else float(bank_within_mean)
+    if bank_within_mean is None:
+        within_bank = _within_mean(bank)
+    elif isinstance(bank_within_mean, bool) or not isinstance(bank_within_mean, (int, float)) \
+            or not 0 <= bank_within_mean < math.inf:
+        raise ValueError(f"bank_within_mean must be None or a finite float >= 0 (the bank's mean distance over "
+                         f"pairs i != j), got {bank_within_mean!r}")
+    else:
+        within_bank = float(bank_within_mean)
     offsets = np.cumsum([0] + [x.shape[0] for x in groups])
     out = torch.empty(n_boot, dtype=torch.float64)
     for start in range(0, n_boot, chunk):
@@ -508,7 +522,7 @@ def nearest_train(images, train, *, chunk: int = 8192, candidates: int = 8) -> T
 
     Args:
         images: ``(n, 28, 28)`` or ``(n, 784)`` queries (see :func:`as_unit_images`).
-        train: ``(N, 28, 28)`` or ``(N, 784)`` training images, uint8 or float in [0, 1].
+        train: ``(N, 28, 28)``, ``(N, 1, 28, 28)`` or ``(N, 784)`` training images, uint8 or float in [0, 1].
 
     Returns:
         ``(rmse (n,) float64, index (n,) int64)``: ``sqrt(‖x − t*‖² / 784)`` and t*'s row.
@@ -518,11 +532,14 @@ def nearest_train(images, train, *, chunk: int = 8192, candidates: int = 8) -> T
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     queries64 = as_unit_images(images, "images", torch.float64).reshape(-1, N_PIXELS)
     queries = queries64.float()
-    if not isinstance(train, torch.Tensor) or not (
-        (train.dim() == 3 and tuple(train.shape[1:]) == (28, 28)) or (train.dim() == 2 and train.shape[1] == N_PIXELS)
-    ):
-        raise ValueError(f"train must be a tensor of shape (N, 28, 28) or (N, 784), got {getattr(train, 'shape', type(train).__name__)}")
-    train = train.reshape(train.shape[0], N_PIXELS)
+    if not isinstance(train, torch.Tensor):
+        raise TypeError(f"train must be a torch.Tensor of shape (N, 28, 28) or (N, 784), got {type(train).__name__}")
+    if not ((train.dim() == 3 and tuple(train.shape[1:]) == (28, 28)) or (train.dim() == 2 and train.shape[1] == N_PIXELS)
+            or (train.dim() == 4 and tuple(train.shape[1:]) == (1, 28, 28))):
+        raise ValueError(f"train must be a tensor of shape (N, 28, 28), (N, 1, 28, 28) or (N, 784), got {tuple(train.shape)}")
+    if train.is_meta or train.layout != torch.strided:
+        raise ValueError("train must be a dense tensor with data (not sparse, not on the meta device)")
+    train = train.detach().reshape(train.shape[0], N_PIXELS)
     if train.shape[0] == 0:
         raise ValueError("train must hold at least one image")
     if train.dtype != torch.uint8 and not train.is_floating_point():
@@ -555,8 +572,12 @@ def nearest_train(images, train, *, chunk: int = 8192, candidates: int = 8) -> T
 MAX_SEED = (2**63 - 1 - 1024) // 1_000_003
 
 
+def _check_seed(seed) -> int:
+    return check_int(seed, "seed", 0, MAX_SEED)
+
+
 def _generator(seed: int, stream: int) -> torch.Generator:
-    return torch.Generator().manual_seed(int(seed) * 1_000_003 + stream)
+    return torch.Generator().manual_seed(_check_seed(seed) * 1_000_003 + stream)
 
 
 class MnistEvaluator:
@@ -603,12 +624,14 @@ class MnistEvaluator:
 
     def null(self, n: int, draws: int = 200, seed: int = 0) -> torch.Tensor:
         """``(draws,)`` real-vs-real feature EDs at sample size ``n`` (cached)."""
+        # checked before the cache lookup: 10.0 would otherwise find the entry of n = 10
+        if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= self.pool.shape[0]:
+            raise ValueError(f"n must be an int in [2, {self.pool.shape[0]}] (the held-out pool), got {n!r}")
+        if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+            raise ValueError(f"draws must be an int >= 1, got {draws!r}")
+        seed = _check_seed(seed)
         key = (n, draws, seed)
         if key not in self._null:
-            if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= self.pool.shape[0]:
-                raise ValueError(f"n must be an int in [2, {self.pool.shape[0]}] (the held-out pool), got {n!r}")
-            if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
-                raise ValueError(f"draws must be an int >= 1, got {draws!r}")
             if self._pool_to_bank is None:
                 self._pool_to_bank = _distances(self._pool64, self._bank64).mean(1)
             # the same draws as null_feature_energy_distance(pool, bank, n, draws=..., generator=...)
@@ -617,7 +640,7 @@ class MnistEvaluator:
 
     def heldout_nearest_train_rmse(self, n: int) -> float:
         """Mean nearest-train RMSE of the first ``min(n, pool)`` held-out images: the memorization reference."""
-        n = min(n, self.pool_index.numel())
+        n = min(check_int(n, "n", 1), self.pool_index.numel())
         if n not in self._heldout_rmse:
             rmse, _ = nearest_train(self.test_images[self.pool_index[:n]], self.train_images)
             self._heldout_rmse[n] = float(rmse.mean())
@@ -649,6 +672,7 @@ class MnistEvaluator:
             ``classes_present``, ``nearest_train_rmse``, ``nearest_train_rmse_ci``,
             ``heldout_nearest_train_rmse``.
         """
+        seed = _check_seed(seed)  # before any work: a bad seed would otherwise fail after the features
         x = as_unit_images(images)
         n = x.shape[0]
         if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or n % groups or n // groups < 2:

@@ -40,6 +40,7 @@ Example::
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -75,6 +76,8 @@ def _check_cloud(x, name: str, d: Optional[int] = None, min_points: int = 1) -> 
         raise TypeError(f"{name} must be a torch.Tensor of shape (n, d), got {type(x).__name__}")
     if x.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"{name} must be float32 or float64, got {x.dtype}")
+    if x.is_meta:
+        raise ValueError(f"{name} must hold data, got a tensor on the meta device")
     if x.dim() != 2 or (d is not None and x.shape[-1] != d):
         want = "d" if d is None else str(d)
         raise ValueError(f"{name} must have shape (n, {want}), got {tuple(x.shape)}")
@@ -90,7 +93,27 @@ def _check_means(means, d: int) -> torch.Tensor:
         raise TypeError(f"means must be a floating-point tensor of shape (K, d), got {type(means).__name__}")
     if means.dim() != 2 or means.shape[1] != d or means.shape[0] < 1:
         raise ValueError(f"means must have shape (K >= 1, {d}), got {tuple(means.shape)}")
+    if means.is_meta or not bool(torch.isfinite(means).all()):
+        raise ValueError("means must be finite mode means with data (it holds NaN or inf, or is on the meta device)")
     return means
+
+
+def _check_same_width(groups: Sequence[torch.Tensor]) -> None:
+    """Every group has groups[0]'s number of columns d (they are pooled by concatenation)."""
+    d = groups[0].shape[1]
+    for i, x in enumerate(groups):
+        if x.shape[1] != d:
+            raise ValueError(f"groups[{i}] must have d = {d} columns like groups[0], got shape {tuple(x.shape)}")
+
+
+def _statistic_value(value, where: str) -> float:
+    """A statistic's result as a float: a real number or a one-element tensor."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        return float(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    got = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else f"{type(value).__name__} {value!r}"
+    raise TypeError(f"statistic must return a real number (or a one-element tensor) {where}, got {got}")
 
 
 # ---------------------------------------------------------------------------- distances
@@ -131,20 +154,32 @@ def null_energy_distance(
     Returns:
         ``(repeats,)`` float64 tensor of signed EDs.
     """
+    if not callable(draw):
+        raise TypeError(f"draw must be a callable (k, generator) -> (k, d), got {type(draw).__name__}")
     n, m = check_int(n, "n", 2), check_int(m, "m", 2)
     repeats = check_int(repeats, "repeats", 1)
     generator = check_generator(generator)
     out = torch.empty(repeats, dtype=torch.float64)
     for i in range(repeats):
-        out[i] = signed_energy_distance(draw(n, generator), draw(m, generator))
+        a = _check_drawn(draw(n, generator), n, "draw(n, generator)")
+        b = _check_drawn(draw(m, generator), m, "draw(m, generator)", a.shape[1])
+        out[i] = signed_energy_distance(a, b)
     return out
+
+
+def _check_drawn(x, k: int, what: str, d: Optional[int] = None) -> torch.Tensor:
+    """The output of a user sampler asked for k points: a finite float cloud ``(k, d)``."""
+    x = _check_cloud(x, what, d)
+    if x.shape[0] != k:
+        raise ValueError(f"{what} must return k = {k} points, got shape {tuple(x.shape)}")
+    return x
 
 
 # ---------------------------------------------------------------------------- mode metrics
 def mode_assignment(x: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
     """Index of the nearest mode mean for every point, ``(n, d), (K, d) -> (n,)`` int64."""
     x = _check_cloud(x, "x")
-    means = _check_means(means, x.shape[1]).to(x.dtype)
+    means = _check_means(means, x.shape[1]).to(dtype=x.dtype, device=x.device)
     return torch.cdist(x, means).argmin(dim=1)
 
 
@@ -189,8 +224,8 @@ def mean_radial_error(x: torch.Tensor, radius: float) -> float:
         0.75
     """
     x = _check_cloud(x, "x")
-    if isinstance(radius, bool) or not isinstance(radius, (int, float)) or not radius > 0:
-        raise ValueError(f"radius must be a float > 0, got {radius!r}")
+    if isinstance(radius, bool) or not isinstance(radius, (int, float)) or not 0 < radius < math.inf:
+        raise ValueError(f"radius must be a float > 0 and finite, got {radius!r}")
     return float((x.double().norm(dim=1) - radius).abs().mean())
 
 
@@ -223,7 +258,10 @@ def eight_gaussians_metrics(
     means = data.means(torch.float64, samples.device)
     weights = mode_weights(samples.double(), means)
     ed = None
+    if ed_samples is not None:
+        ed_samples = _check_cloud(ed_samples, "ed_samples", 2, min_points=2)
     if reference is not None:
+        reference = _check_cloud(reference, "reference", 2, min_points=2)
         ed = signed_energy_distance(samples if ed_samples is None else ed_samples, reference)
     return dict(
         signed_ed=ed,
@@ -293,11 +331,22 @@ class MarginalTracker:
         self.records: List[Dict] = []
 
     def __call__(self, info: Dict) -> None:
-        state = info["state"].reshape(-1, info["state"].shape[-1])
+        missing = [key for key in ("state", "params", "level", "t") if not isinstance(info, dict) or key not in info]
+        if missing:
+            raise ValueError(f"info must be the sampler's callback dict with 'state', 'params', 'level' and 't', "
+                             f"missing {missing}")
+        state = info["state"]
+        if not isinstance(state, torch.Tensor) or state.dim() < 1:
+            raise TypeError(f"info['state'] must be the chains as a tensor (..., d), got {type(state).__name__}")
+        state = state.reshape(-1, state.shape[-1])
         if self.max_chains is not None:
             state = state[: self.max_chains]
+        state = _check_cloud(state, "info['state'] (the chains)", min_points=2)
         params = info["params"]
-        clean = self.draw_clean(self.n_reference, self.generator).to(state.dtype)
+        clean = self.draw_clean(self.n_reference, self.generator)
+        if isinstance(clean, torch.Tensor) and clean.is_floating_point():
+            clean = clean.to(state.dtype)
+        clean = _check_drawn(clean, self.n_reference, "draw_clean(n_reference, generator)", state.shape[1])
         noisy = forward_noised(clean, params, self.generator)
         self.records.append(
             dict(
@@ -333,9 +382,10 @@ def stratified_subset(groups: Sequence[torch.Tensor], size: int) -> torch.Tensor
         raise TypeError(f"groups must be a non-empty list of (n_i, d) tensors, got {type(groups).__name__}")
     size = check_int(size, "size", 1)
     g = len(groups)
+    groups = [_check_cloud(group, f"groups[{i}]") for i, group in enumerate(groups)]
+    _check_same_width(groups)
     parts = []
     for i, group in enumerate(groups):
-        group = _check_cloud(group, f"groups[{i}]")
         take = size // g + (1 if i < size % g else 0)
         if take > group.shape[0]:
             raise ValueError(f"groups[{i}] has {group.shape[0]} points but the subset needs {take} from it")
@@ -393,14 +443,16 @@ def stratified_bootstrap(
     if method not in ("percentile", "basic"):
         raise ValueError(f"method must be 'percentile' or 'basic', got {method!r}")
     if bounds is not None:
-        if not isinstance(bounds, (tuple, list)) or len(bounds) != 2 or not float(bounds[0]) <= float(bounds[1]):
+        ok = isinstance(bounds, (tuple, list)) and len(bounds) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in bounds)
+        if not ok or not float(bounds[0]) <= float(bounds[1]):
             raise ValueError(f"bounds must be a pair (low, high) with low <= high, got {bounds!r}")
         bounds = (float(bounds[0]), float(bounds[1]))
-    estimate = float(statistic(torch.cat(groups)))
+    estimate = _statistic_value(statistic(torch.cat(groups)), "on the pooled groups")
     replicates = torch.empty(n_boot, dtype=torch.float64)
     for b in range(n_boot):
         parts = [x[torch.randint(x.shape[0], (x.shape[0],), generator=generator).to(x.device)] for x in groups]
-        replicates[b] = float(statistic(torch.cat(parts)))
+        replicates[b] = _statistic_value(statistic(torch.cat(parts)), f"on bootstrap replicate {b}")
     alpha = (1 - level) / 2
     lower, upper = torch.quantile(replicates, torch.tensor([alpha, 1 - alpha], dtype=torch.float64)).tolist()
     if method == "basic":
@@ -452,9 +504,6 @@ def stratified_bootstrap_energy_distance(
     """
     groups, n_boot, generator = _check_bootstrap(groups, n_boot, generator, level)
     d = groups[0].shape[1]
-    for i, x in enumerate(groups):
-        if x.shape[1] != d:
-            raise ValueError(f"groups[{i}] must have d = {d} columns like groups[0], got shape {tuple(x.shape)}")
     reference = _check_cloud(reference, "reference", d, min_points=2)
     chunk = check_int(chunk, "chunk", 1)
     pool = torch.cat(groups).double()
@@ -498,6 +547,7 @@ def _check_bootstrap(groups, n_boot, generator, level) -> Tuple[List[torch.Tenso
     if not isinstance(groups, (list, tuple)) or not groups:
         raise TypeError(f"groups must be a non-empty list of (n_i, d) tensors, got {type(groups).__name__}")
     groups = [_check_cloud(x, f"groups[{i}]") for i, x in enumerate(groups)]
+    _check_same_width(groups)
     n_boot = check_int(n_boot, "n_boot", 2)
     generator = check_generator(generator)
     if isinstance(level, bool) or not isinstance(level, float) or not 0 < level < 1:

@@ -69,34 +69,73 @@ Scalar = Union[float, torch.Tensor]
 def score_nmse(estimate: torch.Tensor, reference: torch.Tensor) -> float:
     """NMSE = E‖ŝ − s‖² / E‖s‖², both expectations over the queries (leading dims of ``(..., d)``).
 
+    Computed in float64 after dividing both fields by their largest magnitude (the ratio is
+    scale-free), so float32 fields from 1e-30 to 1e30 give the right number instead of 0/0.
+
     Example::
 
         >>> score_nmse(torch.tensor([[1.0, 0.0]]), torch.tensor([[2.0, 0.0]]))
         0.25
     """
     _check_pair(estimate, reference, "score_nmse")
-    return float((estimate - reference).pow(2).sum(-1).mean() / reference.pow(2).sum(-1).mean())
+    e, r = _jointly_scaled(estimate, reference)
+    return float((e - r).pow(2).sum(-1).mean() / r.pow(2).sum(-1).mean())
 
 
 def mean_cosine(estimate: torch.Tensor, reference: torch.Tensor) -> float:
-    """Mean over queries of the cosine similarity of ŝ(y) and s(y), ``(..., d)`` fields."""
+    """Mean over queries of the cosine similarity of ŝ(y) and s(y), ``(..., d)`` fields.
+
+    Each row is divided by its own largest magnitude and the cosine taken in float64, so it is
+    right at any scale a float32 or float64 field can hold; a row where either field is zero
+    counts as cosine 0 (``F.cosine_similarity``'s convention).
+    """
     _check_pair(estimate, reference, "mean_cosine")
-    return float(torch.nn.functional.cosine_similarity(estimate, reference, dim=-1, eps=1e-30).mean())
+    a, b = (_row_normalized(t.detach().double()) for t in (estimate, reference))
+    norms = a.norm(dim=-1) * b.norm(dim=-1)
+    cos = torch.where(norms > 0, (a * b).sum(-1) / torch.where(norms > 0, norms, torch.ones_like(norms)),
+                      torch.zeros_like(norms))
+    return float(cos.clamp(-1.0, 1.0).mean())
 
 
 def posterior_mean_mse(estimate: torch.Tensor, reference: torch.Tensor) -> float:
-    """Posterior-mean MSE: the mean over queries *and coordinates* of (m̂ − m)² (``F.mse_loss``)."""
+    """Posterior-mean MSE: the mean over queries *and coordinates* of (m̂ − m)² (``F.mse_loss``), in float64."""
     _check_pair(estimate, reference, "posterior_mean_mse")
-    return float((estimate - reference).pow(2).mean())
+    return float((estimate.detach().double() - reference.detach().double()).pow(2).mean())
 
 
-def _check_pair(estimate, reference, name: str) -> None:
-    for arg, t in (("estimate", estimate), ("reference", reference)):
+def _row_normalized(t: torch.Tensor) -> torch.Tensor:
+    """Every row divided by its largest magnitude (zero rows stay zero; NaN/inf propagate)."""
+    peak = t.abs().amax(dim=-1, keepdim=True)
+    return t / torch.where(peak > 0, peak, torch.ones_like(peak))
+
+
+def _jointly_scaled(estimate: torch.Tensor, reference: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Both fields in float64, divided by one common largest finite magnitude (when it is > 0)."""
+    e, r = estimate.detach().double(), reference.detach().double()
+    both = torch.cat([e.reshape(-1), r.reshape(-1)]).abs()
+    both = both[torch.isfinite(both)]
+    peak = float(both.max()) if both.numel() else 0.0
+    if peak > 0:
+        e, r = e / peak, r / peak
+    return e, r
+
+
+def _check_pair(
+    estimate, reference, name: str, args: Tuple[str, str] = ("estimate", "reference"), *, allow_empty: bool = False
+) -> None:
+    for arg, t in zip(args, (estimate, reference)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise TypeError(f"{name}: {arg} must be a floating-point tensor (..., d), got {type(t).__name__}")
+            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"{name}: {arg} must be a floating-point tensor (..., d), got {got}")
+        if t.dim() < 1:
+            raise ValueError(f"{name}: {arg} must have shape (..., d), got a 0-d tensor")
+        if t.is_meta:
+            raise ValueError(f"{name}: {arg} must hold data, got a tensor on the meta device")
     if estimate.shape != reference.shape:
-        raise ValueError(f"{name}: estimate and reference must have one shape, got {tuple(estimate.shape)} and {tuple(reference.shape)}")
-    if estimate.numel() == 0:
+        raise ValueError(f"{name}: {args[0]} and {args[1]} must have one shape, got {tuple(estimate.shape)} and {tuple(reference.shape)}")
+    if estimate.device != reference.device:
+        raise ValueError(f"{name}: {args[0]} and {args[1]} must be on one device, got {estimate.device} and {reference.device}")
+    if estimate.numel() == 0 and not allow_empty:
         raise ValueError(f"{name}: need at least one query, got shape {tuple(estimate.shape)}")
 
 
@@ -386,8 +425,8 @@ class ISOracle:
     def __init__(self, bank: torch.Tensor, *, backend: Optional[str] = None):
         if not isinstance(bank, torch.Tensor) or not bank.is_floating_point():
             raise TypeError(f"bank must be a floating-point tensor (M, d), got {type(bank).__name__}")
-        if bank.dim() != 2 or bank.shape[0] < 2:
-            raise ValueError(f"bank must have shape (M, d) with M >= 2, got {tuple(bank.shape)}")
+        if bank.dim() != 2 or bank.shape[0] < 2 or bank.shape[1] < 1:
+            raise ValueError(f"bank must have shape (M, d) with M >= 2 and d >= 1, got {tuple(bank.shape)}")
         self.bank = bank
         self.backend = backend
         self._cast = {}
@@ -413,7 +452,10 @@ class ISOracle:
         return f"ISOracle(bank={self.bank.shape[0]} points, d={self.bank.shape[1]})"
 
     def halves(self) -> Tuple["ISOracle", "ISOracle"]:
-        """Two oracles on the independent halves [0, M/2) and [M/2, M) of the bank."""
+        """Two oracles on the independent halves [0, M/2) and [M/2, M) of the bank (M >= 4)."""
+        if self.bank.shape[0] < 4:
+            raise ValueError(f"halves (and disagreement) need a bank of M >= 4 points (two per half), "
+                             f"got M = {self.bank.shape[0]}")
         half = self.bank.shape[0] // 2
         return ISOracle(self.bank[:half], backend=self.backend), ISOracle(self.bank[half:], backend=self.backend)
 
@@ -486,14 +528,17 @@ def richardson(s_eps1: torch.Tensor, s_eps2: torch.Tensor, eps1: Scalar, eps2: S
         >>> richardson(torch.tensor([0.8]), torch.tensor([0.2]), 0.1, 0.2)    # s_ε = 1 − 20 ε²
         tensor([1.])
     """
-    _check_pair(s_eps1, s_eps2, "richardson")
+    # elementwise, so a zero-size batch gives a zero-size field
+    _check_pair(s_eps1, s_eps2, "richardson", ("s_eps1", "s_eps2"), allow_empty=True)
     e1, e2 = (_check_eps(e, name, s_eps1) for e, name in ((eps1, "eps1"), (eps2, "eps2")))
     if bool((e1 <= 0).any()) or bool((e2 <= 0).any()) or not bool(torch.isfinite(e1).all() & torch.isfinite(e2).all()):
         raise ValueError(f"eps1 and eps2 must be finite and > 0, got {eps1!r} and {eps2!r}")
     if bool((e1 == e2).any()):
         raise ValueError(f"eps1 and eps2 must differ, got {eps1!r} and {eps2!r}")
-    e1, e2 = e1.pow(2)[..., None], e2.pow(2)[..., None]
-    return (e2 * s_eps1 - e1 * s_eps2) / (e2 - e1)
+    # Divided through by ε₂²: only the ratio ρ = (ε₁/ε₂)² enters, so ε² cannot overflow or
+    # underflow (float32 ε = 1e20 or 1e-30 squared would give inf/inf or 0/0).
+    rho = (e1 / e2).pow(2)[..., None]
+    return (s_eps1 - rho * s_eps2) / (1 - rho)
 
 
 def richardson_score(
@@ -518,6 +563,8 @@ def richardson_score(
     Returns:
         ``(s_RE, s_sigma1, s_sigma2)``, each ``(..., d)``.
     """
+    if not callable(score_fn):
+        raise TypeError(f"score_fn must be a callable score_fn(y, noise_params) -> (..., d), got {type(score_fn).__name__}")
     noise_params = _check_params(noise_params)
     s1 = score_fn(y, dataclasses.replace(noise_params, sigma=sigma1))
     s2 = score_fn(y, dataclasses.replace(noise_params, sigma=sigma2))

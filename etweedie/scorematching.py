@@ -43,7 +43,7 @@ import torch
 from torch import nn
 from tqdm.auto import trange
 
-from ._checks import check_generator, check_int
+from ._checks import check_bool, check_generator, check_int
 
 __all__ = [
     "ConditionalScoreNet",
@@ -68,24 +68,60 @@ PARAMETRIZATIONS = ("direct", "residual", "energy")
 
 
 # ---------------------------------------------------------------------------- validation
-def _check_points(y, name: str = "y") -> torch.Tensor:
+def _check_points(y, name: str = "y", *, nonempty: bool = False, finite: bool = False) -> torch.Tensor:
     if not isinstance(y, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape (n, d), got {type(y).__name__}")
     if y.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"{name} must be float32 or float64, got {y.dtype}")
     if y.dim() != 2 or y.shape[-1] < 1:
         raise ValueError(f"{name} must have shape (n, d) with d >= 1, got {tuple(y.shape)}")
+    if nonempty and y.shape[0] == 0:
+        # a mean over no rows is NaN, not a loss
+        raise ValueError(f"{name} must have at least one row, got shape {tuple(y.shape)}")
+    if finite and not bool(torch.isfinite(y).all()):
+        raise ValueError(f"{name} must be finite (it holds NaN or inf): training on it would make every weight NaN")
     return y
 
 
-def _check_input(y, dim: int, what: str) -> None:
-    """y of a score network: a floating tensor ``(..., dim)`` (a shape error names the network)."""
+def _as_cond(cond, y: torch.Tensor) -> torch.Tensor:
+    """Per-row conditioning as a tensor in y's dtype and device (a named TypeError otherwise)."""
+    try:
+        return torch.as_tensor(cond, dtype=y.dtype, device=y.device)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"cond must be a real tensor (or a number or sequence of numbers), got {type(cond).__name__} "
+                        f"{cond!r:.80}") from None
+
+
+def _check_input(y, dim: int, what: str, module: Optional[nn.Module] = None) -> None:
+    """y of a score network: a floating tensor ``(..., dim)`` (a shape error names the network),
+    in the dtype and on the device of ``module``'s parameters when one is given."""
     if not isinstance(y, torch.Tensor):
         raise TypeError(f"y must be a torch.Tensor of shape (..., {dim}), got {type(y).__name__}")
     if not y.is_floating_point():
         raise TypeError(f"y must be a floating-point tensor, got {y.dtype}")
     if y.dim() < 1 or y.shape[-1] != dim:
         raise ValueError(f"y must have shape (..., {dim}) for this {what} (dim={dim}), got {tuple(y.shape)}")
+    if module is not None:
+        _check_like_parameters(y, module, "y", what)
+
+
+def _first_parameter(module) -> Optional[torch.Tensor]:
+    parameters = getattr(module, "parameters", None)
+    if not callable(parameters):
+        return None
+    return next((p for p in parameters() if p.is_floating_point()), None)
+
+
+def _check_like_parameters(y: torch.Tensor, module, name: str, what: str) -> None:
+    """y in the dtype and on the device of the module's parameters (torch's own error is a GEMM's)."""
+    p = _first_parameter(module)
+    if p is None:
+        return
+    if y.dtype != p.dtype:
+        raise TypeError(f"{name} must have the {what}'s parameter dtype {p.dtype}, got {y.dtype} "
+                        f"(convert one of them, e.g. model.to({y.dtype}) or {name}.to({p.dtype}))")
+    if y.device != p.device:
+        raise ValueError(f"{name} must be on the {what}'s device {p.device}, got {y.device}")
 
 
 def _check_cond(cond, y: torch.Tensor, n_cond: int) -> torch.Tensor:
@@ -177,7 +213,7 @@ class ScoreNet(nn.Module):
 
     def forward(self, y: torch.Tensor, cond: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Score at y ``(..., d)``; ``cond`` ``(..., n_cond)`` when conditional. Returns ``(..., d)``."""
-        _check_input(y, self.dim, type(self).__name__)
+        _check_input(y, self.dim, type(self).__name__, self)
         if self.n_cond:
             if cond is None:
                 raise ValueError(f"this ScoreNet is conditional (n_cond={self.n_cond}); pass cond of shape (..., {self.n_cond})")
@@ -233,10 +269,10 @@ class ConditionalScoreNet(ScoreNet):
             dim, hidden, depth, n_cond=1, arch=arch, n_in=check_int(dim, "dim", 1) * (1 + 2 * n_fourier) + 1,
             n_out=1 if parametrization == "energy" else dim,
         )
-        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not floor > 0:
-            raise ValueError(f"floor must be a float > 0, got {floor!r}")
-        if isinstance(fourier_period, bool) or not isinstance(fourier_period, (int, float)) or not fourier_period > 0:
-            raise ValueError(f"fourier_period must be a float > 0, got {fourier_period!r}")
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 < floor < math.inf:
+            raise ValueError(f"floor must be a float > 0 and finite, got {floor!r}")
+        if isinstance(fourier_period, bool) or not isinstance(fourier_period, (int, float)) or not 0 < fourier_period < math.inf:
+            raise ValueError(f"fourier_period must be a float > 0 and finite, got {fourier_period!r}")
         self.floor = float(floor)
         self.parametrization = parametrization
         self.n_fourier = n_fourier
@@ -247,7 +283,16 @@ class ConditionalScoreNet(ScoreNet):
 
     def features(self, sigma, like: torch.Tensor) -> torch.Tensor:
         """σ (float or tensor broadcasting to ``like.shape[:-1]``) → σ expanded to that shape."""
-        sigma = torch.as_tensor(sigma, dtype=like.dtype, device=like.device)
+        bad = isinstance(sigma, (bool, str, bytes)) or (
+            isinstance(sigma, torch.Tensor) and (sigma.is_complex() or sigma.dtype == torch.bool))
+        try:
+            value = None if bad else torch.as_tensor(sigma, dtype=like.dtype, device=like.device)
+        except (TypeError, ValueError, RuntimeError):
+            value = None
+        if value is None:
+            raise TypeError(f"sigma must be a real number or a real tensor broadcasting to y's batch shape "
+                            f"{tuple(like.shape[:-1])}, got {type(sigma).__name__} {sigma!r:.80}")
+        sigma = value
         if sigma.numel() and not bool(((sigma > 0) & torch.isfinite(sigma)).all()):
             bad = sigma[~((sigma > 0) & torch.isfinite(sigma))].flatten()[0]
             raise ValueError(f"sigma must be > 0 and finite, got {float(bad):.4g}")
@@ -268,7 +313,7 @@ class ConditionalScoreNet(ScoreNet):
 
     def forward(self, y: torch.Tensor, sigma) -> torch.Tensor:  # type: ignore[override]
         """Score at y ``(..., d)`` for known level(s) σ (float or ``(...)`` tensor)."""
-        _check_input(y, self.dim, type(self).__name__)
+        _check_input(y, self.dim, type(self).__name__, self)
         sigma = self.features(sigma, y)
         if self.parametrization == "energy":
             # rows are independent, so ∇_y of the summed energy is the per-row gradient
@@ -304,6 +349,10 @@ def jacobian_trace(model, y: torch.Tensor, cond=None):
     Returns:
         ``(s (n, d), trace (n,))``.
     """
+    if not callable(model):
+        raise TypeError(f"model must be a callable model(y[, cond]) -> (n, d), got {type(model).__name__}")
+    if not isinstance(y, torch.Tensor) or not y.is_floating_point():
+        raise TypeError(f"y must be a floating-point tensor (n, d), got {getattr(y, 'dtype', type(y).__name__)}")
     f = _as_function(model, cond)
     d = y.shape[-1]
     basis = torch.eye(d, dtype=y.dtype, device=y.device)
@@ -328,7 +377,7 @@ def hyvarinen_loss(model, y: torch.Tensor, cond=None) -> torch.Tensor:
     Returns:
         scalar loss; its minimizer is ∇ log m, and E‖s − ∇log m‖² = 2·loss + const.
     """
-    y = _check_points(y)
+    y = _check_points(y, nonempty=True)
     s, trace = jacobian_trace(model, y, cond)
     return (0.5 * s.pow(2).sum(-1) + trace).mean()
 
@@ -358,7 +407,7 @@ def sliced_score_matching_vr_loss(
     Returns:
         scalar loss.
     """
-    y = _check_points(y)
+    y = _check_points(y, nonempty=True)
     m = check_int(n_projections, "n_projections", 1)
     generator = check_generator(generator)
     if distribution not in ("gaussian", "rademacher"):
@@ -370,10 +419,13 @@ def sliced_score_matching_vr_loss(
     y_rep = y.expand(m, n, d).reshape(m * n, d)
     cond_rep = None
     if cond is not None:
-        cond_t = torch.as_tensor(cond, dtype=y.dtype, device=y.device)
+        cond_t = _as_cond(cond, y)
         if cond_t.dim() == 0:
             cond_rep = cond_t
         else:
+            if cond_t.shape[0] != n:
+                raise ValueError(f"cond must be one value for all rows or have leading dimension n = {n} (y's rows), "
+                                 f"got shape {tuple(cond_t.shape)}")
             cond_rep = cond_t.expand(m, *cond_t.shape).reshape(m * n, *cond_t.shape[1:])
     f = _as_function(model, cond_rep)
     v = v.reshape(m * n, d)
@@ -486,12 +538,17 @@ def train_score_net(
     """
     import time
 
-    y = _check_points(y)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (its parameters are trained), got {type(model).__name__}")
+    y = _check_points(y, nonempty=True, finite=True)
     generator = check_generator(generator)
     steps = check_int(steps, "steps", 1)
     batch_size = check_int(batch_size, "batch_size", 1)
-    if y.shape[0] < 1:
-        raise ValueError(f"y must have at least one row, got shape {tuple(y.shape)}")
+    n_projections = check_int(n_projections, "n_projections", 1)
+    check_bool(progress, "progress")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"model must have trainable parameters, {type(model).__name__} has none")
+    _check_like_parameters(y, model, "y", "model")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
         raise ValueError(f"lr must be a finite float > 0, got {lr!r}")
     ema = _check_fraction(ema, "ema", 0.0, 1.0)
@@ -503,9 +560,11 @@ def train_score_net(
     if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not 0 <= weight_decay < math.inf:
         raise ValueError(f"weight_decay must be a finite float >= 0, got {weight_decay!r}")
     if cond is not None:
-        cond = torch.as_tensor(cond, dtype=y.dtype, device=y.device)
+        cond = _as_cond(cond, y)
         if cond.dim() == 0 or cond.shape[0] != y.shape[0]:
             raise ValueError(f"cond must have leading dimension n={y.shape[0]} to match y, got shape {tuple(cond.shape)}")
+        if not bool(torch.isfinite(cond).all()):
+            raise ValueError("cond must be finite (it holds NaN or inf)")
     method = _resolve_method(method, y.shape[-1])
     y_val = c_val = None
     if val_fraction > 0:
@@ -697,10 +756,13 @@ def fit_score(
     generator = check_generator(generator)
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    if not isinstance(observations, (torch.Tensor, list, tuple)):
+        raise TypeError(f"observations must be a tensor (n, d) or a list of (n_l, d) tensors (one per level), "
+                        f"got {type(observations).__name__}")
     if isinstance(observations, torch.Tensor):
         if sigmas is not None:
             raise ValueError("sigmas is only used with a sequence of per-level observation groups")
-        y = _check_points(observations, "observations").to(dtype)
+        y = _check_points(observations, "observations", finite=True).to(dtype)
         cond = None
         if parametrization != "direct" or n_fourier != 0:
             raise ValueError(
@@ -715,6 +777,8 @@ def fit_score(
         groups = list(observations)
         if not groups:
             raise ValueError("observations must hold at least one group, got an empty sequence")
+        if sigmas is not None and not isinstance(sigmas, (list, tuple, torch.Tensor)):
+            raise TypeError(f"sigmas must be a list of known noise levels (one per group), got {type(sigmas).__name__}")
         if sigmas is None or len(sigmas) != len(groups):
             raise ValueError(
                 f"sigmas must give one known level per observation group ({len(groups)} groups), got {sigmas!r}"
@@ -727,7 +791,7 @@ def fit_score(
             if not 0 < value < math.inf:
                 raise ValueError(f"sigmas[{i}] must be a finite float > 0 (a known noise level), got {level!r}")
         for i, g in enumerate(groups):
-            _check_points(g, f"observations[{i}]")
+            _check_points(g, f"observations[{i}]", finite=True)
             if g.shape[0] == 0:
                 raise ValueError(f"observations[{i}] (sigma={sigmas[i]}) is empty; every level needs observations")
             if g.shape[-1] != groups[0].shape[-1]:
