@@ -451,7 +451,7 @@ def stratified_bootstrap(
     estimate = _statistic_value(statistic(torch.cat(groups)), "on the pooled groups")
     replicates = torch.empty(n_boot, dtype=torch.float64)
     for b in range(n_boot):
-        parts = [x[torch.randint(x.shape[0], (x.shape[0],), generator=generator).to(x.device)] for x in groups]
+        parts = [x[torch.randint(x.shape[0], (x.shape[0],), generator=generator, device=generator.device).to(x.device)] for x in groups]
         replicates[b] = _statistic_value(statistic(torch.cat(parts)), f"on bootstrap replicate {b}")
     alpha = (1 - level) / 2
     lower, upper = torch.quantile(replicates, torch.tensor([alpha, 1 - alpha], dtype=torch.float64)).tolist()
@@ -529,7 +529,7 @@ def bootstrap_ed_replicates(
         parts, ties = [], torch.zeros(b, dtype=torch.float64)
         for x in groups:
             k = x.shape[0]
-            idx = torch.randint(k, (b, k), generator=generator)
+            idx = torch.randint(k, (b, k), generator=generator, device=generator.device).cpu()  # a CUDA generator too
             counts = torch.zeros(b, k, dtype=torch.float64).scatter_add_(1, idx, torch.ones(b, k, dtype=torch.float64))
             ties += (counts * counts).sum(1)
             parts.append(x[idx.to(x.device)].to(device))
