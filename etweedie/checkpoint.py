@@ -153,7 +153,13 @@ def save_weights(
     """
     from safetensors.torch import save_file
 
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"directory must be a str or os.PathLike, got {type(directory).__name__}")
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        # (the swap below would move the file aside and fail, leaving the user's file renamed)
+        raise ValueError(f"directory {str(directory)!r} is an existing file; weights are written as a folder "
+                         f"(give another path)")
     if max_shard_bytes is not None and (isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int)
                                         or max_shard_bytes < 1024):
         raise ValueError(f"max_shard_bytes must be an int >= 1024 or None, got {max_shard_bytes!r}")
@@ -206,8 +212,7 @@ def save_weights(
         shards[-1][key] = t
         size += nbytes
     tmp = directory.with_name(f"{directory.name}.tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    _remove(tmp)
     tmp.mkdir(parents=True)
     names = [WEIGHTS_FILE] if len(shards) == 1 else [
         f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))
@@ -232,14 +237,20 @@ def save_weights(
         with open(tmp / name, "rb") as fh:
             os.fsync(fh.fileno())
     old = directory.with_name(f"{directory.name}.old")
-    if old.exists():
-        shutil.rmtree(old)
+    _remove(old)
     if directory.exists():
         os.replace(directory, old)
     os.replace(tmp, directory)
-    if old.exists():
-        shutil.rmtree(old)
+    _remove(old)
     return directory
+
+
+def _remove(path: Path) -> None:
+    """Delete ``path`` (a folder a killed write left behind, or a stray file of that name)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def load_weights(directory: PathLike, *, verify: bool = True) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
@@ -251,6 +262,8 @@ def load_weights(directory: PathLike, *, verify: bool = True) -> Tuple[Dict[str,
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"directory must be a str or os.PathLike, got {type(directory).__name__}")
     directory = Path(directory)
     cfg_path = directory / WEIGHTS_CONFIG
     try:

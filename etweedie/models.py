@@ -138,7 +138,7 @@ def _check_bounds(low, high) -> tuple:
     try:
         low = tuple(float(v) for v in low)
         high = tuple(float(v) for v in high)
-    except TypeError:
+    except (TypeError, ValueError):  # not iterable, or an entry that is not a number ("abcde")
         raise TypeError(f"eta_low and eta_high must be sequences of {ETA_DIM} floats, got {low!r} and {high!r}") from None
     if len(low) != ETA_DIM or len(high) != ETA_DIM:
         raise ValueError(f"eta_low and eta_high must have {ETA_DIM} entries, got {len(low)} and {len(high)}")
@@ -213,7 +213,7 @@ class EngressionPosterior(nn.Module):
         depth = check_int(depth, "depth", 1)
         noise_dim = check_int(noise_dim, "noise_dim", 1)
         cond_width = check_int(cond_width, "cond_width", 1)
-        init_seed = check_int(init_seed, "init_seed", 0)
+        init_seed = check_int(init_seed, "init_seed", 0, 2**64 - 1)  # torch.Generator.manual_seed's range
         conditioning = _check_choice(conditioning, "conditioning", CONDITIONINGS)
         output = _check_choice(output, "output", OUTPUTS)
         latent = _check_choice(latent, "latent", LATENTS)
@@ -313,6 +313,7 @@ class EngressionPosterior(nn.Module):
         (e.g. ``torch.bfloat16``): the draws are written in that dtype by the output's last
         elementwise operation (one pass, rounded once), not cast afterwards.
         """
+        self._check_generate_args(y, eta, noise)
         eta_n = self.normalize_eta(eta)
         eps = noise[..., : self.depth * self.noise_dim].split(self.noise_dim, dim=-1)
         z_hat = noise[..., self.depth * self.noise_dim :] if self.latent == "noise_law" else None
@@ -366,6 +367,21 @@ class EngressionPosterior(nn.Module):
         if out_dtype is not None:
             return _written_as(out_dtype, y.unsqueeze(-2), self.realized_rms(eta)[..., None, None], out)
         return y.unsqueeze(-2) + self.realized_rms(eta)[..., None, None] * out
+
+    def _check_generate_args(self, y, eta, noise) -> None:
+        """Shapes and dtypes :meth:`generate` needs (Python-level checks only: no device sync, and
+        ``torch.compile`` turns them into shape guards)."""
+        for name, t in (("y", y), ("eta", eta), ("noise", noise)):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+                raise TypeError(f"{name} must be a floating-point tensor, got {got}")
+        if y.dim() < 1 or y.shape[-1] != self.dim:
+            raise ValueError(f"y must have shape (B, d={self.dim}), got {tuple(y.shape)}")
+        if eta.dim() < 1 or eta.shape[-1] != ETA_DIM:
+            raise ValueError(f"eta must have shape (B, {ETA_DIM}), got {tuple(eta.shape)}")
+        if noise.dim() != y.dim() + 1 or noise.shape[-1] != self.latent_width:
+            raise ValueError(f"noise must have shape (B, n, latent_width={self.latent_width}) for y of shape "
+                             f"{tuple(y.shape)}, got {tuple(noise.shape)}")
 
     # ------------------------------------------------------------------ public
     def sample(

@@ -82,6 +82,8 @@ class TensorSource(DataSource):
             raise TypeError(f"examples must be a torch.Tensor (n, d), got {type(examples).__name__}")
         if examples.dim() != 2 or examples.shape[0] < 1 or examples.shape[1] < 1:
             raise ValueError(f"examples must have shape (n, d) with n, d >= 1, got {tuple(examples.shape)}")
+        if examples.device.type == "meta":
+            raise ValueError("examples must hold data (a tensor on the meta device has none)")
         if transform is None and not examples.is_floating_point():
             raise TypeError(f"examples must be floating point (or pass a transform), got {examples.dtype}")
         if transform is not None and not callable(transform):
@@ -138,6 +140,8 @@ class EightGaussiansSource(DataSource):
     """Clean points of :class:`etweedie.data.EightGaussians` (d = 2): ``draw`` = ``ring.sample(b, g)[0]``."""
 
     def __init__(self, ring: Optional[EightGaussians] = None):
+        if ring is not None and not isinstance(ring, EightGaussians):
+            raise TypeError(f"ring must be an etweedie.data.EightGaussians or None, got {type(ring).__name__}")
         self.ring = ring if ring is not None else EightGaussians()
         self.dim = self.ring.dim
 
@@ -195,12 +199,18 @@ def as_data_source(data: Union[DataSource, torch.Tensor, Callable], dim: Optiona
     """A :class:`DataSource` from a source, a tensor of examples ``(n, d)``, or a callable ``draw(b, g)``.
 
     For a callable, ``dim`` is required unless the callable has a ``dim`` attribute; ``dim_name``
-    is the caller's name for it in the error (``train`` calls it ``data_dim``).
+    is the caller's name for it in the error (``train`` calls it ``data_dim``).  Given with a
+    source or a tensor, ``dim`` must equal its d (a ValueError otherwise, never silently ignored).
     """
-    if isinstance(data, DataSource):
-        return data
-    if isinstance(data, torch.Tensor):
-        return TensorSource(data)
+    if isinstance(data, (DataSource, torch.Tensor)):
+        source = data if isinstance(data, DataSource) else TensorSource(data)
+        d = getattr(source, "dim", None)
+        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+            raise TypeError(f"the data source's dim must be an int >= 1, got {type(d).__name__} {d!r}")
+        if dim is not None and dim != d:
+            raise ValueError(f"{dim_name}={dim!r} disagrees with the data's dimension d = {d} "
+                             f"(pass {dim_name} only for a callable, or the data's own d)")
+        return source
     if callable(data):
         dim = getattr(data, "dim", None) if dim is None else dim
         if dim is None:

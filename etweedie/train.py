@@ -71,7 +71,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import torch
 from tqdm.auto import tqdm
 
-from ._checks import MAX_THREADS, check_device, check_float, check_int
+from ._checks import MAX_THREADS, check_bool, check_device, check_float, check_generator, check_int
 from . import models as _models
 from .checkpoint import (
     CheckpointError,
@@ -450,6 +450,8 @@ def load_config(path: Union[str, os.PathLike]) -> TrainConfig:
     """
     import tomllib
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config: no such file {str(path)!r}")
@@ -468,6 +470,8 @@ def dry_run_config(config: TrainConfig, steps: int = 2) -> TrainConfig:
     """The same run on the CPU for ``steps`` steps, logging and checkpointing every step, with
     the same model, batch, precision, compile and optimizer settings: a GPU command's code path
     exercised without a GPU."""
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     check_int(steps, "steps")
     _require(steps >= 1, "steps", ">= 1", steps)
     return dataclasses.replace(config, device="cpu", steps=steps, warmup_steps=min(config.warmup_steps, steps),
@@ -558,6 +562,13 @@ def _range(value, name: str, lo: float, hi: float, closed_high: bool = False) ->
     return a, b
 
 
+def _check_noise_args(params, d, geometry) -> None:
+    if not isinstance(params, NoiseParams):
+        raise TypeError(f"params must be a NoiseParams, got {type(params).__name__}")
+    check_int(d, "d", minimum=1)
+    _require(geometry in GEOMETRIES, "geometry", f"one of {GEOMETRIES}", geometry)
+
+
 def noise_metric(params: NoiseParams, d: int, geometry: str = "block") -> Metric:
     """The noise metric Σ of per-example tuples in dimension d.
 
@@ -565,7 +576,7 @@ def noise_metric(params: NoiseParams, d: int, geometry: str = "block") -> Metric
     ``"isotropic"``: (σ/c_{β,d})² I (the tuples' u = v = 0); for even d the same matrix as the block
     rule at u = v = 0, built the same way, so both rules give identical numbers there.
     """
-    _require(geometry in GEOMETRIES, "geometry", f"one of {GEOMETRIES}", geometry)
+    _check_noise_args(params, d, geometry)
     if geometry == "block" or d % 2 == 0:
         _check_geometry("block", d)
         return params.metric(d)
@@ -575,6 +586,7 @@ def noise_metric(params: NoiseParams, d: int, geometry: str = "block") -> Metric
 
 def noise_law(params: NoiseParams, d: int, geometry: str = "block") -> GeneralizedGaussian:
     """The generalized-Gaussian noise of each tuple in dimension d and ``geometry`` (:func:`noise_metric`)."""
+    _check_noise_args(params, d, geometry)
     if geometry == "block" or d % 2 == 0:
         _check_geometry("block", d)
         return params.noise(d)
@@ -627,6 +639,8 @@ def build_data_source(data: DataConfig, *, held_out: bool = False) -> DataSource
     ``held_out=True`` gives the evaluation data: MNIST's other split (``"test"`` for a
     ``"train"`` run); the eight-Gaussians law itself (held-out draws come from another seed).
     """
+    if not isinstance(data, DataConfig):
+        raise TypeError(f"data must be a DataConfig (a TrainConfig's .data), got {type(data).__name__}")
     _validate_data(data)
     if data.source == "eight_gaussians":
         return EightGaussiansSource(EightGaussians(data.radius, data.std, data.n_modes))
@@ -859,6 +873,10 @@ def train(
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
     config.validate()
+    if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir).strip():
+        raise TypeError(f"out_dir must be a folder path (str or os.PathLike), got {type(out_dir).__name__} {out_dir!r}")
+    check_bool(resume, "resume")  # a truthy string such as "no" would otherwise resume
+    check_bool(progress, "progress")
     if stop_after is not None:
         check_int(stop_after, "stop_after")
         _require(stop_after >= 0, "stop_after", ">= 0", stop_after)
@@ -934,6 +952,10 @@ def _is_real(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+#: Adam settings a checkpoint's optimizer must share with the run (it sets only the lr per step).
+_ADAM_HYPERPARAMETERS = ("betas", "eps", "weight_decay", "amsgrad", "maximize")
+
+
 def _load_resume_state(ckpt_path: Path, config_dict: Dict[str, Any]) -> Dict[str, Any]:
     ckpt = safe_torch_load(ckpt_path, what="training checkpoint")
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
@@ -956,6 +978,23 @@ def _load_resume_state(ckpt_path: Path, config_dict: Dict[str, Any]) -> Dict[str
             "Use the same config to resume, or resume=False (--no-resume) / another --out to start afresh"
         )
     return ckpt
+
+
+def _checked_draw(x, batch: int, d: int, device: torch.device) -> torch.Tensor:
+    """A source's batch as training reads it: a float32/float64 ``(batch, d)`` tensor on the run's
+    device, else a ValueError/TypeError naming the data (Python-level checks: no device sync)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"data: the source's draw({batch}, generator) must return a tensor, got {type(x).__name__}")
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"data: the source's draws must be float32 or float64, got {x.dtype} "
+                        f"(convert the examples with .float())")
+    if tuple(x.shape) != (batch, d):
+        raise ValueError(f"data: the source's draw({batch}, generator) must return shape ({batch}, d={d}), "
+                         f"got {tuple(x.shape)}")
+    if x.device != device and not (x.device.type == device.type and device.index is None):
+        raise ValueError(f"data: the source's draws must be on the run's device {device}, got {x.device} "
+                         f"(draw on the generator's device)")
+    return x
 
 
 def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.device, ranks: _Ranks, resume: bool,
@@ -981,14 +1020,23 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
             model.load_state_dict(ckpt["model"])
             if ema is not None:
                 ema.load_state_dict(ckpt["ema"])
+            fresh_groups = [{k: g[k] for k in _ADAM_HYPERPARAMETERS if k in g} for g in optimizer.param_groups]
             optimizer.load_state_dict(ckpt["optimizer"])
-            # load_state_dict checks no shapes: a moment of another shape would fail at the first step
-            for group in optimizer.param_groups:
+            # load_state_dict checks neither the hyperparameters (the run sets only lr) nor the
+            # moments' shapes and values: damage there would fail or turn NaN steps later
+            for fresh, group in zip(fresh_groups, optimizer.param_groups):
+                for key, want in fresh.items():
+                    if group.get(key) != want:
+                        raise ValueError(f"optimizer {key} is {group.get(key)!r}, this run's Adam uses {want!r}")
                 for p in group["params"]:
                     for key, value in optimizer.state.get(p, {}).items():
-                        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != p.shape:
+                        if not isinstance(value, torch.Tensor):
+                            raise ValueError(f"optimizer state {key!r} must be a tensor, got {type(value).__name__}")
+                        if value.dim() > 0 and value.shape != p.shape:
                             raise ValueError(f"optimizer state {key!r} has shape {tuple(value.shape)} for a "
                                              f"parameter of shape {tuple(p.shape)}")
+                        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                            raise ValueError(f"optimizer state {key!r} holds NaN or infinite values")
             for name in STREAMS:
                 gens[name].set_state(ckpt["generators"][name])
             step, wall0, cpu0 = ckpt["step"], float(ckpt["wall_time"]), float(ckpt["cpu_time"])
@@ -1039,6 +1087,9 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
     bf16 = config.precision == "bf16"
     # the interval's loss sum stays on the device; it is read back only at log/checkpoint steps
     acc = torch.tensor(interval_sum, dtype=torch.float64, device=device)
+    # whether every example drawn in this invocation was finite (read only when the loss is not:
+    # a NaN loss from NaN data is the data's fault, not the learning rate's)
+    data_finite = torch.ones((), dtype=torch.bool, device=device)
 
     def reduced_interval() -> Tuple[float, bool]:
         """(mean over ranks of the interval sums, finite?): a collective at deterministic steps."""
@@ -1098,7 +1149,8 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
             for group in optimizer.param_groups:
                 group["lr"] = lr
             # the global batch's random numbers, on the data device (every rank draws them all)
-            x = source.draw(config.batch_size, gens["data"])
+            x = _checked_draw(source.draw(config.batch_size, gens["data"]), config.batch_size, d, device)
+            data_finite &= torch.isfinite(x).all()
             noise_params = prior.sample(config.batch_size, gens["prior"])
             y = x + noise_law(noise_params, d, geometry).sample(generator=gens["noise"])
             optimizer.zero_grad(set_to_none=True)
@@ -1121,8 +1173,11 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
             clock.tick()
             value, finite = reduced_interval()
             if not finite:
-                raise FloatingPointError(f"training loss became {value} in the {interval_count} steps up to step "
-                                         f"{step}; lower lr or raise grad_clip")
+                if not ranks.agree(not bool(data_finite), device):
+                    raise FloatingPointError(f"training loss became {value} in the {interval_count} steps up to step "
+                                             f"{step}; lower lr or raise grad_clip")
+                raise ValueError(f"data: the data source drew NaN or infinite examples in the {interval_count} steps "
+                                 f"up to step {step} (the training loss became {value}); its examples must be finite")
             if log_now:
                 # time-based checkpoints and the deadline are decided by rank 0's clock, at log steps
                 want_ckpt = config.checkpoint_every_s > 0 and clock.wall - last_ckpt_wall >= config.checkpoint_every_s
@@ -1221,7 +1276,18 @@ def save_posterior(
     be a public class of :mod:`etweedie.models` with a ``config`` dict.
     """
     _posterior_class(type(model).__name__, "the model's class")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    if Path(path).exists() and not Path(path).is_dir():
+        raise ValueError(f"path {str(path)!r} is an existing file; a posterior is written as a folder")
     _require(dtype in POSTERIOR_DTYPES, "dtype", f"one of {tuple(POSTERIOR_DTYPES)}", dtype)
+    if shard_mb is not None:
+        check_float(shard_mb, "shard_mb", minimum=0, strict=True)
+    if extra is not None and not isinstance(extra, dict):
+        raise TypeError(f"extra must be a dict or None, got {type(extra).__name__}")
+    reserved = sorted(set(extra or {}) & {"format", "class", "model_config", "step", "train_config", "weights"})
+    if reserved:
+        raise ValueError(f"extra must not set the keys the loader reads, got {reserved}")
     meta = {
         "format": POSTERIOR_FORMAT,
         "class": type(model).__name__,
@@ -1283,6 +1349,8 @@ def load_posterior(path: Union[str, os.PathLike], device="cpu") -> torch.nn.Modu
     from .pretrained import PRETRAINED, resolve_pretrained
 
     device = check_device(device, "device")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
 
     if isinstance(path, str) and path in PRETRAINED and not Path(path).exists():
         path = resolve_pretrained(path)
@@ -1333,11 +1401,23 @@ def held_out_loss(
 
     Lower is better; comparable across models trained with the same prior and data config.
     """
+    if not isinstance(posterior, torch.nn.Module):
+        raise TypeError(f"posterior must be a torch.nn.Module (e.g. from load_posterior), got {type(posterior).__name__}")
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    check_int(n_examples, "n_examples", minimum=1)
+    check_int(draws, "draws", minimum=2)  # the fair energy score's pairwise term needs two draws
+    check_int(seed, "seed", minimum=0, maximum=MAX_SEED)
     source = build_data_source(config.data, held_out=True) if data is None else as_data_source(data, data_dim, dim_name="data_dim")
+    model_dim = getattr(posterior, "dim", source.dim)
+    if source.dim != model_dim:
+        raise ValueError(f"data: the held-out data have d = {source.dim} but the posterior draws d = {model_dim}")
     prior = NoisePrior.from_config(config.prior)
     device = next(posterior.parameters()).device
     gens = _generators(seed, device)
-    x = source.draw(n_examples, gens["data"]).cpu()  # drawn on the CPU (a source may hold GPU data)
+    x = source.draw(n_examples, gens["data"])
+    x = x.cpu() if isinstance(x, torch.Tensor) else x  # drawn on the CPU (a source may hold GPU data)
+    x = _checked_draw(x, n_examples, source.dim, torch.device("cpu"))
     params = prior.sample(n_examples, gens["prior"])
     y = x + noise_law(params, source.dim, config.prior.geometry).sample(generator=gens["noise"])
     x, y = x.to(device), y.to(device)
@@ -1377,6 +1457,22 @@ def gaussian_posterior_check(
     """
     from .ops import et_score
 
+    if not isinstance(posterior, torch.nn.Module):
+        raise TypeError(f"posterior must be a torch.nn.Module (e.g. from load_posterior), got {type(posterior).__name__}")
+    if getattr(posterior, "dim", 2) != 2:
+        raise ValueError(f"posterior must draw 2-D points (the eight-Gaussians ring), got dim = {posterior.dim}")
+    if data is not None and not isinstance(data, EightGaussians):
+        raise TypeError(f"data must be an etweedie.data.EightGaussians or None, got {type(data).__name__}")
+    try:
+        sigmas = [check_float(v, "sigmas", minimum=0, strict=True) for v in sigmas]
+    except TypeError:
+        raise TypeError(f"sigmas must be a sequence of floats > 0, got {sigmas!r}") from None
+    if not sigmas:
+        raise ValueError("sigmas must hold at least one noise level, got none")
+    check_float(lam, "lam", minimum=0, strict=True)
+    check_int(n_queries, "n_queries", minimum=1)
+    check_int(n_draws, "n_draws", minimum=1)
+    check_int(seed, "seed", minimum=0, maximum=(2**63 - 1) // 7919 - len(sigmas))  # seeds seed·7919 + i
     data = data or EightGaussians()
     rows = {}
     for i, sigma in enumerate(sigmas):

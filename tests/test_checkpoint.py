@@ -238,3 +238,22 @@ def test_load_weights_given_a_file_is_a_checkpoint_error(tmp_path):
     save_weights({"a": torch.ones(3)}, tmp_path / "w", {"x": 1})
     with pytest.raises(CheckpointError, match="is a file, not a weights directory"):
         load_weights(tmp_path / "w" / "config.json")
+
+
+def test_save_weights_never_replaces_a_file(tmp_path):
+    """A path naming an existing file was moved aside to '<name>.old' and the save then failed
+    with NotADirectoryError; it is refused before anything moves."""
+    precious = tmp_path / "weights"
+    precious.write_text("someone's file")
+    with pytest.raises(ValueError, match="is an existing file"):
+        save_weights({"a": torch.ones(3)}, precious, {})
+    assert precious.read_text() == "someone's file" and sorted(p.name for p in tmp_path.iterdir()) == ["weights"]
+    with pytest.raises(TypeError, match="directory must be a str or os.PathLike, got int"):
+        save_weights({"a": torch.ones(3)}, 5, {})
+    # a stray file where the write keeps its temporary or old copy does not stop the save
+    (tmp_path / "w.tmp").write_text("x")
+    (tmp_path / "w.old").write_text("x")
+    save_weights({"a": torch.ones(3)}, tmp_path / "w", {})
+    save_weights({"a": torch.zeros(3)}, tmp_path / "w", {})
+    assert torch.equal(load_weights(tmp_path / "w")[0]["a"], torch.zeros(3))
+    assert not (tmp_path / "w.tmp").exists() and not (tmp_path / "w.old").exists()

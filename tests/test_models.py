@@ -382,3 +382,31 @@ def test_draw_noise_takes_an_explicit_generator_only():
     with pytest.raises(ValueError, match="rows must be >= 0"):
         model.draw_noise(-1, 3, torch.Generator().manual_seed(0))
     assert torch.equal(before, torch.get_rng_state())
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, words",
+    [
+        (dict(init_seed=2**64), ValueError, "init_seed must be <="),  # was "Overflow when unpacking long long"
+        (dict(eta_low="abcde", eta_high=[1.0] * 5), TypeError, "eta_low and eta_high must be sequences"),
+    ],
+)
+def test_constructor_arguments_are_named(kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        small(**kwargs)
+
+
+def test_generate_checks_its_shapes():
+    """generate (public, for custom noise) named nothing: torch's 'mat1 and mat2 shapes cannot be multiplied'."""
+    model = small()
+    y, eta = torch.zeros(3, 2), ETA.expand(3, ETA_DIM)
+    noise = model.draw_noise(3, 4, gen(0))
+    assert model.generate(y, eta, noise).shape == (3, 4, 2)
+    with pytest.raises(ValueError, match=r"noise must have shape \(B, n, latent_width=9\)"):
+        model.generate(y, eta, noise[..., :5])
+    with pytest.raises(ValueError, match=r"y must have shape \(B, d=2\), got \(3, 3\)"):
+        model.generate(torch.zeros(3, 3), eta, noise)
+    with pytest.raises(ValueError, match=r"eta must have shape \(B, 5\)"):
+        model.generate(y, eta[:, :4], noise)
+    with pytest.raises(TypeError, match="noise must be a floating-point tensor"):
+        model.generate(y, eta, noise.long())

@@ -245,3 +245,19 @@ def test_tensor_source_refuses_non_finite_examples():
     data[7, 1] = float("inf")
     with pytest.raises(ValueError, match="2 of 100 rows \\(the first: row 3\\)"):
         TensorSource(data)
+
+
+def test_source_arguments_that_were_ignored_or_crashed_are_named():
+    # a dim that disagrees with the examples was silently ignored
+    with pytest.raises(ValueError, match="dim=4 disagrees with the data's dimension d = 2"):
+        as_data_source(torch.randn(6, 2), 4)
+    assert as_data_source(torch.randn(6, 2), 2).dim == 2
+    # a source's dim that is not an int failed later with "not all arguments converted during string formatting"
+    odd = EightGaussiansSource()
+    odd.dim = "2"
+    with pytest.raises(TypeError, match="dim must be an int >= 1, got str"):
+        as_data_source(odd)
+    with pytest.raises(ValueError, match="meta device"):  # was torch's "Tensor.item() cannot be called on meta tensors"
+        TensorSource(torch.empty(4, 2, device="meta"))
+    with pytest.raises(TypeError, match="ring must be an etweedie.data.EightGaussians"):
+        EightGaussiansSource("ring")
