@@ -245,7 +245,34 @@ class Metric:
         return self.param.device
 
     def to(self, *args, **kwargs) -> "Metric":
-        return Metric.trusted(self.kind, self.param.to(*args, **kwargs))
+        """The metric with its parameter moved or cast (``Tensor.to``'s arguments).
+
+        A cast to a narrower floating dtype is checked like a new metric: a float64 variance of
+        1e-300 rounds to 0 in float32 (P = inf) and a float32 1e5 to inf in float16, so a value
+        the new dtype cannot hold raises a ValueError instead of giving an infinite precision.
+        The check reads values, so it runs for a parameter that ends on the CPU; a GPU one is not
+        read back (no device sync in a sampler's step), and the ops refuse its infinite P only
+        under ``etweedie.set_debug(True)``."""
+        param = self.param.to(*args, **kwargs)
+        if not param.is_floating_point():
+            raise TypeError(f"Metric.to: a metric's dtype must be floating point, got {param.dtype}")
+        old, new = torch.finfo(self.param.dtype), torch.finfo(param.dtype)
+        narrower = param.dtype != self.param.dtype and (new.max < old.max or new.tiny > old.tiny)
+        if narrower and param.device.type == "cpu" and not _in_vmap():
+            name = {"isotropic": "var", "diagonal": "var", "block": "S", "dense": "Sigma"}[self.kind]
+            # the range only (one value check): a rounding that costs a matrix its definiteness
+            # is a conditioning question the ops answer (they refuse a non-finite P)
+            variances = param if self.kind in ("isotropic", "diagonal") else param.diagonal(dim1=-2, dim2=-1)
+            fits = (torch.isfinite(variances) & (variances >= new.tiny)).all() & torch.isfinite(param).all()
+            msg = (f"Metric.to({param.dtype}): this {self.param.dtype} metric's {name} does not fit {param.dtype} "
+                   f"(its variances must be finite and at least {new.tiny:.4g}, the smallest normal {param.dtype}, "
+                   f"so that P is finite)")
+            if _is_compiling():
+                torch._assert_async(fits, msg)
+            elif param.numel() and not bool(fits):
+                given = self.param.detach() if variances is param else self.param.detach().diagonal(dim1=-2, dim2=-1)
+                raise ValueError(f"{msg}; got variances in [{given.min().item():.4g}, {given.max().item():.4g}]")
+        return Metric.trusted(self.kind, param)
 
     def check_dim(self, d: int, name: str = "metric") -> None:
         """Raise ValueError unless this metric can act on vectors of dimension ``d``."""
@@ -518,6 +545,29 @@ def _check_spd(M: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must be symmetric positive definite, got a matrix that is not positive definite")
 
 
+def _stirling_tail(x: torch.Tensor) -> torch.Tensor:
+    """lgamma(x) − [(x − ½) log x − x + ½ log 2π] for x ≥ 100: the next term, 1/(1680 x⁷), is below 1e-17."""
+    inv = 1.0 / x
+    inv2 = inv * inv
+    return inv * (1.0 / 12 - inv2 * (1.0 / 360 - inv2 / 1260))
+
+
+def _lgamma_drop(z: torch.Tensor, a) -> torch.Tensor:
+    """lgamma(z − a) − lgamma(z) for z > a ≥ 0, accurate for every z (call it in float64).
+
+    The direct difference of two lgamma values cancels: its error is eps·lgamma(z) ≈ eps·z log z,
+    which is 2e-4 in float32 at z = 560 (d = 784, β = 1.4) and all of the answer at z = 1e20 in
+    float64 (z − a rounds to z and the difference reads 0 instead of ≈ −a log z).  From z − a ≥ 100
+    on it is Stirling's series rearranged so that no large terms cancel:
+    −a log z + (z − a − ½) log1p(−a/z) + a + tail(z − a) − tail(z).
+    """
+    big = (z - a) >= 100
+    zb = torch.where(big, z, a + 100.0)  # both branches finite (no NaN gradient from the unused one)
+    stirling = -a * torch.log(zb) + (zb - a - 0.5) * torch.log1p(-a / zb) + a + _stirling_tail(zb - a) - _stirling_tail(zb)
+    zd = torch.where(big, a + 1.0, z)
+    return torch.where(big, stirling, torch.lgamma(zd - a) - torch.lgamma(zd))
+
+
 def _batched_kron(eye: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
     n, k = eye.shape[0], S.shape[-1]
     out = eye[:, None, :, None] * S[..., None, :, None, :]
@@ -539,7 +589,15 @@ def scale_constant(beta, d: int) -> torch.Tensor:
     per-coordinate RMS σ λ^{-1/β}.  For β = 2, c = 1 in every dimension.
     """
     beta = _as_float_tensor(beta, "beta")
-    # in float64: lgamma((d+2)/β) − lgamma(d/β) cancels (at d = 784 a float32 evaluation is off by ~2e-4)
+    if isinstance(d, bool) or not isinstance(d, numbers.Integral):
+        raise TypeError(f"d must be an int >= 1, got {type(d).__name__} {d!r}")
+    if d < 1:
+        raise ValueError(f"d must be an int >= 1, got {d}")
+    d = int(d)
+    if not _is_compiling() and not _in_vmap() and beta.numel() and not bool(((beta > 0) & (beta <= 2)).all()):
+        raise ValueError(f"beta must lie in (0, 2], got values in [{beta.min().item():.4g}, {beta.max().item():.4g}]")
+    # in float64 and without cancellation: lgamma((d+2)/β) − lgamma(d/β) evaluated directly is off by
+    # ~2e-4 in float32 at d = 784, and by 2e-11 in float64 at β = 0.05 (see _lgamma_drop)
     b = beta.to(torch.float64)
-    log_c2 = (2.0 / b) * torch.log(b) + torch.lgamma((d + 2) / b) - math.log(d) - torch.lgamma(d / b)
+    log_c2 = (2.0 / b) * torch.log(b) - _lgamma_drop((d + 2) / b, 2 / b) - math.log(d)
     return torch.exp(0.5 * log_c2).to(beta.dtype)

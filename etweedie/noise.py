@@ -16,7 +16,10 @@ the metric's batch shape; DESIGN §2) and follows the ``torch.distributions`` la
 returns ``(*sample_shape, *batch, d)`` and ``log_prob``/``potential``/``score`` take
 ``u: (..., d)`` whose leading dims end with (a shape broadcastable to) the batch shape.
 Randomness comes only from the ``generator=`` argument.  Everything is differentiable in
-``u`` and in the parameters; ``score`` and ``potential`` are finite at ``u = 0``.
+``u`` and in the parameters; ``score`` and ``potential`` are finite at ``u = 0``.  Norms are
+taken on ``u`` scaled by its largest entry, so float32 stays right for ``|u|`` from 1e-30 to
+1e30; a NaN coordinate gives NaN, an infinite one an infinite potential.  The lgamma-based
+constants (log Z, Cov, the RMS) are evaluated in float64 and rounded once.
 
 :class:`NoiseParams` is the tuple ``(β, λ, σ, u, v)`` with ``Σ = (σ/c_{β,d})² (I_{d/2} ⊗ S(u,v))``
 (per-coordinate RMS ``σ λ^{−1/β}``) and the conditioning vector ``η = (β, log λ, log σ, u, v)``.
@@ -35,13 +38,14 @@ Example::
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 import torch
 
 from ._checks import check_generator
-from .geometry import Metric, _as_float_tensor
+from .geometry import Metric, _as_float_tensor, _lgamma_drop
 
 __all__ = ["GeneralizedGaussian", "Laplace", "StudentT", "NoiseParams"]
 
@@ -127,6 +131,14 @@ def _check_positive(value: torch.Tensor, name: str) -> None:
             raise ValueError(f"{name} must be > 0 and finite, got {value.detach()[~ok].flatten()[0].item():.4g}")
 
 
+def _norm_power(x: torch.Tensor, power) -> torch.Tensor:
+    """x^power for a norm x ≥ 0, 0 at x = 0 (or a rounding below it) with finite gradients (no
+    0·inf = NaN); a NaN x stays NaN (a NaN input is not the mode)."""
+    at_zero = x <= 0  # False for NaN
+    x_safe = torch.where(at_zero, torch.ones_like(x), x)
+    return torch.where(at_zero, torch.zeros_like(x_safe), x_safe**power)
+
+
 class _MetricNoise:
     """Shared geometry plumbing: the metric (None = identity), the dimension, the batch shape."""
 
@@ -198,6 +210,28 @@ class _MetricNoise:
         if self.metric is None:
             return torch.tensor(float(d), dtype=self.dtype, device=self.device)
         return self.metric.trace(d)
+
+    def _norm_and_direction(self, u: torch.Tensor):
+        """(‖u‖_P, P u / ‖u‖_P, u == 0) with no overflow or underflow of ‖u‖²_P.
+
+        u is divided by its largest |entry| s first and ‖u‖_P = s ‖u/s‖_P: squaring u itself
+        overflows float32 from |u| ≈ 2e19 on (the potential read inf and the score 0 where
+        both are finite) and underflows below 1e-19 (the score read 0 at u ≠ 0, where for β ≤ 1
+        it has size λ or more).  s is a constant of the computation (the formula is the same for
+        every s > 0), so it carries no gradient and every derivative in u stays exact.  At u = 0
+        the norm and the direction are 0; a NaN coordinate gives a NaN norm, an infinite one
+        (and no NaN) an infinite norm with the direction of its infinite coordinates.
+        """
+        s = u.detach().abs().amax(-1, keepdim=True)  # NaN when a coordinate is NaN
+        infinite = torch.isinf(s)
+        scale = torch.where(torch.isfinite(s) & (s > 0), s, torch.ones_like(s))
+        w = torch.where(infinite, torch.where(torch.isinf(u), torch.sign(u), torch.zeros_like(u)), u / scale)
+        pw = self._precision_apply(w)
+        qw = (w * pw).sum(-1)
+        at_zero = qw <= 0  # u = 0 (or a rounding below it); False for NaN
+        root = torch.where(at_zero, torch.ones_like(qw), qw).sqrt()
+        norm = torch.where(at_zero, torch.zeros_like(root), torch.where(infinite, s, scale)[..., 0] * root)
+        return norm, pw / root[..., None], at_zero
 
 
 # ---------------------------------------------------------------------------- laws
@@ -280,21 +314,12 @@ class GeneralizedGaussian(_MetricNoise):
         concentration = (d / beta).expand(shape).contiguous()
         gamma = torch._standard_gamma(concentration, generator=generator)
         # R = ((β/λ) G)^{1/β} in log space: large d/β with small β overflows the direct power.
-        radius = torch.exp((torch.log(beta / lam) + torch.log(gamma)) / beta)
-        return self._sqrt_covariance_apply(radius[..., None] * direction)
+        # R enters as √R · Σ^{1/2}(√R U): R alone can overflow where u = R Σ^{1/2} U is finite
+        # (float32, β = 0.5, λ = var = 1e-20: R ≈ 1e40, u ≈ 1e30).
+        half_radius = torch.exp(0.5 * (torch.log(beta) - torch.log(lam) + torch.log(gamma)) / beta)[..., None]
+        return half_radius * self._sqrt_covariance_apply(half_radius * direction)
 
     # -------------------------------------------------------------- density
-    def _sq_norm_and_precision(self, u: torch.Tensor):
-        pu = self._precision_apply(u)
-        return (u * pu).sum(-1), pu
-
-    def _norm_power(self, q: torch.Tensor, power: torch.Tensor) -> torch.Tensor:
-        """q^power for q = ‖u‖²_P, 0 at q = 0 (or a rounding below it) with finite gradients (no
-        0·inf = NaN); a NaN q stays NaN (a NaN input is not the mode)."""
-        at_zero = q <= 0  # False for NaN
-        q_safe = torch.where(at_zero, torch.ones_like(q), q)
-        return torch.where(at_zero, torch.zeros_like(q_safe), q_safe**power)
-
     def potential(self, u: torch.Tensor) -> torch.Tensor:
         """E(u) = (λ/β) ‖u‖_P^β = −log q(u) − log Z. ``u``: ``(..., d)`` → ``(...)`` (broadcast with batch).
 
@@ -304,8 +329,8 @@ class GeneralizedGaussian(_MetricNoise):
             tensor(10.)
         """
         self._check_input(u)
-        q, _ = self._sq_norm_and_precision(u)
-        return (self.lam / self.beta) * self._norm_power(q, self.beta / 2)
+        norm, _, _ = self._norm_and_direction(u)
+        return (self.lam / self.beta) * _norm_power(norm, self.beta)
 
     def log_normalizer(self, d: int) -> torch.Tensor:
         """log Z = ½ logdet Σ + log 2 + (d/2) log π − lgamma(d/2) + lgamma(d/β) − log β − (d/β) log(λ/β).
@@ -313,15 +338,12 @@ class GeneralizedGaussian(_MetricNoise):
         Shape ``batch_shape``.
         """
         d = self._resolve_dim(d)
-        beta, lam = self.beta, self.lam
+        # in float64, rounded once: lgamma(d/β) and (d/β) log(λ/β) are large (≈ 3000 at d = 784)
+        # and a float32 β or λ evaluated them in float32 even for a float64 law
+        beta, lam = self.beta.to(torch.float64), self.lam.to(torch.float64)
         const = math.log(2.0) + 0.5 * d * math.log(math.pi) - math.lgamma(0.5 * d)
-        return (
-            self._half_logdet(d)
-            + const
-            + torch.lgamma(d / beta)
-            - torch.log(beta)
-            - (d / beta) * torch.log(lam / beta)
-        )
+        shape_terms = const + torch.lgamma(d / beta) - torch.log(beta) - (d / beta) * (torch.log(lam) - torch.log(beta))
+        return self._half_logdet(d) + shape_terms.to(self.dtype)
 
     def log_prob(self, u: torch.Tensor) -> torch.Tensor:
         """Normalized log density log q(u) = −(λ/β) ‖u‖_P^β − log Z.
@@ -348,17 +370,19 @@ class GeneralizedGaussian(_MetricNoise):
                     [-0.0000, -0.0000]])
         """
         self._check_input(u)
-        q, pu = self._sq_norm_and_precision(u)
-        weight = self._norm_power(q, (self.beta - 2) / 2)
-        return -(self.lam * weight)[..., None] * pu
+        # −λ ‖u‖^{β−1} (P u / ‖u‖): no ‖u‖² to overflow or underflow (see _norm_and_direction)
+        norm, direction, _ = self._norm_and_direction(u)
+        return -(self.lam * _norm_power(norm, self.beta - 1))[..., None] * direction
 
     # -------------------------------------------------------------- moments
-    def _second_moment_factor(self, d: int) -> torch.Tensor:
-        """(β/λ)^{2/β} Γ((d+2)/β) / (d Γ(d/β)): Cov(u) = factor · Σ."""
-        beta, lam = self.beta, self.lam
-        return torch.exp(
-            (2 / beta) * torch.log(beta / lam) + torch.lgamma((d + 2) / beta) - torch.lgamma(d / beta) - math.log(d)
-        )
+    def _log_second_moment_factor(self, d: int) -> torch.Tensor:
+        """log of (β/λ)^{2/β} Γ((d+2)/β) / (d Γ(d/β)) (Cov(u) = factor · Σ), in float64.
+
+        In logs: the factor itself overflows where the RMS and the covariance do not (float32,
+        β = 1, λ = 1e-20: factor 3e40, RMS 1.7e20); in float64: the lgamma difference cancels
+        (a float32 evaluation was off by 5e-4 at d = 784, β = 0.3)."""
+        beta, lam = self.beta.to(torch.float64), self.lam.to(torch.float64)
+        return (2 / beta) * (torch.log(beta) - torch.log(lam)) - _lgamma_drop((d + 2) / beta, 2 / beta) - math.log(d)
 
     def covariance(self, d: Optional[int] = None) -> torch.Tensor:
         """Cov(u) = Σ (β/λ)^{2/β} Γ((d+2)/β) / (d Γ(d/β)), dense ``(*batch_shape, d, d)``.
@@ -370,12 +394,15 @@ class GeneralizedGaussian(_MetricNoise):
                     [0., 1.]])
         """
         d = self._resolve_dim(d)
-        return self._second_moment_factor(d)[..., None, None] * self._dense_covariance(d)
+        # √factor · Σ · √factor: finite wherever the covariance is, though the factor may not be
+        root = torch.exp(0.5 * self._log_second_moment_factor(d)).to(self.dtype)[..., None, None]
+        return root * self._dense_covariance(d) * root
 
     def realized_rms(self, d: Optional[int] = None) -> torch.Tensor:
         """Per-coordinate RMS sqrt(tr Cov(u) / d), shape ``batch_shape``."""
         d = self._resolve_dim(d)
-        return torch.sqrt(self._second_moment_factor(d) * self._trace(d) / d)
+        log_mean_var = torch.log(self._trace(d).to(torch.float64)) - math.log(d)
+        return torch.exp(0.5 * (self._log_second_moment_factor(d) + log_mean_var)).to(self.dtype)
 
 
 class Laplace(GeneralizedGaussian):
@@ -464,14 +491,22 @@ class StudentT(_MetricNoise):
     def potential(self, u: torch.Tensor) -> torch.Tensor:
         """E(u) = c log(1 + ‖u‖²_P). ``u``: ``(..., d)`` → ``(...)``."""
         self._check_input(u)
-        q = (u * self._precision_apply(u)).sum(-1)
-        return self.c * torch.log1p(q)
+        norm, _, _ = self._norm_and_direction(u)
+        # log(1 + ‖u‖²) without squaring a norm beyond 1: 2 log ‖u‖ + log1p(‖u‖⁻²) there (the
+        # square overflows float32 from ‖u‖ ≈ 2e19 on, where the potential is ≈ 2c log ‖u‖)
+        big = norm > 1
+        nb = torch.where(big, norm, torch.full_like(norm, 2.0))
+        ns = torch.where(big, torch.zeros_like(norm), norm)
+        return self.c * torch.where(big, 2 * torch.log(nb) + torch.log1p(nb.pow(-2)), torch.log1p(ns * ns))
 
     def log_normalizer(self, d: int) -> torch.Tensor:
         """log Z = ½ logdet Σ + (d/2) log π + lgamma(c − d/2) − lgamma(c), shape ``batch_shape``."""
         d = self._resolve_dim(d)
         self._check_c(d)
-        return self._half_logdet(d) + 0.5 * d * math.log(math.pi) + torch.lgamma(self.c - d / 2) - torch.lgamma(self.c)
+        # lgamma(c − d/2) − lgamma(c) without cancellation (it read 0 for c = 1e8 in float32 and
+        # c = 1e20 in float64, instead of ≈ −(d/2) log c)
+        shape_terms = 0.5 * d * math.log(math.pi) + _lgamma_drop(self.c.to(torch.float64), d / 2)
+        return self._half_logdet(d) + shape_terms.to(self.dtype)
 
     def log_prob(self, u: torch.Tensor) -> torch.Tensor:
         """Normalized log density −c log(1 + ‖u‖²_P) − log Z. ``u``: ``(..., d)`` → ``(...)``.
@@ -488,9 +523,13 @@ class StudentT(_MetricNoise):
     def score(self, u: torch.Tensor) -> torch.Tensor:
         """∇_u log q(u) = −2c P u / (1 + ‖u‖²_P). ``u``: ``(..., d)`` → ``(..., d)``."""
         self._check_input(u)
-        pu = self._precision_apply(u)
-        q = (u * pu).sum(-1)
-        return -(2 * self.c / (1 + q))[..., None] * pu
+        # −2c (‖u‖ / (1 + ‖u‖²)) (P u / ‖u‖), the ratio written without squaring a norm beyond 1
+        norm, direction, _ = self._norm_and_direction(u)
+        big = norm > 1
+        nb = torch.where(big, norm, torch.full_like(norm, 2.0))
+        ns = torch.where(big, torch.zeros_like(norm), norm)
+        ratio = torch.where(big, 1 / (nb + 1 / nb), ns / (1 + ns * ns))
+        return -(2 * self.c * ratio)[..., None] * direction
 
     def covariance(self, d: Optional[int] = None) -> torch.Tensor:
         """Cov(u) = Σ / (ν − 2), dense ``(*batch_shape, d, d)``; needs ν > 2."""
@@ -562,7 +601,11 @@ class NoiseParams:
     def realized_rms(self) -> torch.Tensor:
         """Per-coordinate RMS of the noise, ``σ λ^{−1/β}``, shape ``batch_shape``."""
         beta, lam, sigma, _, _ = self._tensors()
-        return sigma * lam ** (-1 / beta)
+        dtype = torch.promote_types(torch.promote_types(beta.dtype, lam.dtype), sigma.dtype)
+        # exp(log σ − log λ / β) in float64: λ^{−1/β} alone overflows where the RMS is finite
+        # (σ = λ = 1e-30, β = 0.5: RMS 1e30, λ^{−2} = 1e60 is inf in float32)
+        f64 = torch.float64
+        return torch.exp(torch.log(sigma.to(f64)) - torch.log(lam.to(f64)) / beta.to(f64)).to(dtype)
 
     def eta(self) -> torch.Tensor:
         """Conditioning vector ``η = (β, log λ, log σ, u, v)``, shape ``(*batch_shape, 5)``."""
@@ -599,13 +642,25 @@ class NoiseParams:
             1.0
         """
         ref = _reference(None, r, lam, beta)
-        r_t, lam_t, beta_t = (_as_float_tensor(x, n, like=ref) for x, n in ((r, "r"), (lam, "lam"), (beta, "beta")))
+        # floats are checked as the float64 numbers they are (float32 would read r = 1e-300 as 0)
+        like = ref if ref is not None else torch.zeros((), dtype=torch.float64)
+        r_t, lam_t, beta_t = (_as_float_tensor(x, n, like=like) for x, n in ((r, "r"), (lam, "lam"), (beta, "beta")))
         _check_positive(r_t, "r")
         _check_positive(lam_t, "lam")
         _check_beta(beta_t)
         if ref is None:
-            return float(r) * float(lam) ** (1 / float(beta))
-        return r_t * lam_t ** (1 / beta_t)
+            try:
+                return float(r) * float(lam) ** (1 / float(beta))
+            except OverflowError:  # λ^{1/β} alone beyond a float: the product may still fit
+                log_sigma = math.log(float(r)) + math.log(float(lam)) / float(beta)
+                if log_sigma > math.log(sys.float_info.max):
+                    raise ValueError(f"sigma = r·lam^(1/beta) = exp({log_sigma:.6g}) overflows a float "
+                                     f"(r={r!r}, lam={lam!r}, beta={beta!r})") from None
+                return math.exp(log_sigma)
+        # exp(log r + log λ / β) in float64 (λ^{1/β} alone overflows where σ is finite), rounded once
+        dtype = torch.promote_types(torch.promote_types(r_t.dtype, lam_t.dtype), beta_t.dtype)
+        f64 = torch.float64
+        return torch.exp(torch.log(r_t.to(f64)) + torch.log(lam_t.to(f64)) / beta_t.to(f64)).to(dtype)
 
 
 def _short(t: torch.Tensor) -> str:
