@@ -229,7 +229,10 @@ class TrainConfig:
             (after any compilation) and shorten ``steps`` so that the whole schedule — warm-up,
             the full cosine decay and the EMA's last window — ends before the deadline instead of
             being cut mid-decay.  The fitted count is logged and kept in the checkpoint, so a
-            resumed run follows the same schedule; ``steps`` stays the upper bound.
+            resumed run follows the same schedule; ``steps`` stays the upper bound.  A run
+            resumed with ``fit_to_deadline`` off drops the fitted count and runs the schedule of
+            ``steps`` from the resumed step on (its learning rate there is that schedule's, higher
+            than the fitted one's); keep it on, with a deadline, to finish the fitted schedule.
         threads: ``torch.set_num_threads`` for the run (0 leaves torch's setting).
         device: where the model trains (``"cpu"``, ``"cuda"``, ``"cuda:1"``); data and random
             streams live there too.
