@@ -15,7 +15,14 @@ Steps (each logged in full to ``<out>/gpu_check.log``; results in ``<out>/result
    (median, p20, p80 over repeats), peak memory; one table printed at the end;
 6. CPU table — ``python -m benchmarks.table --json`` (the package's benchmark table, CPU).
 
-    python scripts/gpu_check.py [--out gpu_check] [--quick] [--skip-tests] [--skip-build]
+``results.json`` is rewritten after every step and every table row, so a run cut short keeps what
+it measured; its "env" names the card, the driver, torch, CUDA and Triton.  A row past
+``--deadline`` is not started; a workload whose check fails, or a table that stops on an
+exception, leaves the rows before it.  ``--dry-run`` runs the table on the CPU at tiny sizes
+(the reference and cpu backends; the other rows say they were not run), so that a CPU machine
+exercises the code a lease will run.
+
+    python scripts/gpu_check.py [--out gpu_check] [--quick] [--skip-tests] [--skip-build] [--dry-run]
 """
 
 from __future__ import annotations
@@ -23,11 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
+import traceback
 from typing import Callable, Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +57,11 @@ class Log:
     def run(self, title: str, cmd: List[str], env=None, timeout: int = 7200) -> subprocess.CompletedProcess:
         self(f"\n=== {title}: {' '.join(cmd)}")
         t0 = time.time()
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:  # reported like a failed step, not a traceback
+            text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
+            proc = subprocess.CompletedProcess(cmd, 124, text(exc.stdout), text(exc.stderr) + f"\ntimed out after {timeout} s")
         self.f.write(proc.stdout + proc.stderr)
         self.f.flush()
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
@@ -55,8 +69,9 @@ class Log:
         return proc
 
 
-def preflight() -> Optional[str]:
-    """None when this machine can run the GPU check, else the reason it cannot."""
+def preflight(need_toolkit: bool = True) -> Optional[str]:
+    """None when this machine can run the GPU check, else the reason it cannot (``need_toolkit``:
+    nvcc is needed too, to build; the table and tests of an extension built already need none)."""
     try:
         import torch
     except ImportError:
@@ -68,21 +83,59 @@ def preflight() -> Optional[str]:
         return f"no usable GPU: torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device"
     from torch.utils.cpp_extension import CUDA_HOME
 
-    if CUDA_HOME is None and shutil.which("nvcc") is None:
+    if need_toolkit and CUDA_HOME is None and shutil.which("nvcc") is None:
         return "no CUDA toolkit: set CUDA_HOME (or put nvcc on PATH) so that setup.py builds csrc/cuda"
     return None
 
 
+def env_facts(device: str = "cuda") -> Dict[str, object]:
+    """Python, torch, CUDA, Triton, nvcc and the card (name, memory, driver): what a table's numbers
+    belong to.  Never raises; a fact that cannot be read says why."""
+    facts: Dict[str, object] = {"python": sys.version.split()[0], "executable": sys.executable,
+                                "platform": platform.platform(), "cpus": os.cpu_count()}
+    try:
+        import torch
+
+        facts.update(torch=torch.__version__, torch_cuda=torch.version.cuda)
+        if device == "cuda" and torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            facts.update(device=props.name, capability=f"{props.major}.{props.minor}",
+                         multiprocessors=props.multi_processor_count, memory_mib=props.total_memory >> 20)
+        else:
+            facts["device"] = "CPU" + (" (dry run)" if device == "cpu" else ": torch sees no CUDA device")
+    except Exception as exc:
+        facts["torch"] = f"not importable: {type(exc).__name__}: {exc}"[:300]
+    try:
+        from importlib.metadata import version
+
+        facts["triton"] = version("triton")
+    except Exception as exc:
+        facts["triton"] = f"not installed ({type(exc).__name__})"
+    for name, cmd in (("driver", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]),
+                      ("nvcc", [os.environ.get("NVCC", "nvcc"), "--version"])):
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+            lines = (out.stdout or out.stderr).strip().splitlines()
+            facts[name] = lines[-1] if lines else f"exit {out.returncode}"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            facts[name] = f"not read: {type(exc).__name__}"
+    return facts
+
+
 # ----------------------------------------------------------------------------- benchmarks
 
-def _workloads(quick: bool):
+def _workloads(quick: bool, tiny: bool = False):
     """(id, op, B, N, d, metric factory, backward?, draws dtype) — the H100 target shapes (``--quick``:
-    smaller).  The draws dtype (None: the query's float32) is bfloat16/float16 for the 16-bit-draw
-    rows, each the float32 row of the same id without its suffix read in half the bytes."""
+    smaller; ``tiny``: at most 4 queries and 64 draws, the CPU dry run).  The draws dtype (None: the
+    query's float32) is bfloat16/float16 for the 16-bit-draw rows, each the float32 row of the same
+    id without its suffix read in half the bytes."""
     import torch
 
     import etweedie
 
+    if tiny:
+        return [(w, op, min(B, 4), min(N, 64), d, m, bwd, dt)
+                for w, op, B, N, d, m, bwd, dt in _workloads(quick=True)]
     s = 4 if quick else 1
     blockS = torch.tensor([[0.5, 0.3], [0.3, 0.5]])
     block = lambda dev: etweedie.Metric.block(blockS.to(dev))  # noqa: E731
@@ -251,26 +304,36 @@ def _cuda_graph(fn: Callable[[], object]) -> Callable[[], object]:
     return replay
 
 
-def _time_cuda(fn: Callable[[], object], repeats: int, warmup: int = 3, budget_s: float = 3.0) -> Dict[str, float]:
+def _time_cuda(fn: Callable[[], object], repeats: int, warmup: int = 3, budget_s: float = 3.0,
+               device: str = "cuda") -> Dict[str, float]:
     """CUDA-event timings per call (median, p20, p80); fewer repeats when one call is slow.
 
     A sample times ``inner`` back-to-back calls (no synchronization between them), so that for
     short calls the GPU's time is measured rather than the host's launch latency; ``host_ms``
     is one call's wall time with a synchronize after it (what a caller that waits sees).
+    ``device="cpu"`` (the dry run) times with the host clock.
     """
     import torch
 
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     fn()  # first call: compilation / autotuning / allocator warm-up
-    torch.cuda.synchronize()
+    sync()
     t0 = time.time()
     for _ in range(warmup):
         fn()
-        torch.cuda.synchronize()
+        sync()
     per_call = max((time.time() - t0) / max(warmup, 1), 1e-6)
     inner = max(1, min(20, int(2e-3 / per_call)))
     repeats = int(max(3, min(repeats, budget_s / (per_call * inner))))
     times = []
     for _ in range(repeats):
+        if not cuda:
+            t1 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            times.append((time.perf_counter() - t1) * 1e3 / inner)
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(inner):
@@ -311,50 +374,75 @@ def kernel_breakdown(fn: Callable[[], object], calls: int = 5, top: int = 6, dev
     return out
 
 
-def copy_bandwidth_gbs() -> float:
-    """The card's measured device-to-device copy bandwidth (bytes read + written), GB/s."""
+def copy_bandwidth_gbs(device: str = "cuda") -> float:
+    """The card's measured device-to-device copy bandwidth (bytes read + written), GB/s
+    (``device="cpu"``: a 64 MiB host copy, the dry run)."""
     import torch
 
-    a = torch.empty(2**28, dtype=torch.float32, device="cuda").uniform_()  # 1 GiB
+    a = torch.empty(2**28 if device == "cuda" else 2**24, dtype=torch.float32, device=device).uniform_()  # 1 GiB
     b = torch.empty_like(a)
-    t = _time_cuda(lambda: b.copy_(a), repeats=20)
+    t = _time_cuda(lambda: b.copy_(a), repeats=20, device=device)
     return 2 * a.numel() * 4 / (t["median_ms"] * 1e-3) / 1e9
 
 
 def gpu_benchmarks(log: Log, quick: bool, only: Optional[List[str]] = None, deadline: Optional[float] = None,
-                   on_row: Optional[Callable[[List[dict]], None]] = None) -> List[dict]:
-    """The GPU table's rows.  ``deadline`` (a ``time.time()`` value): no workload starts after it
-    (a row saying so stands for each one left out); ``on_row`` is called with the rows so far after
-    every row, so a run cut short keeps what it measured."""
+                   on_row: Optional[Callable[[List[dict]], None]] = None, device: str = "cuda") -> List[dict]:
+    """The GPU table's rows.  ``deadline`` (a ``time.time()`` value): no row starts after it (a row
+    saying so stands for each one left out); ``on_row`` is called with the rows so far after every
+    row, so a run cut short keeps what it measured.  A workload whose float64 check cannot be
+    computed gets one error row and the next workload runs.  ``device="cpu"``: the dry run (tiny
+    sizes on the CPU, the reference and cpu backends only; the other rows say so)."""
     import torch
 
     import etweedie
 
-    dev = torch.device("cuda")
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
     status = etweedie.backends.available()
-    copy_bw = copy_bandwidth_gbs()
-    log(f"  measured copy bandwidth: {copy_bw:.0f} GB/s ({torch.cuda.get_device_name()})")
+    name = torch.cuda.get_device_name() if cuda else "CPU (dry run)"
+    copy_bw = copy_bandwidth_gbs(device)
+    log(f"  measured copy bandwidth: {copy_bw:.0f} GB/s ({name})")
     rows = []
-    for wid, op, B, N, d, metric_fn, backward, draws_dtype in _workloads(quick):
+
+    def add(row: dict) -> None:
+        rows.append(row)
+        if on_row is not None:
+            on_row(rows)
+
+    for wid, op, B, N, d, metric_fn, backward, draws_dtype in _workloads(quick, tiny=not cuda):
         if only and not any(o in wid for o in only):
             continue
         if deadline is not None and time.time() > deadline:
-            rows.append({"workload": wid, "backend": "-", "device": torch.cuda.get_device_name(),
-                         "error": "not run: past the --deadline"})
+            add({"workload": wid, "backend": "-", "device": name, "error": "not run: past the --deadline"})
             log(f"  {wid:<24} not run: past the --deadline")
             continue
         # correctness first: float32 kernels against the float64 reference (on a small slice)
         small = (min(B, 8), min(N, 512), d)
-        ref_fn, _ = _thunk(op, "reference", "cpu", torch.float64, *small, metric_fn, backward, draws_dtype)
-        ref = ref_fn().double().cpu()
+        try:
+            ref_fn, _ = _thunk(op, "reference", "cpu", torch.float64, *small, metric_fn, backward, draws_dtype)
+            ref = ref_fn().double().cpu()
+        except Exception as exc:  # this workload's rows are lost, not the table's
+            add({"workload": wid, "backend": "reference", "device": name,
+                 "error": f"float64 check failed: {type(exc).__name__}: {exc}"[:300]})
+            log(f"  {wid:<24} float64 check failed: {type(exc).__name__}: {exc}"[:400])
+            continue
         base = comp = None
-        for backend in TIMED_BACKENDS[op]:
-            row = {"workload": wid, "backend": backend, "B": B, "N": N, "d": d, "device": torch.cuda.get_device_name(),
+        backends_here = TIMED_BACKENDS[op] if cuda else ("reference", "cpu") + TIMED_BACKENDS[op][1:]
+        for backend in backends_here:
+            row = {"workload": wid, "backend": backend, "B": B, "N": N, "d": d, "device": name,
                    "copy_GBps": copy_bw}
             base_be = backend.split(":")[0]
+            if deadline is not None and time.time() > deadline:
+                row["error"] = "not run: past the --deadline"
+                add(row)
+                continue
+            if not cuda and base_be not in ("reference", "cpu"):
+                row["error"] = "not run: a dry run times the reference and cpu backends only"
+                add(row)
+                continue
             if base_be not in ("reference", "compile") and not status[base_be][0]:
                 row["error"] = f"unavailable: {status[base_be][1]}"
-                rows.append(row)
+                add(row)
                 continue
             env_name, env_value = _VARIANT_ENV.get(backend, (None, None))
             if env_name:
@@ -367,11 +455,12 @@ def gpu_benchmarks(log: Log, quick: bool, only: Optional[List[str]] = None, dead
                     row["max_rel_err"] = err
                     row["correct"] = err < 1e-3
                 fn, nbytes = _thunk(op, backend, dev, torch.float32, B, N, d, metric_fn, backward, draws_dtype)
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                before = torch.cuda.memory_allocated()
-                row.update(_time_cuda(fn, repeats=5 if quick else 30))
-                row["peak_extra_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+                if cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                before = torch.cuda.memory_allocated() if cuda else 0
+                row.update(_time_cuda(fn, repeats=5 if quick or not cuda else 30, device=device))
+                row["peak_extra_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20 if cuda else 0.0
                 row["GB/s"] = nbytes / (row["median_ms"] * 1e-3) / 1e9
                 row["frac_copy_bw"] = row["GB/s"] / copy_bw
                 if backend == "reference":
@@ -382,7 +471,7 @@ def gpu_benchmarks(log: Log, quick: bool, only: Optional[List[str]] = None, dead
                 row["speedup_vs_compile"] = comp / row["median_ms"] if comp else None
                 if backend not in ("reference", "compile"):
                     try:
-                        row["kernels"] = kernel_breakdown(fn)
+                        row["kernels"] = kernel_breakdown(fn, device=device)
                     except Exception as exc:  # a profiler that cannot start costs the breakdown only
                         row["kernels_error"] = f"{type(exc).__name__}: {exc}"[:200]
                 del fn
@@ -391,10 +480,9 @@ def gpu_benchmarks(log: Log, quick: bool, only: Optional[List[str]] = None, dead
             finally:
                 if env_name:
                     os.environ.pop(env_name, None)
-            torch.cuda.empty_cache()
-            rows.append(row)
-            if on_row is not None:
-                on_row(rows)
+            if cuda:
+                torch.cuda.empty_cache()
+            add(row)
             log(f"  {wid:<24} {backend:<9} " + (row.get("error") or f"{row['median_ms']:.3f} ms, "
                 f"{row['GB/s']:.0f} GB/s, rel err {row.get('max_rel_err', float('nan')):.1e}"))
             for k in row.get("kernels", []):
@@ -434,6 +522,34 @@ def format_table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
+def run_tests(cmd: List[str], test_log: str, timeout: Optional[float] = None, max_failures: int = 200) -> Dict[str, object]:
+    """The test step: ``cmd`` streamed into ``test_log`` (a run cut short still shows how far it
+    got); at ``timeout`` seconds the whole process group (xdist workers too) is killed and the
+    exit status is "timeout".  Returns {"rc", "summary" (the last line), "failures" (the
+    FAILED/ERROR lines, at most ``max_failures``)}, reading the log line by line (it may be huge)."""
+    with open(test_log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc: object = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
+            rc = "timeout"
+    summary, fails = "", []
+    with open(test_log, errors="replace") as f:
+        for line in f:
+            if line.strip():
+                summary = line.strip()[:400]
+            if line.startswith(("FAILED", "ERROR")) and len(fails) < max_failures:
+                fails.append(line.rstrip()[:400])
+    if rc == "timeout":
+        summary = f"stopped at the {timeout:.0f} s --tests-timeout; last line: {summary}"
+    return {"rc": rc, "summary": summary, "failures": fails}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.path.join(ROOT, "gpu_check"), help="log and JSON directory")
@@ -449,22 +565,28 @@ def main(argv=None) -> int:
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds from start after which no further benchmark workload starts (a leased GPU's limit)")
     p.add_argument("--tests-timeout", type=float, default=None, help="stop the test step after this many seconds")
+    p.add_argument("--dry-run", action="store_true",
+                   help="no GPU needed: the table on the CPU at tiny sizes (reference and cpu backends)")
     args = p.parse_args(argv)
 
-    why = preflight()
+    why = None if args.dry_run else preflight(need_toolkit=not args.skip_build)
     if why is not None:
         print(f"gpu-check: cannot run here — {why}", file=sys.stderr)
         return 2
     if args.preflight:
         return 0
 
+    device = "cpu" if args.dry_run else "cuda"
     log = Log(os.path.join(args.out, "gpu_check.log"))
-    results: Dict[str, object] = {"steps": {}, "failed": []}
+    results: Dict[str, object] = {"steps": {}, "failed": [], "env": env_facts(device)}
     failed = results["failed"]
+    log("environment: " + json.dumps(results["env"]))
 
     def save() -> None:  # after every step, so a run cut short still leaves its results
-        with open(os.path.join(args.out, "results.json"), "w") as f:
+        path = os.path.join(args.out, "results.json")
+        with open(path + ".tmp", "w") as f:
             json.dump(results, f, indent=2, default=str)
+        os.replace(path + ".tmp", path)  # a process killed while writing leaves the last whole file
 
     if not args.skip_build:
         env = dict(os.environ, FORCE_CUDA="1")
@@ -473,16 +595,25 @@ def main(argv=None) -> int:
         results["steps"]["build"] = proc.returncode
         if proc.returncode:
             failed.append("build")
-    probe = subprocess.run(
-        [sys.executable, "-c", "import etweedie, json; print(json.dumps(etweedie.backends.available()))"],
-        cwd=ROOT, capture_output=True, text=True,
-    )
-    log(f"backends: {probe.stdout.strip() or probe.stderr.strip()}")
+    probe_cmd = "import etweedie, json; print(json.dumps(etweedie.backends.available()))"
+    try:
+        if args.skip_build:  # nothing was built in this process's lifetime: ask here (a second import costs seconds)
+            sys.path.insert(0, ROOT)
+            import etweedie
+
+            probe = subprocess.CompletedProcess([], 0, json.dumps(etweedie.backends.available()), "")
+        else:  # a fresh process sees what the build installed
+            probe = subprocess.run([sys.executable, "-c", probe_cmd], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        probe = subprocess.CompletedProcess([], 124, "", "importing etweedie took over 180 s")
+    except Exception as exc:  # an import that fails is reported like the subprocess's would be
+        probe = subprocess.CompletedProcess([], 1, "", f"import etweedie: {type(exc).__name__}: {exc}")
+    log(f"backends: {probe.stdout.strip() or probe.stderr.strip()[-2000:]}")
     try:
         backends = json.loads(probe.stdout)
         results["backends"] = backends
         for name in ("cuda", "triton"):
-            if not backends[name][0]:
+            if not backends[name][0] and not args.dry_run:  # (a dry run has neither)
                 failed.append(f"backend {name} unavailable")
     except (ValueError, KeyError):
         failed.append("import etweedie")
@@ -494,14 +625,27 @@ def main(argv=None) -> int:
         if proc.returncode:
             failed.append("check-cuda")
 
-    log("\n=== GPU benchmarks (CUDA tensors, float32)")
+    log(f"\n=== GPU benchmarks ({'CPU tensors, tiny sizes: a dry run' if args.dry_run else 'CUDA tensors'}, float32)")
     sys.path.insert(0, ROOT)
+    so_far: List[dict] = []
+
+    crash_after = int(os.environ.get("GPU_CHECK_CRASH_AFTER_ROWS", "0") or 0)  # a test hook: abort mid-table
+
     def save_rows(rows: List[dict]) -> None:
+        so_far[:] = rows
         results["gpu_benchmarks"] = rows
         save()
+        if 0 < crash_after <= len(rows):
+            log(f"GPU_CHECK_CRASH_AFTER_ROWS={crash_after}: aborting (a simulated crash)")
+            os.abort()
 
     deadline = None if args.deadline is None else T_START + args.deadline
-    rows = gpu_benchmarks(log, args.quick, [o for o in args.only.split(",") if o], deadline, save_rows)
+    try:
+        rows = gpu_benchmarks(log, args.quick, [o for o in args.only.split(",") if o], deadline, save_rows, device)
+    except Exception as exc:  # the rows measured so far are kept and printed; the later steps still run
+        log("table stopped:\n" + traceback.format_exc()[-4000:])
+        rows = list(so_far) + [{"workload": "(table)", "backend": "-", "device": results["env"].get("device", ""),
+                                "error": f"table stopped: {type(exc).__name__}: {exc}"[:300]}]
     results["gpu_benchmarks"] = rows
     if any("error" in r and not r["error"].startswith(("unavailable", "not run")) for r in rows) or any(r.get("correct") is False for r in rows):
         failed.append("gpu benchmarks")
@@ -518,15 +662,11 @@ def main(argv=None) -> int:
         test_log = os.path.join(args.out, "tests.log")
         log(f"\n=== tests: {' '.join(cmd)} (output in {test_log})")
         t0 = time.time()
-        with open(test_log, "w") as f:
-            try:
-                rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=args.tests_timeout).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
-        out = open(test_log).read()
+        tests = run_tests(cmd, test_log, args.tests_timeout)
+        rc = tests["rc"]
         results["steps"]["tests"] = rc
-        results["tests_summary"] = (out.strip().splitlines() or [""])[-1]
-        fails = [ln for ln in out.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+        results["tests_summary"] = tests["summary"]
+        fails = tests["failures"]
         results["test_failures"] = fails
         log(f"--- tests: exit {rc} in {time.time() - t0:.0f} s; {results['tests_summary']}")
         for ln in fails[:60]:

@@ -1,11 +1,11 @@
 """scripts/gpu_check.py helpers that run without a GPU (the GPU steps themselves need one)."""
 
 import importlib.util
+import json
 import os
-import shutil
+import time
 from pathlib import Path
 
-import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,22 +44,82 @@ def test_low_precision_ratio_lines():
     assert "0.55×" in line and "met" in line
 
 
-@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
-def test_gpu_session_dry_run_packs_at_most_eight_files(tmp_path):
-    """scripts/gpu_session.sh's dry run (CPU): the tiny sampling protocol into OUTDIR, the kernel
-    table's step reached (it stops at its preflight without a GPU) and its logs packed."""
-    import subprocess
-    import sys
+def _dry_rows(gc, **kw):
+    logged = []
+    rows = gc.gpu_benchmarks(logged.append, quick=True, device="cpu", **kw)
+    return rows, logged
 
-    if torch.cuda.is_available():
-        pytest.skip("with a GPU the kernel table would run for real")
-    root = Path(__file__).resolve().parents[1]
-    out, work = tmp_path / "out", tmp_path / "work"
-    env = dict(os.environ, PYTHON=sys.executable, WORK=str(work), GPU_SESSION_DRY="1")
-    proc = subprocess.run(["bash", str(root / "scripts" / "gpu_session.sh"), str(out), "120"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    files = sorted(p.name for p in out.iterdir())
-    assert len(files) <= 8 and {"gpu_session.tar.gz", "sampling_log.json", "parts.tar.gz", "mnist_joint.npy"} <= set(files)
-    assert "sampling exit 0" in proc.stdout and "kernel table exit 2" in proc.stdout
-    assert "cannot run here" in proc.stdout
+
+def test_dry_table_runs_on_the_cpu_and_keeps_going_past_a_failing_workload(monkeypatch):
+    """--dry-run's table (tiny sizes, CPU): timed reference and cpu rows; a workload whose float64
+    check raises gets one error row and the next workload still runs; every row reaches on_row."""
+    gc = _gpu_check()
+    real = gc._thunk
+
+    def thunk(op, backend, *args, **kw):
+        if op == "langevin_step":
+            raise RuntimeError("simulated failure")
+        return real(op, backend, *args, **kw)
+
+    monkeypatch.setattr(gc, "_thunk", thunk)
+    seen = []
+    rows, _ = _dry_rows(gc, only=["langevin_step_block_784", "et_score_iso_2"], on_row=lambda r: seen.append(len(r)))
+    timed = {(r["workload"], r["backend"]) for r in rows if "median_ms" in r}
+    assert timed == {("et_score_iso_2", "reference"), ("et_score_iso_2", "cpu")}
+    (bad,) = [r for r in rows if r["workload"] == "langevin_step_block_784"]
+    assert "float64 check failed" in bad["error"] and "simulated failure" in bad["error"]
+    assert seen == list(range(1, len(rows) + 1))
+    assert all(r.get("correct", True) for r in rows)
+    assert "et_score_iso_2" in gc.format_table(rows)
+
+
+def test_past_the_deadline_no_row_starts():
+    gc = _gpu_check()
+    rows, _ = _dry_rows(gc, only=["et_score_iso_2"], deadline=time.time() - 1)
+    assert rows and all(r["error"] == "not run: past the --deadline" for r in rows)
+
+
+def test_a_table_that_stops_keeps_its_rows_and_names_the_device(tmp_path, monkeypatch):
+    """main(): an exception mid-table leaves the rows before it in results.json (with the
+    environment facts) and exits 1; the log says where it stopped."""
+    gc = _gpu_check()
+
+    def stops(log, quick, only, deadline, on_row, device):
+        row = {"workload": "w", "backend": "reference", "device": "CPU (dry run)", "median_ms": 1.0, "p20_ms": 1.0,
+               "p80_ms": 1.0, "host_ms": 1.0, "GB/s": 1.0, "frac_copy_bw": 0.1, "peak_extra_mib": 0.0}
+        on_row([row])
+        raise RuntimeError("simulated crash in the table")
+
+    monkeypatch.setattr(gc, "gpu_benchmarks", stops)
+    out = tmp_path / "gc"
+    rc = gc.main(["--dry-run", "--skip-build", "--skip-tests", "--skip-cpu-table", "--skip-check-cuda", "--out", str(out)])
+    assert rc == 1
+    results = json.loads((out / "results.json").read_text())
+    assert [r["workload"] for r in results["gpu_benchmarks"]] == ["w", "(table)"]
+    assert "simulated crash" in results["gpu_benchmarks"][1]["error"] and "gpu benchmarks" in results["failed"]
+    assert results["env"]["device"] == "CPU (dry run)" and results["env"]["python"] and results["env"]["torch"]
+    assert "table stopped" in (out / "gpu_check.log").read_text()
+
+
+def test_run_tests_cuts_a_hanging_suite_with_its_children(tmp_path):
+    """The test step's --tests-timeout kills the whole process group (xdist workers too) and keeps
+    the FAILED lines printed before it."""
+    gc = _gpu_check()
+    pid_file = tmp_path / "child.pid"
+    cmd = ["sh", "-c", f"sleep 60 & echo $! > {pid_file}; echo 'FAILED tests/x.py::t - boom'; wait"]
+    t0 = time.time()
+    res = gc.run_tests(cmd, str(tmp_path / "tests.log"), timeout=1.0)
+    assert time.time() - t0 < 10
+    assert res["rc"] == "timeout" and "1 s --tests-timeout" in res["summary"]
+    assert res["failures"] == ["FAILED tests/x.py::t - boom"]
+    child = int(pid_file.read_text())
+    for _ in range(50):  # the orphaned sleep is gone (or a zombie awaiting its reaper)
+        try:
+            state = Path(f"/proc/{child}/stat").read_text().split(") ")[1][0]
+        except (FileNotFoundError, IndexError):
+            break
+        if state in "ZX":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the test step's child {child} outlived the timeout")

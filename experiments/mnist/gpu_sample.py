@@ -12,11 +12,15 @@ Steps:
    1,000 + 100 updates, N = 256, 256 images per seed): each finished (path, seed) part is saved at
    once under ``--work/parts`` (uint8 images, its JSON log, the progress states) and skipped on a
    rerun; a part is not started when the last one's duration says it would end after the deadline;
-3. the pack in ``--pack-dir``, at most 8 files of at most 16 MB, all worth committing:
-   ``<path>.npy`` (the 768 pooled images of every finished path, about 0.6 MB each),
+3. the pack in ``--pack-dir``, at most ``--max-files`` (8) files of at most 16 MB, all worth
+   committing: ``<path>.npy`` (the 768 pooled images of every finished path, about 0.6 MB each),
    ``progress.npz`` (the progress-figure states), ``sampling_log.json`` (protocol, every part's log,
    the benchmark, the driver's log, what is left) and ``parts.tar.gz`` (the part files, so a later
-   call can carry them back into ``--work`` and continue).
+   call can carry them back into ``--work`` and continue).  Pooled files beyond the count go into
+   ``parts.tar.gz`` at its top level (unpacked into ``--work`` they are back beside the parts).
+
+``--pack-only`` writes the pack of what ``--work`` holds and nothing else (no posterior, no CUDA):
+what ``scripts/gpu_session.sh`` runs when the sampling process was killed or crashed before packing.
 
 Afterwards, on any machine: ``python -m experiments.mnist.sampling_table PACK_DIR`` scores the table,
 and ``experiments.mnist.sampling_figures.all_figures`` draws the figures from the unpacked parts.
@@ -57,6 +61,10 @@ def parse_args(argv=None):
     p.add_argument("--pack-dir", required=True, help="where the ≤ 8 files worth committing go")
     p.add_argument("--deadline", type=float, default=540.0, help="seconds from start until the pack must be written")
     p.add_argument("--pack-reserve", type=float, default=20.0, help="seconds kept for the pack")
+    p.add_argument("--max-files", type=int, default=MAX_PACK_FILES,
+                   help="files the pack may hold (at least 3; pooled <path>.npy beyond it go into parts.tar.gz)")
+    p.add_argument("--pack-only", action="store_true",
+                   help="only pack what --work holds (no sampling, no posterior, CUDA untouched)")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny protocol, untrained posterior unless given")
     p.add_argument("--paths", nargs="+", choices=sampling.PATHS, default=None)
     p.add_argument("--no-bench", action="store_true", help="skip the throughput comparison")
@@ -139,17 +147,27 @@ def _bench(args, posterior_spec: str, device: str, log: Log) -> Optional[dict]:
     return report
 
 
-def pack(work: Path, pack_dir: Path, protocol: sampling.Protocol, bench: Optional[dict], log: Log) -> List[Path]:
-    """Write the ≤ 8 files of the pack; returns them."""
+MAX_LOG_LINES = 2000  # the driver's log in sampling_log.json: its last lines, each cut to MAX_LINE_CHARS
+MAX_LINE_CHARS = 1000
+
+
+def pack(work: Path, pack_dir: Path, protocol: sampling.Protocol, bench: Optional[dict], log: Log,
+         max_files: int = MAX_PACK_FILES, device: Optional[str] = None) -> List[Path]:
+    """Write the pack (at most ``max_files`` files, at least 3); returns them.
+
+    ``progress.npz``, ``sampling_log.json`` and ``parts.tar.gz`` always have a place; the pooled
+    ``<path>.npy`` take the places left, the others are stored in ``parts.tar.gz`` at its top level.
+    ``device``: the card's name for the log (None: asked of torch, which initializes CUDA)."""
     pack_dir.mkdir(parents=True, exist_ok=True)
     parts = work / sampling.PARTS_DIR
     written = []
-    for path in protocol.paths:
-        pooled = work / f"{path}.npy"
-        if pooled.is_file():
-            target = pack_dir / pooled.name
-            target.write_bytes(pooled.read_bytes())
-            written.append(target)
+    pooled = [work / f"{path}.npy" for path in protocol.paths if (work / f"{path}.npy").is_file()]
+    slots = max(0, max_files - 3)
+    separate, in_tar = pooled[:slots], pooled[slots:]
+    for f in separate:
+        target = pack_dir / f.name
+        target.write_bytes(f.read_bytes())
+        written.append(target)
     progress = {}
     for path in protocol.paths:
         f = parts / f"{sampling.part_stem(path, protocol.seeds[0])}_progress.npy"
@@ -158,27 +176,60 @@ def pack(work: Path, pack_dir: Path, protocol: sampling.Protocol, bench: Optiona
     if progress:
         np.savez_compressed(pack_dir / "progress.npz", **progress)
         written.append(pack_dir / "progress.npz")
-    logs = [json.loads(f.read_text()) for f in sorted(parts.glob("*.json"))] if parts.is_dir() else []
+    logs, unreadable = [], []
+    for f in sorted(parts.glob("*.json")) if parts.is_dir() else []:
+        try:  # (a damaged part log costs that part's entry, not the pack)
+            part = json.loads(f.read_text())
+        except (OSError, ValueError):
+            part = None
+        if isinstance(part, dict) and {"path", "seed"} <= part.keys():
+            logs.append(part)
+        else:
+            unreadable.append(f.name)
+    if unreadable:
+        log(f"pack: unreadable part logs (not counted as done): {', '.join(unreadable)}")
     done = {(p["path"], p["seed"]) for p in logs}
     missing = [f"{p} seed {s}" for p in protocol.paths for s in protocol.seeds if (p, s) not in done]
+    if in_tar:
+        log(f"pack: {len(pooled)} pooled files, {slots} places: {', '.join(f.name for f in in_tar)} in parts.tar.gz")
+    if device is None:
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     summary = dict(protocol=dataclasses.asdict(protocol), step_scale=protocol.step_scale, parts=logs,
-                   missing=missing, benchmark=bench, driver_log=log.lines,
-                   device=torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU",
-                   torch=torch.__version__, elapsed_s=time.time() - T0)
+                   missing=missing, pooled_in_parts_tar=[f.name for f in in_tar], benchmark=bench,
+                   driver_log=[line[:MAX_LINE_CHARS] for line in log.lines[-MAX_LOG_LINES:]],
+                   device=device, torch=torch.__version__, elapsed_s=time.time() - T0)
     (pack_dir / "sampling_log.json").write_text(json.dumps(summary, indent=1, default=str))
     written.append(pack_dir / "sampling_log.json")
-    if parts.is_dir():
-        with tarfile.open(pack_dir / "parts.tar.gz", "w:gz") as tar:
-            for f in sorted(parts.iterdir()):
-                if not f.name.endswith(".tmp.npy"):
+    if parts.is_dir() or in_tar:
+        tmp = pack_dir / "parts.tar.gz.tmp"
+        with tarfile.open(tmp, "w:gz") as tar:
+            for f in sorted(parts.iterdir()) if parts.is_dir() else []:
+                if not f.name.endswith((".tmp.npy", ".tmp")):  # (files a killed write left)
                     tar.add(f, arcname=f"{sampling.PARTS_DIR}/{f.name}")
+            for f in in_tar:
+                tar.add(f, arcname=f.name)
+        os.replace(tmp, pack_dir / "parts.tar.gz")  # a process killed while writing leaves no half tarball
         written.append(pack_dir / "parts.tar.gz")
     too_big = [f.name for f in written if f.stat().st_size > MAX_FILE_BYTES]
-    if len(written) > MAX_PACK_FILES or too_big:
+    if len(written) > max_files or too_big:
         log(f"pack: {len(written)} files, over {MAX_FILE_BYTES >> 20} MB: {too_big}")
     log(f"pack: {', '.join(f'{f.name} ({f.stat().st_size / 2**20:.2f} MB)' for f in written)}; "
         f"missing parts: {', '.join(missing) or 'none'}")
     return written
+
+
+def pack_only(args, protocol: sampling.Protocol) -> int:
+    """``--pack-only``: the pack of what ``--work`` holds, without a posterior or CUDA."""
+    work = Path(args.work)
+    log = Log(work / "driver.log", True)
+    if (work / "driver.log").is_file():  # the sampling run's own lines, for sampling_log.json
+        log.lines = (work / "driver.log").read_text(errors="replace").splitlines()[-MAX_LOG_LINES:]
+    bench_file = work / "benchmark.json"
+    bench = json.loads(bench_file.read_text()) if bench_file.is_file() else None
+    log("pack only (--pack-only): packing what the work folder holds")
+    pack(work, Path(args.pack_dir), protocol, bench, log, max_files=args.max_files,
+         device="not read (--pack-only leaves CUDA alone)")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -187,6 +238,8 @@ def main(argv=None) -> int:
     bad = _bad_setting(protocol)
     if not bad and not (math.isfinite(args.deadline) and args.deadline >= 0):
         bad = f"--deadline must be a finite number of seconds >= 0, got {args.deadline}"
+    if not bad and args.max_files < 3:
+        bad = f"--max-files must be >= 3 (progress.npz, sampling_log.json, parts.tar.gz), got {args.max_files}"
     if bad:
         print(f"gpu_sample: error: {bad}", file=sys.stderr)
         return 2
@@ -200,6 +253,8 @@ def main(argv=None) -> int:
     status = _cli.report("gpu_sample", check)
     if status:
         return status
+    if args.pack_only:
+        return pack_only(args, protocol)
     device = _init_distributed(args.dry_run)
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_sample: error: no CUDA device (use --dry-run on a CPU)", file=sys.stderr)
@@ -239,7 +294,7 @@ def main(argv=None) -> int:
         failed = f"{type(exc).__name__}: {exc}"
         log(f"sampling stopped: {failed}")
     if main_rank:
-        pack(work, Path(args.pack_dir), protocol, bench, log)
+        pack(work, Path(args.pack_dir), protocol, bench, log, max_files=args.max_files)
     if distributed:
         dist.destroy_process_group()
     if failed:
