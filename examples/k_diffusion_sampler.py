@@ -8,7 +8,8 @@ output to clean data next to that of a fresh clean draw.
 
     python examples/k_diffusion_sampler.py [--chains 1024] [--steps 20] [--draws 16] [--seed 0]
 
-Needs `pip install --no-deps k-diffusion torchsde torchdiffeq trampoline` (no torchvision).
+Needs `pip install --no-deps k-diffusion torchsde torchdiffeq trampoline scipy` (no torchvision; the
+samplers import scipy, which `--no-deps` would not pull in).
 """
 
 import argparse

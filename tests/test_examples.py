@@ -53,3 +53,26 @@ def test_k_diffusion_sampler(monkeypatch, capsys):
     for name in ("sample_euler", "sample_heun", "sample_dpmpp_2m"):
         (ed,) = _floats(rf"{name}\s+([-\d.e]+)", out)
         assert abs(ed) < 0.1, out
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))
+def test_usage_line_matches_the_defaults(script):
+    """The docstring's ``python examples/X.py [--flag default] ...`` line names the script's flags and defaults."""
+    import ast
+
+    source = (EXAMPLES / script).read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    usage = re.search(rf"^\s*python examples/{re.escape(script)}(.*)$", ast.get_docstring(tree) or "", re.M)
+    assert usage, f"{script}: no `python examples/{script} ...` usage line in its docstring"
+    documented = dict(re.findall(r"\[(--[\w-]+) ([^\]]+)\]", usage.group(1)))
+    defaults = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+            flag = node.args[0].value
+            default = next((kw.value for kw in node.keywords if kw.arg == "default"), None)
+            defaults[flag] = None if default is None else ast.literal_eval(default)
+    assert set(documented) == set(defaults), f"{script}: usage names {sorted(documented)}, the parser has {sorted(defaults)}"
+    for flag, text in documented.items():
+        assert str(defaults[flag]) == text.replace(",", "").replace("_", ""), (
+            f"{script}: usage says {flag} {text}, the default is {defaults[flag]!r}"
+        )
