@@ -270,3 +270,23 @@ def test_sizes_beyond_memory_are_one_line(capsys, monkeypatch):
     assert "prog: error: out of memory: the sizes" in capsys.readouterr().err
     with pytest.raises(RuntimeError, match="a bug"):
         _cli.guarded("prog", lambda: (_ for _ in ()).throw(RuntimeError("a bug")))
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.parametrize("module, argv, prog, words", [
+    ("mnist.gpu_sample", ["--work", "{tmp}/w", "--pack-dir", "{tmp}/p"], "gpu_sample",
+     "no CUDA device (use --dry-run on a CPU, or --pack-only"),
+    ("eight_gaussians.gpu_diffusion_tables", ["--pack-dir", "{tmp}/p"], "python -m experiments.eight_gaussians.gpu_diffusion_tables",
+     "no CUDA device: the tables run on a GPU"),
+])
+def test_gpu_drivers_without_a_gpu_stop_before_making_folders(module, argv, prog, words, tmp_path, capsys, monkeypatch):
+    """The GPU drivers on a CPU-only machine: one line and status 2 before any folder is made
+    (gpu_sample had created --work and --pack-dir first; gpu_diffusion_tables logged a traceback
+    from its trainings, went on and exited 0)."""
+    monkeypatch.chdir(tmp_path)
+    mod = importlib.import_module(f"experiments.{module}")
+    capsys.readouterr()
+    assert mod.main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{prog}: error: ") and words in err[0], err
+    assert list(tmp_path.iterdir()) == []

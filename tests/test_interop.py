@@ -349,7 +349,7 @@ def test_kdiffusion_samplers_reach_the_clean_draw_floor(seed, sampler_name):
     try:
         sampling = load_k_diffusion_sampling()
     except ImportError as exc:
-        pytest.skip(f"k-diffusion samplers unavailable ({exc}); `pip install --no-deps k-diffusion torchsde torchdiffeq trampoline`")
+        pytest.skip(f"k-diffusion samplers unavailable ({exc}); `pip install --no-deps k-diffusion torchsde torchdiffeq trampoline scipy`")
     n = 1024
     # k-diffusion starts from x_σmax ≈ σ_max·ε, so σ_max must dwarf the data (radius 2): 20 here.
     denoiser = KDiffusionDenoiser(KnownPosterior(), get_path("gaussian", GeometricRMS(20.0, 0.01)), n_draws=16,

@@ -174,3 +174,22 @@ def test_sampler_score_refuses_infinite_complex_and_bool_sigma():
     for dtype in (torch.complex128, torch.bool):
         with pytest.raises(TypeError, match="noise σ must be a real"):
             score(y, torch.ones(2, dtype=dtype))
+
+
+def test_k_diffusion_loader_names_the_missing_module(monkeypatch):
+    """Without scipy (which k_diffusion/sampling.py imports itself) the loader's message names
+    scipy, not the three other packages (it told users to install torchsde/torchdiffeq/trampoline)."""
+    import importlib.util
+    import sys
+
+    from etweedie.interop import kdiffusion
+
+    if importlib.util.find_spec("k_diffusion") is None:
+        pytest.skip("k-diffusion is not installed")
+    for name in [m for m in sys.modules if m == "scipy" or m.startswith("scipy.") or m.startswith(kdiffusion._SHIM)
+                 or m == "k_diffusion" or m.startswith("k_diffusion.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "scipy", None)  # `import scipy` raises ImportError(name="scipy")
+    with pytest.raises(ImportError, match=r"needs scipy: `pip install --no-deps scipy`"):
+        kdiffusion.load_k_diffusion_sampling()
+    assert kdiffusion._SHIM + ".sampling" not in sys.modules

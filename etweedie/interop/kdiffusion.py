@@ -166,7 +166,7 @@ def load_k_diffusion_sampling() -> types.ModuleType:
     ``_etweedie_k_diffusion.sampling``, with a stand-in ``utils`` holding ``append_dims``.  The
     sampler code run is the installed package's, unchanged.
 
-    Install for that: ``pip install --no-deps k-diffusion torchsde torchdiffeq trampoline``
+    Install for that: ``pip install --no-deps k-diffusion torchsde torchdiffeq trampoline scipy``
     (``--no-deps``: k-diffusion's declared dependencies include torchvision, which would pull a
     second torch).
     """
@@ -182,7 +182,7 @@ def load_k_diffusion_sampling() -> types.ModuleType:
     if not files:
         raise ImportError(
             "k-diffusion is not installed; install its samplers with "
-            "`pip install --no-deps k-diffusion torchsde torchdiffeq trampoline`"
+            "`pip install --no-deps k-diffusion torchsde torchdiffeq trampoline scipy`"
         ) from first_error
     package = types.ModuleType(_SHIM)
     package.__path__ = []  # a namespace for the stand-in only: nothing else resolves inside it
@@ -199,8 +199,9 @@ def load_k_diffusion_sampling() -> types.ModuleType:
     except ImportError as exc:
         for name in (_SHIM + ".sampling", _SHIM + ".utils", _SHIM):
             sys.modules.pop(name, None)
+        missing = (exc.name or "").split(".")[0] or "torchsde torchdiffeq trampoline scipy"
         raise ImportError(
-            f"k_diffusion/sampling.py needs {exc.name or exc}: `pip install --no-deps torchsde torchdiffeq trampoline` "
+            f"k_diffusion/sampling.py needs {exc.name or exc}: `pip install --no-deps {missing}` "
             f"(the plain import failed first with: {first_error})"
         ) from exc
     return module

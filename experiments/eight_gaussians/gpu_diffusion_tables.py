@@ -222,6 +222,14 @@ def main(argv=None) -> int:
         _cli.positive("--table-seconds", args.table_seconds, zero_ok=True)
         _cli.at_least("--workers", args.workers, 1)
         _cli.threads("--threads", args.threads)
+        # the default device is cuda unless --dry-run: a CPU-only machine is told so here, before
+        # any folder is made (the trainings had started, failed, and the driver exited 0)
+        if args.device is None and not args.dry_run:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise _cli.UsageError("no CUDA device: the tables run on a GPU (--device, default cuda); "
+                                      "--dry-run checks the driver on a CPU")
         _cli.device("--device", args.device)
         if not args.worker:
             _cli.out_dir("--pack-dir", None if args.pack_dir is None else ROOT / args.pack_dir)  # used after chdir(ROOT)

@@ -245,6 +245,8 @@ def main(argv=None) -> int:
         return 2
 
     def check():
+        if not (args.dry_run or args.pack_only or torch.cuda.is_available()):  # before --work/--pack-dir are made
+            raise _cli.UsageError("no CUDA device (use --dry-run on a CPU, or --pack-only to pack a work folder)")
         _cli.positive("--pack-reserve", args.pack_reserve, zero_ok=True)
         _cli.nonempty("--posterior", args.posterior, "a posterior name or path")
         _cli.out_dir("--pack-dir", args.pack_dir)  # a file, or under one: not a folder to pack into
@@ -256,9 +258,6 @@ def main(argv=None) -> int:
     if args.pack_only:
         return pack_only(args, protocol)
     device = _init_distributed(args.dry_run)
-    if not args.dry_run and not torch.cuda.is_available():
-        print("gpu_sample: error: no CUDA device (use --dry-run on a CPU)", file=sys.stderr)
-        return 2
     main_rank = sampling.is_main_process()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
