@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import doctest
 import math
-from typing import Tuple
+from typing import Callable, Tuple
 
 import pytest
 import torch
@@ -196,14 +196,30 @@ def _clean_draw_p_value(samples: torch.Tensor, seed: int, permutations: int = 99
     return float(observed), (1 + int((null >= observed).sum())) / (1 + permutations)
 
 
+def _like_clean_draws(run: Callable[[int], torch.Tensor], seed: int, what: str) -> None:
+    """Assert that ``run(seed)`` gives draws like clean ones: p > 1e-3 by :func:`_clean_draw_p_value`,
+    or, where that fails, p > 1e-3 again on a second, independent run (seed + 7919).
+
+    The permutation p of an exact sampler is uniform on {1/1000, ..., 1}, so one check fails one
+    fresh seed in a thousand by design, and the suite holds several: the second run brings that
+    to one in a million, while a sampler that is really off fails both (its p sits at the floor).
+    """
+    results = []
+    for s in (seed, seed + 7919):
+        ed, p = _clean_draw_p_value(run(s), s)
+        results.append(f"seed={s}: ED {ed:.5f}, permutation p = {p:.4f}")
+        if p > 1e-3:
+            return
+    raise AssertionError(f"{what} not like clean draws in two independent runs: " + "; ".join(results))
+
+
 def test_clean_draw_check_has_power_and_passes_clean_draws(seed):
     """The check above rejects a ring 20% too wide (p at its floor 1/1000) and passes clean draws."""
     data = EightGaussians()
     wide = 1.2 * data.sample(1024, gen(seed + 1), dtype=F64)[0]
     ed, p = _clean_draw_p_value(wide, seed)
     assert p <= 1e-3 and ed > 0, f"seed={seed}: a ring 1.2× too wide gave ED {ed:.5f}, p = {p:.4f}"
-    ed, p = _clean_draw_p_value(data.sample(1024, gen(seed + 1), dtype=F64)[0], seed)
-    assert p > 1e-3, f"seed={seed}: clean draws gave ED {ed:.5f}, p = {p:.4f}"
+    _like_clean_draws(lambda s: data.sample(1024, gen(s + 1), dtype=F64)[0], seed, "clean draws")
 
 
 # ---------------------------------------------------------------------------- diffusers
@@ -242,9 +258,8 @@ def test_scheduler_reaches_the_clean_draw_floor_on_eight_gaussians(seed):
     mod = _scheduler_module()
     n = 1024
     scheduler = mod.EnergyTweedieLangevinScheduler(path="gaussian", steps_per_level=5, step_scale=2e-5, data_std=DATA_STD)
-    samples = _diffusers_loop(scheduler, KnownPosterior(), n, 16, 21, gen(seed + 1))
-    ed, p = _clean_draw_p_value(samples, seed)
-    assert p > 1e-3, f"seed={seed}: ED(samples, clean) = {ed:.5f}, permutation p = {p:.4f}: not like clean draws"
+    _like_clean_draws(lambda s: _diffusers_loop(scheduler, KnownPosterior(), n, 16, 21, gen(s + 1)), seed,
+                      "the scheduler's samples are")
 
 
 def test_scheduler_score_input_and_save_load_round_trip(seed, tmp_path):
@@ -352,14 +367,16 @@ def test_kdiffusion_samplers_reach_the_clean_draw_floor(seed, sampler_name):
         pytest.skip(f"k-diffusion samplers unavailable ({exc}); `pip install --no-deps k-diffusion torchsde torchdiffeq trampoline scipy`")
     n = 1024
     # k-diffusion starts from x_σmax ≈ σ_max·ε, so σ_max must dwarf the data (radius 2): 20 here.
-    denoiser = KDiffusionDenoiser(KnownPosterior(), get_path("gaussian", GeometricRMS(20.0, 0.01)), n_draws=16,
-                                  generator=gen(seed + 1))
-    sigmas = denoiser.sigmas(21)
-    g = gen(seed + 2)
-    x = EightGaussians().sample(n, g, dtype=F64)[0] + sigmas[0] * torch.randn(n, 2, generator=g, dtype=F64)
-    samples = getattr(sampling, sampler_name)(denoiser, x, sigmas, disable=True)
-    ed, p = _clean_draw_p_value(samples, seed)
-    assert p > 1e-3, f"seed={seed}: {sampler_name} ED(samples, clean) = {ed:.5f}, permutation p = {p:.4f}: not like clean draws"
+
+    def run(s: int) -> torch.Tensor:
+        denoiser = KDiffusionDenoiser(KnownPosterior(), get_path("gaussian", GeometricRMS(20.0, 0.01)), n_draws=16,
+                                      generator=gen(s + 1))
+        sigmas = denoiser.sigmas(21)
+        g = gen(s + 2)
+        x = EightGaussians().sample(n, g, dtype=F64)[0] + sigmas[0] * torch.randn(n, 2, generator=g, dtype=F64)
+        return getattr(sampling, sampler_name)(denoiser, x, sigmas, disable=True)
+
+    _like_clean_draws(run, seed, f"{sampler_name}'s samples are")
 
 
 def test_gaussian_and_odd_dimension_laws_with_multi_dim_batches(seed):
