@@ -15,19 +15,34 @@ Must run *without* TRITON_INTERPRET=1.  fp64 variants take several minutes on a 
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import sys
 import time
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DTYPES, DRAWS = ("fp32", "fp64"), ("bf16", "fp16")
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from experiments._cli import OneLineParser, parse  # torch-free: usage errors are one line, status 2
+
+    p = OneLineParser(prog="check_triton", description=__doc__.split("\n")[0])
     p.add_argument("--arch", type=int, default=80, help="CUDA compute capability ×10 (80 = A100, 90 = H100)")
     p.add_argument("--dtypes", default="fp32", help="comma-separated: fp32,fp64")
     p.add_argument("--draws", default="", help="comma-separated 16-bit draw types for the score kernels: bf16,fp16")
-    args = p.parse_args(argv)
+    args, status = parse(p, argv)
+    if args is None:
+        return status
+    for flag, value, known in (("--dtypes", args.dtypes, DTYPES), ("--draws", args.draws, DRAWS)):
+        items = [v for v in value.split(",") if v] if value else []
+        if (flag == "--dtypes" and not items) or any(v not in known for v in items):
+            print(f"check_triton: error: {flag} must be a comma-separated list of {', '.join(known)}, got {value!r}",
+                  file=sys.stderr)
+            return 2
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("check_triton: unset TRITON_INTERPRET (this checks the compiler, not the interpreter)", file=sys.stderr)
         return 2

@@ -27,7 +27,6 @@ exercises the code a lease will run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -551,7 +550,11 @@ def run_tests(cmd: List[str], test_log: str, timeout: Optional[float] = None, ma
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from experiments._cli import OneLineParser, parse  # torch-free: usage errors are one line, status 2
+
+    p = OneLineParser(prog="gpu-check", description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.path.join(ROOT, "gpu_check"), help="log and JSON directory")
     p.add_argument("--preflight", action="store_true", help="only check that this machine can run the GPU check")
     p.add_argument("--quick", action="store_true", help="smaller benchmark shapes")
@@ -567,7 +570,13 @@ def main(argv=None) -> int:
     p.add_argument("--tests-timeout", type=float, default=None, help="stop the test step after this many seconds")
     p.add_argument("--dry-run", action="store_true",
                    help="no GPU needed: the table on the CPU at tiny sizes (reference and cpu backends)")
-    args = p.parse_args(argv)
+    args, status = parse(p, argv)
+    if args is None:
+        return status
+    for flag, value in (("--deadline", args.deadline), ("--tests-timeout", args.tests_timeout)):
+        if value is not None and not (value > 0 and value < float("inf")):
+            print(f"gpu-check: error: {flag} must be a finite number of seconds > 0, got {value}", file=sys.stderr)
+            return 2
 
     why = None if args.dry_run else preflight(need_toolkit=not args.skip_build)
     if why is not None:

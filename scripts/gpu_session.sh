@@ -312,7 +312,7 @@ if [ "$table_s" -ge "$table_min" ]; then
   [ -n "$dry" ] && check_args+=(--dry-run)
   tests_s=0
   if [ -n "${GPU_TESTS:-}" ]; then
-    tests_s=$(min "${GPU_TESTS_S:-90}" $((table_s / 2)))
+    tests_s=$(min "${GPU_TESTS_S:-90}" $((table_s / 2))); [ "$tests_s" -lt 1 ] && tests_s=1
     check_args+=(--pytest-args "$GPU_TESTS" --tests-timeout "$tests_s")
   else
     check_args+=(--skip-tests)

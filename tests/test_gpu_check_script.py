@@ -6,6 +6,7 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -123,3 +124,25 @@ def test_run_tests_cuts_a_hanging_suite_with_its_children(tmp_path):
         time.sleep(0.1)
     else:
         raise AssertionError(f"the test step's child {child} outlived the timeout")
+
+
+@pytest.mark.parametrize("script, argv, words", [
+    ("gpu_check.py", ["--bogus"], "gpu-check: error: unrecognized arguments: --bogus"),
+    ("gpu_check.py", ["--deadline", "-1"], "gpu-check: error: --deadline must be a finite number of seconds > 0, got -1.0"),
+    ("gpu_check.py", ["--tests-timeout", "nan"], "gpu-check: error: --tests-timeout must be a finite number"),
+    ("check_triton.py", ["--bogus"], "check_triton: error: unrecognized arguments: --bogus"),
+    ("check_triton.py", ["--dtypes", "fp16"], "check_triton: error: --dtypes must be a comma-separated list of fp32, fp64"),
+    ("check_triton.py", ["--draws", "bf16,xx"], "check_triton: error: --draws must be a comma-separated list of bf16, fp16"),
+])
+def test_script_usage_errors_are_one_line(script, argv, words):
+    """The two GPU-side scripts report a flag they cannot use in one line with status 2, like every
+    other command line of the project (argparse printed its usage block first; a negative
+    --deadline and unknown dtypes went on)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", script), *argv], capture_output=True, text=True,
+                          timeout=120, env=env)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and err[0].startswith(words), (proc.returncode, proc.stderr)
