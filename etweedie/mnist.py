@@ -104,10 +104,14 @@ def default_data_dir(data_dir: Optional[PathLike] = None) -> Path:
 
     Raises:
         FileNotFoundError: naming every folder tried and the four expected file names.
+        ValueError: an empty ``data_dir`` (``Path("")`` would be the working directory).
     """
     if data_dir is not None:
         if not isinstance(data_dir, (str, os.PathLike)):
             raise TypeError(f"data_dir must be a str or os.PathLike, got {type(data_dir).__name__}")
+        if not os.fspath(data_dir).strip():
+            # Path("") is the working directory: an empty setting must not quietly read whatever is there
+            raise ValueError(f"data_dir must be a folder path, got {os.fspath(data_dir)!r} (None: the default folder)")
         roots = [(Path(data_dir).expanduser(), "data_dir")]
     elif os.environ.get(ENV_VAR):
         roots = [(Path(os.environ[ENV_VAR]).expanduser(), f"${ENV_VAR}")]
@@ -218,11 +222,14 @@ def load_mnist(
         int64 in 0..9.  Fresh tensors (safe to modify).
 
     Raises:
-        ValueError: unknown ``split``; a malformed IDX file.
+        ValueError: unknown ``split``; an empty ``data_dir``; a malformed IDX file.
+        TypeError: ``verify`` not a bool; ``data_dir`` not a path.
         MnistChecksumError: a file whose bytes are not the canonical ones.
         FileNotFoundError: no folder holds the four files (the message names where it looked).
     """
     split = _check_split(split)
+    if not isinstance(verify, bool):  # verify=None must not switch the checksums off
+        raise TypeError(f"verify must be True or False, got {verify!r}")
     images_path, labels_path = find_mnist_files(split, data_dir)
     images_name, labels_name = MNIST_FILES[split]
     count = _COUNTS[split]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, Union
+from typing import Dict
 
 __all__ = ["PRETRAINED", "pretrained_dir", "resolve_pretrained"]
 
@@ -37,10 +37,11 @@ ENV_VAR = "ETWEEDIE_PRETRAINED_DIR"
 def pretrained_dir() -> Path:
     """The folder holding the pretrained weights: ``$ETWEEDIE_PRETRAINED_DIR`` or ``<repository>/pretrained``."""
     env = os.environ.get(ENV_VAR)
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "pretrained"
+    # expanduser as for $ETWEEDIE_MNIST_DIR: a quoted "~/weights" reaches us unexpanded
+    return Path(env).expanduser() if env else Path(__file__).resolve().parent.parent / "pretrained"
 
 
-def resolve_pretrained(name: Union[str, os.PathLike]) -> Path:
+def resolve_pretrained(name: str) -> Path:
     """The weights directory of a registered name (:data:`PRETRAINED`).
 
     Raises ValueError for an unknown name (listing the known ones) or when the registered

@@ -69,3 +69,23 @@ def test_an_explicit_request_under_torch_compile_is_checked_like_an_eager_one():
         f = torch.compile(lambda y, x, name=name: etweedie.et_score(y, x, beta=1.4, backend=name), backend="eager")
         with pytest.raises(backends.BackendUnavailable):
             f(y, x)
+
+
+def test_use_backend_nests_restores_and_stays_in_its_thread(monkeypatch):
+    import threading
+
+    monkeypatch.delenv("ETWEEDIE_BACKEND", raising=False)
+    cpu = torch.device("cpu")
+    auto = backends.resolve("et_score", cpu)
+    with etweedie.use_backend("reference"):
+        seen = []
+        worker = threading.Thread(target=lambda: seen.append(backends.resolve("et_score", cpu)))
+        worker.start()
+        worker.join()
+        assert seen == [auto]  # a context is per thread (contextvars), never process-wide
+        with etweedie.use_backend(None):  # drops the enclosing request
+            assert backends.resolve("et_score", cpu) == auto
+        with pytest.raises(KeyError), etweedie.use_backend("reference"):
+            raise KeyError  # an exception inside still restores
+        assert backends.resolve("et_score", cpu) == "reference"
+    assert backends.resolve("et_score", cpu) == auto

@@ -145,3 +145,67 @@ def test_repository_carries_the_data_and_its_licence(monkeypatch):
         assert name in readme
     monkeypatch.delenv(ENV_VAR, raising=False)
     assert default_data_dir() == folder  # the default for a source checkout
+
+
+# ---------------------------------------------------------------------------- audit regressions
+def _fake_folder(folder):
+    """Four placeholder files: enough for the folder look-up, not a valid IDX file among them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in _NAMES:
+        (folder / f"{name}.gz").write_bytes(b"")
+    return folder
+
+
+def test_an_empty_data_dir_is_refused_not_read_as_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(_fake_folder(tmp_path))  # Path("") is "." : it found these files
+    for empty in ("", "  "):
+        with pytest.raises(ValueError, match="data_dir must be a folder path"):
+            default_data_dir(empty)
+        with pytest.raises(ValueError, match="data_dir must be a folder path"):
+            load_mnist("test", empty)
+
+
+def test_verify_must_be_a_bool(tmp_path):
+    folder = _fake_folder(tmp_path)
+    for bad in (None, 0, "yes"):  # None switched the checksums off
+        with pytest.raises(TypeError, match="verify must be True or False"):
+            load_mnist("test", folder, verify=bad)
+
+
+def test_pretrained_dir_expands_a_home_relative_environment_value(tmp_path, monkeypatch):
+    from etweedie.pretrained import ENV_VAR as PRETRAINED_ENV
+    from etweedie.pretrained import pretrained_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv(PRETRAINED_ENV, "~/weights")
+    assert pretrained_dir() == tmp_path / "weights"
+
+
+def test_mnist_eval_reads_a_big_endian_npy(tmp_path):
+    import numpy as np
+
+    from etweedie.commands.mnist_eval import load_samples
+
+    native = np.random.default_rng(0).random((4, 784)).astype(np.float32)
+    np.save(tmp_path / "be.npy", native.astype(">f4"))
+    got = load_samples(tmp_path / "be.npy")
+    assert got.dtype == torch.float32 and torch.equal(got, torch.from_numpy(native))
+
+
+def test_mnist_eval_refuses_an_empty_data_dir_and_json_over_a_samples_file(tmp_path, capsys):
+    import numpy as np
+
+    from etweedie.cli import main
+
+    sample = tmp_path / "s.npy"
+    np.save(sample, np.zeros((4, 784), np.float32))
+    before = sample.read_bytes()
+    assert main(["mnist-eval", str(sample), "--data-dir", ""]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--data-dir must be a folder holding the MNIST files, got ''" in err, err
+    # the JSON results would have replaced the samples they score (checked before any work)
+    for alias in (str(sample), str(tmp_path / "." / "s.npy")):
+        assert main(["mnist-eval", str(sample), "--json", alias, "--data-dir", str(tmp_path / "absent")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--json" in err and "SAMPLES file" in err, err
+    assert sample.read_bytes() == before

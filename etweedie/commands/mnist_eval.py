@@ -62,7 +62,10 @@ def load_samples(path) -> "torch.Tensor":
         raise ValueError(f"{path}: SAMPLES must be a .npy or .pt file, got suffix {path.suffix!r}")
     try:
         if suffix == ".npy":
-            return torch.from_numpy(np.load(path, allow_pickle=False))
+            array = np.load(path, allow_pickle=False)
+            if not array.dtype.isnative:  # a big-endian file (torch.from_numpy refuses the byte order)
+                array = array.astype(array.dtype.newbyteorder("="))
+            return torch.from_numpy(array)
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # unreadable, or pickled objects (never unpickled): one named error
         raise ValueError(f"{path}: cannot read the array ({type(exc).__name__}: {exc})") from exc
@@ -126,6 +129,13 @@ def cli_main(args) -> int:
     if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
         return fail(f"--threads must be in [1, {MAX_THREADS}], got {args.threads}")
 
+    if args.data_dir is not None and not args.data_dir.strip():
+        return fail(f"--data-dir must be a folder holding the MNIST files, got {args.data_dir!r}")
+    if args.json is not None and args.json.strip():
+        target = Path(args.json).expanduser().resolve()
+        clash = next((p for p in args.samples if Path(p).expanduser().resolve() == target), None)
+        if clash is not None:  # the results would overwrite the samples they score
+            return fail(f"--json {args.json!r} is the SAMPLES file {clash!r}; give another path")
     try:  # the outputs' paths are tried now, not after minutes of evaluation
         if args.json is not None:
             check_output_file(args.json, "--json", parents=True)
