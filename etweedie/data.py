@@ -282,7 +282,10 @@ def posterior_sample_sir(
     discrete approximation of the posterior; n indices are drawn from it with replacement.
     Draws are bank points (so they repeat); their law converges to the posterior as M grows.
     Queries are processed in chunks so that at most ``max_block_elements`` log-weights
-    (queries × bank) exist at once.
+    (queries × bank) exist at once.  A query farther than :data:`FAR_QUERY` bank radii from the
+    bank gets its generalized-Gaussian weights in float64 relative to its own distance (the
+    distances themselves round at that size), so a float32 query at 1e10 or 1e19 still resamples
+    the right bank points.
 
     Args:
         y: noisy queries ``(*batch, d)``.
@@ -347,6 +350,16 @@ def posterior_sample_sir(
     return out.reshape(*y.shape[:-1], n, d)
 
 
+#: A query block farther than this many bank radii from the bank's centre (whitened) gets its SIR
+#: log-weights from direct float64 differences instead of the GEMM distance form.
+FAR_QUERY = 64.0
+
+
+def _whiten64(u: torch.Tensor, centre: torch.Tensor, metric) -> torch.Tensor:
+    u = u.double() - centre.double()
+    return u if metric is None else metric.to(torch.float64).whiten(u)
+
+
 def _sir_log_weights(noise_law, bank: torch.Tensor):
     """A function block (C, d) -> log q(y − x_j) up to a per-row constant, (C, M).
 
@@ -374,10 +387,32 @@ def _sir_log_weights(noise_law, bank: torch.Tensor):
             return u if metric is None else metric.to(u.dtype).whiten(u)
 
         z_bank = whiten(bank)
+        radius = float(z_bank.norm(dim=-1).max())  # the whitened bank's extent about its centre
+        z_bank64 = None
 
         def gg_log_weights(block: torch.Tensor) -> torch.Tensor:
-            dist = torch.cdist(whiten(block), z_bank, compute_mode="use_mm_for_euclid_dist")
-            return dist.pow_(beta).mul_(-rate)
+            nonlocal z_bank64
+            z = whiten(block)
+            if float(z.norm(dim=-1).max()) <= FAR_QUERY * max(radius, torch.finfo(z.dtype).tiny):
+                dist = torch.cdist(z, z_bank, compute_mode="use_mm_for_euclid_dist")
+                return dist.pow_(beta).mul_(-rate)
+            # Queries far beyond the bank: ‖z − z_j‖ itself rounds at the size of ‖z‖, which swamps
+            # the bank's spread (float32 weights were noise at 1e10 and inf at 2e19; float64
+            # distances lose it too by 1e17).  Such rows take, in float64, the offset from the
+            # row's own constant ‖z‖^β (dropped by the softmax):
+            #   ‖z − z_j‖^β − ‖z‖^β = ‖z‖^β expm1((β/2) log1p(t_j)),  t_j = (‖z_j‖² − 2 z·z_j) / ‖z‖²,
+            # with |t_j| ≤ 3/FAR_QUERY there; the other rows of the block, direct float64 distances.
+            if z_bank64 is None:
+                z_bank64 = z_bank if bank.dtype == torch.float64 else _whiten64(bank, centre, metric)
+            z64 = z if block.dtype == torch.float64 else _whiten64(block, centre, metric)
+            norm = z64.norm(dim=-1, keepdim=True)  # (C, 1)
+            far = norm > FAR_QUERY * radius
+            safe = torch.where(far, norm, torch.ones_like(norm))
+            t = (z_bank64.pow(2).sum(-1) / safe - 2 * (z64 / safe) @ z_bank64.T) / safe
+            offset = safe.pow(beta) * torch.expm1((0.5 * beta) * torch.log1p(t))
+            near = torch.cdist(torch.where(far, torch.zeros_like(z64), z64), z_bank64,
+                               compute_mode="donot_use_mm_for_euclid_dist").pow_(beta)
+            return torch.where(far, offset, near).mul_(-rate)
 
         return gg_log_weights
 
