@@ -211,8 +211,9 @@ class _MetricNoise:
             return torch.tensor(float(d), dtype=self.dtype, device=self.device)
         return self.metric.trace(d)
 
-    def _norm_and_direction(self, u: torch.Tensor):
-        """(‖u‖_P, P u / ‖u‖_P, u == 0) with no overflow or underflow of ‖u‖²_P.
+    def _norm_and_direction(self, u: torch.Tensor, direction: bool = True):
+        """(‖u‖_P, P u / ‖u‖_P) with no overflow or underflow of ‖u‖²_P (the direction
+        None when ``direction`` is False: the potential needs the norm only).
 
         u is divided by its largest |entry| s first and ‖u‖_P = s ‖u/s‖_P: squaring u itself
         overflows float32 from |u| ≈ 2e19 on (the potential read inf and the score 0 where
@@ -231,7 +232,7 @@ class _MetricNoise:
         at_zero = qw <= 0  # u = 0 (or a rounding below it); False for NaN
         root = torch.where(at_zero, torch.ones_like(qw), qw).sqrt()
         norm = torch.where(at_zero, torch.zeros_like(root), torch.where(infinite, s, scale)[..., 0] * root)
-        return norm, pw / root[..., None], at_zero
+        return norm, (pw / root[..., None] if direction else None)
 
 
 # ---------------------------------------------------------------------------- laws
@@ -329,7 +330,7 @@ class GeneralizedGaussian(_MetricNoise):
             tensor(10.)
         """
         self._check_input(u)
-        norm, _, _ = self._norm_and_direction(u)
+        norm, _ = self._norm_and_direction(u, direction=False)
         return (self.lam / self.beta) * _norm_power(norm, self.beta)
 
     def log_normalizer(self, d: int) -> torch.Tensor:
@@ -371,7 +372,7 @@ class GeneralizedGaussian(_MetricNoise):
         """
         self._check_input(u)
         # −λ ‖u‖^{β−1} (P u / ‖u‖): no ‖u‖² to overflow or underflow (see _norm_and_direction)
-        norm, direction, _ = self._norm_and_direction(u)
+        norm, direction = self._norm_and_direction(u)
         return -(self.lam * _norm_power(norm, self.beta - 1))[..., None] * direction
 
     # -------------------------------------------------------------- moments
@@ -491,7 +492,7 @@ class StudentT(_MetricNoise):
     def potential(self, u: torch.Tensor) -> torch.Tensor:
         """E(u) = c log(1 + ‖u‖²_P). ``u``: ``(..., d)`` → ``(...)``."""
         self._check_input(u)
-        norm, _, _ = self._norm_and_direction(u)
+        norm, _ = self._norm_and_direction(u, direction=False)
         # log(1 + ‖u‖²) without squaring a norm beyond 1: 2 log ‖u‖ + log1p(‖u‖⁻²) there (the
         # square overflows float32 from ‖u‖ ≈ 2e19 on, where the potential is ≈ 2c log ‖u‖)
         big = norm > 1
@@ -524,7 +525,7 @@ class StudentT(_MetricNoise):
         """∇_u log q(u) = −2c P u / (1 + ‖u‖²_P). ``u``: ``(..., d)`` → ``(..., d)``."""
         self._check_input(u)
         # −2c (‖u‖ / (1 + ‖u‖²)) (P u / ‖u‖), the ratio written without squaring a norm beyond 1
-        norm, direction, _ = self._norm_and_direction(u)
+        norm, direction = self._norm_and_direction(u)
         big = norm > 1
         nb = torch.where(big, norm, torch.full_like(norm, 2.0))
         ns = torch.where(big, torch.zeros_like(norm), norm)

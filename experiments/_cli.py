@@ -63,6 +63,14 @@ def allocation_failure(exc: BaseException) -> Optional[str]:
     return f"out of memory{asked}: the sizes asked for (chains, samples, batch) do not fit this machine; lower them"
 
 
+def _fail_allocation(prog: str, exc: BaseException) -> int:
+    """2 after one line for a failed allocation (:func:`allocation_failure`); any other error re-raised."""
+    message = allocation_failure(exc)
+    if message is None:
+        raise exc
+    return fail(prog, message)
+
+
 def report(prog: str, check: Callable[[], Any]) -> int:
     """Run ``check`` (a function of the checks below); 0, or 2 after one line for its UsageError."""
     try:
@@ -267,10 +275,7 @@ def run(prog: str, description: str, add_arguments: Callable[[argparse.ArgumentP
     except (UsageError, BackendUnavailable) as exc:  # e.g. ETWEEDIE_BACKEND=cuda on a machine without it
         return fail(prog, exc)
     except (RuntimeError, MemoryError) as exc:  # sizes beyond the machine's memory: one line
-        message = allocation_failure(exc)
-        if message is None:
-            raise
-        return fail(prog, message)
+        return _fail_allocation(prog, exc)
     finally:
         if fresh and status != 0 and Path(out).is_dir() and not any(Path(out).iterdir()):
             Path(out).rmdir()  # a run refused after --out was created leaves no empty folder behind
@@ -303,7 +308,4 @@ def guarded(prog: str, main: Callable[[], Optional[int]]) -> int:
     except (ValueError, TypeError, OSError, BackendUnavailable) as exc:
         return fail(prog, exc)
     except (RuntimeError, MemoryError) as exc:  # sizes beyond the machine's memory: one line
-        message = allocation_failure(exc)
-        if message is None:
-            raise
-        return fail(prog, message)
+        return _fail_allocation(prog, exc)

@@ -550,7 +550,7 @@ def run_tests(cmd: List[str], test_log: str, timeout: Optional[float] = None, ma
 
 
 def main(argv=None) -> int:
-    if ROOT not in sys.path:
+    if ROOT not in sys.path:  # the checkout's etweedie, benchmarks and experiments
         sys.path.insert(0, ROOT)
     from experiments._cli import OneLineParser, parse  # torch-free: usage errors are one line, status 2
 
@@ -607,8 +607,7 @@ def main(argv=None) -> int:
     probe_cmd = "import etweedie, json; print(json.dumps(etweedie.backends.available()))"
     try:
         if args.skip_build:  # nothing was built in this process's lifetime: ask here (a second import costs seconds)
-            sys.path.insert(0, ROOT)
-            import etweedie
+            import etweedie  # (from ROOT: main put it on sys.path)
 
             probe = subprocess.CompletedProcess([], 0, json.dumps(etweedie.backends.available()), "")
         else:  # a fresh process sees what the build installed
@@ -635,7 +634,6 @@ def main(argv=None) -> int:
             failed.append("check-cuda")
 
     log(f"\n=== GPU benchmarks ({'CPU tensors, tiny sizes: a dry run' if args.dry_run else 'CUDA tensors'}, float32)")
-    sys.path.insert(0, ROOT)
     so_far: List[dict] = []
 
     crash_after = int(os.environ.get("GPU_CHECK_CRASH_AFTER_ROWS", "0") or 0)  # a test hook: abort mid-table
