@@ -176,7 +176,9 @@ class ModelConfig:
 class PriorConfig:
     """Noise-parameter prior: β, λ uniform on their ranges; σ log-uniform (``sigma_law =
     "log_uniform"``) or uniform (``"uniform"``); (u, v) uniform on the disk of radius
-    ``disk_radius``.  ``geometry``: ``"block"`` (Σ = (σ/c_{β,d})² I_{d/2} ⊗ S(u, v), d even; for
+    ``disk_radius``.  ``focus_weight`` w ∈ [0, 1): a share w of the examples takes σ log-uniform
+    on the window ``focus_sigma`` (inside ``sigma``) instead — training weighted toward the noise
+    levels a sampler spends its steps at, over the same η box.  ``geometry``: ``"block"`` (Σ = (σ/c_{β,d})² I_{d/2} ⊗ S(u, v), d even; for
     d = 2 this is S(u, v)) or ``"isotropic"`` (u = v = 0, Σ = (σ/c_{β,d})² I, any d)."""
 
     beta: Tuple[float, float] = (1.3, 2.0)
@@ -185,6 +187,8 @@ class PriorConfig:
     disk_radius: float = 0.7
     sigma_law: str = "log_uniform"
     geometry: str = "block"
+    focus_sigma: Tuple[float, float] = (0.5, 6.0)
+    focus_weight: float = 0.0
 
 
 @dataclass
@@ -245,6 +249,9 @@ class TrainConfig:
         fused_adam: ``"auto"`` (fused Adam on CUDA), ``true`` or ``false``.
         posterior_dtype: dtype of the saved posterior weights (``"float32"``, ``"float16"``,
             ``"bfloat16"``, ``"int8"``: per-row int8 matrices, :mod:`etweedie.checkpoint`).  shard_mb: largest safetensors shard of the saved posterior (MiB).
+        init: a posterior to start from (a folder or a shipped name such as ``"mnist_full"``,
+            :func:`load_posterior`; empty: a fresh initialization from ``seed``): fine-tuning.  Its
+            architecture and model config must be this run's; the EMA starts from it too.
     """
 
     seed: int = 0
@@ -270,6 +277,7 @@ class TrainConfig:
     fused_adam: Union[str, bool] = "auto"
     posterior_dtype: str = "float32"
     shard_mb: float = 16.0
+    init: str = ""
     model: ModelConfig = field(default_factory=ModelConfig)
     prior: PriorConfig = field(default_factory=PriorConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -310,6 +318,9 @@ class TrainConfig:
         _require(self.checkpoint_every_s >= 0, "checkpoint_every_s", ">= 0 (0: off)", self.checkpoint_every_s)
         _require(self.max_wall_s >= 0, "max_wall_s", ">= 0 (0: no deadline)", self.max_wall_s)
         _require(self.shard_mb >= 0.01, "shard_mb", ">= 0.01 (MiB)", self.shard_mb)
+        if not isinstance(self.init, str):
+            raise TypeError(f"init must be a posterior folder or shipped name (a string, '' for none), "
+                            f"got {type(self.init).__name__}")
         _require(self.precision in PRECISIONS, "precision", f"one of {PRECISIONS}", self.precision)
         _require(self.posterior_dtype in POSTERIOR_DTYPES, "posterior_dtype", f"one of {tuple(POSTERIOR_DTYPES)}",
                  self.posterior_dtype)
@@ -402,7 +413,7 @@ def config_to_dict(config: TrainConfig) -> Dict[str, Any]:
     return out
 
 
-_PAIRS = {"prior": ("beta", "lam", "sigma"), "data": ("pixel_range",)}
+_PAIRS = {"prior": ("beta", "lam", "sigma", "focus_sigma"), "data": ("pixel_range",)}
 
 
 def config_from_dict(values: Dict[str, Any], *, source: str = "config") -> TrainConfig:
@@ -498,10 +509,19 @@ class NoisePrior:
     """
 
     def __init__(self, beta=(1.3, 2.0), lam=(1.0, 2.5), sigma=(0.1, 0.75), disk_radius: float = 0.7,
-                 sigma_law: str = "log_uniform", geometry: str = "block"):
+                 sigma_law: str = "log_uniform", geometry: str = "block", focus_sigma=(0.5, 6.0),
+                 focus_weight: float = 0.0):
         self.beta = _range(beta, "beta", 0.0, 2.0, closed_high=True)
         self.lam = _range(lam, "lam", 0.0, math.inf)
         self.sigma = _range(sigma, "sigma", 0.0, math.inf)
+        check_float(focus_weight, "focus_weight")
+        if not 0 <= focus_weight < 1:
+            raise ValueError(f"focus_weight must be in [0, 1) (the share of examples in focus_sigma), got {focus_weight!r}")
+        self.focus_weight = float(focus_weight)
+        self.focus_sigma = _range(focus_sigma, "focus_sigma", 0.0, math.inf)
+        if self.focus_weight > 0 and not (self.sigma[0] <= self.focus_sigma[0] and self.focus_sigma[1] <= self.sigma[1]):
+            raise ValueError(f"focus_sigma must lie inside sigma = {list(self.sigma)} (the model's η box), "
+                             f"got {list(self.focus_sigma)}")
         check_float(disk_radius, "disk_radius")
         if not 0 <= disk_radius < 1:
             raise ValueError(f"disk_radius must be in [0, 1) (u² + v² < 1), got {disk_radius!r}")
@@ -512,11 +532,13 @@ class NoisePrior:
 
     @classmethod
     def from_config(cls, config: PriorConfig) -> "NoisePrior":
-        return cls(config.beta, config.lam, config.sigma, config.disk_radius, config.sigma_law, config.geometry)
+        return cls(config.beta, config.lam, config.sigma, config.disk_radius, config.sigma_law, config.geometry,
+                   config.focus_sigma, config.focus_weight)
 
     def __repr__(self) -> str:
+        focus = f", focus_sigma={self.focus_sigma}, focus_weight={self.focus_weight}" if self.focus_weight else ""
         return (f"NoisePrior(beta={self.beta}, lam={self.lam}, sigma={self.sigma}, disk_radius={self.disk_radius}, "
-                f"sigma_law={self.sigma_law!r}, geometry={self.geometry!r})")
+                f"sigma_law={self.sigma_law!r}, geometry={self.geometry!r}{focus})")
 
     def eta_bounds(self) -> tuple:
         """(eta_low, eta_high): the box of η = (β, log λ, log σ, u, v) this prior covers.
@@ -548,6 +570,10 @@ class NoisePrior:
             sigma = torch.exp(log_lo + (log_hi - log_lo) * unif[2])
         else:
             sigma = self.sigma[0] + (self.sigma[1] - self.sigma[0]) * unif[2]
+        if self.focus_weight > 0:  # drawn only then: a prior without a focus keeps its streams
+            pick, where = torch.rand(2, n, generator=generator, dtype=torch.float64, device=device)
+            lo, hi = math.log(self.focus_sigma[0]), math.log(self.focus_sigma[1])
+            sigma = torch.where(pick < self.focus_weight, torch.exp(lo + (hi - lo) * where), sigma)
         radius = self.disk_radius * unif[3].sqrt()  # uniform on the disk: P(ρ ≤ r) = r²/R²
         angle = 2 * math.pi * unif[4]
         u, v = radius * torch.cos(angle), radius * torch.sin(angle)
@@ -612,7 +638,22 @@ def learning_rate(config: TrainConfig, step: int, total: Optional[int] = None) -
 
 
 def build_posterior(config: TrainConfig, dim: int = 2) -> torch.nn.Module:
-    """The untrained model for ``config`` and data dimension ``dim`` (initialized from ``config.seed``)."""
+    """The model for ``config`` and data dimension ``dim`` before training: initialized from
+    ``config.seed``, or holding the weights of ``config.init`` (which must be the same model)."""
+    model = _fresh_posterior(config, dim)
+    if config.init:
+        start = load_posterior(config.init)
+        want = {k: v for k, v in model.config.items() if k != "init_seed"}
+        got = {k: v for k, v in getattr(start, "config", {}).items() if k != "init_seed"}
+        if type(start) is not type(model) or json.loads(json.dumps(got)) != json.loads(json.dumps(want)):
+            diff = sorted(k for k in set(want) | set(got) if json.dumps(want.get(k)) != json.dumps(got.get(k)))
+            raise ValueError(f"init: {config.init!r} is not this run's model ({type(start).__name__}; differing "
+                             f"model config keys {diff}: [model] and the [prior] ranges must match it)")
+        model.load_state_dict(start.state_dict())
+    return model
+
+
+def _fresh_posterior(config: TrainConfig, dim: int) -> torch.nn.Module:
     low, high = NoisePrior.from_config(config.prior).eta_bounds()
     m = config.model
     cls = _posterior_class(m.architecture, "model.architecture")
@@ -680,6 +721,7 @@ _ADDED_KEYS = {
     "data.dequantize": True, "precision": "float32", "tf32": False, "compile": False, "fused_adam": "auto",
     "posterior_dtype": "float32", "shard_mb": 16.0, "checkpoint_every_s": 0.0, "max_wall_s": 0.0,
     "model.data_center": 0.0, "model.data_std": 1.0, "model.learn_data_scale": False,
+    "init": "", "prior.focus_sigma": [0.5, 6.0], "prior.focus_weight": 0.0,
 }
 
 

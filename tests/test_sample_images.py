@@ -9,13 +9,13 @@ import torch
 from etweedie.models import EngressionPosterior
 from etweedie.paths import get_path, level_times
 from etweedie.sample import (
-    _StaticUpdate,
     chain_chunks,
     chunk_generators,
     chunk_seed,
     initial_states,
     sample_langevin,
 )
+from etweedie.sample.langevin import _StaticUpdate
 
 DIM = 8
 PATH = get_path("mnist_generalized_nondiagonal")
@@ -91,7 +91,7 @@ def test_bfloat16_forward_stays_close_to_float32_and_returns_float32():
 def test_bfloat16_mode_hands_bf16_draws_to_the_step_without_a_cast(monkeypatch):
     """precision="bfloat16": the posterior writes its draws in bf16 and langevin_step receives
     exactly those tensors (no float32 copy in between); the chains and the result stay float32."""
-    import etweedie.sample as sampler
+    import etweedie.sample.langevin as sampler
 
     returned, stepped = [], []
 
@@ -129,7 +129,7 @@ def test_static_update_on_buffers_equals_the_eager_update():
     eager = sample_langevin(_model(), y0, PATH, times, generator=torch.Generator().manual_seed(8), final_draw=False,
                             steps_per_level=3, n_posterior=4, step_scale=1e-3, disable=True)
     params = PATH(times)
-    from etweedie.sample import _level, step_sizes
+    from etweedie.sample.plan import _level, step_sizes
 
     alphas = step_sizes(PATH, times, 1e-3)
     g = torch.Generator().manual_seed(8)

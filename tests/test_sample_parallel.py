@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 
 from etweedie.models import EngressionPosterior
 from etweedie.paths import get_path, level_times
-from etweedie.sample_parallel import rank_chunks, sample_langevin_sharded
+from etweedie.sample import rank_chunks, sample_sharded
 
 DIM = 16
 KW = dict(n_chains=11, dim=DIM, seed=2718, chunk_chains=3, steps_per_level=2, first_level_steps=3, n_posterior=5,
@@ -23,7 +23,7 @@ def _model():
 
 
 def _run():
-    return sample_langevin_sharded(_model(), get_path("mnist_joint"), level_times(4), **KW)
+    return sample_sharded(_model(), get_path("mnist_joint"), level_times(4), **KW)
 
 
 def _worker(rank, world, port, out):
@@ -32,7 +32,7 @@ def _worker(rank, world, port, out):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         firsts = []
-        x = sample_langevin_sharded(_model(), get_path("mnist_joint"), level_times(4),
+        x = sample_sharded(_model(), get_path("mnist_joint"), level_times(4),
                                     callback=lambda info: firsts.append(info["first_chain"]), **KW)
         if rank == 0:
             torch.save(x, out)
@@ -69,19 +69,19 @@ def test_two_gloo_processes_gather_the_single_process_chains(tmp_path):
     assert gathered.shape == (11, DIM)
     assert torch.equal(gathered, single)
     # a different seed gives other chains (the comparison can fail)
-    other = sample_langevin_sharded(_model(), get_path("mnist_joint"), level_times(4), **{**KW, "seed": 3141})
+    other = sample_sharded(_model(), get_path("mnist_joint"), level_times(4), **{**KW, "seed": 3141})
     assert not torch.allclose(other, single)
 
 
 def test_sharded_rejects_a_generator():
     with pytest.raises(TypeError, match="generator is derived from seed"):
-        sample_langevin_sharded(_model(), get_path("mnist_joint"), level_times(2), generator=torch.Generator(), **KW)
+        sample_sharded(_model(), get_path("mnist_joint"), level_times(2), generator=torch.Generator(), **KW)
 
 
 def test_a_device_this_machine_cannot_use_is_a_named_error():
     kwargs = dict(n_chains=4, dim=2, seed=0, chunk_chains=2)
     with pytest.raises(ValueError, match="device must be a device string"):
-        sample_langevin_sharded(None, get_path("gaussian"), level_times(3), device="gpu", **kwargs)
+        sample_sharded(None, get_path("gaussian"), level_times(3), device="gpu", **kwargs)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
-            sample_langevin_sharded(None, get_path("gaussian"), level_times(3), device="cuda", **kwargs)
+            sample_sharded(None, get_path("gaussian"), level_times(3), device="cuda", **kwargs)

@@ -17,7 +17,7 @@ import torch
 from etweedie.image_metrics import MnistEvaluator
 from etweedie.mnist import load_mnist
 from etweedie.paths import get_path, level_times
-from etweedie.sample_parallel import sample_langevin_sharded
+from etweedie.sample import sample_sharded
 from etweedie.train import load_posterior
 from experiments import _cli
 from experiments.mnist import sampling
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     states = []
     for seed in protocol.seeds:
         t0 = time.time()
-        states.append(sample_langevin_sharded(
+        states.append(sample_sharded(
             post, path, level_times(protocol.levels), n_chains=protocol.images_per_seed, dim=784, seed=seed,
             chunk_chains=protocol.chunk_chains, center=center, steps_per_level=protocol.steps_per_level,
             first_level_steps=protocol.first_level_steps, n_posterior=protocol.n_posterior,

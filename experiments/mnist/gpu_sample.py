@@ -27,7 +27,7 @@ and ``experiments.mnist.sampling_figures.all_figures`` draws the figures from th
 
 ``--dry-run`` runs the same code on the CPU at the tiny size with an untrained posterior (or
 ``--posterior``), the benchmark at a tiny size too.  Under torchrun every rank samples its share
-of each part's chains (``etweedie.sample_parallel``) and rank 0 writes.
+of each part's chains (``etweedie.sample.sample_sharded``) and rank 0 writes.
 """
 
 from __future__ import annotations

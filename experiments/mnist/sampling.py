@@ -45,8 +45,7 @@ import numpy as np
 import torch
 
 from etweedie.paths import MNIST_LEVELS, MNIST_PATHS, MNIST_RMS, get_path, level_times
-from etweedie.sample import ThroughputTimer
-from etweedie.sample_parallel import sample_langevin_sharded
+from etweedie.sample import LevelPlan, ThroughputTimer, sample_langevin, sample_ode, sample_sharded, sample_transport
 
 D = 784
 PATHS: Tuple[str, ...] = tuple(MNIST_PATHS)
@@ -73,11 +72,26 @@ def agree(value):
     return box[0]
 
 
+SAMPLERS = ("langevin", "transport", "ode")
+
+
 @dataclass(frozen=True)
 class Protocol:
-    """Sizes and settings of one sampling protocol (every field goes into each part's JSON)."""
+    """Sizes and settings of one sampling protocol (every field goes into each part's JSON).
+
+    ``sampler``: ``"langevin"`` (the paper's annealed Langevin: ``first_level_steps``,
+    ``steps_per_level``, ``n_posterior``, ``step_fraction``, ``precision``, ``capture``,
+    ``antithetic``), ``"transport"`` (:func:`etweedie.sample.sample_transport`: ``warmup``,
+    ``gibbs_steps`` at levels with r ≥ ``gibbs_min_rms``, ``mean_draws``) or ``"ode"``
+    (:func:`etweedie.sample.sample_ode` with ``solver`` and ``n_posterior``, Gaussian paths
+    only).  ``final_average`` is the last level's K draws for every sampler.  ``lead_in``: levels
+    prepended at higher noise, from σ = ``lead_in_sigma`` (the top of the posterior's training
+    range) down to the path's first level (:meth:`etweedie.sample.LevelPlan.lead_in`); the chains
+    start there.
+    """
 
     name: str
+    sampler: str = "langevin"
     images_per_seed: int = 256
     levels: int = MNIST_LEVELS
     first_level_steps: int = 1000
@@ -90,8 +104,19 @@ class Protocol:
     progress_rows: int = 7
     antithetic: bool = False
     final_average: int = 1
+    warmup: int = 0
+    gibbs_steps: int = 0
+    gibbs_min_rms: float = 0.0
+    mean_draws: int = 1
+    lead_in: int = 0
+    lead_in_sigma: float = 6.0
+    solver: str = "dpmpp_2m"
     paths: Tuple[str, ...] = PATHS
     seeds: Tuple[int, ...] = SEEDS
+
+    def __post_init__(self):
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
 
     @property
     def step_scale(self) -> float:
@@ -100,7 +125,40 @@ class Protocol:
 
     @property
     def updates_per_chain(self) -> int:
-        return self.first_level_steps + (self.levels - 1) * self.steps_per_level
+        """Langevin updates (langevin) or levels stepped (transport, ode) per chain."""
+        if self.sampler == "langevin":
+            return self.first_level_steps + (self.levels - 1) * self.steps_per_level
+        return self.levels
+
+    @property
+    def draws_per_image(self) -> int:
+        """Posterior draws one image costs (the final draws included)."""
+        if self.sampler == "langevin":
+            return self.updates_per_chain * self.n_posterior + self.final_average
+        if self.sampler == "ode":
+            calls = self.levels - 1 if self.solver == "dpmpp_2m" else 2 * (self.levels - 1) - 1
+            return calls * self.n_posterior + self.final_average
+        rms = MNIST_RMS(level_times(self.levels))
+        gibbs = int((rms[1:] >= self.gibbs_min_rms).sum()) * self.gibbs_steps
+        return self.warmup + gibbs + (self.lead_in + self.levels - 1) * self.mean_draws + self.final_average
+
+    def plan(self, path: str) -> LevelPlan:
+        """The levels one part samples: the path on ``levels`` levels, after its lead-in."""
+        return LevelPlan.build(get_path(path), level_times(self.levels)).lead_in(self.lead_in, self.lead_in_sigma)
+
+    def sampler_kwargs(self, device) -> Dict:
+        """The keywords of this protocol's sampler (:func:`etweedie.sample.sample_sharded` passes them on)."""
+        if self.sampler == "transport":
+            return dict(sampler=sample_transport, warmup=self.warmup, gibbs_steps=self.gibbs_steps,
+                        gibbs_min_rms=self.gibbs_min_rms, mean_draws=self.mean_draws, final_average=self.final_average)
+        if self.sampler == "ode":
+            return dict(sampler=sample_ode, solver=self.solver, n_posterior=self.n_posterior,
+                        final_average=self.final_average)
+        return dict(sampler=sample_langevin, steps_per_level=self.steps_per_level,
+                    first_level_steps=self.first_level_steps, n_posterior=self.n_posterior,
+                    step_scale=self.step_scale, precision=self.precision, antithetic=self.antithetic,
+                    final_average=self.final_average,
+                    capture=self.capture if torch.device(device).type == "cuda" else None)
 
     def progress_levels(self) -> List[int]:
         """The tracked levels: ``progress_rows`` evenly spaced from the first to the last (matched RMS:
@@ -109,6 +167,15 @@ class Protocol:
         return sorted({round(i * (self.levels - 1) / max(rows - 1, 1)) for i in range(rows)})
 
     def describe(self) -> str:
+        final = f"final {'draw' if self.final_average == 1 else f'mean of {self.final_average} draws'}"
+        seeds = f"{len(self.seeds)} seeds × {self.images_per_seed} images, {self.draws_per_image} posterior draws per image"
+        if self.sampler == "transport":
+            gibbs = f", {self.gibbs_steps} Gibbs sweeps/level at r ≥ {self.gibbs_min_rms:g}" if self.gibbs_steps else ""
+            mean = f", mean of {self.mean_draws} draws per step" if self.mean_draws > 1 else ""
+            return (f"noise transport, {self.levels} levels r 2.63→0.197, {self.warmup} warm-up Gibbs sweeps{gibbs}"
+                    f"{mean}, {final}, {seeds}")
+        if self.sampler == "ode":
+            return f"probability-flow ODE ({self.solver}), {self.levels} levels, N = {self.n_posterior}, {final}, {seeds}"
         return (f"{self.levels} levels r 2.63→0.197, {self.first_level_steps} + {self.steps_per_level} updates/level "
                 f"({self.updates_per_chain} per chain), N = {self.n_posterior}"
                 f"{' antithetic' if self.antithetic else ''}, δ = {self.step_fraction:g}, "
@@ -121,10 +188,16 @@ FULL = Protocol("full", precision="bfloat16", capture="cuda_graph")
 #: CPU scale (2 cores, ≤ 15 minutes with the CPU-scale posterior): 66 images per path.
 CPU = Protocol("cpu", images_per_seed=22, levels=16, first_level_steps=40, steps_per_level=10, n_posterior=32,
                step_fraction=0.1, chunk_chains=22, progress_rows=6)
+#: The noise-transport protocol (the MNIST default): the paper's 64 levels after a 16-level lead-in
+#: from σ = 6, one posterior draw per step, the mean of 16 draws at the last level; 768 images per
+#: path at 95 posterior draws per image.
+TRANSPORT = Protocol("transport", sampler="transport", lead_in=16, final_average=16)
 #: Smoke size (tests, ``--dry-run``).
 TINY = Protocol("tiny", images_per_seed=2, levels=3, first_level_steps=2, steps_per_level=1, n_posterior=2,
                 step_fraction=0.1, chunk_chains=2, progress_rows=3)
-PROTOCOLS: Dict[str, Protocol] = {p.name: p for p in (FULL, CPU, TINY)}
+TINY_TRANSPORT = Protocol("tiny_transport", sampler="transport", images_per_seed=2, levels=3, lead_in=2, warmup=1,
+                          final_average=2, chunk_chains=2, progress_rows=3)
+PROTOCOLS: Dict[str, Protocol] = {p.name: p for p in (FULL, CPU, TINY, TRANSPORT, TINY_TRANSPORT)}
 
 
 # ---------------------------------------------------------------------------- images
@@ -247,8 +320,8 @@ def run_part(
     stem = part_stem(path, seed)
     if part_done(out_dir, path, seed):
         return _finished_part(out_dir, stem, protocol, (posterior_name, posterior_sha256) if posterior_sha256 else None)
-    schedule = level_times(protocol.levels)
-    tracked = protocol.progress_levels()
+    plan = protocol.plan(path)
+    tracked = [k + protocol.lead_in for k in protocol.progress_levels()]
     rows: Dict[int, torch.Tensor] = {}
 
     def track(info):
@@ -256,15 +329,12 @@ def run_part(
             rows[info["level"]] = info["state"][:PROGRESS_CHAINS].float().cpu()
 
     timer = ThroughputTimer()
+    timed = protocol.sampler == "langevin" and torch.device(device).type == "cpu"
     start = time.time()
-    x = sample_langevin_sharded(
-        posterior, get_path(path), schedule, n_chains=protocol.images_per_seed, dim=D, seed=seed,
+    x = sample_sharded(
+        posterior, plan, None, n_chains=protocol.images_per_seed, dim=D, seed=seed,
         chunk_chains=protocol.chunk_chains, center=center.to(device), device=device, callback=track,
-        steps_per_level=protocol.steps_per_level, first_level_steps=protocol.first_level_steps,
-        n_posterior=protocol.n_posterior, step_scale=protocol.step_scale, precision=protocol.precision,
-        antithetic=protocol.antithetic, final_average=protocol.final_average,
-        capture=protocol.capture if torch.device(device).type == "cuda" else None,
-        disable=not progress, timer=timer if torch.device(device).type == "cpu" else None,
+        disable=not progress, **protocol.sampler_kwargs(device), **(dict(timer=timer) if timed else {}),
     )
     wall = time.time() - start
     images = to_uint8(x)
@@ -285,14 +355,15 @@ def run_part(
         protocol=asdict(protocol),
         step_scale=protocol.step_scale,
         progress_levels=tracked,
-        progress_rms=[float(MNIST_RMS(torch.tensor(k / max(protocol.levels - 1, 1), dtype=torch.float64)))
-                      for k in tracked],
+        progress_rms=[float(plan.rms[k]) for k in tracked],
         posterior=posterior_name,
         posterior_sha256=posterior_sha256,
         device=str(device) if torch.device(device).type == "cpu" else torch.cuda.get_device_name(device),
         wall_s=wall,
+        images_per_s=protocol.images_per_seed / wall,
+        draws_per_image=protocol.draws_per_image,
         images_steps_per_s=chain_updates / wall,
-        posterior_draws_per_s=chain_updates * protocol.n_posterior / wall,
+        posterior_draws_per_s=protocol.images_per_seed * protocol.draws_per_image / wall,
         timer=timer.as_dict() if timer.chains else None,
         finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )

@@ -43,13 +43,14 @@ from typing import Callable, Dict, List, Optional
 import torch
 from tqdm.auto import tqdm
 
-from ._checks import check_bool, check_device, check_int
-from .geometry import Metric
-from .noise import NoiseParams
-from .ops import langevin_step
-from .score import antithetic_options
+from .._checks import check_bool, check_int
+from ..geometry import Metric
+from ..noise import NoiseParams
+from ..ops import langevin_step
+from ..score import antithetic_options
+from .plan import LevelPlan, chain_chunks, generators_for, posterior_draws as _posterior_draws
 
-__all__ = ["ThroughputTimer", "sample_langevin", "step_sizes"]
+__all__ = ["ThroughputTimer", "sample_langevin"]
 
 
 # ---------------------------------------------------------------------------- instrumentation
@@ -109,232 +110,9 @@ class _Clock:
         return time.perf_counter()
 
 
-# ---------------------------------------------------------------------------- validation
-def _check_schedule(schedule) -> torch.Tensor:
-    if not isinstance(schedule, torch.Tensor) or not schedule.is_floating_point():
-        got = schedule.dtype if isinstance(schedule, torch.Tensor) else type(schedule).__name__
-        raise TypeError(f"schedule must be a 1-D floating-point tensor of path times (etweedie.paths.level_times), got {got}")
-    if schedule.dim() != 1 or schedule.numel() < 1:
-        raise ValueError(f"schedule must be a non-empty 1-D tensor of path times, got shape {tuple(schedule.shape)}")
-    if not bool(((schedule >= 0) & (schedule <= 1)).all()):
-        raise ValueError(f"schedule times must lie in [0, 1], got [{schedule.min().item():.4g}, {schedule.max().item():.4g}]")
-    return schedule
-
-
-def _level_params(path, schedule: torch.Tensor) -> NoiseParams:
-    if not callable(path):
-        raise TypeError(f"path must be a callable t -> NoiseParams (etweedie.paths.NoisePath), got {type(path).__name__}")
-    params = path(schedule)
-    if not isinstance(params, NoiseParams):
-        raise TypeError(f"path(t) must return an etweedie.NoiseParams, got {type(params).__name__}")
-    if tuple(params.batch_shape) != tuple(schedule.shape):
-        raise ValueError(
-            f"path(t) must be vectorized over t: fields of shape {tuple(schedule.shape)}, got {tuple(params.batch_shape)}"
-        )
-    return params
-
-
-def _level(params: NoiseParams, k: int) -> NoiseParams:
-    fields = torch.broadcast_tensors(*params._tensors())
-    return NoiseParams(*(f[k] for f in fields))
-
-
-def step_sizes(path, schedule: torch.Tensor, step_scale: float) -> torch.Tensor:
-    """Langevin step per level, ``α_k = ε (r_k / r_{L−1})²`` (r_k the realized RMS at t_k), ``(L,)`` float64.
-
-    Example::
-
-        >>> from etweedie.paths import get_path, level_times
-        >>> [f"{a:.0e}" for a in step_sizes(get_path("isotropic"), level_times(3), 1e-5).tolist()]
-        ['1e-01', '1e-03', '1e-05']
-    """
-    if isinstance(step_scale, bool) or not isinstance(step_scale, (int, float)) or not (step_scale > 0 and math.isfinite(step_scale)):
-        raise ValueError(f"step_scale must be a float > 0, got {step_scale!r}")
-    schedule = _check_schedule(schedule)
-    r = _level_params(path, schedule).realized_rms().to(torch.float64)
-    return float(step_scale) * (r / r[-1]) ** 2
-
-
-# ---------------------------------------------------------------------------- chunks and generators
-__all__ += ["chain_chunks", "chunk_generators", "chunk_seed", "initial_states"]
-
-
-def chain_chunks(n_chains: int, chunk_chains: Optional[int]) -> List[slice]:
-    """Contiguous chain slices of at most ``chunk_chains`` chains (None: one slice of all).
-
-    Example::
-
-        >>> chain_chunks(5, 2)
-        [slice(0, 2, None), slice(2, 4, None), slice(4, 5, None)]
-    """
-    n_chains = check_int(n_chains, "n_chains", 0)
-    if chunk_chains is None or n_chains == 0:
-        return [slice(0, n_chains)]
-    chunk_chains = check_int(chunk_chains, "chunk_chains", 1)
-    return [slice(i, min(i + chunk_chains, n_chains)) for i in range(0, n_chains, chunk_chains)]
-
-
-def chunk_seed(seed: int, chunk: int) -> int:
-    """The seed of chunk ``chunk`` of a run seeded ``seed``: 63 bits of SHA-256("seed:chunk").
-
-    Hashing (not ``seed + chunk``) keeps the streams of neighbouring seeds apart: run 2718's
-    chunk 1 never reuses run 2719's chunk 0.
-
-    Example::
-
-        >>> chunk_seed(2718, 0) == chunk_seed(2718, 0) != chunk_seed(2718, 1)
-        True
-    """
-    import hashlib
-
-    seed = check_int(seed, "seed", 0)
-    chunk = check_int(chunk, "chunk", 0)
-    digest = hashlib.sha256(f"etweedie-chunk:{seed}:{chunk}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
-def chunk_generators(seed: int, chunks, device="cpu") -> List[torch.Generator]:
-    """One ``torch.Generator`` per chain chunk, seeded :func:`chunk_seed` (seed, c).
-
-    ``chunks``: the number of chunks, or the chunk indices wanted (a rank of a sharded run asks
-    for its own).  Chunk c's stream does not depend on which process draws it, so a run sharded
-    over processes reproduces the single-process run chunk by chunk
-    (:func:`etweedie.sample_parallel.sample_langevin_sharded`).
-
-    Example::
-
-        >>> [g.initial_seed() == chunk_seed(7, c) for c, g in zip(range(2), chunk_generators(7, 2))]
-        [True, True]
-    """
-    if isinstance(chunks, int) and not isinstance(chunks, bool):
-        indices = range(check_int(chunks, "chunks", 0))
-    elif isinstance(chunks, (list, tuple, range)):
-        indices = [check_int(c, "chunks[]", 0) for c in chunks]
-    else:
-        raise TypeError(f"chunks must be a number of chunks or a list of chunk indices, got {type(chunks).__name__} {chunks!r}")
-    device = check_device(device, "device") or torch.device("cpu")
-    try:
-        torch.Generator(device=device)
-    except RuntimeError:
-        raise ValueError(f"device must be one torch.Generator can live on (cpu or an accelerator such as cuda), "
-                         f"got {str(device)!r}") from None
-    return [torch.Generator(device=device).manual_seed(chunk_seed(seed, int(c))) for c in indices]
-
-
-def _generators_for(generator, n_chunks: int) -> List[torch.Generator]:
-    """The generator of each chunk: one shared stream (a Generator) or one per chunk (a sequence)."""
-    if isinstance(generator, torch.Generator):
-        return [generator] * n_chunks
-    if isinstance(generator, (list, tuple)) and generator and all(isinstance(g, torch.Generator) for g in generator):
-        if len(generator) != n_chunks:
-            raise ValueError(
-                f"generator: one torch.Generator per chain chunk expected ({n_chunks} chunks of chunk_chains chains), "
-                f"got {len(generator)}"
-            )
-        return list(generator)
-    raise TypeError(
-        "generator must be a torch.Generator (randomness is always explicit) or a list of them, one per chain chunk; "
-        f"got {type(generator).__name__}"
-    )
-
-
-def initial_states(
-    path: Callable[[torch.Tensor], NoiseParams],
-    schedule: torch.Tensor,
-    n_chains: int,
-    dim: int,
-    *,
-    generator,
-    center: Optional[torch.Tensor] = None,
-    chunk_chains: Optional[int] = None,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Chain starts ``center + e``, e a draw of the first level's noise law (β_0, λ_0, Σ_0): ``(n_chains, dim)``.
-
-    This is the first noisy marginal p_0 = p_data ∗ q_0 with the data collapsed to ``center`` (e.g.
-    the training mean image; None: 0).  When the first level's noise dominates the data spread
-    (MNIST: r_0 = 2.63 per pixel against a pixel std of about 0.3, so the data hold about 1% of
-    p_0's variance) this start has p_0's mean, tails and covariance shape up to that 1%, and the
-    first level's burn-in only has to add the data's own spread.  ``dim`` must be even (the
-    block metric I_{d/2} ⊗ S(u, v)).
-
-    ``generator``: a ``torch.Generator``, or one per chunk of ``chunk_chains`` chains (chunk c's
-    starts come from generator c, first — see :func:`chunk_generators`).  The draws are made on
-    the generator's device.
-
-    Example::
-
-        >>> from etweedie.paths import get_path, level_times
-        >>> y0 = initial_states(get_path("mnist_joint"), level_times(64), 512, 784,
-        ...                     generator=torch.Generator().manual_seed(0))
-        >>> y0.shape, round(float(y0.pow(2).mean().sqrt()), 1)
-        (torch.Size([512, 784]), 2.6)
-
-    ``n_chains = 0`` gives an empty ``(0, dim)`` batch (with one generator, or a list of one).
-    """
-    schedule = _check_schedule(schedule)
-    n_chains = check_int(n_chains, "n_chains", 0)
-    dim = check_int(dim, "dim", 2)
-    if dim % 2:
-        raise ValueError(f"dim must be even (the block metric I_(d/2) ⊗ S(u, v)), got {dim}")
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
-    if center is not None and (not isinstance(center, torch.Tensor) or tuple(center.shape) not in ((dim,), (n_chains, dim))):
-        got = tuple(center.shape) if isinstance(center, torch.Tensor) else type(center).__name__
-        raise ValueError(f"center must be a tensor of shape ({dim},) or ({n_chains}, {dim}), got {got}")
-    chunks = chain_chunks(n_chains, chunk_chains)
-    generators = _generators_for(generator, len(chunks))
-    device = generators[0].device
-    first = _level(_level_params(path, schedule[:1]), 0)
-    first = NoiseParams(*(f.to(device=device, dtype=torch.float64) for f in first._tensors()))
-    law = first.noise(dim)
-    parts = [law.sample((sl.stop - sl.start,), generator=g).to(dtype) for sl, g in zip(chunks, generators)]
-    y0 = torch.cat(parts)
-    if center is not None:
-        y0 = y0 + center.to(device=device, dtype=dtype)
-    return y0
-
-
 # ---------------------------------------------------------------------------- one update
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}
-# Draw dtypes langevin_step reads as they are (the score ops' dtype rule, etweedie/ops/_prep.py).
-LOW_PRECISION_DRAWS = (torch.bfloat16, torch.float16)
 CAPTURES = (None, "cuda_graph", "compile")
-
-
-def _takes_dtype(posterior) -> bool:
-    """Whether ``posterior.sample`` takes ``dtype=`` (e.g. EngressionPosterior: draws written in 16 bits)."""
-    try:
-        return "dtype" in inspect.signature(posterior.sample).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _posterior_draws(posterior, y, eta, n, generator, options, autocast_dtype, for_score: bool = True) -> torch.Tensor:
-    """``posterior.sample`` (under bf16 autocast when asked).
-
-    Under autocast the draws that feed the score stay 16-bit: a posterior whose ``sample`` takes
-    ``dtype=`` gets it through ``options`` (:func:`_score_options`) and writes them in bf16
-    directly, and 16-bit draws from any posterior go to ``langevin_step`` as they are — its
-    kernels read bf16 draws and accumulate in y's dtype, so there is no cast pass between the
-    posterior and the score.  Other dtypes (and the draws of ``for_score=False`` calls: the final
-    sample, asked for without ``dtype``) come back in y's dtype.
-    """
-    if autocast_dtype is None:
-        x = posterior.sample(y, eta, n, generator=generator, **options)
-    else:
-        # Matmuls in bf16 with float32 accumulation.
-        with torch.autocast(device_type=y.device.type, dtype=autocast_dtype):
-            x = posterior.sample(y, eta, n, generator=generator, **options)
-    if not isinstance(x, torch.Tensor) or x.is_complex() or x.dtype == torch.bool:
-        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-        raise TypeError(f"posterior.sample must return a real-valued tensor of shape "
-                        f"{(y.shape[0], n, y.shape[-1])}, got {got}")
-    if x.shape != (y.shape[0], n, y.shape[-1]):
-        raise ValueError(f"posterior.sample returned shape {tuple(x.shape)}, expected {(y.shape[0], n, y.shape[-1])}")
-    if autocast_dtype is not None and for_score and x.dtype in LOW_PRECISION_DRAWS:
-        return x
-    return x.to(y.dtype)
 
 
 def _score_options(posterior, options: dict, autocast_dtype) -> dict:
@@ -446,7 +224,7 @@ def sample_langevin(
     posterior,
     y0: torch.Tensor,
     path: Callable[[torch.Tensor], NoiseParams],
-    schedule: torch.Tensor,
+    schedule: Optional[torch.Tensor],
     *,
     steps_per_level: int,
     n_posterior: int,
@@ -472,7 +250,8 @@ def sample_langevin(
             (for images e.g. :func:`initial_states`).
         path: ``t -> NoiseParams``, vectorized over t (:class:`etweedie.paths.NoisePath`).
         schedule: path times of the levels, ``(L,)`` in [0, 1], visited in order
-            (:func:`etweedie.paths.level_times`).
+            (:func:`etweedie.paths.level_times`); None when ``path`` is a
+            :class:`etweedie.sample.LevelPlan`.
         steps_per_level: Langevin updates per level (≥ 1).
         n_posterior: N, posterior draws per score evaluation (≥ 1).
         step_scale: ε > 0, the step at the terminal level; α_k = ε (r_k / r_{L−1})².
@@ -491,7 +270,7 @@ def sample_langevin(
             reproducible from its seed): a ``torch.Generator`` shared by all chains, or a list of
             generators, one per chunk of ``chunk_chains`` chains (:func:`chunk_generators`) — then
             each chunk's chains depend only on its own generator, so a run split over processes
-            (:func:`etweedie.sample_parallel.sample_langevin_sharded`) gives the same chains.
+            (:func:`etweedie.sample.sample_sharded`) gives the same chains.
         callback: called after each level with ``{"level", "t", "r", "step", "params"
             (NoiseParams of the level), "eta" (5,), "state" (y0's shape), "denoised" (one
             posterior draw per chain from the level's last score evaluation, y0's shape)}``.
@@ -533,7 +312,8 @@ def sample_langevin(
         raise TypeError(
             f"generator must be a torch.Generator (randomness is always explicit), got {type(generator).__name__}"
         )
-    schedule = _check_schedule(schedule)
+    plan = LevelPlan.of(path, schedule)
+    alphas = plan.step_sizes(step_scale)
     steps_per_level = check_int(steps_per_level, "steps_per_level", 1)
     n_posterior = check_int(n_posterior, "n_posterior", 1)
     final_average = check_int(final_average, "final_average", 1)
@@ -572,7 +352,7 @@ def sample_langevin(
                 f"chunk_chains={chunk}; with one generator per chunk the chunking is fixed: lower chunk_chains"
             )
     chunks = chain_chunks(chains, chunk)
-    generators = _generators_for(generator, len(chunks))
+    generators = generators_for(generator, len(chunks))
     for g in generators:
         if g.device.type != y0.device.type:
             raise ValueError(
@@ -587,17 +367,14 @@ def sample_langevin(
     clock = _Clock(y0.device, timer is not None)
     start = clock.now()
     y = y0.reshape(-1, d).clone()
-    params = _level_params(path, schedule)
-    alphas = step_sizes(path, schedule, step_scale)
-    r_levels = params.realized_rms().to(torch.float64)
     posterior_s = step_s = callback_s = 0.0
     n_updates = 0
     eta_row = None
     static: List[Optional[_StaticUpdate]] = [None] * len(chunks)
-    for k in tqdm(range(schedule.numel()), desc="langevin", unit="level", disable=disable):
-        level = _level(params, k)
-        eta_row = level.eta().to(device=y.device, dtype=y.dtype)
-        metric = level.metric(d).to(device=y.device, dtype=y.dtype)
+    for k in tqdm(range(len(plan)), desc="langevin", unit="level", disable=disable):
+        level = plan.level(k)
+        eta_row = plan.eta(k, y)
+        metric = plan.metric(k, d, y)
         beta, lam, alpha = float(level.beta), float(level.lam), float(alphas[k])
         n_steps = first_level_steps if (k == 0 and first_level_steps is not None) else steps_per_level
         denoised = [] if callback is not None else None
@@ -639,8 +416,8 @@ def sample_langevin(
             callback(
                 dict(
                     level=k,
-                    t=float(schedule[k]),
-                    r=float(r_levels[k]),
+                    t=float(plan.times[k]),
+                    r=float(plan.rms[k]),
                     step=alpha,
                     params=level,
                     eta=eta_row.clone(),
@@ -670,5 +447,5 @@ def sample_langevin(
         timer.chain_steps += chains * n_updates
         timer.posterior_calls += (n_updates + (math.ceil(final_average / n_posterior) if final_draw else 0)) * len(chunks)
         timer.chains += chains
-        timer.levels += schedule.numel()
+        timer.levels += len(plan)
     return y.reshape(shape)

@@ -1,4 +1,4 @@
-"""Annealed Langevin sharded over processes: ``torchrun --nproc_per_node=K`` splits the chains.
+"""Any sampler sharded over processes: ``torchrun --nproc_per_node=K`` splits the chains.
 
 The chains of a run are cut into chunks of ``chunk_chains`` chains; chunk c draws its start and
 every posterior draw and Langevin noise from its own generator, seeded
@@ -8,8 +8,8 @@ each running a contiguous block of chunks and gathering them reproduce the singl
 with the same seed and ``chunk_chains`` (bit for bit on the same kind of device and thread count).
 
     # one process (no process group): all chunks here
-    x = sample_langevin_sharded(posterior, path, schedule, n_chains=256, dim=784, seed=2718,
-                                chunk_chains=32, steps_per_level=100, n_posterior=256, step_scale=...)
+    x = sample_sharded(posterior, path, schedule, n_chains=256, dim=784, seed=2718, chunk_chains=32,
+                       sampler=sample_transport, warmup=8, final_average=16)
     # torchrun --nproc_per_node=4 script.py: the same call after
     # torch.distributed.init_process_group(); each rank samples 2 of the 8 chunks; every rank
     # gets the gathered (256, 784) result.
@@ -24,11 +24,12 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ._checks import check_device
-from .noise import NoiseParams
-from .sample import chain_chunks, chunk_generators, initial_states, sample_langevin
+from .._checks import check_device
+from ..noise import NoiseParams
+from .langevin import sample_langevin
+from .plan import chain_chunks, chunk_generators, initial_states
 
-__all__ = ["rank_chunks", "sample_langevin_sharded"]
+__all__ = ["rank_chunks", "sample_sharded"]
 
 
 def _world() -> Tuple[int, int]:
@@ -59,10 +60,10 @@ def rank_chunks(n_chunks: int, rank: int, world: int) -> List[int]:
     return list(range(first, first + base + (rank < extra)))
 
 
-def sample_langevin_sharded(
+def sample_sharded(
     posterior,
     path: Callable[[torch.Tensor], NoiseParams],
-    schedule: torch.Tensor,
+    schedule: Optional[torch.Tensor],
     *,
     n_chains: int,
     dim: int,
@@ -71,12 +72,13 @@ def sample_langevin_sharded(
     center: Optional[torch.Tensor] = None,
     device="cpu",
     callback: Optional[Callable[[Dict], None]] = None,
+    sampler: Callable[..., torch.Tensor] = sample_langevin,
     **sampler_kwargs,
 ) -> torch.Tensor:
     """Sample ``n_chains`` chains from :func:`etweedie.sample.initial_states` starts, this rank's share here.
 
     Args:
-        posterior, path, schedule: as in :func:`etweedie.sample.sample_langevin`.
+        posterior, path, schedule: as in the sampler.
         n_chains: chains of the whole run (all ranks), ≥ 1.
         dim: data dimension d (even).
         seed: the run's seed; chunk c uses :func:`etweedie.sample.chunk_seed` (seed, c).
@@ -84,10 +86,12 @@ def sample_langevin_sharded(
             seed and chunk_chains give the same chains on any number of processes).
         center: the chain starts' center (e.g. the data mean), ``(dim,)``; None: 0.
         device: where this rank samples (the posterior's device; e.g. ``cuda:<local rank>``).
-        callback: as in ``sample_langevin``, called with this rank's chains only; its dict gets
+        callback: as in the sampler, called with this rank's chains only; its dict gets
             ``"first_chain"``, the run-wide index of the rank's first chain.
-        **sampler_kwargs: the rest of ``sample_langevin``'s keywords (steps_per_level,
-            n_posterior, step_scale, first_level_steps, precision, capture, timer, ...).
+        sampler: any sampler of :mod:`etweedie.sample` (``sampler(posterior, y0, path, schedule,
+            *, generator, chunk_chains, callback, ...)``; default :func:`sample_langevin`).
+        **sampler_kwargs: the sampler's other keywords (for sample_langevin: steps_per_level,
+            n_posterior, step_scale, ...; for sample_transport: warmup, final_average, ...).
 
     Returns:
         all chains ``(n_chains, dim)`` in chain order, on every rank (gathered with
@@ -95,7 +99,7 @@ def sample_langevin_sharded(
     """
     for banned in ("generator", "chunk_chains", "y0"):
         if banned in sampler_kwargs:
-            raise TypeError(f"sample_langevin_sharded: {banned} is derived from seed and chunk_chains; do not pass it")
+            raise TypeError(f"sample_sharded: {banned} is derived from seed and chunk_chains; do not pass it")
     chunks = chain_chunks(n_chains, chunk_chains)
     rank, world = _world()
     mine = rank_chunks(len(chunks), rank, world)
@@ -109,8 +113,8 @@ def sample_langevin_sharded(
         if callback is not None:
             def rank_callback(info, _first=first):
                 callback({**info, "first_chain": _first})
-        y = sample_langevin(posterior, y0, path, schedule, generator=generators, chunk_chains=chunk_chains,
-                            callback=rank_callback, **sampler_kwargs)
+        y = sampler(posterior, y0, path, schedule, generator=generators, chunk_chains=chunk_chains,
+                    callback=rank_callback, **sampler_kwargs)
     else:
         y = torch.zeros(0, dim, dtype=torch.float32, device=dev)
     if world == 1:
