@@ -1,6 +1,7 @@
 # etweedie — two commands do all set-up on a fresh machine:
-#   make demo    create .venv, install torch + etweedie (with its compiled extension), run the demo
-#                (python -m experiments.eight_gaussians.demo: a reproduction, outside the installed package)
+#   make demo    create .venv, install torch + etweedie (with its compiled extension), sample MNIST digits
+#                with the shipped posterior (python -m experiments.mnist.demo; grid and mnist-eval row in runs/demo)
+#   make demo-8g the eight-Gaussians demo (python -m experiments.eight_gaussians.demo)
 #   make test    same set-up, then the CUDA compile check (when nvcc is on PATH), then the test suite
 #   make check-cuda   compile every csrc/cuda/*.cu with plain nvcc (sm_80, sm_90); ptxas report
 #   make check-triton compile the Triton kernels for sm_80 with Triton's compiler (no GPU needed)
@@ -18,7 +19,7 @@ STAMP := $(VENV)/.etweedie-installed
 SOURCES := setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*/*.h csrc/*/*.cpp csrc/*/*.cu csrc/*/*.cuh)
 NVCC    ?= nvcc
 
-.PHONY: all demo test install bench clean check-cuda check-cuda-if-available check-triton gpu-check
+.PHONY: all demo demo-8g test install bench clean check-cuda check-cuda-if-available check-triton gpu-check
 
 all: test
 
@@ -43,6 +44,9 @@ $(STAMP): $(PY) $(SOURCES)
 install: $(STAMP)
 
 demo: $(STAMP)
+	$(PY) -m experiments.mnist.demo
+
+demo-8g: $(STAMP)
 	$(PY) -m experiments.eight_gaussians.demo
 
 test: $(STAMP) check-cuda-if-available

@@ -202,3 +202,60 @@ def test_cpu_protocol_checks_the_table_flags_and_out_before_sampling(tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 4 and all(line.startswith("cpu_protocol: error:") for line in err)
     assert not (tmp_path / "o" / "parts").exists()  # nothing was sampled
+
+
+def test_tiny_transport_protocol_records_its_cost_and_counts_right(tmp_path, capsys):
+    _need_mnist()
+    pytest.importorskip("onnxruntime", reason="the MNIST-12 classifier needs onnxruntime (extra 'mnist')")
+    import torch
+
+    from etweedie.sample import DrawCounter, initial_states, sample_transport
+    from experiments.mnist import cpu_protocol, sampling
+
+    out = tmp_path / "transport"
+    args = ["--posterior", "untrained:16", "--protocol", "tiny_transport", "--out", str(out), "--n-boot", "20",
+            "--null-draws", "5", "--paths", "mnist_joint", "--no-figures"]
+    assert cpu_protocol.main(args) == 0
+    proto = sampling.TINY_TRANSPORT
+    log = json.loads((out / "parts" / f"mnist_joint_seed{proto.seeds[0]}.json").read_text())
+    assert log["draws_per_image"] == proto.draws_per_image and log["protocol"]["sampler"] == "transport"
+    assert "| 7 |" in (out / "table.md").read_text()  # the cost column: 1 warm-up + (2 + 3 − 1) steps + 2 final draws
+    # the protocol's count is what the sampler asks of the posterior
+    counted = DrawCounter(sampling.load_posterior("untrained:16"))
+    plan = proto.plan("mnist_joint")
+    g = torch.Generator().manual_seed(0)
+    y0 = initial_states(plan, None, 3, 784, generator=g)
+    sample_transport(counted, y0, plan, None, generator=g, **{k: v for k, v in proto.sampler_kwargs("cpu").items()
+                                                               if k != "sampler"}, disable=True)
+    assert counted.draws_per_chain(3) == proto.draws_per_image == 7
+
+
+@pytest.mark.parametrize("module,args,words", [
+    ("demo", ["--images", "1"], "--images"),
+    ("diagnostics", ["--out", "{tmp}", "--images", "1"], "--images"),
+    ("sampler_ablation", ["--out", "{tmp}", "--seed", "-1"], "--seed"),
+])
+def test_mnist_sampling_commands_refuse_bad_flags_in_one_line(module, args, words, tmp_path, capsys):
+    import importlib
+
+    main = importlib.import_module(f"experiments.mnist.{module}").main
+    assert main([a.replace("{tmp}", str(tmp_path / "o")) for a in args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err
+
+
+def test_mnist_demo_and_diagnostics_run_at_a_tiny_size(tmp_path, capsys):
+    _need_mnist()
+    pytest.importorskip("onnxruntime", reason="the MNIST-12 classifier needs onnxruntime (extra 'mnist')")
+    from experiments.mnist import demo, diagnostics
+
+    assert demo.main(["--posterior", "untrained:16", "--images", "4", "--out", str(tmp_path / "demo")]) == 0
+    assert (tmp_path / "demo" / "samples.png").stat().st_size > 1000
+    assert np.load(tmp_path / "demo" / "samples.npy").shape == (4, 28, 28)
+    row = json.loads((tmp_path / "demo" / "eval.json").read_text())
+    assert row["draws_per_image"] == 95 and np.isfinite(row["feature_ed"])
+    assert diagnostics.main(["--posterior", "untrained:16", "--images", "4", "--mean-of", "2", "--paths", "mnist_joint",
+                             "--out", str(tmp_path / "diag")]) == 0
+    result = json.loads((tmp_path / "diag" / "diagnostics.json").read_text())
+    assert len(result["floor"]["mnist_joint"]) == len(diagnostics.FLOOR_RMS)
+    assert set(next(iter(result["chains"]["mnist_joint"].values()))) == {"chains", "truly_noisy"}

@@ -67,19 +67,23 @@ def test_radius_map_at_equal_beta_is_the_lambda_rescaling():
     assert torch.allclose(radius_map(r, 784, src, dst), r * (1.8 / 1.1) ** (1 / 1.4), rtol=1e-12)
 
 
-@pytest.mark.parametrize("d", [2, 64])
-def test_transport_noise_gives_the_target_law(d):
-    """Draws of the level-t law, transported, have the level-s law's covariance and radius moment."""
+@pytest.mark.parametrize("d,churn", [(2, 0.0), (64, 0.0), (64, 0.5), (2, 1.0)])
+def test_transport_noise_gives_the_target_law(d, churn):
+    """Draws of the level-t law, transported (with part of the noise renewed), have the level-s
+    law's covariance and radius moment."""
     src, dst = NoiseParams(2.0, 1.0, 0.9, 0.3, 0.0), NoiseParams(1.3, 2.2, 0.4, -0.2, 0.5)
     law_t, law_s = src.noise(d), dst.noise(d)
     e = law_t.sample((200_000,), generator=_gen(0))
-    out = transport_noise(e, d, src, dst, src.metric(d), dst.metric(d))
+    fresh = torch.randn(e.shape, generator=_gen(1), dtype=e.dtype)
+    out = transport_noise(e, d, src, dst, src.metric(d), dst.metric(d), churn=churn, fresh=fresh)
     # E (λ/β) ‖u‖_P^β = d/β under GeneralizedGaussian(β, λ, Σ)
     moment = (2.2 / 1.3) * dst.metric(d).sq_norm(out).pow(1.3 / 2).mean()
     assert abs(float(moment) / (d / 1.3) - 1) < 0.01
     cov = out.T @ out / out.shape[0]
     want = law_s.covariance(d)
     assert torch.allclose(cov, want, atol=0.02 * float(want.diagonal().mean()))
+    if churn == 1.0:  # all renewed: independent of e
+        assert abs(float(torch.corrcoef(torch.stack([e[:, 0], out[:, 0]]))[0, 1])) < 0.01
 
 
 def test_transport_noise_keeps_zero_rows():
@@ -192,6 +196,8 @@ def test_transport_refuses_bad_arguments():
         sample_transport(post, torch.full((4, 2), float("nan")), path, times, generator=g)
     with pytest.raises(ValueError, match="warmup"):
         sample_transport(post, y0, path, times, generator=g, warmup=-1)
+    with pytest.raises(ValueError, match="churn"):
+        sample_transport(post, y0, path, times, generator=g, churn=1.5)
     with pytest.raises(TypeError, match="generator"):
         sample_transport(post, y0, path, times, generator=None)
     with pytest.raises(TypeError, match="y0"):

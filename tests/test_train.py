@@ -446,3 +446,32 @@ def test_learning_rate_checks_the_step():
         learning_rate(cfg, -5)
     with pytest.raises(ValueError, match="total must be >= 1"):
         learning_rate(cfg, 3, total=0)
+
+
+# ---------------------------------------------------------------------------- fine-tuning
+def test_focus_window_weights_the_sigma_prior_and_leaves_other_priors_alone():
+    plain = NoisePrior(sigma=(0.025, 6.0)).sample(4000, generator=gen(3))
+    off = NoisePrior(sigma=(0.025, 6.0), focus_sigma=(0.5, 6.0), focus_weight=0.0).sample(4000, generator=gen(3))
+    assert all(torch.equal(a, b) for a, b in zip(plain._tensors(), off._tensors()))  # no focus: the same streams
+    focused = NoisePrior(sigma=(0.025, 6.0), focus_sigma=(0.5, 6.0), focus_weight=0.75).sample(4000, generator=gen(3))
+    inside = ((focused.sigma >= 0.5) & (focused.sigma <= 6.0)).double().mean()
+    # 0.75 from the window + 0.25 × P(log-uniform on the whole range lands in it) = 0.75 + 0.25 · 0.56
+    want = 0.75 + 0.25 * math.log(6.0 / 0.5) / math.log(6.0 / 0.025)
+    assert abs(float(inside) - want) < 0.03
+    assert float(focused.sigma.min()) >= 0.025 and float(focused.sigma.max()) <= 6.0
+    with pytest.raises(ValueError, match="focus_sigma must lie inside sigma"):
+        NoisePrior(sigma=(0.1, 0.75), focus_sigma=(0.5, 6.0), focus_weight=0.5)
+    with pytest.raises(ValueError, match="focus_weight"):
+        NoisePrior(focus_weight=1.0)
+
+
+def test_init_starts_training_from_a_saved_posterior(tmp_path, tiny):
+    first = train(dataclasses.replace(tiny, steps=5, checkpoint_every=5, log_every=5), tmp_path / "a", progress=False)
+    start = load_posterior(first["posterior"])
+    tuned = dataclasses.replace(tiny, init=str(first["posterior"]))
+    assert _states_equal(build_posterior(tuned).state_dict(), start.state_dict())
+    wider = dataclasses.replace(tuned, model=dataclasses.replace(tiny.model, width=tiny.model.width + 8))
+    with pytest.raises(ValueError, match="init: .* is not this run's model .*width"):
+        build_posterior(wider)
+    with pytest.raises(TypeError, match="init must be"):
+        dataclasses.replace(tiny, init=None)

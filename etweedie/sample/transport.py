@@ -109,17 +109,34 @@ def radius_map(radius: torch.Tensor, d: int, source: NoiseParams, target: NoiseP
     return (bs / ls * g).pow(1.0 / bs)
 
 
+_GAUSSIAN = NoiseParams(2.0, 1.0, 1.0)  # whitened radius law of N(0, I): R²/2 ~ Gamma(d/2)
+
+
+def _rescaled(z: torch.Tensor, d: int, source: NoiseParams, target: NoiseParams) -> torch.Tensor:
+    r = z.to(torch.float64).norm(dim=-1, keepdim=True)
+    scale = torch.where(r > 0, radius_map(r, d, source, target) / r.clamp_min(1e-300), torch.zeros_like(r))
+    return z * scale.to(z.dtype)
+
+
 def transport_noise(e: torch.Tensor, d: int, source: NoiseParams, target: NoiseParams,
-                    metric_from: Metric, metric_to: Metric) -> torch.Tensor:
+                    metric_from: Metric, metric_to: Metric, *, churn: float = 0.0,
+                    fresh: Optional[torch.Tensor] = None) -> torch.Tensor:
     """T(e): a noise vector of ``source``'s law (rows of ``e``, ``(C, d)``) carried onto ``target``'s.
 
     Whiten by Σ_source, rescale the radius by :func:`radius_map`, re-colour by Σ_target.  Rows of
     zero norm stay zero.
+
+    ``churn`` c ∈ [0, 1] with ``fresh`` (standard normal rows, e's shape) renews part of the
+    noise on the way, for any generalized-Gaussian law: the whitened noise is mapped by its radius
+    quantile onto N(0, I), mixed as sqrt(1 − c²) w + c ξ (still N(0, I)), and mapped onto the
+    target law.  c = 0 is the plain transport; c = 1 a fresh target-law draw, independent of e.
     """
     z = metric_from.whiten(e)
-    r = z.to(torch.float64).norm(dim=-1, keepdim=True)
-    scale = torch.where(r > 0, radius_map(r, d, source, target) / r.clamp_min(1e-300), torch.zeros_like(r))
-    return metric_to.unwhiten(z * scale.to(z.dtype))
+    if churn:
+        w = _rescaled(z, d, source, _GAUSSIAN)
+        w = math.sqrt(1.0 - churn ** 2) * w + churn * fresh.to(w.dtype)
+        return metric_to.unwhiten(_rescaled(w, d, _GAUSSIAN, target))
+    return metric_to.unwhiten(_rescaled(z, d, source, target))
 
 
 def _mean_draw(posterior, y, eta, n: int, generator, batch: int) -> torch.Tensor:
@@ -143,6 +160,7 @@ def sample_transport(
     gibbs_steps: int = 0,
     gibbs_min_rms: float = 0.0,
     mean_draws: int = 1,
+    churn: float = 0.0,
     final_average: int = 1,
     draw_batch: int = 64,
     chunk_chains: Optional[int] = None,
@@ -164,6 +182,8 @@ def sample_transport(
             ``gibbs_min_rms`` (≥ 0; the corrector, chosen by measurement).
         mean_draws: m ≥ 1 posterior draws averaged into the x of each step (1: the exact-marginal
             step; many, on a Gaussian path: DDIM).
+        churn: c ∈ [0, 1], the share of each step's noise renewed (:func:`transport_noise`; 0: the
+            deterministic transport of the drawn noise, 1: ancestral, fresh noise every step).
         final_average: K ≥ 1 draws averaged into the output at the last level (1: one draw; K > 1:
             a Monte Carlo posterior mean, the noise-free last step).
         draw_batch: most draws per chain asked of the posterior in one call.
@@ -194,6 +214,8 @@ def sample_transport(
         raise ValueError(f"gibbs_min_rms must be a number, got {gibbs_min_rms!r}")
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable or None, got {type(callback).__name__}")
+    if isinstance(churn, bool) or not isinstance(churn, (int, float)) or not 0 <= churn <= 1:
+        raise ValueError(f"churn must be a number in [0, 1], got {churn!r}")
 
     shape, d = y0.shape, y0.shape[-1]
     y = y0.reshape(-1, d).clone()
@@ -219,5 +241,9 @@ def sample_transport(
             callback(dict(level=k, t=float(plan.times[k]), r=float(plan.rms[k]), params=level, eta=eta_row.clone(),
                           state=y.reshape(shape).clone(), denoised=x.reshape(shape).clone()))
         if not last:
-            y = x + transport_noise(y - x, d, level, nxt[0], metric, nxt[1])
+            fresh = None
+            if churn:
+                fresh = torch.cat([torch.randn(sl.stop - sl.start, d, generator=g, dtype=y.dtype, device=y.device)
+                                   for sl, g in zip(chunks, generators)])
+            y = x + transport_noise(y - x, d, level, nxt[0], metric, nxt[1], churn=churn, fresh=fresh)
     return x.reshape(shape)

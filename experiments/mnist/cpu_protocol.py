@@ -1,5 +1,7 @@
-"""The CPU-scale MNIST sampling protocol: five paths × three seeds, the table and the figures.
+"""An MNIST sampling protocol on this machine: five paths × three seeds, the table and the figures.
 
+    python -m experiments.mnist.cpu_protocol --protocol transport --posterior mnist_full \
+        --out experiments/mnist/results/transport
     python -m experiments.mnist.cpu_protocol --posterior mnist --out experiments/mnist/results/cpu
 
 Samples every (path, seed) part of :data:`experiments.mnist.sampling.CPU` into ``--out/parts``
@@ -97,12 +99,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     sampling_s = time.time() - start
     summary = dict(protocol=dataclasses.asdict(protocol), posterior=args.posterior, sampling_s=sampling_s,
                    parts_wall_s=sum(p["wall_s"] for p in logs),  # the parts' own times (also of earlier calls)
-                   threads=torch.get_num_threads(), parts=[{k: p[k] for k in ("path", "seed", "images", "wall_s",
-                                                                               "images_steps_per_s")} for p in logs])
+                   threads=torch.get_num_threads(), parts=[{k: p.get(k) for k in ("path", "seed", "images", "wall_s",
+                                                                                   "images_per_s", "draws_per_image")}
+                                                          for p in logs])
     if not args.no_table:
         t0 = time.time()
         result = sampling_table.score(out, protocol.paths, len(protocol.seeds), n_boot=args.n_boot,
                                       null_draws=args.null_draws, data_dir=args.data_dir)
+        result["costs"] = sampling_table.costs(out / sampling.PARTS_DIR, protocol.paths, protocol.seeds)
         table = sampling_table.format_table(result)
         (out / "table.md").write_text(table + "\n")
         (out / "table.json").write_text(json.dumps(result, indent=1, default=float))

@@ -78,12 +78,28 @@ def _ci(row: Dict, key: str) -> str:
     return f"{row[key]:.3f} [{lo_hi[0]:.3f}, {lo_hi[1]:.3f}]" if lo_hi else f"{row[key]:.3f}"
 
 
+def costs(parts_dir, paths: Sequence[str], seeds: Sequence[int]) -> Dict[str, Dict]:
+    """Per path, from the part logs: posterior draws per image, images per second of one process, wall s."""
+    out = {}
+    for path in paths:
+        logs = []
+        for seed in seeds:
+            f = Path(parts_dir) / f"{path}_seed{seed}.json"
+            if f.is_file():
+                logs.append(json.loads(f.read_text()))
+        if logs and all("draws_per_image" in log for log in logs):
+            wall = sum(log["wall_s"] for log in logs)
+            out[path] = dict(draws_per_image=logs[0]["draws_per_image"], wall_s=wall,
+                             images_per_s=sum(log["images"] for log in logs) / wall)
+    return out
+
+
 def format_table(result: Dict) -> str:
-    rows = result["rows"]
+    rows, cost = result["rows"], result.get("costs", {})
     lines = [
         "| path | n | feature ED [95% CI] (paper) | null p95 | mean confidence [CI] (paper) | class TV [CI] (paper) "
-        "| classes present (per seed) | nearest-train RMSE (held-out real) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| classes present (per seed) | nearest-train RMSE (held-out real) | draws / image | images/s | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key in ["real", *[p for p in PATHS if p in rows]]:
         if key not in rows:
@@ -95,7 +111,9 @@ def format_table(result: Dict) -> str:
         lines.append(
             f"| {LABELS[key]} | {r['n']} | {ed} ({paper[0]}) | {'—' if null is None else f'{null:.3f}'} "
             f"| {_ci(r, 'mean_confidence')} ({paper[1]}) | {_ci(r, 'class_tv')} ({paper[2]}) "
-            f"| {r['classes_present']} ({seeds}) | {r['nearest_train_rmse']:.3f} ({r['heldout_nearest_train_rmse']:.3f}) |"
+            f"| {r['classes_present']} ({seeds}) | {r['nearest_train_rmse']:.3f} ({r['heldout_nearest_train_rmse']:.3f}) "
+            + (f"| {cost[key]['draws_per_image']:,} | {cost[key]['images_per_s']:.1f} | {cost[key]['wall_s']:.0f} |"
+               if key in cost else "| — | — | — |")
         )
     lines.append(f"\nPaper nearest-train RMSE: {PAPER_NEAREST_TRAIN}.  Classifier t10k accuracy here: "
                  f"{result['test_accuracy']:.4f} (paper 0.989).")
@@ -127,6 +145,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         result = score(args.directory, n_seeds=args.seeds, n_boot=args.n_boot, null_draws=args.null_draws,
                        data_dir=args.data_dir)
+        result["costs"] = costs(Path(args.directory) / "parts", PATHS, SEEDS[: args.seeds])
     except (OSError, ValueError, TypeError) as exc:  # unreadable or malformed sample files, a missing --data-dir
         print(f"sampling_table: error: {exc}", file=sys.stderr)
         return 2
