@@ -44,6 +44,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=("as-trained", "float16", "int8"), default="as-trained",
                     help="store the weights in this dtype (int8: per-row int8 matrices, etweedie.checkpoint); "
                          "the card then also scores the as-trained weights, for the difference")
+    ap.add_argument("--stage", action="append", default=[],
+                    help="an earlier training stage this run was fine-tuned from (its config's init), in order: "
+                         "one line for the card's 'Stages' list, e.g. \"17,694 steps on an H100 with configs/mnist_full.toml\"")
     ap.add_argument("--train-torch", default=None, help="torch version of the training run (default: this one's)")
     args = ap.parse_args(argv)
     _cli.threads("--threads", args.threads)
@@ -117,6 +120,7 @@ def main(argv=None) -> int:
         eval_torch=torch.__version__,
         python=platform.python_version(),
         command=args.command,
+        stages=[*args.stage, f"this run: {args.command}"] if args.stage else None,
         date=datetime.date.today().isoformat(),
     )
     (dest / "model_card.json").write_text(json.dumps(card, indent=1) + "\n")
@@ -141,6 +145,16 @@ Trained weights {as_trained['dtype']}, stored here as {stored}: held-out matched
 |---|---|---|---|---|
 {lines}
 """
+    stages = ""
+    if args.stage:
+        listed = "\n".join(f"{i}. {line}" for i, line in enumerate(card["stages"], 1))
+        stages = f"""
+## Stages
+
+Fine-tuned in stages, each started from the weights of the one before (the config's `init`):
+
+{listed}
+"""
     text = f"""# MNIST posterior, width {m['width']} (`{dest.name}`)
 
 The conditional Engression posterior x = g(y, η, ε) of the paper's MNIST appendix:
@@ -164,7 +178,7 @@ conditioned on η = (β, log λ, log σ, u, v) over β ∈ [1.3, 2], λ ∈ [1, 
 - final training loss (mean of the last log interval): {card['final_loss']:.3f}
 - held-out matched energy score (4,096 test images, tuples from the training prior, seed 12345): {held:.3f}
 - date: {card['date']}; torch {card['torch']} (scores below computed with torch {card['eval_torch']})
-
+{stages}
 ## Held-out scores at the sampler's levels
 
 Generalized/non-diagonal tuple (β, λ, u, v) = (1.4, 1.8, 0, 0.6), 512 test images, 16 draws each.

@@ -1,4 +1,4 @@
-"""The full MNIST sampling protocol on a GPU, under a wall-clock deadline, resumable, packed for committing.
+"""An MNIST sampling protocol on a GPU (noise transport by default, or the paper's --protocol full), under a deadline, resumable, packed.
 
     python -m experiments.mnist.gpu_sample --posterior mnist --work runs/mnist_gpu --pack-dir "$OUT" --deadline 540
     torchrun --nproc_per_node=K -m experiments.mnist.gpu_sample --posterior mnist ...   # chains over K GPUs
@@ -8,8 +8,10 @@ Steps:
 1. (rank 0, one process only, unless ``--no-bench``) the throughput comparison of
    ``benchmarks/bench_mnist_sampler.py`` on this card: etweedie's sampler (bf16 forward, fused
    step, CUDA graphs) against the plain float32 eager one, in one run;
-2. the paths in order, three seeds each (:data:`experiments.mnist.sampling.FULL`: 64 levels,
-   1,000 + 100 updates, N = 256, 256 images per seed): each finished (path, seed) part is saved at
+2. the paths in order, three seeds each (``--protocol transport``:
+   :data:`experiments.mnist.sampling.TRANSPORT`, 95 posterior draws per image; ``--protocol full``:
+   :data:`experiments.mnist.sampling.FULL`, the paper's 64 levels, 1,000 + 100 updates, N = 256;
+   256 images per seed): each finished (path, seed) part is saved at
    once under ``--work/parts`` (uint8 images, its JSON log, the progress states) and skipped on a
    rerun; a part is not started when the last one's duration says it would end after the deadline;
 3. the pack in ``--pack-dir``, at most ``--max-files`` (8) files of at most 16 MB, all worth
@@ -65,6 +67,8 @@ def parse_args(argv=None):
                    help="files the pack may hold (at least 3; pooled <path>.npy beyond it go into parts.tar.gz)")
     p.add_argument("--pack-only", action="store_true",
                    help="only pack what --work holds (no sampling, no posterior, CUDA untouched)")
+    p.add_argument("--protocol", choices=("transport", "full"), default="transport",
+                   help="transport: the noise-transport protocol (default); full: the paper's annealed Langevin")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny protocol, untrained posterior unless given")
     p.add_argument("--paths", nargs="+", choices=sampling.PATHS, default=None)
     p.add_argument("--no-bench", action="store_true", help="skip the throughput comparison")
@@ -96,7 +100,10 @@ class Log:
 
 
 def _protocol(args) -> sampling.Protocol:
-    protocol = sampling.TINY if args.dry_run else sampling.FULL
+    if args.protocol == "transport":
+        protocol = sampling.TINY_TRANSPORT if args.dry_run else sampling.TRANSPORT
+    else:
+        protocol = sampling.TINY if args.dry_run else sampling.FULL
     changes = {}
     for field in ("images_per_seed", "levels", "first_level_steps", "steps_per_level", "n_posterior", "chunk_chains",
                   "step_fraction", "final_average", "precision"):
