@@ -172,7 +172,8 @@ class Protocol:
         if self.sampler == "transport":
             gibbs = f", {self.gibbs_steps} Gibbs sweeps/level at r ≥ {self.gibbs_min_rms:g}" if self.gibbs_steps else ""
             mean = f", mean of {self.mean_draws} draws per step" if self.mean_draws > 1 else ""
-            return (f"noise transport, {self.levels} levels r 2.63→0.197, {self.warmup} warm-up Gibbs sweeps{gibbs}"
+            lead = f"{self.lead_in}-level lead-in from σ = {self.lead_in_sigma:g}, " if self.lead_in else ""
+            return (f"noise transport, {lead}{self.levels} levels r 2.63→0.197, {self.warmup} warm-up Gibbs sweeps{gibbs}"
                     f"{mean}, {final}, {seeds}")
         if self.sampler == "ode":
             return f"probability-flow ODE ({self.solver}), {self.levels} levels, N = {self.n_posterior}, {final}, {seeds}"
