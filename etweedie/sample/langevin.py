@@ -48,7 +48,7 @@ from ..geometry import Metric
 from ..noise import NoiseParams
 from ..ops import langevin_step
 from ..score import antithetic_options
-from .plan import LevelPlan, chain_chunks, generators_for, posterior_draws as _posterior_draws
+from .plan import LevelPlan, chain_chunks, check_finite, check_posterior, check_states, generators_for, posterior_draws as _posterior_draws
 
 __all__ = ["ThroughputTimer", "sample_langevin"]
 
@@ -301,13 +301,8 @@ def sample_langevin(
 
     Memory per update is O(chunk · N · d) (the posterior draws); nothing accumulates over levels.
     """
-    if not callable(getattr(posterior, "sample", None)):
-        raise TypeError(f"posterior must have a sample(y, eta, n, *, generator) method, got {type(posterior).__name__}")
-    if not isinstance(y0, torch.Tensor) or y0.dtype not in (torch.float32, torch.float64):
-        got = y0.dtype if isinstance(y0, torch.Tensor) else type(y0).__name__
-        raise TypeError(f"y0 must be a float32/float64 tensor of shape (..., d), got {got}")
-    if y0.dim() < 1 or y0.shape[-1] < 1:
-        raise ValueError(f"y0 must have shape (..., d) with d >= 1, got {tuple(y0.shape)}")
+    check_posterior(posterior)
+    check_states(y0)
     if not isinstance(generator, (torch.Generator, list, tuple)):
         raise TypeError(
             f"generator must be a torch.Generator (randomness is always explicit), got {type(generator).__name__}"
@@ -352,15 +347,8 @@ def sample_langevin(
                 f"chunk_chains={chunk}; with one generator per chunk the chunking is fixed: lower chunk_chains"
             )
     chunks = chain_chunks(chains, chunk)
-    generators = generators_for(generator, len(chunks))
-    for g in generators:
-        if g.device.type != y0.device.type:
-            raise ValueError(
-                f"generator must be on y0's device ({y0.device.type}), got a {g.device.type} generator; "
-                f"use torch.Generator(device={str(y0.device)!r}).manual_seed(seed)"
-            )
-    if not bool(torch.isfinite(y0).all()):
-        raise ValueError("y0 must be finite (it holds NaN or inf)")
+    generators = generators_for(generator, len(chunks), y0.device)
+    check_finite(y0)
     autocast_dtype = PRECISIONS[precision]
     score_options = _score_options(posterior, options, autocast_dtype)  # bf16 mode: draws written in bf16
 

@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 
 from .._checks import check_int
 from ..noise import NoiseParams
-from .plan import LevelPlan, chain_chunks, check_posterior, generators_for, posterior_draws
+from .plan import LevelPlan, chain_chunks, check_finite, check_posterior, check_states, generators_for, posterior_draws
 
 __all__ = ["SOLVERS", "sample_ode"]
 
@@ -90,11 +90,7 @@ def sample_ode(
         (L − 1) calls for dpmpp_2m, 2(L − 1) − 1 for heun — plus ``final_average``.
     """
     check_posterior(posterior)
-    if not isinstance(y0, torch.Tensor) or y0.dtype not in (torch.float32, torch.float64) or y0.dim() < 1:
-        got = y0.dtype if isinstance(y0, torch.Tensor) else type(y0).__name__
-        raise TypeError(f"y0 must be a float32/float64 tensor of shape (..., d), got {got}")
-    if not bool(torch.isfinite(y0).all()):
-        raise ValueError("y0 must be finite (it holds NaN or inf)")
+    check_states(y0)
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {', '.join(map(repr, SOLVERS))}, got {solver!r}")
     plan = LevelPlan.of(path, schedule)
@@ -104,7 +100,8 @@ def sample_ode(
     shape, d = y0.shape, y0.shape[-1]
     y = y0.reshape(-1, d).clone()
     chunks = chain_chunks(y.shape[0], chunk_chains)
-    generators = generators_for(generator, len(chunks))
+    generators = generators_for(generator, len(chunks), y.device)
+    check_finite(y0)
     r = plan.rms
 
     def denoise(state: torch.Tensor, k: int, n: int) -> torch.Tensor:

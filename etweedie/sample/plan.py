@@ -230,21 +230,47 @@ def chunk_generators(seed: int, chunks, device="cpu") -> List[torch.Generator]:
     return [torch.Generator(device=device).manual_seed(chunk_seed(seed, int(c))) for c in indices]
 
 
-def generators_for(generator, n_chunks: int) -> List[torch.Generator]:
-    """The generator of each chunk: one shared stream (a Generator) or one per chunk (a sequence)."""
+def generators_for(generator, n_chunks: int, device: Optional[torch.device] = None) -> List[torch.Generator]:
+    """The generator of each chunk: one shared stream (a Generator) or one per chunk (a sequence);
+    with ``device``, each must live there (the chains' device)."""
     if isinstance(generator, torch.Generator):
-        return [generator] * n_chunks
-    if isinstance(generator, (list, tuple)) and generator and all(isinstance(g, torch.Generator) for g in generator):
+        generators = [generator] * n_chunks
+    elif isinstance(generator, (list, tuple)) and generator and all(isinstance(g, torch.Generator) for g in generator):
         if len(generator) != n_chunks:
             raise ValueError(
                 f"generator: one torch.Generator per chain chunk expected ({n_chunks} chunks of chunk_chains chains), "
                 f"got {len(generator)}"
             )
-        return list(generator)
-    raise TypeError(
-        "generator must be a torch.Generator (randomness is always explicit) or a list of them, one per chain chunk; "
-        f"got {type(generator).__name__}"
-    )
+        generators = list(generator)
+    else:
+        raise TypeError(
+            "generator must be a torch.Generator (randomness is always explicit) or a list of them, one per chain chunk; "
+            f"got {type(generator).__name__}"
+        )
+    for g in generators if device is not None else ():
+        if g.device.type != device.type:
+            raise ValueError(
+                f"generator must be on y0's device ({device.type}), got a {g.device.type} generator; "
+                f"use torch.Generator(device={str(device)!r}).manual_seed(seed)"
+            )
+    return generators
+
+
+def check_states(y0, *, even: bool = False) -> None:
+    """The chain states every sampler takes: a float32/float64 tensor ``(..., d)`` (d even with
+    ``even``: the block metric).  Their values are checked by :func:`check_finite`, after the
+    generators (which must be on their device)."""
+    if not isinstance(y0, torch.Tensor) or y0.dtype not in (torch.float32, torch.float64):
+        got = y0.dtype if isinstance(y0, torch.Tensor) else type(y0).__name__
+        raise TypeError(f"y0 must be a float32/float64 tensor of shape (..., d), got {got}")
+    if y0.dim() < 1 or y0.shape[-1] < 1 or (even and y0.shape[-1] % 2):
+        need = "d even (the block metric)" if even else "d >= 1"
+        raise ValueError(f"y0 must have shape (..., d) with {need}, got {tuple(y0.shape)}")
+
+
+def check_finite(y0: torch.Tensor) -> None:
+    if not bool(torch.isfinite(y0).all()):
+        raise ValueError("y0 must be finite (it holds NaN or inf)")
 
 
 def initial_states(

@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 from .._checks import check_int
 from ..geometry import Metric
 from ..noise import NoiseParams
-from .plan import LevelPlan, chain_chunks, check_posterior, generators_for, posterior_draws
+from .plan import LevelPlan, chain_chunks, check_finite, check_posterior, check_states, generators_for, posterior_draws
 
 __all__ = ["gamma_quantile_map", "radius_map", "sample_transport", "transport_noise"]
 
@@ -197,13 +197,7 @@ def sample_transport(
         ``warmup + gibbs sweeps + (L − 1)·mean_draws + final_average``.
     """
     check_posterior(posterior)
-    if not isinstance(y0, torch.Tensor) or y0.dtype not in (torch.float32, torch.float64):
-        got = y0.dtype if isinstance(y0, torch.Tensor) else type(y0).__name__
-        raise TypeError(f"y0 must be a float32/float64 tensor of shape (..., d), got {got}")
-    if y0.dim() < 1 or y0.shape[-1] < 2 or y0.shape[-1] % 2:
-        raise ValueError(f"y0 must have shape (..., d) with d even (the block metric), got {tuple(y0.shape)}")
-    if not bool(torch.isfinite(y0).all()):
-        raise ValueError("y0 must be finite (it holds NaN or inf)")
+    check_states(y0, even=True)
     plan = LevelPlan.of(path, schedule)
     warmup = check_int(warmup, "warmup", 0)
     gibbs_steps = check_int(gibbs_steps, "gibbs_steps", 0)
@@ -220,21 +214,19 @@ def sample_transport(
     shape, d = y0.shape, y0.shape[-1]
     y = y0.reshape(-1, d).clone()
     chunks = chain_chunks(y.shape[0], chunk_chains)
-    generators = generators_for(generator, len(chunks))
-    for g in generators:
-        if g.device.type != y.device.type:
-            raise ValueError(f"generator must be on y0's device ({y.device.type}), got a {g.device.type} generator")
+    generators = generators_for(generator, len(chunks), y.device)
+    check_finite(y0)
     x = torch.empty_like(y)
     for k in tqdm(range(len(plan)), desc="transport", unit="level", disable=disable):
         level, eta_row, metric = plan.level(k), plan.eta(k, y), plan.metric(k, d, y)
         sweeps = warmup if k == 0 else (gibbs_steps if float(plan.rms[k]) >= gibbs_min_rms else 0)
         last = k == len(plan) - 1
         nxt = None if last else (plan.level(k + 1), plan.metric(k + 1, d, y))
+        law = plan.noise(k, d, y.device) if sweeps else None
         for sl, g in zip(chunks, generators):
             eta = eta_row.expand(sl.stop - sl.start, 5)
             for _ in range(sweeps):  # Gibbs: x ~ P(X | y), y ← x + fresh level-k noise
                 xs = _mean_draw(posterior, y[sl], eta, 1, g, draw_batch)
-                law = plan.noise(k, d, y.device)
                 y[sl] = xs + law.sample((xs.shape[0],), generator=g).to(y.dtype)
             x[sl] = _mean_draw(posterior, y[sl], eta, mean_draws if not last else final_average, g, draw_batch)
         if callback is not None:

@@ -14,7 +14,6 @@ class TV, classes, nearest-train RMSE), and prints the row and where the files a
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -42,23 +41,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         _cli.at_most("--images", args.images, 7952)  # held-out t10k images for the eval's null and real row
         _cli.at_least("--seed", args.seed, 0)
         _cli.threads("--threads", args.threads)
-        _cli.nonempty("--posterior", args.posterior, "a posterior name or path")
         _cli.out_dir("--out", args.out)
 
     status = _cli.report("demo", check)
     if status:
         return status
+    try:
+        posterior = _cli.load("--posterior", args.posterior, sampling.load_posterior, "a posterior name or path")
+    except _cli.UsageError as exc:
+        return _cli.fail("demo", exc)
     if args.threads:
         torch.set_num_threads(args.threads)
     from etweedie.image_figures import image_grid
     from etweedie.image_metrics import MnistEvaluator
     from etweedie.sample import initial_states, sample_transport
 
-    try:
-        posterior = sampling.load_posterior(args.posterior)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"demo: error: {exc}", file=sys.stderr)
-        return 2
     protocol = sampling.TRANSPORT
     plan = protocol.plan(args.path)
     g = torch.Generator().manual_seed(args.seed)

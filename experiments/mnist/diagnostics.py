@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -142,21 +141,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         _cli.at_most("--images", args.images, 7952)  # the held-out t10k images outside the bank
         _cli.at_least("--mean-of", args.mean_of, 1)
         _cli.at_least("--seed", args.seed, 0)
-        _cli.nonempty("--posterior", args.posterior, "a posterior name or path")
         _cli.out_dir("--out", args.out)
 
     status = _cli.report("diagnostics", check)
     if status:
         return status
+    try:
+        posterior = _cli.load("--posterior", args.posterior, sampling.load_posterior, "a posterior name or path")
+    except _cli.UsageError as exc:
+        return _cli.fail("diagnostics", exc)
     if args.threads:
         torch.set_num_threads(args.threads)
     from etweedie.image_metrics import MnistEvaluator
 
-    try:
-        posterior = sampling.load_posterior(args.posterior)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"diagnostics: error: {exc}", file=sys.stderr)
-        return 2
     ev = MnistEvaluator()
     start = time.time()
     with torch.no_grad():

@@ -11,7 +11,6 @@ evaluator; the posterior draws per image stand beside.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -51,12 +50,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         _cli.at_least("--images", args.images, 2)
         _cli.at_least("--seed", args.seed, 0)
         _cli.threads("--threads", args.threads)
-        _cli.nonempty("--posterior", args.posterior, "a posterior name or path")
         _cli.out_dir("--out", args.out)
 
     status = _cli.report("sampler_ablation", check)
     if status:
         return status
+    try:
+        posterior = _cli.load("--posterior", args.posterior, sampling.load_posterior, "a posterior name or path")
+    except _cli.UsageError as exc:
+        return _cli.fail("sampler_ablation", exc)
     if args.threads:
         torch.set_num_threads(args.threads)
     import dataclasses
@@ -64,11 +66,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     from etweedie.image_metrics import MnistEvaluator
     from etweedie.sample import DrawCounter, initial_states, sample_transport
 
-    try:
-        posterior = sampling.load_posterior(args.posterior)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"sampler_ablation: error: {exc}", file=sys.stderr)
-        return 2
     ev, center, rows = MnistEvaluator(), sampling.data_mean(), {}
     for name, (plan_changes, kwargs) in ROWS.items():
         protocol = dataclasses.replace(sampling.TRANSPORT, **plan_changes)
