@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -61,6 +62,13 @@ _PART = "::part"
 _SCALE = "::scale"
 #: The smallest matrix stored as int8 by ``save_weights(..., dtype=torch.int8)`` (smaller: float16).
 INT8_MIN_NUMEL = 4096
+#: int8 rows hold weights within float16's range, like the float16 tensors stored beside them:
+#: a row's scale is at most this (a larger one in a file is damage, not a trained weight).
+INT8_MAX_SCALE = 65504.0 / 127.0
+#: The largest JSON file of a weights directory (``config.json``, the index) that is read.
+MAX_JSON_BYTES = 8 * 1024 * 1024
+#: The most bytes of weight files :func:`load_weights` reads by default (64 GiB).
+MAX_WEIGHTS_BYTES = 64 * 1024**3
 
 
 def _quantize_rows(t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -69,6 +77,9 @@ def _quantize_rows(t: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     amax = rows.abs().amax(dim=1)
     if not bool(torch.isfinite(amax).all()):
         raise ValueError("int8 weights need finite values (a tensor holds NaN or inf)")
+    if bool((amax > INT8_MAX_SCALE * 127).any()):
+        raise ValueError(f"int8 weights hold values within float16's range (|w| <= {INT8_MAX_SCALE * 127:g}), got "
+                         f"{float(amax.max()):.4g}; save this tensor in float32")
     s = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
     q = torch.round(rows / s[:, None]).clamp_(-127, 127).to(torch.int8)
     return q.reshape(t.shape), s
@@ -88,8 +99,39 @@ class RunLockedError(RuntimeError):
 
 # ---------------------------------------------------------------------------- atomic writes
 def atomic_torch_save(obj: Any, path: PathLike) -> None:
-    """``torch.save`` to ``path`` through a temporary file and a rename (a kill leaves the old file)."""
-    atomic_write(path, lambda tmp: torch.save(obj, tmp))
+    """``torch.save`` to ``path`` through a temporary file and a rename (a kill leaves the old file).
+
+    torch writes through a Python file object here, so a full disk is the ``OSError`` (ENOSPC) it
+    is, not the opaque RuntimeError torch's writer turns it into."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as fh:
+            sink = _WriteErrors(fh)
+            try:
+                torch.save(obj, sink)
+            except RuntimeError:
+                if sink.error is not None:
+                    raise sink.error from None
+                raise
+
+    atomic_write(path, write)
+
+
+class _WriteErrors:
+    """A binary file for ``torch.save`` that remembers the OSError a write raised."""
+
+    def __init__(self, fh):
+        self._fh, self.error = fh, None
+
+    def write(self, data) -> int:
+        try:
+            return self._fh.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self._fh.flush()
 
 
 def atomic_write_text(path: PathLike, text: str) -> None:
@@ -229,6 +271,8 @@ def save_weights(
     meta = dict(config)
     meta["weights"] = {"files": {name: _sha256(tmp / name) for name in names},
                        "dtype": str(dtype).replace("torch.", "") if dtype is not None else "as saved"}
+    if len(shards) > 1:
+        meta["weights"]["index"] = _sha256(tmp / WEIGHTS_INDEX)
     if int8:
         meta["weights"]["int8"] = (f"matrices of >= {INT8_MIN_NUMEL} values: symmetric per-row int8 with a float32 "
                                    f"scale per row ('<name>{_SCALE}'); other tensors float16")
@@ -253,11 +297,93 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def load_weights(directory: PathLike, *, verify: bool = True) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+def _member(directory: Path, name: Any, limit: int, what: str) -> Path:
+    """``directory / name`` when it is a regular file of at most ``limit`` bytes inside the folder
+    (a plain file name; not a symlink, device or folder), else a :class:`CheckpointError`."""
+    if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+        raise CheckpointError(f"{str(directory)!r}: {what} {name!r} is not a file name inside the folder")
+    path = directory / name
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{what} {str(path)!r} is missing") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {what} {str(path)!r}: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise CheckpointError(f"{what} {str(path)!r} is a symbolic link; a weights folder holds its own regular files")
+    if not stat.S_ISREG(info.st_mode):
+        raise CheckpointError(f"{what} {str(path)!r} is not a regular file")
+    if info.st_size > limit:
+        raise CheckpointError(f"{what} {str(path)!r} has {info.st_size:,} bytes, more than the {limit:,} read")
+    return path
+
+
+def _read_json(path: Path, what: str) -> Any:
+    """The JSON document in ``path`` (already checked by :func:`_member`), read without following a
+    link; unreadable, not UTF-8, not JSON or nested beyond the parser are CheckpointErrors."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(MAX_JSON_BYTES + 1)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {what} {str(path)!r}: {exc.strerror or exc}") from None
+    if len(data) > MAX_JSON_BYTES:
+        raise CheckpointError(f"{what} {str(path)!r} is larger than {MAX_JSON_BYTES:,} bytes")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{what} {str(path)!r} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise CheckpointError(f"{what} {str(path)!r} is nested too deeply to be a weights config") from None
+
+
+def _joined_parts(index: Any, state: Dict[str, torch.Tensor], where: str) -> None:
+    """Join the split tensors the index lists, in ``state``: each name's parts must be exactly
+    ``name::part0, name::part1, …`` in that order (a reordered or foreign list is refused)."""
+    parts = index.get("parts", {}) if isinstance(index, dict) else None
+    if not isinstance(parts, dict):
+        raise CheckpointError(f"{where}: 'parts' must map tensor names to their part keys")
+    for name, keys in parts.items():
+        expected = [f"{name}{_PART}{k}" for k in range(len(keys))] if isinstance(keys, list) else None
+        if not isinstance(name, str) or expected is None or len(keys) < 2 or keys != expected:
+            raise CheckpointError(f"{where}: the parts of {name!r} must be the list {name!r}::part0, ::part1, … in "
+                                  f"order, got {keys!r}"[:400])
+        if name in state:
+            raise CheckpointError(f"{where}: {name!r} is stored whole and in parts")
+        missing = [k for k in keys if k not in state]
+        if missing:
+            raise CheckpointError(f"weights of {name!r} are incomplete: missing {missing}")
+        try:
+            state[name] = torch.cat([state.pop(k) for k in keys], dim=0)
+        except RuntimeError as exc:
+            raise CheckpointError(f"{where}: the parts of {name!r} do not join: {str(exc).splitlines()[0]}") from None
+
+
+def _dequantized(state: Dict[str, torch.Tensor]) -> None:
+    """Replace every int8 matrix and its ``::scale`` by the float32 q·s, in ``state``; a scale that
+    is not a finite positive float32 vector of one value per row, at most :data:`INT8_MAX_SCALE`,
+    is a CheckpointError."""
+    for key in [k for k in state if k.endswith(_SCALE)]:
+        name, scale = key[: -len(_SCALE)], state.pop(key)
+        q = state.get(name)
+        if q is None or q.dtype != torch.int8 or q.dim() < 1 or scale.dim() != 1 or scale.shape[0] != q.shape[0]:
+            raise CheckpointError(f"int8 weights of {name!r} do not match their scale {key!r}")
+        if scale.dtype != torch.float32 or not bool(((scale > 0) & (scale <= INT8_MAX_SCALE)).all()):
+            raise CheckpointError(f"the int8 scale {key!r} must be float32 in (0, {INT8_MAX_SCALE:.4g}] (a damaged "
+                                  f"or foreign file), got dtype {str(scale.dtype).replace('torch.', '')}, "
+                                  f"largest {float(scale.float().abs().max()) if scale.numel() else 0:.4g}")
+        state[name] = q.to(torch.float32) * scale.reshape(-1, *([1] * (q.dim() - 1)))
+
+
+def load_weights(directory: PathLike, *, verify: bool = True,
+                 max_bytes: int = MAX_WEIGHTS_BYTES) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     """Read a weights directory written by :func:`save_weights`: ``(state, config)``.
 
-    Shards are joined and split tensors re-assembled; with ``verify`` every file's sha256 is
-    checked against ``config.json``.  Any problem is a :class:`CheckpointError` naming the file.
+    Only regular files inside the folder are read (no symbolic links), JSON files up to
+    :data:`MAX_JSON_BYTES` and weight files up to ``max_bytes`` in all.  With ``verify`` every
+    weight file's sha256, and the index's, is checked against ``config.json``.  Shards are
+    joined, split tensors re-assembled in their canonical order and int8 matrices dequantized.
+    Any problem is a :class:`CheckpointError` naming the file and the field.
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -265,50 +391,42 @@ def load_weights(directory: PathLike, *, verify: bool = True) -> Tuple[Dict[str,
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"directory must be a str or os.PathLike, got {type(directory).__name__}")
     directory = Path(directory)
-    cfg_path = directory / WEIGHTS_CONFIG
-    try:
-        config = json.loads(cfg_path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"weights directory {str(directory)!r} has no {WEIGHTS_CONFIG}") from None
-    except NotADirectoryError:
+    if directory.exists() and not directory.is_dir():
         raise CheckpointError(f"{str(directory)!r} is a file, not a weights directory (give the folder that holds "
-                              f"{WEIGHTS_CONFIG})") from None
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {str(cfg_path)!r}: {exc.strerror or exc}") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{str(cfg_path)!r} is not valid JSON: {exc}") from None
+                              f"{WEIGHTS_CONFIG})")
+    if not directory.is_dir():
+        raise CheckpointError(f"weights directory {str(directory)!r} does not exist")
+    if not os.path.lexists(directory / WEIGHTS_CONFIG):
+        raise CheckpointError(f"weights directory {str(directory)!r} has no {WEIGHTS_CONFIG}")
+    cfg_path = _member(directory, WEIGHTS_CONFIG, MAX_JSON_BYTES, "weights config")
+    config = _read_json(cfg_path, "weights config")
     weights = config.get("weights") if isinstance(config, dict) else None
     files = weights.get("files") if isinstance(weights, dict) else None
     if not isinstance(files, dict) or not files:
         raise CheckpointError(f"{str(cfg_path)!r} lists no weight files (not an etweedie weights directory)")
+    paths = {name: _member(directory, name, max_bytes, f"weights file listed in {WEIGHTS_CONFIG}") for name in files}
+    total = sum(p.stat().st_size for p in paths.values())
+    if total > max_bytes:
+        raise CheckpointError(f"{str(directory)!r}: the weight files hold {total:,} bytes, more than max_bytes = {max_bytes:,}")
     state: Dict[str, torch.Tensor] = {}
-    for name, digest in files.items():
-        path = directory / name
-        if Path(name).name != name or not path.is_file():
-            raise CheckpointError(f"weights file {str(path)!r} listed in {WEIGHTS_CONFIG} is missing")
-        if verify and _sha256(path) != digest:
+    for name, path in paths.items():
+        if verify and _sha256(path) != files[name]:
             raise CheckpointError(f"weights file {str(path)!r} is corrupted or truncated (sha256 differs from {WEIGHTS_CONFIG})")
         try:
-            state.update(load_file(str(path)))
+            shard = load_file(str(path))
         except (SafetensorError, OSError, ValueError) as exc:
             raise CheckpointError(f"weights file {str(path)!r} is not a readable safetensors file: {exc}") from None
-    parts: Dict[str, List[str]] = {}
-    if len(files) > 1 or (directory / WEIGHTS_INDEX).exists():
-        try:
-            parts = json.loads((directory / WEIGHTS_INDEX).read_text()).get("parts", {})
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{str(directory / WEIGHTS_INDEX)!r} is missing or not valid JSON: {exc}") from None
-    for name, keys in parts.items():
-        missing = [k for k in keys if k not in state]
-        if missing:
-            raise CheckpointError(f"weights of {name!r} are incomplete: missing {missing}")
-        state[name] = torch.cat([state.pop(k) for k in keys], dim=0)
-    for key in [k for k in state if k.endswith(_SCALE)]:  # int8 matrices: dequantize
-        name, scale = key[: -len(_SCALE)], state.pop(key)
-        q = state.get(name)
-        if q is None or q.dtype != torch.int8 or scale.dim() != 1 or scale.shape[0] != q.shape[0]:
-            raise CheckpointError(f"int8 weights of {name!r} do not match their scale {key!r}")
-        state[name] = q.to(torch.float32) * scale.reshape(-1, *([1] * (q.dim() - 1)))
+        clash = sorted(set(shard) & set(state))
+        if clash:
+            raise CheckpointError(f"weights file {str(path)!r} repeats tensor {clash[0]!r} of another shard")
+        state.update(shard)
+    index_digest = weights.get("index")
+    if len(files) > 1 or index_digest is not None or os.path.lexists(directory / WEIGHTS_INDEX):
+        index_path = _member(directory, WEIGHTS_INDEX, MAX_JSON_BYTES, "weights index")
+        if verify and index_digest is not None and _sha256(index_path) != index_digest:
+            raise CheckpointError(f"weights index {str(index_path)!r} differs from the sha256 in {WEIGHTS_CONFIG}")
+        _joined_parts(_read_json(index_path, "weights index"), state, str(index_path))
+    _dequantized(state)
     return state, config
 
 

@@ -106,6 +106,9 @@ def _written_as(dtype: torch.dtype, base: torch.Tensor, scale: Optional[torch.Te
 __all__ = ["EngressionPosterior", "ETA_DIM", "default_eta_bounds"]
 
 ETA_DIM = 5  # η = (β, log λ, log σ, u, v)
+#: Size limits of the architecture (far above any trained model's, so that a config read from a
+#: file describes a network that can be laid out, on the meta device, in bounded time).
+MAX_DIM, MAX_WIDTH, MAX_DEPTH = 1 << 24, 1 << 16, 1024
 CONDITIONINGS = ("film", "concat")
 OUTPUTS = ("scaled_residual", "residual", "direct", "preconditioned")
 LATENTS = ("gaussian", "noise_law")
@@ -208,11 +211,11 @@ class EngressionPosterior(nn.Module):
         init_seed: int = 0,
     ):
         super().__init__()
-        self.dim = check_int(dim, "dim", 1)
-        width = check_int(width, "width", 1)
-        depth = check_int(depth, "depth", 1)
-        noise_dim = check_int(noise_dim, "noise_dim", 1)
-        cond_width = check_int(cond_width, "cond_width", 1)
+        self.dim = check_int(dim, "dim", 1, MAX_DIM)
+        width = check_int(width, "width", 1, MAX_WIDTH)
+        depth = check_int(depth, "depth", 1, MAX_DEPTH)
+        noise_dim = check_int(noise_dim, "noise_dim", 1, MAX_WIDTH)
+        cond_width = check_int(cond_width, "cond_width", 1, MAX_WIDTH)
         init_seed = check_int(init_seed, "init_seed", 0, 2**64 - 1)  # torch.Generator.manual_seed's range
         conditioning = _check_choice(conditioning, "conditioning", CONDITIONINGS)
         output = _check_choice(output, "output", OUTPUTS)

@@ -49,7 +49,12 @@ import torch
 from ._checks import check_device, check_float, check_int
 from .noise import NoiseParams
 
+#: The largest realized RMS a schedule accepts: a million times unit-scale data, far beyond any
+#: sampler's first level, while r² and the noise energies stay finite in float32.
+MAX_RMS = 1e6
+
 __all__ = [
+    "MAX_RMS",
     "DEFAULT_LEVELS",
     "EIGHT_GAUSSIAN_PATHS",
     "EIGHT_GAUSSIAN_RMS",
@@ -87,7 +92,8 @@ class GeometricRMS:
 
     def __post_init__(self):
         for name in ("r_max", "r_min"):
-            object.__setattr__(self, name, check_float(getattr(self, name), f"GeometricRMS: {name}", 0, strict=True))
+            object.__setattr__(self, name, check_float(getattr(self, name), f"GeometricRMS: {name}", 0, MAX_RMS,
+                                                       strict=True))
         if not self.r_min < self.r_max:  # (check_float refused inf and NaN)
             raise ValueError(f"GeometricRMS: need finite r_max > r_min (the RMS falls from r_max to r_min), "
                              f"got r_max = {self.r_max!r}, r_min = {self.r_min!r}")

@@ -121,6 +121,11 @@ LOG_FILE = "train_log.jsonl"
 POSTERIOR_FORMAT = "etweedie.posterior/2"
 LEGACY_POSTERIOR_FORMAT = "etweedie.posterior/1"
 CHECKPOINT_FORMAT = "etweedie.checkpoint/1"
+#: The largest learning rate a config accepts (Adam steps each weight by about lr; far above any
+#: that trains, low enough that the optimizer's float32 arithmetic stays finite).
+MAX_LR = 10.0
+#: The largest training-config file read (a TOML config is a few hundred bytes).
+MAX_CONFIG_BYTES = 1024 * 1024
 STREAMS = ("data", "prior", "noise", "model")
 # Settings that may change between a run and its resumption (they do not alter the trajectory
 # up to the checkpoint); everything else must match the checkpoint's config.
@@ -311,7 +316,8 @@ class TrainConfig:
             _require(0 < self.loss_beta < 2, "loss_beta", "'matched' or a number in (0, 2)", self.loss_beta)
         for name in ("lr", "lr_min", "grad_clip", "ema_decay", "checkpoint_every_s", "max_wall_s", "shard_mb"):
             check_float(getattr(self, name), name)
-        _require(self.lr > 0, "lr", "> 0", self.lr)
+        _require(0 < self.lr <= MAX_LR, "lr", f"in (0, {MAX_LR:g}] (Adam moves each weight by about lr per step)",
+                 self.lr)
         _require(0 <= self.lr_min <= self.lr, "lr_min", "in [0, lr]", self.lr_min)
         _require(self.grad_clip >= 0, "grad_clip", ">= 0", self.grad_clip)
         _require(0 <= self.ema_decay < 1, "ema_decay", "in [0, 1)", self.ema_decay)
@@ -469,11 +475,16 @@ def load_config(path: Union[str, os.PathLike]) -> TrainConfig:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config: no such file {str(path)!r}")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"config {str(path)!r} has {path.stat().st_size:,} bytes; a training config is at most "
+                         f"{MAX_CONFIG_BYTES:,}")
     with path.open("rb") as fh:
         try:
             values = tomllib.load(fh)
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"config {str(path)!r} is not valid TOML: {exc}") from None
+        except RecursionError:
+            raise ValueError(f"config {str(path)!r} is nested too deeply to be a training config") from None
         except UnicodeDecodeError as exc:
             raise ValueError(f"config {str(path)!r} is not UTF-8 text (TOML): byte {exc.start} is "
                              f"{exc.object[exc.start:exc.start + 1]!r}") from None
@@ -1291,14 +1302,16 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
 
 # ---------------------------------------------------------------------------- posterior files
 def _posterior_is_current(post_path: Path, config: TrainConfig, step: int) -> bool:
-    """Whether the posterior a finished run already wrote has this step and this config's storage
-    settings (``posterior_dtype``, ``shard_mb``: resumable changes a rerun of the run applies)."""
+    """Whether the posterior a finished run already wrote is intact (it loads, every checksum
+    holds) and has this step and this config's storage settings (``posterior_dtype``,
+    ``shard_mb``: resumable changes a rerun of the run applies); if not, the rerun rewrites it."""
     try:
+        load_posterior(post_path)
         meta = json.loads((post_path / "config.json").read_text())
         saved = meta.get("train_config") or {}
         return (meta.get("step") == step and saved.get("posterior_dtype", "float32") == config.posterior_dtype
                 and float(saved.get("shard_mb", 16.0)) == float(config.shard_mb))
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (OSError, ValueError, TypeError, AttributeError):  # (CheckpointError is a ValueError)
         return False
 
 
@@ -1352,12 +1365,18 @@ def _build_from(class_name: str, model_config: Dict[str, Any], state: Dict[str, 
     try:
         # the shapes the config implies, checked against the weights before anything is allocated:
         # a config.json from elsewhere could otherwise ask for a network of any size
+        # (the architecture's size limits bound this layout's time)
         with torch.device("meta"):
-            shapes = {k: tuple(v.shape) for k, v in cls(**model_config).state_dict().items()}
+            expected = cls(**model_config).state_dict()
+        shapes = {k: tuple(v.shape) for k, v in expected.items()}
         given = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
         if shapes != given:
             wrong = sorted(set(shapes) ^ set(given)) or sorted(k for k in shapes if shapes[k] != given[k])
             raise ValueError(f"the weights' names or shapes differ from the config's network (first: {wrong[0]!r})")
+        kinds = [k for k, v in expected.items() if v.is_floating_point() != state[k].is_floating_point()]
+        if kinds:
+            raise ValueError(f"weight {kinds[0]!r} is {str(state[kinds[0]].dtype).replace('torch.', '')}, where the "
+                             f"network holds {str(expected[kinds[0]].dtype).replace('torch.', '')}")
         model = cls(**model_config)
         model.load_state_dict(state)
     except (TypeError, ValueError, RuntimeError, KeyError) as exc:

@@ -257,3 +257,150 @@ def test_save_weights_never_replaces_a_file(tmp_path):
     save_weights({"a": torch.zeros(3)}, tmp_path / "w", {})
     assert torch.equal(load_weights(tmp_path / "w")[0]["a"], torch.zeros(3))
     assert not (tmp_path / "w.tmp").exists() and not (tmp_path / "w.old").exists()
+
+
+# ---------------------------------------------------------------------------- hostile folders
+def _sharded_int8(tmp_path: Path) -> Path:
+    """A small posterior folder with int8 matrices, two shards or more and split tensors."""
+    model = EngressionPosterior(64, width=128, depth=2, noise_dim=4)
+    out = tmp_path / "post"
+    save_posterior(model, out, dtype="int8", shard_mb=0.01)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert index["parts"] and len(json.loads((out / "config.json").read_text())["weights"]["files"]) > 1
+    return out
+
+
+def _rehash(folder: Path) -> None:
+    """Make config.json's checksums match the files again (what a careful forger would do)."""
+    from etweedie.checkpoint import _sha256
+
+    meta = json.loads((folder / "config.json").read_text())
+    for name in meta["weights"]["files"]:
+        meta["weights"]["files"][name] = _sha256(folder / name)
+    if "index" in meta["weights"]:
+        meta["weights"]["index"] = _sha256(folder / "model.safetensors.index.json")
+    (folder / "config.json").write_text(json.dumps(meta))
+
+
+def _set_model_config(folder: Path, **changes) -> None:
+    meta = json.loads((folder / "config.json").read_text())
+    meta["model_config"].update(changes)
+    (folder / "config.json").write_text(json.dumps(meta))
+
+
+def _config_symlink(folder: Path, target: str) -> None:
+    (folder / "config.json").unlink()
+    os.symlink(target, folder / "config.json")
+
+
+def _shard_symlink(folder: Path, _target=None) -> None:
+    shard = sorted(folder.glob("model-*.safetensors"))[0]
+    outside = folder.parent / "outside.safetensors"
+    os.replace(shard, outside)
+    os.symlink(outside, shard)
+
+
+def _reorder_parts(folder: Path) -> None:
+    path = folder / "model.safetensors.index.json"
+    index = json.loads(path.read_text())
+    name = next(iter(index["parts"]))
+    index["parts"][name] = list(reversed(index["parts"][name]))
+    path.write_text(json.dumps(index))
+    _rehash(folder)
+
+
+def _retype_shard(folder: Path, dtype: torch.dtype) -> None:
+    from safetensors.torch import load_file, save_file
+
+    shard = sorted(folder.glob("model-*.safetensors"))[-1]
+    tensors = load_file(str(shard))
+    key = next(k for k, v in tensors.items() if v.is_floating_point() and "::" not in k)
+    tensors[key] = tensors[key].to(dtype)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    _rehash(folder)
+
+
+def _huge_scale(folder: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    for shard in sorted(folder.glob("model-*.safetensors")):
+        tensors = load_file(str(shard))
+        scales = [k for k in tensors if k.endswith("::scale")]
+        if scales:
+            tensors[scales[0]] = torch.full_like(tensors[scales[0]], 1e30)
+            save_file(tensors, str(shard), metadata={"format": "pt"})
+            break
+    _rehash(folder)
+
+
+@pytest.mark.parametrize("damage,words", [
+    (lambda f: _set_model_config(f, depth=10**7), "depth must be <= 1024"),
+    (lambda f: _set_model_config(f, width=10**9), "width must be <= 65536"),
+    (lambda f: _config_symlink(f, "/dev/zero"), "is a symbolic link"),
+    (lambda f: (f / "config.json").write_text("[" * 100_000 + "]" * 100_000), "nested too deeply"),
+    (lambda f: (f / "config.json").write_bytes(b" " * (9 * 1024 * 1024)), "more than the"),
+    (_shard_symlink, "is a symbolic link"),
+    (_reorder_parts, "must be the list"),
+    (lambda f: _retype_shard(f, torch.int64), "where the network holds float32"),
+    (lambda f: _retype_shard(f, torch.bool), "where the network holds float32"),
+    (_huge_scale, "int8 scale"),
+], ids=["depth-1e7", "width-1e9", "config-dev-zero", "config-nested", "config-9MiB", "shard-symlink",
+        "parts-reordered", "int64-rehashed", "bool-rehashed", "int8-scale-1e30"])
+def test_a_hostile_weights_folder_is_a_named_error_in_bounded_time(tmp_path, damage, words):
+    """Each way a posterior folder from elsewhere was found to misbehave (minutes of layer building,
+    reading /dev/zero, following a link out of the folder, permuted rows, garbage dtypes or scales)
+    is now a CheckpointError naming the file or field, raised within seconds."""
+    import time
+
+    folder = _sharded_int8(tmp_path)
+    load_posterior(folder)  # intact: loads
+    damage(folder)
+    start = time.perf_counter()
+    with pytest.raises(CheckpointError, match=words.replace("(", r"\(")):
+        load_posterior(folder)
+    assert time.perf_counter() - start < 10
+
+
+def test_the_index_is_covered_by_the_checksums(tmp_path):
+    folder = _sharded_int8(tmp_path)
+    path = folder / "model.safetensors.index.json"
+    path.write_text(path.read_text() + " ")
+    with pytest.raises(CheckpointError, match="index .* differs from the sha256"):
+        load_weights(folder)
+    load_weights(folder, verify=False)
+
+
+def test_int8_refuses_weights_beyond_float16_range(tmp_path):
+    w = torch.ones(64, 64)
+    w[3, 5] = 1e6
+    with pytest.raises(ValueError, match="float16's range"):
+        save_weights({"w": w}, tmp_path / "q", {}, dtype=torch.int8)
+    assert not (tmp_path / "q").exists()
+
+
+def test_a_full_disk_while_saving_a_checkpoint_is_an_oserror(tmp_path):
+    """torch.save writes through a Python file object, so the write failure surfaces as the
+    OSError it is (here EFBIG from a file-size limit, as ENOSPC on a full disk), and the old
+    file stays whole."""
+    import subprocess
+    import sys
+
+    from etweedie.checkpoint import atomic_torch_save
+
+    target = tmp_path / "ckpt.pt"
+    atomic_torch_save({"a": torch.zeros(10)}, target)
+    before = target.read_bytes()
+    code = (
+        "import resource, signal, sys, torch\n"
+        "from etweedie.checkpoint import atomic_torch_save\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))\n"
+        "try:\n"
+        f"    atomic_torch_save({{'a': torch.zeros(1 << 20)}}, {str(target)!r})\n"
+        "except OSError as exc:\n"
+        "    print('OSError', exc.errno); sys.exit(0)\n"
+        "sys.exit(1)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("OSError"), done.stdout + done.stderr
+    assert target.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]

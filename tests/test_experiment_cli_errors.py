@@ -73,6 +73,8 @@ RUN_STYLE = [  # main(argv) returns the status
     ("eight_gaussians.estimation", ["--config", "{tmp}/not_utf8.toml"], ["--config", "not_utf8.toml", "not UTF-8"]),
     ("eight_gaussians.diffusion", ["--posterior", "known", "--path", "rotating", "--chains", "64", "--levels", "3",
                                    "--device", ""], ["--device", "empty string"]),
+    ("eight_gaussians.diffusion", ["--posterior", "known", "--path", "isotropic", "--chains", "8", "--levels", "3",
+                                   "--r-max", "1e200"], ["--r-max must be <= 1000000.0, got 1e+200"]),
     ("eight_gaussians.diffusion", ["--posterior", "known", "--path", "rotating", "--chains", "64", "--levels", "3",
                                    "--r-max", "nan"], ["--r-max", "finite", "nan"]),
     ("eight_gaussians.diffusion", ["--posterior", "known", "--path", "rotating", "--chains", "64", "--levels", "3",
@@ -290,3 +292,22 @@ def test_gpu_drivers_without_a_gpu_stop_before_making_folders(module, argv, prog
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"{prog}: error: ") and words in err[0], err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_command_line_of_every_script_ends_a_size_beyond_memory_in_one_line(tmp_path):
+    """``python -m experiments.mnist.cpu_protocol --n-posterior 100000000000`` was a traceback from
+    the allocator; the scripts whose ``main`` is not ``_cli.run`` are entered through
+    ``_cli.guarded``, so it is one line and status 2."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "experiments.mnist.cpu_protocol", "--n-posterior", "100000000000",
+                           "--paths", "mnist_joint", "--out", str(tmp_path / "o")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert lines[-1].startswith("cpu_protocol: error: out of memory"), done.stderr
+    for script in ROOT.glob("experiments/**/*.py"):
+        text = script.read_text()
+        if 'if __name__ == "__main__":' in text and "_cli.run(" not in text and "sys.exit(main())" in text:
+            assert "gpu" in script.name, f"{script} is entered without _cli.guarded"

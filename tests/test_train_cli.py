@@ -203,7 +203,8 @@ def test_the_deadline_is_per_invocation(tmp_path, capsys):
 
 def test_a_config_asking_for_a_huge_network_is_refused_before_allocating(tmp_path):
     """config.json's model_config is compared with the weights' shapes on the meta device first: a
-    file from elsewhere asking for width 10⁸ is a CheckpointError, not a multi-GB allocation."""
+    file from elsewhere asking for width 60,000 (within the architecture's limits) is a
+    CheckpointError, not a multi-GB allocation."""
     from etweedie.checkpoint import CheckpointError
     from etweedie.train import load_posterior
 
@@ -211,7 +212,7 @@ def test_a_config_asking_for_a_huge_network_is_refused_before_allocating(tmp_pat
     assert _train("--out", out, "--steps", "2") == 0
     meta_path = out / "posterior" / "config.json"
     meta = json.loads(meta_path.read_text())
-    meta["model_config"]["width"] = 10**8
+    meta["model_config"]["width"] = 60_000
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match="names or shapes differ from the config's network"):
         load_posterior(out / "posterior")
@@ -284,3 +285,50 @@ def test_an_allocation_failure_is_one_line(capsys, monkeypatch):
     monkeypatch.setattr(train, "cli_main", bug)
     with pytest.raises(RuntimeError, match="a bug"):
         cli(["train", "--config", "eight_gaussians_cpu"])
+
+
+@pytest.mark.parametrize("text,words", [
+    ("lr = 1e300\n", ["lr must be in (0, 10]"]),
+    ("a = " + "[" * 100_000 + "]" * 100_000 + "\n", ["nested too deeply"]),
+], ids=["lr-1e300", "nested-toml"])
+def test_configs_a_user_could_write_are_one_line(tmp_path, capsys, text, words):
+    bad = tmp_path / "bad.toml"
+    body = "\n".join(line for line in TINY.read_text().splitlines() if not line.startswith("lr ="))
+    bad.write_text(text + body if text.startswith("lr") else text)
+    assert cli(["train", "--config", str(bad), "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    _one_line_error(capsys, *words)
+
+
+def test_a_full_disk_while_training_is_one_line(tmp_path):
+    """The disk filling up while a checkpoint is written: one line, status 2 (it was torch's
+    RuntimeError and a traceback); simulated by a file-size limit in a child process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, signal, sys\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 14, 1 << 14))\n"
+        "from etweedie.cli import main\n"
+        f"sys.exit(main(['train', '--config', {str(TINY)!r}, '--out', {str(tmp_path / 'run')!r}, '--steps', '2', "
+        "'--no-progress']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith("etweedie train: error: cannot write the run directory"), lines[0]
+
+
+def test_a_truncated_posterior_of_a_finished_run_is_rewritten(tmp_path, capsys):
+    """Rerunning a finished run whose posterior file was damaged writes it again from the
+    checkpoint (it printed "posterior written" and kept the damaged file)."""
+    from etweedie.train import load_posterior
+
+    out = tmp_path / "run"
+    assert _train("--out", out, "--steps", "3") == 0
+    weights = out / "posterior" / "model.safetensors"
+    intact = weights.read_bytes()
+    weights.write_bytes(intact[: len(intact) // 2])
+    assert _train("--out", out, "--steps", "3") == 0
+    assert weights.read_bytes() == intact
+    load_posterior(out / "posterior")

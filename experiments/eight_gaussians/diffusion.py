@@ -53,7 +53,7 @@ from etweedie.metrics import (
     stratified_bootstrap_energy_distance,
     stratified_subset,
 )
-from etweedie.paths import DEFAULT_LEVELS, GeometricRMS, ISOLATION_ARMS, get_path, level_times
+from etweedie.paths import DEFAULT_LEVELS, ISOLATION_ARMS, MAX_RMS, GeometricRMS, get_path, level_times
 from etweedie.sample import ThroughputTimer, sample_langevin
 from etweedie.score import posterior_dtype_device
 
@@ -857,6 +857,8 @@ def check_cli_arguments(args: argparse.Namespace) -> None:
         _cli.at_least(f"--{flag.replace('_', '-')}", getattr(args, flag, None), low)
     for flag in ("r_max", "r_min", "step_scale"):
         _cli.positive(f"--{flag.replace('_', '-')}", getattr(args, flag, None))
+    for flag in ("r_max", "r_min"):
+        _cli.at_most(f"--{flag.replace('_', '-')}", getattr(args, flag, None), MAX_RMS)
     _cli.nonempty("--checkpoint", args.checkpoint, "a posterior checkpoint")
     for path in args.checkpoint or ():
         if not Path(path).exists():
