@@ -32,7 +32,7 @@ import pytest
 import torch
 
 import etweedie
-from etweedie.cli import OneLineParser
+from etweedie.commandline import OneLineParser
 from etweedie.ops import reference
 from etweedie.ops._prep import canonicalize
 

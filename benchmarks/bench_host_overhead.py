@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import etweedie  # noqa: E402
-from etweedie.cli import OneLineParser  # noqa: E402
+from etweedie.commandline import OneLineParser  # noqa: E402
 from benchmarks.common import MAX_THREADS, check_flags, check_threads, flag_error  # noqa: E402
 from etweedie.ops import _prep  # noqa: E402
 

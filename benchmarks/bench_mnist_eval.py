@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import MAX_THREADS, check_flags, check_threads, cpu_name, flag_error, time_call  # noqa: E402
-from etweedie.cli import OneLineParser  # noqa: E402
+from etweedie.commandline import OneLineParser  # noqa: E402
 from etweedie.image_metrics import MnistClassifier, MnistEvaluator, nearest_train  # noqa: E402
 from etweedie.mnist import load_mnist  # noqa: E402
 

@@ -35,7 +35,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 import etweedie
-from etweedie.cli import OneLineParser
+from etweedie.commandline import OneLineParser
 from etweedie.models import EngressionPosterior
 from etweedie.paths import get_path, level_times
 from etweedie.sample import initial_states, sample_langevin, step_sizes

@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import etweedie  # noqa: E402
-from etweedie.cli import OneLineParser  # noqa: E402
+from etweedie.commandline import OneLineParser  # noqa: E402
 from benchmarks.common import MAX_THREADS, check_flags, check_threads, flag_error  # noqa: E402
 from etweedie._checks import check_device  # noqa: E402
 from etweedie.train import (  # noqa: E402

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 import etweedie
-from etweedie.cli import OneLineParser
+from etweedie.commandline import OneLineParser
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence
 
 from tqdm import tqdm
 
-from etweedie.cli import OneLineParser
+from etweedie.commandline import OneLineParser
 
 from . import (
     bench_energy_distance,

@@ -18,12 +18,11 @@ Seeded sub-streams, atomic writes and summary statistics are in :mod:`etweedie.u
 from __future__ import annotations
 
 import math
-import re
 from typing import Optional
 
 import torch
 
-__all__ = ["MAX_THREADS", "allocation_failure", "check_bool", "check_device", "check_float", "check_generator", "check_int",
+__all__ = ["MAX_THREADS", "check_bool", "check_device", "check_float", "check_generator", "check_int",
            "check_output_dir", "check_output_file"]
 
 #: The most intra-op threads a config or flag accepts: ``torch.set_num_threads`` of far more
@@ -150,22 +149,3 @@ def check_output_dir(path, name: str) -> str:
     except OSError as exc:
         raise ValueError(f"{name} {path!r} cannot be created or written: {exc.strerror or exc}") from None
     return path
-
-
-# ---------------------------------------------------------------------------- command lines
-def allocation_failure(exc: BaseException) -> Optional[str]:
-    """The one-line message for ``exc`` when it is a failed memory allocation (a ``MemoryError``,
-    torch's ``OutOfMemoryError`` on a GPU, or the CPU allocator's RuntimeError "can't allocate
-    memory"), else None: a command line given sizes beyond the machine's memory reports that in
-    one line instead of a traceback."""
-    text = " ".join(str(exc).split())
-    if not (isinstance(exc, (MemoryError, torch.OutOfMemoryError))
-            or (isinstance(exc, RuntimeError) and "can't allocate memory" in text)):
-        return None
-    match = re.search(r"(?:tried|Tried) to allocate (\d+) bytes", text) or re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", text)
-    asked = ""
-    if match is not None:
-        size = match.group(1)
-        asked = f" (one tensor of {int(size) / 2**30:,.1f} GiB)" if size.isdigit() else f" (one tensor of {size})"
-    return f"out of memory{asked}: the sizes asked for (chains, samples, batch) do not fit this machine; lower them"
-

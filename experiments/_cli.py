@@ -16,51 +16,18 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Tuple
+
+from etweedie.commandline import OneLineParser, allocation_failure, fail, parse  # torch-free
 
 #: the most torch intra-op threads a ``--threads`` flag accepts (torch.set_num_threads of far more crashes)
 MAX_THREADS = 1024
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse with one-line usage errors, ``PROG: error: MESSAGE (PROG --help lists the
-    arguments)``, status 2: the behaviour of ``etweedie.cli.OneLineParser``, defined again here so
-    that importing these helpers (the GPU orchestration scripts do) does not import torch."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the arguments)\n")
-
-
 class UsageError(ValueError):
     """A flag's value a user gave cannot work: its message is the one line after ``PROG: error: ``."""
-
-
-def fail(prog: str, message: Any) -> int:
-    """Print ``PROG: error: MESSAGE`` as one line on stderr; 2."""
-    text = " ".join(str(message).split()) or type(message).__name__
-    print(f"{prog}: error: {text}", file=sys.stderr)
-    return 2
-
-
-def allocation_failure(exc: BaseException) -> Optional[str]:
-    """``etweedie._checks.allocation_failure`` without importing torch here (the GPU
-    orchestration scripts import these helpers): the one-line message for a failed memory
-    allocation, else None."""
-    text = " ".join(str(exc).split())
-    torch = sys.modules.get("torch")
-    oom = torch is not None and isinstance(exc, torch.OutOfMemoryError)
-    if not (oom or isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and "can't allocate memory" in text)):
-        return None
-    match = re.search(r"(?:tried|Tried) to allocate (\d+) bytes", text) or re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", text)
-    asked = ""
-    if match is not None:
-        size = match.group(1)
-        asked = f" (one tensor of {int(size) / 2**30:,.1f} GiB)" if size.isdigit() else f" (one tensor of {size})"
-    return f"out of memory{asked}: the sizes asked for (chains, samples, batch) do not fit this machine; lower them"
 
 
 def _fail_allocation(prog: str, exc: BaseException) -> int:
@@ -242,14 +209,6 @@ def load(flag: str, value: Any, loader: Callable[[Any], Any], what: str = "a run
 
 
 # ---------------------------------------------------------------------------- entry points
-def parse(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> Tuple[Optional[argparse.Namespace], int]:
-    """``(args, 0)``, or ``(None, status)`` when argparse stopped (0 after --help, 2 on a usage error)."""
-    try:
-        return parser.parse_args(argv), 0
-    except SystemExit as exc:
-        return None, exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-
-
 def run(prog: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None],
         cli_main: Callable[[argparse.Namespace], int], argv: Optional[Sequence[str]],
         check: Optional[Callable[[argparse.Namespace], None]] = None) -> int:

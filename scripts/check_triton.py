@@ -28,7 +28,10 @@ DTYPES, DRAWS = ("fp32", "fp64"), ("bf16", "fp16")
 def main(argv=None) -> int:
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
-    from experiments._cli import OneLineParser, parse  # torch-free: usage errors are one line, status 2
+    from scripts._commandline import load  # torch-free: usage errors are one line, status 2
+
+    commandline = load()
+    OneLineParser, parse = commandline.OneLineParser, commandline.parse
 
     p = OneLineParser(prog="check_triton", description=__doc__.split("\n")[0])
     p.add_argument("--arch", type=int, default=80, help="CUDA compute capability ×10 (80 = A100, 90 = H100)")

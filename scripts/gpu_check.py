@@ -552,7 +552,10 @@ def run_tests(cmd: List[str], test_log: str, timeout: Optional[float] = None, ma
 def main(argv=None) -> int:
     if ROOT not in sys.path:  # the checkout's etweedie, benchmarks and experiments
         sys.path.insert(0, ROOT)
-    from experiments._cli import OneLineParser, parse  # torch-free: usage errors are one line, status 2
+    from scripts._commandline import load  # torch-free: usage errors are one line, status 2
+
+    commandline = load()
+    OneLineParser, parse = commandline.OneLineParser, commandline.parse
 
     p = OneLineParser(prog="gpu-check", description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.path.join(ROOT, "gpu_check"), help="log and JSON directory")

@@ -44,6 +44,7 @@ def _package_view(tmp_path: Path) -> Path:
             (package / child.name).symlink_to(child)
     (package / "kernels").symlink_to(ROOT / "kernels")
     (view / "experiments").symlink_to(ROOT / "experiments")
+    (view / "benchmarks").symlink_to(ROOT / "benchmarks")
     return view
 
 

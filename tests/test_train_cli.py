@@ -258,7 +258,7 @@ def test_a_finished_run_says_there_is_nothing_left(tmp_path, capsys):
 ])
 def test_argparse_errors_are_one_line(capsys, argv, words):
     """argparse's own errors (a bad type, a missing or unknown flag) are one line too, not the
-    usage block before it (etweedie.cli.OneLineParser)."""
+    usage block before it (etweedie.commandline.OneLineParser)."""
     assert cli(argv) == 2
     err = capsys.readouterr().err
     lines = err.strip().splitlines()

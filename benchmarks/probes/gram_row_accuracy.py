@@ -17,7 +17,7 @@ term (1/M) Σ ‖x_i − y‖^β (the value is a difference of terms ~1e12 or ~1
 import torch
 
 import etweedie
-from etweedie.cli import OneLineParser
+from etweedie.commandline import OneLineParser
 
 
 def grads(samples, target, beta, backend, dtype):

@@ -17,7 +17,7 @@ import time
 import torch
 
 import etweedie
-from etweedie.cli import OneLineParser
+from etweedie.commandline import OneLineParser
 
 
 def main() -> None:
