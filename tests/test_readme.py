@@ -1,4 +1,4 @@
-"""README.md cannot go stale silently: its Python blocks run, its paths, modules, flags and names exist.
+"""README.md cannot go stale silently: its Python blocks run and print what it shows.
 
 Rule for the Python code blocks.  Every ```python block in README.md carries a marker, an HTML
 comment on the line right above it (invisible when rendered); a block without one fails the test:
@@ -18,18 +18,13 @@ group is followed directly by an untagged ``` block, that block is its documente
 printed text must match, words exactly (whitespace-normalized) and numbers within
 ``rel 1e-3, abs 1e-4`` (room for another CPU's float rounding, none for a stale number).
 
-Besides: relative Markdown links and every repository path the README names (``configs/x.toml``,
-``tests/test_<op>.py`` as a glob) exist; every ``python -m MODULE`` is a module file here and each
-flag on its command line is one its parser defines; every ``--flag`` in the prose is defined by
-some command here (or is one of the listed pip/torchrun/setup.py flags); the make targets exist;
-the dotted ``etweedie.*`` names import; the ops table's signatures match the functions'.
+Besides, the ops table's signatures match the functions'.  Links, paths, modules, make targets,
+flags and dotted names of every document are checked by tests/test_docs.py.
 """
 
 from __future__ import annotations
 
 import ast
-import glob
-import importlib
 import inspect
 import json
 import math
@@ -133,143 +128,6 @@ def test_readme_python_blocks_run(group, tmp_path):
     for i, ((_, expected, _), got) in enumerate(zip(group, outputs)):
         if expected is not None:
             _compare(expected, got, f"block {i} of group {_group_id(group)!r}")
-
-
-# ---------------------------------------------------------------------------------------------
-# links, paths, modules, flags, names
-
-
-def _slug(heading: str) -> str:
-    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-
-
-def test_relative_links_resolve():
-    anchors = {_slug(h) for h in re.findall(r"^#+\s+(.*)$", README, re.M)}
-    targets = re.findall(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", README) + re.findall(r"(?:href|src)=\"([^\"]+)\"", README)
-    for target in targets:
-        if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
-            continue
-        path, _, anchor = target.partition("#")
-        if path:
-            assert (ROOT / path).exists(), f"README links to {path}, which does not exist"
-        elif anchor:
-            assert anchor in anchors, f"README links to #{anchor}, which is no heading here"
-
-
-_REPO_DIRS = "csrc|etweedie|kernels|configs|experiments|tests|benchmarks|scripts|examples|pretrained|data"
-_PATH = re.compile(rf"(?<![\w/.<>-])((?:{_REPO_DIRS})/[\w./*<>-]*)")
-
-
-def test_named_repository_paths_exist():
-    missing = []
-    for raw in sorted(set(_PATH.findall(README))):
-        path = raw.rstrip(".,;:")
-        pattern = re.sub(r"<[^>]+>", "*", path)  # tests/test_<op>.py -> tests/test_*.py
-        if not glob.glob(str(ROOT / pattern)):
-            missing.append(path)
-    assert not missing, f"README names paths that do not exist: {missing}"
-
-
-def _command_lines():
-    """The README's command lines (indented or fenced), `torchrun ... -m` normalized to `python -m`."""
-    lines = []
-    for line in README.splitlines():
-        s = line.strip()
-        s = re.sub(r"^torchrun\s+(?:--\S+\s+)*-m\s+", "python -m ", s)
-        if s.startswith("python -m "):
-            lines.append(s)
-    return lines
-
-
-def _module_sources(module: str, sub: str | None):
-    """Source files whose parser defines a command's flags (with the shared CLI helpers)."""
-    if module == "etweedie":
-        if sub == "bench":
-            return [ROOT / "benchmarks" / "table.py", ROOT / "benchmarks" / "common.py"]
-        if sub == "info":
-            return [ROOT / "etweedie" / "cli.py"]
-        return [ROOT / "etweedie" / "commands" / f"{sub.replace('-', '_')}.py", ROOT / "etweedie" / "cli.py"]
-    parts = module.split(".")
-    file = ROOT.joinpath(*parts).with_suffix(".py")
-    helpers = {"experiments": ["_cli.py"], "benchmarks": ["common.py"]}.get(parts[0], [])
-    return [file] + [ROOT / parts[0] / h for h in helpers]
-
-
-def test_commands_modules_and_flags_exist():
-    lines = _command_lines()
-    assert lines, "no `python -m` command lines found"
-    subcommands = set(re.findall(r"add_parser\(\s*\"([\w-]+)\"", (ROOT / "etweedie" / "cli.py").read_text()))
-    subcommands |= {p.stem.replace("_", "-") for p in (ROOT / "etweedie" / "commands").glob("*.py") if p.stem != "__init__"}
-    problems = []
-    for line in lines:
-        words = line.split()
-        module = words[2]
-        sub = words[3] if module == "etweedie" and len(words) > 3 else None
-        if module == "etweedie":
-            if sub not in subcommands:
-                problems.append(f"{line!r}: no `etweedie {sub}` command")
-                continue
-        else:
-            parts = module.split(".")
-            if not (ROOT.joinpath(*parts).with_suffix(".py").exists() or (ROOT.joinpath(*parts) / "__main__.py").exists()):
-                problems.append(f"{line!r}: no module {module}")
-                continue
-        source = "\n".join(p.read_text(encoding="utf-8") for p in _module_sources(module, sub) if p.exists())
-        for flag in re.findall(r"(?<![\w-])(--[a-zA-Z][\w-]*)", line):
-            if f'"{flag}"' not in source and f"'{flag}'" not in source:
-                problems.append(f"{line!r}: {module} {sub or ''} defines no {flag}")
-    assert not problems, "\n".join(problems)
-
-
-# flags of other tools the README quotes (pip, torchrun, setup.py build_ext)
-_EXTERNAL_FLAGS = {"--no-build-isolation", "--no-deps", "--nproc_per_node", "--inplace"}
-
-
-def test_every_flag_in_the_prose_is_defined_somewhere():
-    sources = "\n".join(
-        p.read_text(encoding="utf-8")
-        for d in ("etweedie", "experiments", "benchmarks", "scripts")
-        for p in (ROOT / d).rglob("*.py")
-    )
-    unknown = sorted(
-        flag
-        for flag in set(re.findall(r"(?<![\w-])(--[a-zA-Z][\w-]*)", README)) - _EXTERNAL_FLAGS
-        if f'"{flag}"' not in sources and f"'{flag}'" not in sources
-    )
-    assert not unknown, f"README mentions flags no command here defines: {unknown}"
-
-
-def test_make_targets_exist():
-    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
-    named = set(re.findall(r"\bmake ([a-z][\w-]*)", README))
-    assert named <= targets, f"README names make targets the Makefile lacks: {sorted(named - targets)}"
-
-
-def _resolve(dotted: str):
-    parts = dotted.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ModuleNotFoundError as exc:
-            if exc.name and not exc.name.startswith("etweedie"):
-                pytest.skip(f"{dotted} needs the optional package {exc.name}")
-            continue
-        for attr in parts[i:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise ImportError(dotted)
-
-
-def test_dotted_names_resolve():
-    names = set(re.findall(r"\betweedie(?:\.[A-Za-z_]\w*)+", README))
-    names = {n for n in names if n.rsplit(".", 1)[-1] not in {"cpp", "git", "py", "md", "toml"}}
-    bad = []
-    for name in sorted(names):
-        try:
-            _resolve(name)
-        except (ImportError, AttributeError) as exc:
-            bad.append(f"{name}: {exc!r}")
-    assert not bad, "README names that do not resolve:\n" + "\n".join(bad)
 
 
 def test_ops_table_signatures_match():
