@@ -111,6 +111,19 @@ inline void score_args(const char* op, const at::Tensor& y, const at::Tensor& x,
   metric(op, prec, kind, B, d);
 }
 
+// langevin_step_fwd: score_args, then the noise ξ (B, d) contiguous and the step α (B,), and at
+// least one draw per row.
+inline void langevin_step_args(const char* op, const at::Tensor& y, const at::Tensor& x, const at::Tensor& noise,
+                               const at::Tensor& step, const at::Tensor& beta, const at::Tensor& lam,
+                               const at::Tensor& prec, int64_t kind) {
+  score_args(op, y, x, beta, lam, prec, kind);
+  same_dtype_device(op, {"y", &y}, {{"noise", &noise}, {"step", &step}});
+  shape(op, "noise", noise, y.sizes());
+  TORCH_CHECK(noise.is_contiguous(), op, ": noise must be contiguous, got strides ", noise.strides());
+  rows(op, "step", step, y.size(0));
+  TORCH_CHECK(x.size(1) > 0 || y.size(0) == 0, op, ": need at least one posterior draw (N >= 1)");
+}
+
 // Canonical arguments of student_t_score: query_cloud, the exponent c (B,), prec as in metric().
 inline void student_t_args(const char* op, const at::Tensor& y, const at::Tensor& x, const at::Tensor& c,
                            const at::Tensor& prec, int64_t kind) {
@@ -133,6 +146,28 @@ inline void energy_args(const char* op, const at::Tensor& a, const at::Tensor& b
               a.strides(), " and ", b.strides());
   rows(op, "beta", beta, B);
   metric(op, prec, kind, B, d);
+}
+
+// energy_distance: clouds (B, n, d) and (B, m, d) with n, m >= 1 (>= 2 for the unbiased estimator)
+// when B > 0; energy_args checks the rest.
+inline void energy_distance_sizes(const at::Tensor& a, const at::Tensor& b, bool unbiased) {
+  TORCH_CHECK(a.dim() == 3 && b.dim() == 3, "energy_distance: clouds must be (B, n, d) and (B, m, d), got ",
+              a.sizes(), " and ", b.sizes());
+  if (a.size(0) == 0) return;
+  TORCH_CHECK(a.size(1) >= 1 && b.size(1) >= 1, "energy_distance: both clouds need at least one point");
+  TORCH_CHECK(!unbiased || (a.size(1) >= 2 && b.size(1) >= 2),
+              "energy_distance: the unbiased estimator needs n >= 2 and m >= 2, got n = ", a.size(1), ", m = ",
+              b.size(1));
+}
+
+// The backward of the per-row score ops (et_score, student_t_score): the incoming grad and
+// grad_m and the saved m, each (B, d) like y and in its dtype and device.
+inline void score_grads(const char* op, const at::Tensor& y, const at::Tensor& grad, const at::Tensor& grad_m,
+                        const at::Tensor& m) {
+  same_dtype_device(op, {"y", &y}, {{"grad", &grad}, {"grad_m", &grad_m}, {"m", &m}});
+  shape(op, "grad", grad, y.sizes());
+  shape(op, "grad_m", grad_m, y.sizes());
+  shape(op, "m", m, y.sizes());
 }
 
 // is_score: y (Q, d) and bank (M ≥ 1, d) contiguous, one shared metric prec (1, *param)

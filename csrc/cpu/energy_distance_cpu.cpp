@@ -32,20 +32,10 @@ PairWeights energy_distance_weights(int64_t n, int64_t m, bool unbiased) {
   return {cross, -within_weight(n, unbiased), -within_weight(m, unbiased)};
 }
 
-void check_sizes(const at::Tensor& a, const at::Tensor& b, bool unbiased) {
-  TORCH_CHECK(a.dim() == 3 && b.dim() == 3, "energy_distance: clouds must be (B, n, d) and (B, m, d), got ",
-              a.sizes(), " and ", b.sizes());
-  if (a.size(0) == 0) return;
-  TORCH_CHECK(a.size(1) >= 1 && b.size(1) >= 1, "energy_distance: both clouds need at least one point");
-  TORCH_CHECK(!unbiased || (a.size(1) >= 2 && b.size(1) >= 2),
-              "energy_distance: the unbiased estimator needs n >= 2 and m >= 2, got n = ", a.size(1), ", m = ",
-              b.size(1));
-}
-
 at::Tensor energy_distance_fwd_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& beta,
                                    const at::Tensor& prec, int64_t kind, bool unbiased) {
   checks::energy_args("energy_distance", a, b, beta, prec, kind);
-  check_sizes(a, b, unbiased);
+  checks::energy_distance_sizes(a, b, unbiased);
   const auto w = energy_distance_weights(a.size(1), b.size(1), unbiased);
   if (energy_rows_applicable(a.size(0), a.size(1), b.size(1), a.size(2), false, false)) {
     auto value = at::empty({a.size(0)}, a.options());
@@ -61,7 +51,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_distance_bwd_c
   checks::energy_args("energy_distance_bwd", a, b, beta, prec, kind);
   checks::same_dtype_device("energy_distance_bwd", {"a", &a}, {{"grad", &grad}});
   checks::rows("energy_distance_bwd", "grad", grad, a.size(0));
-  check_sizes(a, b, unbiased);
+  checks::energy_distance_sizes(a, b, unbiased);
   const auto w = energy_distance_weights(a.size(1), b.size(1), unbiased);
   if (energy_rows_applicable(a.size(0), a.size(1), b.size(1), a.size(2), need_beta, need_prec)) {
     auto g = grad.contiguous();

@@ -30,16 +30,11 @@ namespace etweedie {
 namespace cpu {
 namespace {
 
-void check_canonical(const at::Tensor& y, const at::Tensor& x, const at::Tensor& beta, const at::Tensor& lam,
-                     const at::Tensor& prec, int64_t kind) {
-  checks::score_args("et_score", y, x, beta, lam, prec, kind);
-}
-
 int64_t block_of(const at::Tensor& prec, int64_t kind) { return kind == kBlock ? prec.size(1) : 0; }
 
 std::tuple<at::Tensor, at::Tensor> et_score_fwd_cpu(const at::Tensor& y, const at::Tensor& x, const at::Tensor& beta,
                                                     const at::Tensor& lam, const at::Tensor& prec, int64_t kind) {
-  check_canonical(y, x, beta, lam, prec, kind);
+  checks::score_args("et_score", y, x, beta, lam, prec, kind);
   const int64_t B = y.size(0), N = x.size(1), d = y.size(1);
   TORCH_CHECK(N > 0 || B == 0, "et_score: need at least one posterior draw (N >= 1)");
   auto s = at::empty({B, d}, y.options());
@@ -82,12 +77,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> et_score_
     const at::Tensor& grad, const at::Tensor& grad_m, const at::Tensor& y, const at::Tensor& x, const at::Tensor& beta, const at::Tensor& lam,
     const at::Tensor& prec, int64_t kind, const at::Tensor& m, bool need_y, bool need_x, bool need_beta,
     bool need_lam, bool need_prec) {
-  check_canonical(y, x, beta, lam, prec, kind);
+  checks::score_args("et_score", y, x, beta, lam, prec, kind);
   const int64_t B = y.size(0), N = x.size(1), d = y.size(1);
-  checks::same_dtype_device("et_score_bwd", {"y", &y}, {{"grad", &grad}, {"grad_m", &grad_m}, {"m", &m}});
-  checks::shape("et_score_bwd", "grad", grad, y.sizes());
-  checks::shape("et_score_bwd", "grad_m", grad_m, y.sizes());
-  checks::shape("et_score_bwd", "m", m, y.sizes());
+  checks::score_grads("et_score_bwd", y, grad, grad_m, m);
   auto g = grad.contiguous();
   auto gm = grad_m.contiguous();
   auto mc = m.contiguous();

@@ -25,13 +25,8 @@ std::tuple<at::Tensor, at::Tensor> langevin_step_fwd_cpu(const at::Tensor& y, co
                                                          const at::Tensor& noise, const at::Tensor& step,
                                                          const at::Tensor& beta, const at::Tensor& lam,
                                                          const at::Tensor& prec, int64_t kind) {
-  checks::score_args("langevin_step", y, x, beta, lam, prec, kind);
-  checks::same_dtype_device("langevin_step", {"y", &y}, {{"noise", &noise}, {"step", &step}});
-  checks::shape("langevin_step", "noise", noise, y.sizes());
-  TORCH_CHECK(noise.is_contiguous(), "langevin_step: noise must be contiguous, got strides ", noise.strides());
-  checks::rows("langevin_step", "step", step, y.size(0));
+  checks::langevin_step_args("langevin_step", y, x, noise, step, beta, lam, prec, kind);
   const int64_t B = y.size(0), N = x.size(1), d = y.size(1);
-  TORCH_CHECK(N > 0 || B == 0, "langevin_step: need at least one posterior draw (N >= 1)");
   auto out = at::empty({B, d}, y.options());
   auto m = at::empty({B, d}, y.options());
   if (B == 0 || d == 0) return {out, m};

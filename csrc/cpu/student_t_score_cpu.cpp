@@ -42,11 +42,6 @@ namespace {
 
 constexpr const char* kOp = "student_t_score";
 
-void check_canonical(const at::Tensor& y, const at::Tensor& x, const at::Tensor& c, const at::Tensor& prec,
-                     int64_t kind) {
-  checks::student_t_args(kOp, y, x, c, prec, kind);
-}
-
 int64_t block_of(const at::Tensor& prec, int64_t kind) { return kind == kBlock ? prec.size(1) : 0; }
 
 // The Student-t weight w(q) = 1/(1 + q) as the functor of weighted_residual_sum and
@@ -62,7 +57,7 @@ struct StudentTWeight {
 
 std::tuple<at::Tensor, at::Tensor> student_t_score_fwd_cpu(const at::Tensor& y, const at::Tensor& x,
                                                            const at::Tensor& c, const at::Tensor& prec, int64_t kind) {
-  check_canonical(y, x, c, prec, kind);
+  checks::student_t_args(kOp, y, x, c, prec, kind);
   const int64_t B = y.size(0), N = x.size(1), d = y.size(1);
   auto s = at::empty({B, d}, y.options());
   auto m = at::empty({B, d}, y.options());
@@ -111,11 +106,8 @@ std::tuple<at::Tensor, at::Tensor> student_t_score_fwd_cpu(const at::Tensor& y, 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> student_t_score_bwd_cpu(
     const at::Tensor& grad, const at::Tensor& grad_m, const at::Tensor& y, const at::Tensor& x, const at::Tensor& c,
     const at::Tensor& prec, int64_t kind, const at::Tensor& m, bool need_y, bool need_x, bool need_c, bool need_prec) {
-  check_canonical(y, x, c, prec, kind);
-  checks::same_dtype_device(kOp, {"y", &y}, {{"grad", &grad}, {"grad_m", &grad_m}, {"m", &m}});
-  checks::shape(kOp, "grad", grad, y.sizes());
-  checks::shape(kOp, "grad_m", grad_m, y.sizes());
-  checks::shape(kOp, "m", m, y.sizes());
+  checks::student_t_args(kOp, y, x, c, prec, kind);
+  checks::score_grads(kOp, y, grad, grad_m, m);
   const int64_t B = y.size(0), N = x.size(1), d = y.size(1);
   auto g = grad.contiguous();
   auto gm = grad_m.contiguous();

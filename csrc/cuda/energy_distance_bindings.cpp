@@ -5,26 +5,16 @@ namespace etweedie {
 namespace cuda {
 namespace {
 
-void check_distance_sizes(const at::Tensor& a, const at::Tensor& b, bool unbiased) {
-  TORCH_CHECK(a.dim() == 3 && b.dim() == 3, "energy_distance: clouds must be (B, n, d) and (B, m, d), got ",
-              a.sizes(), " and ", b.sizes());
-  if (a.size(0) == 0) return;
-  TORCH_CHECK(a.size(1) >= 1 && b.size(1) >= 1, "energy_distance: both clouds need at least one point");
-  TORCH_CHECK(!unbiased || (a.size(1) >= 2 && b.size(1) >= 2),
-              "energy_distance: the unbiased estimator needs n >= 2 and m >= 2, got n = ", a.size(1), ", m = ",
-              b.size(1));
-}
-
 at::Tensor energy_distance_fwd_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& beta,
                                     const at::Tensor& prec, int64_t kind, bool unbiased) {
-  check_distance_sizes(a, b, unbiased);
+  checks::energy_distance_sizes(a, b, unbiased);
   return energy_forward(false, "energy_distance", a, b, beta, prec, kind, unbiased);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> energy_distance_bwd_cuda(
     const at::Tensor& grad, const at::Tensor& a, const at::Tensor& b, const at::Tensor& beta, const at::Tensor& prec,
     int64_t kind, bool unbiased, bool need_a, bool need_b, bool need_beta, bool need_prec) {
-  check_distance_sizes(a, b, unbiased);
+  checks::energy_distance_sizes(a, b, unbiased);
   auto out = energy_backward(false, "energy_distance_bwd", grad, a, b, beta, prec, kind, unbiased, need_a, need_b,
                              need_beta, need_prec, false);
   return {std::get<1>(out), std::get<2>(out), std::get<3>(out), std::get<4>(out)};

@@ -29,10 +29,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> et_score_
     const at::Tensor& lam, const at::Tensor& prec, int64_t kind, const at::Tensor& m, bool need_y, bool need_x,
     bool need_beta, bool need_lam, bool need_prec) {
   checks::score_args("et_score_bwd", y, x, beta, lam, prec, kind);
-  checks::same_dtype_device("et_score_bwd", {"y", &y}, {{"grad", &grad}, {"grad_m", &grad_m}, {"m", &m}});
-  checks::shape("et_score_bwd", "grad", grad, y.sizes());
-  checks::shape("et_score_bwd", "grad_m", grad_m, y.sizes());
-  checks::shape("et_score_bwd", "m", m, y.sizes());
+  checks::score_grads("et_score_bwd", y, grad, grad_m, m);
   check_cuda("et_score_bwd", y);
   const c10::cuda::CUDAGuard guard(y.device());
   auto g = grad.contiguous();

@@ -10,11 +10,7 @@ std::tuple<at::Tensor, at::Tensor> langevin_step_fwd_cuda(const at::Tensor& y, c
                                                           const at::Tensor& noise, const at::Tensor& step,
                                                           const at::Tensor& beta, const at::Tensor& lam,
                                                           const at::Tensor& prec, int64_t kind) {
-  checks::score_args("langevin_step", y, x, beta, lam, prec, kind);
-  checks::same_dtype_device("langevin_step", {"y", &y}, {{"noise", &noise}, {"step", &step}});
-  checks::shape("langevin_step", "noise", noise, y.sizes());
-  TORCH_CHECK(noise.is_contiguous(), "langevin_step: noise must be contiguous, got strides ", noise.strides());
-  checks::rows("langevin_step", "step", step, y.size(0));
+  checks::langevin_step_args("langevin_step", y, x, noise, step, beta, lam, prec, kind);
   check_cuda("langevin_step", y);
   const c10::cuda::CUDAGuard guard(y.device());
   auto out = at::empty_like(y);

@@ -59,10 +59,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> student_t_score_bwd_c
     const at::Tensor& grad, const at::Tensor& grad_m, const at::Tensor& y, const at::Tensor& x, const at::Tensor& c,
     const at::Tensor& prec, int64_t kind, const at::Tensor& m, bool need_y, bool need_x, bool need_c, bool need_prec) {
   check_canonical(y, x, c, prec, kind);
-  checks::same_dtype_device(kOp, {"y", &y}, {{"grad", &grad}, {"grad_m", &grad_m}, {"m", &m}});
-  checks::shape(kOp, "grad", grad, y.sizes());
-  checks::shape(kOp, "grad_m", grad_m, y.sizes());
-  checks::shape(kOp, "m", m, y.sizes());
+  checks::score_grads(kOp, y, grad, grad_m, m);
   const c10::cuda::CUDAGuard guard(y.device());
   auto g = grad.contiguous();
   auto gm = grad_m.contiguous();
