@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import stat
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -431,6 +432,119 @@ def load_weights(directory: PathLike, *, verify: bool = True,
 
 
 # ---------------------------------------------------------------------------- run lock
+def check_finite_weights(state: Dict[str, torch.Tensor], where: str) -> None:
+    """A NaN or infinite weight is damage (training stops on a non-finite loss before it writes one):
+    a CheckpointError naming the tensor, rather than a posterior that silently draws NaN."""
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"{where}: weight {name!r} holds NaN or infinite values (a damaged file)")
+
+
+#: What a training checkpoint holds besides the optional ``ema`` and ``fitted_steps``.
+TRAINING_FIELDS = ("config", "model", "optimizer", "generators", "step", "wall_time", "cpu_time", "interval_sum",
+                   "interval_count", "last_logged_loss")
+
+#: Adam settings a checkpoint's optimizer must share with the run (it sets only the lr per step).
+_ADAM_HYPERPARAMETERS = ("betas", "eps", "weight_decay", "amsgrad", "maximize")
+
+
+def read_training_checkpoint(path: PathLike, fmt: str, differences: Callable[[Dict[str, Any]], List[str]]) -> Dict[str, Any]:
+    """A training checkpoint's contents, read without unpickling code: its ``format`` is ``fmt``,
+    every one of :data:`TRAINING_FIELDS` is there, and ``differences(checkpoint_config)`` (the
+    run's config changes that may not be resumed) is empty; else CheckpointError / ValueError."""
+    path = Path(path)
+    ckpt = safe_torch_load(path, what="training checkpoint")
+    if not isinstance(ckpt, dict) or ckpt.get("format") != fmt:
+        got = ckpt.get("format") if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise CheckpointError(f"{str(path)!r} is not an etweedie training checkpoint (format {got!r})")
+    missing = [k for k in TRAINING_FIELDS if k not in ckpt]
+    if missing:
+        raise CheckpointError(f"training checkpoint {str(path)!r} is incomplete: missing {missing}")
+    for key in ("config", "model", "optimizer", "generators"):
+        if not isinstance(ckpt[key], dict):
+            raise CheckpointError(f"training checkpoint {str(path)!r}: {key!r} must be a dict, "
+                                  f"got {type(ckpt[key]).__name__}")
+    diffs = differences(ckpt["config"])
+    if diffs:
+        raise ValueError(
+            f"config differs from the checkpoint in {path}: {'; '.join(diffs)}. "
+            "Use the same config to resume, or resume=False (--no-resume) / another --out to start afresh"
+        )
+    return ckpt
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _restore_optimizer(optimizer: torch.optim.Optimizer, state: Dict[str, Any]) -> None:
+    """``optimizer.load_state_dict`` plus what it does not check: the hyperparameters (the run sets
+    only lr) and the moments' shapes and values (damage there would fail or turn NaN steps later)."""
+    fresh_groups = [{k: g[k] for k in _ADAM_HYPERPARAMETERS if k in g} for g in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for fresh, group in zip(fresh_groups, optimizer.param_groups):
+        for key, want in fresh.items():
+            if group.get(key) != want:
+                raise ValueError(f"optimizer {key} is {group.get(key)!r}, this run's Adam uses {want!r}")
+        for p in group["params"]:
+            for key, value in optimizer.state.get(p, {}).items():
+                if not isinstance(value, torch.Tensor):
+                    raise ValueError(f"optimizer state {key!r} must be a tensor, got {type(value).__name__}")
+                if value.dim() > 0 and value.shape != p.shape:
+                    raise ValueError(f"optimizer state {key!r} has shape {tuple(value.shape)} for a "
+                                     f"parameter of shape {tuple(p.shape)}")
+                if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                    raise ValueError(f"optimizer state {key!r} holds NaN or infinite values")
+
+
+def _counters(ckpt: Dict[str, Any]) -> Dict[str, Any]:
+    step, wall, cpu = ckpt["step"], float(ckpt["wall_time"]), float(ckpt["cpu_time"])
+    if not (_is_int(step) and step >= 0):
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    if not (math.isfinite(wall) and math.isfinite(cpu) and wall >= 0 and cpu >= 0):
+        raise ValueError(f"wall_time and cpu_time must be finite and >= 0, got {wall!r}, {cpu!r}")
+    interval_sum, interval_count = ckpt["interval_sum"], ckpt["interval_count"]
+    last_logged_loss, fitted_steps = ckpt["last_logged_loss"], ckpt.get("fitted_steps")
+    if not (_is_real(interval_sum) and math.isfinite(interval_sum)):
+        raise ValueError(f"interval_sum must be a finite number, got {interval_sum!r}")
+    if not (_is_int(interval_count) and 0 <= interval_count <= step):
+        raise ValueError(f"interval_count must be an int in [0, step={step}], got {interval_count!r}")
+    if not _is_real(last_logged_loss):  # NaN before the first log line
+        raise ValueError(f"last_logged_loss must be a number, got {last_logged_loss!r}")
+    if fitted_steps is not None and not (_is_int(fitted_steps) and fitted_steps >= 0):
+        raise ValueError(f"fitted_steps must be None or an int >= 0, got {fitted_steps!r}")
+    return {"step": step, "wall_time": wall, "cpu_time": cpu, "interval_sum": float(interval_sum),
+            "interval_count": interval_count, "last_logged_loss": float(last_logged_loss), "fitted_steps": fitted_steps}
+
+
+def restore_training(ckpt: Dict[str, Any], path: PathLike, *, model: torch.nn.Module, ema: Optional[torch.nn.Module],
+                     optimizer: torch.optim.Optimizer, generators: Dict[str, torch.Generator]) -> Dict[str, Any]:
+    """Load a checkpoint read by :func:`read_training_checkpoint` into the run's model, EMA model,
+    optimizer and generators (every generator named in ``generators``), checking what the loaders
+    do not; returns its counters (``step``, ``wall_time``, ``cpu_time``, ``interval_sum``,
+    ``interval_count``, ``last_logged_loss``, ``fitted_steps``).  Anything that does not fit is a
+    CheckpointError naming the file."""
+    try:
+        model.load_state_dict(ckpt["model"])
+        if ema is not None:
+            ema.load_state_dict(ckpt["ema"])
+        _restore_optimizer(optimizer, ckpt["optimizer"])
+        for name, generator in generators.items():
+            generator.set_state(ckpt["generators"][name])
+        counters = _counters(ckpt)
+        check_finite_weights(model.state_dict(), "the model")
+        if ema is not None:
+            check_finite_weights(ema.state_dict(), "the EMA model")
+    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"training checkpoint {str(path)!r} does not fit this run "
+                              f"(written on another device type or model?): {str(exc).splitlines()[0]}") from None
+    return counters
+
+
 class RunLock:
     """An exclusive, non-blocking lock on ``directory/train.lock`` held for a training run.
 

@@ -60,11 +60,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-from tqdm.auto import trange
+from tqdm.auto import tqdm
 
 from ._checks import check_bool, check_float, check_int
 from .geometry import Metric, scale_constant
 from .noise import NoiseParams
+from .optim import optimize, warmup_cosine
 from .ops import et_score
 from .score import antithetic_options, posterior_dtype_device
 
@@ -734,14 +735,11 @@ def estimate_noise(
             opt = torch.optim.Adam(params, lr=settings.lr)
         else:
             opt = torch.optim.SGD(params, lr=settings.lr, momentum=0.9)
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(
-            opt, T_max=settings.steps, eta_min=settings.lr * settings.lr_final_fraction
-        )
         batch = min(settings.batch_size, n)
         if batch < n and generator is None:
             raise ValueError("generator is required for minibatch steps (batch_size < n); randomness is always explicit")
-        bar = trange(settings.steps, desc=f"estimate ({family})", disable=not progress, leave=False)
-        for _ in bar:
+
+        def loss_and_grad(_: int) -> torch.Tensor:
             if batch < n:
                 idx = torch.randperm(n, generator=generator, device=generator.device)[:batch].to(device)
             else:
@@ -756,17 +754,23 @@ def estimate_noise(
                                           field_power=None if power is None else power.detach())
             # λ_t enters as a constant: the envelope theorem makes ∂J/∂λ vanish at the profile.
             loss = profiled_objective(s_b, G, lam_t, field_power=power)
-            opt.zero_grad(set_to_none=True)
             tb = time.perf_counter()
             loss.backward()
             timings["fused_backward"] += time.perf_counter() - tb
-            opt.step()
-            sched.step()
             objective_trace.append(loss.item())
             beta_trace.append(beta.item())
             lam_trace.append(lam_t.item())
-            if len(objective_trace) % 25 == 0:
+            return loss.detach()
+
+        def after_step(done: int, _: torch.Tensor) -> bool:
+            if done % 25 == 0:
                 bar.set_postfix(J=f"{objective_trace[-1]:.4g}", beta=f"{beta_trace[-1]:.4f}", lam=f"{lam_trace[-1]:.4f}")
+            return False
+
+        with tqdm(total=settings.steps, desc=f"estimate ({family})", disable=not progress, leave=False) as bar:
+            optimize(opt, loss_and_grad, start=0, stop=settings.steps, bar=bar, after_step=after_step,
+                     lr_at=lambda step: warmup_cosine(step, settings.steps, settings.lr,
+                                                      settings.lr * settings.lr_final_fraction))
 
     with torch.no_grad():
         beta, S = current()

@@ -41,9 +41,10 @@ from typing import Callable, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
-from tqdm.auto import trange
+from tqdm.auto import tqdm
 
 from ._checks import check_bool, check_generator, check_int
+from .optim import EMA, optimize, warmup_cosine
 
 __all__ = [
     "ConditionalScoreNet",
@@ -587,13 +588,7 @@ def train_score_net(
     else:
         opt = torch.optim.Adam(params, lr=lr)
 
-    def lr_factor(step: int) -> float:  # multiplier of lr before optimizer step `step` (0-based)
-        if step < warmup:
-            return (step + 1) / warmup
-        t = (step - warmup) / max(1, steps - warmup)
-        return lr_final_fraction + (1 - lr_final_fraction) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+    schedule = dict(total=steps, lr=lr, lr_min=lr * lr_final_fraction, warmup=warmup)
     ema_params = [p.detach().clone() for p in params] if ema > 0 else None
     val_gen = (torch.Generator(device=generator.device).manual_seed(
         int(torch.randint(2**62, (1,), generator=generator, device=generator.device))) if y_val is not None else None)
@@ -636,25 +631,24 @@ def train_score_net(
 
     start = time.perf_counter()
     model.train()
-    bar = trange(steps, desc=f"score matching ({method})", disable=not progress, leave=False)
-    for step in bar:
+    def loss_and_grad(_: int) -> torch.Tensor:
         idx = torch.randint(n, (batch_size,), generator=generator, device=generator.device).to(y.device)
-        yb = y[idx]
-        cb = None if cond is None else cond[idx]
-        loss = _loss(model, yb, cb, method, n_projections, generator)
-        opt.zero_grad(set_to_none=True)
+        loss = _loss(model, y[idx], None if cond is None else cond[idx], method, n_projections, generator)
         loss.backward()
-        opt.step()
-        sched.step()
-        if ema_params is not None:
-            with torch.no_grad():
-                decay = min(ema, (step + 1) / (step + 10))
-                torch._foreach_lerp_(ema_params, [p.detach() for p in params], 1.0 - decay)
-        result.losses.append(loss.detach().item())
-        if len(result.losses) % 50 == 0:
+        return loss.detach()
+
+    def after_step(done: int, loss: torch.Tensor) -> bool:
+        result.losses.append(loss.item())
+        if done % 50 == 0:
             bar.set_postfix(loss=f"{sum(result.losses[-50:]) / 50:.4g}")
-        if y_val is not None and ((step + 1) % eval_every == 0 or step + 1 == steps):
-            evaluate(step + 1)
+        if y_val is not None and (done % eval_every == 0 or done == steps):
+            evaluate(done)
+        return False
+
+    with tqdm(total=steps, desc=f"score matching ({method})", disable=not progress, leave=False) as bar:
+        optimize(opt, loss_and_grad, start=0, stop=steps, lr_at=lambda step: warmup_cosine(step, **schedule),
+                 ema=None if ema_params is None else EMA(ema_params, params, ema, warmup=True), bar=bar,
+                 after_step=after_step)
     # Leave the model holding the weights it is evaluated with.
     if best_state is not None:
         with torch.no_grad():

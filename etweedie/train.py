@@ -78,7 +78,10 @@ from .checkpoint import (
     RunLock,
     RunLockedError,
     atomic_torch_save,
+    check_finite_weights,
     load_weights,
+    read_training_checkpoint,
+    restore_training,
     safe_torch_load,
     save_weights,
 )
@@ -86,6 +89,7 @@ from .data import EightGaussians
 from .geometry import Metric, scale_constant
 from .models import CONDITIONINGS, LATENTS, OUTPUTS, EngressionPosterior, default_eta_bounds
 from .noise import GeneralizedGaussian, NoiseParams
+from .optim import EMA, optimize, warmup_cosine
 from .ops import energy_score
 from .sources import DataSource, EightGaussiansSource, MnistSource, as_data_source
 
@@ -640,12 +644,7 @@ def learning_rate(config: TrainConfig, step: int, total: Optional[int] = None) -
     step ``total`` (default ``config.steps``; a deadline-fitted run passes its fitted count)."""
     step = check_int(step, "step", minimum=0)
     total = config.steps if total is None else check_int(total, "total", minimum=1)
-    warmup = config.warmup_steps
-    if warmup and step < warmup:
-        return config.lr * (step + 1) / warmup
-    span = max(total - warmup, 1)
-    progress = min(max(step - warmup, 0) / span, 1.0)
-    return config.lr_min + 0.5 * (config.lr - config.lr_min) * (1 + math.cos(math.pi * progress))
+    return warmup_cosine(step, total, config.lr, config.lr_min, config.warmup_steps)
 
 
 def build_posterior(config: TrainConfig, dim: int = 2) -> torch.nn.Module:
@@ -1000,42 +999,6 @@ def _use_fused_adam(config: TrainConfig, device: torch.device) -> bool:
     return device.type == "cuda" if config.fused_adam == "auto" else bool(config.fused_adam)
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-#: Adam settings a checkpoint's optimizer must share with the run (it sets only the lr per step).
-_ADAM_HYPERPARAMETERS = ("betas", "eps", "weight_decay", "amsgrad", "maximize")
-
-
-def _load_resume_state(ckpt_path: Path, config_dict: Dict[str, Any]) -> Dict[str, Any]:
-    ckpt = safe_torch_load(ckpt_path, what="training checkpoint")
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
-        got = ckpt.get("format") if isinstance(ckpt, dict) else type(ckpt).__name__
-        raise CheckpointError(f"{str(ckpt_path)!r} is not an etweedie training checkpoint (format {got!r})")
-    needed = ("config", "model", "optimizer", "generators", "step", "wall_time", "cpu_time", "interval_sum",
-              "interval_count", "last_logged_loss")
-    missing = [k for k in needed if k not in ckpt]
-    if missing:
-        raise CheckpointError(f"training checkpoint {str(ckpt_path)!r} is incomplete: missing {missing}")
-    for key in ("config", "model", "optimizer", "generators"):
-        if not isinstance(ckpt[key], dict):
-            raise CheckpointError(f"training checkpoint {str(ckpt_path)!r}: {key!r} must be a dict, "
-                                  f"got {type(ckpt[key]).__name__}")
-    diffs = [diff for diff in _config_differences(ckpt["config"], config_dict)
-             if diff.split(" ")[0] not in RESUMABLE_CHANGES]
-    if diffs:
-        raise ValueError(
-            f"config differs from the checkpoint in {ckpt_path}: {'; '.join(diffs)}. "
-            "Use the same config to resume, or resume=False (--no-resume) / another --out to start afresh"
-        )
-    return ckpt
-
-
 def _checked_draw(x, batch: int, d: int, device: torch.device) -> torch.Tensor:
     """A source's batch as training reads it: a float32/float64 ``(batch, d)`` tensor on the run's
     device, else a ValueError/TypeError naming the data (Python-level checks: no device sync)."""
@@ -1071,52 +1034,13 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
 
     resuming = resume and ranks.agree(ranks.main and ckpt_path.exists(), device)
     if resuming:
-        ckpt = _load_resume_state(ckpt_path, config_dict)
-        try:
-            model.load_state_dict(ckpt["model"])
-            if ema is not None:
-                ema.load_state_dict(ckpt["ema"])
-            fresh_groups = [{k: g[k] for k in _ADAM_HYPERPARAMETERS if k in g} for g in optimizer.param_groups]
-            optimizer.load_state_dict(ckpt["optimizer"])
-            # load_state_dict checks neither the hyperparameters (the run sets only lr) nor the
-            # moments' shapes and values: damage there would fail or turn NaN steps later
-            for fresh, group in zip(fresh_groups, optimizer.param_groups):
-                for key, want in fresh.items():
-                    if group.get(key) != want:
-                        raise ValueError(f"optimizer {key} is {group.get(key)!r}, this run's Adam uses {want!r}")
-                for p in group["params"]:
-                    for key, value in optimizer.state.get(p, {}).items():
-                        if not isinstance(value, torch.Tensor):
-                            raise ValueError(f"optimizer state {key!r} must be a tensor, got {type(value).__name__}")
-                        if value.dim() > 0 and value.shape != p.shape:
-                            raise ValueError(f"optimizer state {key!r} has shape {tuple(value.shape)} for a "
-                                             f"parameter of shape {tuple(p.shape)}")
-                        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-                            raise ValueError(f"optimizer state {key!r} holds NaN or infinite values")
-            for name in STREAMS:
-                gens[name].set_state(ckpt["generators"][name])
-            step, wall0, cpu0 = ckpt["step"], float(ckpt["wall_time"]), float(ckpt["cpu_time"])
-            if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-                raise ValueError(f"step must be an int >= 0, got {step!r}")
-            if not (math.isfinite(wall0) and math.isfinite(cpu0) and wall0 >= 0 and cpu0 >= 0):
-                raise ValueError(f"wall_time and cpu_time must be finite and >= 0, got {wall0!r}, {cpu0!r}")
-            interval_sum, interval_count = ckpt["interval_sum"], ckpt["interval_count"]
-            last_logged_loss, fitted_steps = ckpt["last_logged_loss"], ckpt.get("fitted_steps")
-            if not (_is_real(interval_sum) and math.isfinite(interval_sum)):
-                raise ValueError(f"interval_sum must be a finite number, got {interval_sum!r}")
-            if not (_is_int(interval_count) and 0 <= interval_count <= step):
-                raise ValueError(f"interval_count must be an int in [0, step={step}], got {interval_count!r}")
-            if not _is_real(last_logged_loss):  # NaN before the first log line
-                raise ValueError(f"last_logged_loss must be a number, got {last_logged_loss!r}")
-            if fitted_steps is not None and not (_is_int(fitted_steps) and fitted_steps >= 0):
-                raise ValueError(f"fitted_steps must be None or an int >= 0, got {fitted_steps!r}")
-            interval_sum, last_logged_loss = float(interval_sum), float(last_logged_loss)
-            _check_finite_weights(model.state_dict(), "the model")
-            if ema is not None:
-                _check_finite_weights(ema.state_dict(), "the EMA model")
-        except (RuntimeError, KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"training checkpoint {str(ckpt_path)!r} does not fit this run "
-                                  f"(written on another device type or model?): {str(exc).splitlines()[0]}") from None
+        ckpt = read_training_checkpoint(ckpt_path, CHECKPOINT_FORMAT, lambda saved: [
+            diff for diff in _config_differences(saved, config_dict) if diff.split(" ")[0] not in RESUMABLE_CHANGES])
+        counters = restore_training(ckpt, ckpt_path, model=model, ema=ema, optimizer=optimizer,
+                                    generators={name: gens[name] for name in STREAMS})
+        step, wall0, cpu0 = counters["step"], counters["wall_time"], counters["cpu_time"]
+        interval_sum, interval_count = counters["interval_sum"], counters["interval_count"]
+        last_logged_loss, fitted_steps = counters["last_logged_loss"], counters["fitted_steps"]
         if config.fit_to_deadline and fitted_steps is not None:
             total, fitted = min(fitted_steps, config.steps), True
         resumed_from = step
@@ -1187,8 +1111,6 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
         return max(min(planned, config.steps), step)
 
     target = total if stop_after is None else min(total, stop_after)
-    params = list(model.parameters())
-    ema_params = None if ema is None else list(ema.parameters())
     bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=not (progress and ranks.main),
                dynamic_ncols=True)
     model.train()
@@ -1198,75 +1120,75 @@ def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.dev
     # a deadline-fitted schedule times this process's steps between two log steps (the first one
     # may include compilation and warm-up)
     fit_mark = None if config.fit_to_deadline and config.max_wall_s > 0 and not fitted else False
+
+    def loss_and_grad(_: int) -> torch.Tensor:
+        nonlocal data_finite
+        # the global batch's random numbers, on the data device (every rank draws them all)
+        x = _checked_draw(source.draw(config.batch_size, gens["data"]), config.batch_size, d, device)
+        data_finite &= torch.isfinite(x).all()
+        noise_params = prior.sample(config.batch_size, gens["prior"])
+        y = x + noise_law(noise_params, d, geometry).sample(generator=gens["noise"])
+        return _loss_and_backward(model, x, y, noise_params, config.draws, gens["model"], device, config.loss_beta,
+                                  geometry=geometry, net=net, shard=shard, bf16=bf16, loss_fn=loss_fn)
+
+    def after_step(done: int, loss: torch.Tensor) -> bool:
+        """Logging, checkpoints, the deadline and the deadline fit; True stops the loop."""
+        nonlocal step, interval_count, last_logged_loss, last_ckpt_wall, stopped_by, total, fitted, fit_mark, target
+        step = done
+        acc.add_(loss)
+        interval_count += 1
+        log_now = step % config.log_every == 0 or step == total
+        ckpt_now = step % config.checkpoint_every == 0 or step == total
+        if not (log_now or ckpt_now):
+            return step >= target
+        clock.tick()
+        value, finite = reduced_interval()
+        if not finite:
+            if not ranks.agree(not bool(data_finite), device):
+                raise FloatingPointError(f"training loss became {value} in the {interval_count} steps up to step "
+                                         f"{step}; lower lr or raise grad_clip")
+            raise ValueError(f"data: the data source drew NaN or infinite examples in the {interval_count} steps "
+                             f"up to step {step} (the training loss became {value}); its examples must be finite")
+        if log_now:
+            # time-based checkpoints and the deadline are decided by rank 0's clock, at log steps
+            want_ckpt = config.checkpoint_every_s > 0 and clock.wall - last_ckpt_wall >= config.checkpoint_every_s
+            want_stop = config.max_wall_s > 0 and clock.wall - start_wall >= config.max_wall_s and step < total
+            ckpt_now = ranks.agree(ranks.main and want_ckpt, device) or ckpt_now
+            if ranks.agree(ranks.main and want_stop, device):
+                stopped_by, ckpt_now = "deadline", True
+            last_logged_loss = value / interval_count
+            write_log({"step": step, "loss": last_logged_loss, "lr": learning_rate(config, step - 1, total),
+                       "wall_time": round(clock.wall, 3)})
+            acc.zero_()
+            value, interval_count = 0.0, 0
+            bar.set_postfix(loss=f"{last_logged_loss:.4f}", lr=f"{learning_rate(config, step - 1, total):.2e}")
+            if fit_mark is None:
+                fit_mark = (step, clock.wall)
+            elif fit_mark and step < total and stopped_by is None:
+                per_step = (clock.wall - fit_mark[1]) / (step - fit_mark[0])
+                total, fitted, fit_mark = fit_schedule(per_step), True, False
+                target = total if stop_after is None else min(total, stop_after)
+                bar.total = total
+                bar.refresh()
+                write_log({"step": step, "fitted_steps": total, "seconds_per_step": per_step,
+                           "wall_time": round(clock.wall, 3)})
+                ckpt_now = True  # the fitted schedule is part of the resumable state
+        if ckpt_now:
+            save_checkpoint(value)
+            last_ckpt_wall = clock.wall
+        return stopped_by == "deadline" or step >= target
+
+    def write_log(row: Dict[str, Any]) -> None:
+        if log is not None:
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+
     log = open(log_path, "a") if ranks.main else None
     try:
-        while step < target:
-            lr = learning_rate(config, step, total)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            # the global batch's random numbers, on the data device (every rank draws them all)
-            x = _checked_draw(source.draw(config.batch_size, gens["data"]), config.batch_size, d, device)
-            data_finite &= torch.isfinite(x).all()
-            noise_params = prior.sample(config.batch_size, gens["prior"])
-            y = x + noise_law(noise_params, d, geometry).sample(generator=gens["noise"])
-            optimizer.zero_grad(set_to_none=True)
-            loss = _loss_and_backward(model, x, y, noise_params, config.draws, gens["model"], device, config.loss_beta,
-                                      geometry=geometry, net=net, shard=shard, bf16=bf16, loss_fn=loss_fn)
-            if config.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-            optimizer.step()
-            if ema is not None:
-                with torch.no_grad():
-                    torch._foreach_lerp_(ema_params, params, 1 - config.ema_decay)
-            step += 1
-            acc += loss
-            interval_count += 1
-            bar.update(1)
-            log_now = step % config.log_every == 0 or step == total
-            ckpt_now = step % config.checkpoint_every == 0 or step == total
-            if not (log_now or ckpt_now):
-                continue
-            clock.tick()
-            value, finite = reduced_interval()
-            if not finite:
-                if not ranks.agree(not bool(data_finite), device):
-                    raise FloatingPointError(f"training loss became {value} in the {interval_count} steps up to step "
-                                             f"{step}; lower lr or raise grad_clip")
-                raise ValueError(f"data: the data source drew NaN or infinite examples in the {interval_count} steps "
-                                 f"up to step {step} (the training loss became {value}); its examples must be finite")
-            if log_now:
-                # time-based checkpoints and the deadline are decided by rank 0's clock, at log steps
-                want_ckpt = config.checkpoint_every_s > 0 and clock.wall - last_ckpt_wall >= config.checkpoint_every_s
-                want_stop = config.max_wall_s > 0 and clock.wall - start_wall >= config.max_wall_s and step < total
-                ckpt_now = ranks.agree(ranks.main and want_ckpt, device) or ckpt_now
-                if ranks.agree(ranks.main and want_stop, device):
-                    stopped_by, ckpt_now = "deadline", True
-                last_logged_loss = value / interval_count
-                if log is not None:
-                    row = {"step": step, "loss": last_logged_loss, "lr": lr, "wall_time": round(clock.wall, 3)}
-                    log.write(json.dumps(row) + "\n")
-                    log.flush()
-                acc.zero_()
-                value, interval_count = 0.0, 0
-                bar.set_postfix(loss=f"{last_logged_loss:.4f}", lr=f"{lr:.2e}")
-                if fit_mark is None:
-                    fit_mark = (step, clock.wall)
-                elif fit_mark and step < total and stopped_by is None:
-                    per_step = (clock.wall - fit_mark[1]) / (step - fit_mark[0])
-                    total, fitted, fit_mark = fit_schedule(per_step), True, False
-                    target = total if stop_after is None else min(total, stop_after)
-                    bar.total = total
-                    bar.refresh()
-                    if log is not None:
-                        log.write(json.dumps({"step": step, "fitted_steps": total, "seconds_per_step": per_step,
-                                              "wall_time": round(clock.wall, 3)}) + "\n")
-                        log.flush()
-                    ckpt_now = True  # the fitted schedule is part of the resumable state
-            if ckpt_now:
-                save_checkpoint(value)
-                last_ckpt_wall = clock.wall
-            if stopped_by == "deadline":
-                break
+        optimize(optimizer, loss_and_grad, start=step, stop=target, lr_at=lambda k: learning_rate(config, k, total),
+                 grad_clip=config.grad_clip, ema=None if ema is None else EMA(ema.parameters(), model.parameters(),
+                                                                               config.ema_decay),
+                 bar=bar, after_step=after_step)
         if step >= target and step < total:
             stopped_by = "stop_after"
     finally:
@@ -1381,16 +1303,8 @@ def _build_from(class_name: str, model_config: Dict[str, Any], state: Dict[str, 
         model.load_state_dict(state)
     except (TypeError, ValueError, RuntimeError, KeyError) as exc:
         raise CheckpointError(f"{where}: the weights do not fit the saved model config: {str(exc).splitlines()[0]}") from None
-    _check_finite_weights(model.state_dict(), where)
+    check_finite_weights(model.state_dict(), where)
     return model
-
-
-def _check_finite_weights(state: Dict[str, torch.Tensor], where: str) -> None:
-    """A NaN or infinite weight is damage (training stops on a non-finite loss before it writes one):
-    a CheckpointError naming the tensor, rather than a posterior that silently draws NaN."""
-    for name, value in state.items():
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            raise CheckpointError(f"{where}: weight {name!r} holds NaN or infinite values (a damaged file)")
 
 
 def load_posterior(path: Union[str, os.PathLike], device="cpu") -> torch.nn.Module:
