@@ -63,6 +63,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1018,208 +1019,240 @@ def _checked_draw(x, batch: int, d: int, device: torch.device) -> torch.Tensor:
 
 def _train(config: TrainConfig, out: Path, source: DataSource, device: torch.device, ranks: _Ranks, resume: bool,
            progress: bool, stop_after: Optional[int]) -> Dict[str, Any]:
-    ckpt_path, log_path, post_path = out / CHECKPOINT_FILE, out / LOG_FILE, out / POSTERIOR_DIR
-    prior = NoisePrior.from_config(config.prior)
-    geometry = config.prior.geometry
-    d = source.dim
-    model = build_posterior(config, d).to(device)
-    ema = copy.deepcopy(model).requires_grad_(False) if config.ema_decay > 0 else None
-    adam_kwargs = {"fused": True} if _use_fused_adam(config, device) else {}
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, **adam_kwargs)
-    gens = _generators(config.seed, device, data_device=device)
-    step, resumed_from, wall0, cpu0 = 0, None, 0.0, 0.0
-    interval_sum, interval_count, last_logged_loss = 0.0, 0, float("nan")
-    config_dict = config_to_dict(config)
-    total, fitted = config.steps, False  # the schedule's length; fitted to the deadline at most once
-
-    resuming = resume and ranks.agree(ranks.main and ckpt_path.exists(), device)
-    if resuming:
-        ckpt = read_training_checkpoint(ckpt_path, CHECKPOINT_FORMAT, lambda saved: [
-            diff for diff in _config_differences(saved, config_dict) if diff.split(" ")[0] not in RESUMABLE_CHANGES])
-        counters = restore_training(ckpt, ckpt_path, model=model, ema=ema, optimizer=optimizer,
-                                    generators={name: gens[name] for name in STREAMS})
-        step, wall0, cpu0 = counters["step"], counters["wall_time"], counters["cpu_time"]
-        interval_sum, interval_count = counters["interval_sum"], counters["interval_count"]
-        last_logged_loss, fitted_steps = counters["last_logged_loss"], counters["fitted_steps"]
-        if config.fit_to_deadline and fitted_steps is not None:
-            total, fitted = min(fitted_steps, config.steps), True
-        resumed_from = step
-        if ranks.main:
-            _rewrite_log(log_path, step)
+    run = _Run(config, out, source, device, ranks, stop_after)
+    if resume and ranks.agree(ranks.main and run.ckpt_path.exists(), device):
+        run.restore()
     elif ranks.main:
-        for path in (ckpt_path, log_path, out / LEGACY_POSTERIOR_FILE):
+        run.clear()
+    ranks.barrier()
+    return run.run(progress)
+
+
+class _Run:
+    """One invocation of a training run: its model, optimizer, generators and counters, the
+    optimizer loop's two callbacks (:meth:`loss_and_grad`, :meth:`after_step`) and its files."""
+
+    def __init__(self, config: TrainConfig, out: Path, source: DataSource, device: torch.device, ranks: _Ranks,
+                 stop_after: Optional[int]):
+        self.config, self.out, self.source, self.device, self.ranks = config, out, source, device, ranks
+        self.ckpt_path, self.log_path, self.post_path = out / CHECKPOINT_FILE, out / LOG_FILE, out / POSTERIOR_DIR
+        self.prior = NoisePrior.from_config(config.prior)
+        self.model = build_posterior(config, source.dim).to(device)
+        self.ema = copy.deepcopy(self.model).requires_grad_(False) if config.ema_decay > 0 else None
+        adam_kwargs = {"fused": True} if _use_fused_adam(config, device) else {}
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, **adam_kwargs)
+        self.gens = _generators(config.seed, device, data_device=device)
+        self.config_dict = config_to_dict(config)
+        self.step, self.resumed_from, wall0, cpu0 = 0, None, 0.0, 0.0
+        self.interval_count, self.last_logged_loss = 0, float("nan")
+        # the interval's loss sum stays on the device; it is read back only at log/checkpoint steps
+        self.acc = torch.zeros((), dtype=torch.float64, device=device)
+        self.total, self.fitted = config.steps, False  # the schedule's length; fitted to the deadline at most once
+        self.stop_after = stop_after
+        self.clock = _Clock(wall0, cpu0)
+        self.log = None
+
+    # -- the run's files
+    def restore(self) -> None:
+        """Continue from ``checkpoint.pt`` (the config may differ only in :data:`RESUMABLE_CHANGES`)."""
+        ckpt = read_training_checkpoint(self.ckpt_path, CHECKPOINT_FORMAT, lambda saved: [
+            diff for diff in _config_differences(saved, self.config_dict) if diff.split(" ")[0] not in RESUMABLE_CHANGES])
+        counters = restore_training(ckpt, self.ckpt_path, model=self.model, ema=self.ema, optimizer=self.optimizer,
+                                    generators={name: self.gens[name] for name in STREAMS})
+        self.step = self.resumed_from = counters["step"]
+        self.clock = _Clock(counters["wall_time"], counters["cpu_time"])
+        self.acc.fill_(counters["interval_sum"])
+        self.interval_count, self.last_logged_loss = counters["interval_count"], counters["last_logged_loss"]
+        if self.config.fit_to_deadline and counters["fitted_steps"] is not None:
+            self.total, self.fitted = min(counters["fitted_steps"], self.config.steps), True
+        if self.ranks.main:
+            _rewrite_log(self.log_path, self.step)
+
+    def clear(self) -> None:
+        """Start afresh: remove an earlier run's checkpoint, log and posterior."""
+        for path in (self.ckpt_path, self.log_path, self.out / LEGACY_POSTERIOR_FILE):
             if path.exists():
                 path.unlink()
-        if post_path.exists():
-            import shutil
+        if self.post_path.exists():
+            shutil.rmtree(self.post_path)
 
-            shutil.rmtree(post_path)
-    ranks.barrier()
-
-    net = _Generate(model)
-    if ranks.dist is not None:
-        from torch.nn.parallel import DistributedDataParallel
-
-        net = DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
-    loss_fn = torch.compile(_block_loss) if config.compile else _block_loss
-    local = config.batch_size // ranks.world
-    shard = slice(ranks.rank * local, (ranks.rank + 1) * local) if ranks.world > 1 else None
-    bf16 = config.precision == "bf16"
-    # the interval's loss sum stays on the device; it is read back only at log/checkpoint steps
-    acc = torch.tensor(interval_sum, dtype=torch.float64, device=device)
-    # whether every example drawn in this invocation was finite (read only when the loss is not:
-    # a NaN loss from NaN data is the data's fault, not the learning rate's)
-    data_finite = torch.ones((), dtype=torch.bool, device=device)
-
-    def reduced_interval() -> Tuple[float, bool]:
-        """(mean over ranks of the interval sums, finite?): a collective at deterministic steps."""
-        total = ranks.sum_(acc.clone()) / ranks.world
-        value = float(total)
-        return value, math.isfinite(value)
-
-    def save_checkpoint(interval_value: float) -> None:
-        if not ranks.main:
+    def save_checkpoint(self, interval_value: float) -> None:
+        if not self.ranks.main:
             return
+        model, ema = self.model, self.ema
         atomic_torch_save(
             {
                 "format": CHECKPOINT_FORMAT,
-                "step": step,
-                "wall_time": clock.wall,
-                "cpu_time": clock.cpu,
+                "step": self.step,
+                "wall_time": self.clock.wall,
+                "cpu_time": self.clock.cpu,
                 "model": model.state_dict(),
                 "model_class": type(model).__name__,
                 "model_config": model.config,
                 "ema": None if ema is None else ema.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "generators": {name: gens[name].get_state() for name in STREAMS},
+                "optimizer": self.optimizer.state_dict(),
+                "generators": {name: self.gens[name].get_state() for name in STREAMS},
                 "interval_sum": interval_value,
-                "interval_count": interval_count,
-                "last_logged_loss": last_logged_loss,
-                "config": config_dict,
-                "world_size": ranks.world,
-                "fitted_steps": total if fitted else None,
+                "interval_count": self.interval_count,
+                "last_logged_loss": self.last_logged_loss,
+                "config": self.config_dict,
+                "world_size": self.ranks.world,
+                "fitted_steps": self.total if self.fitted else None,
             },
-            ckpt_path,
+            self.ckpt_path,
         )
 
-    def fit_schedule(per_step: float) -> int:
-        """Steps that end the schedule inside FIT_MARGIN of the deadline at ``per_step`` s/step
-        (rank 0's measurement, the same on every rank)."""
-        room = FIT_MARGIN * config.max_wall_s - (clock.wall - start_wall)
-        planned = step + max(int(room / per_step), 0) if per_step > 0 else config.steps
-        planned = int(ranks.sum_(torch.tensor(planned if ranks.main else 0, dtype=torch.float64, device=device)))
-        return max(min(planned, config.steps), step)
+    def write_log(self, row: Dict[str, Any]) -> None:
+        if self.log is not None:
+            self.log.write(json.dumps(row) + "\n")
+            self.log.flush()
 
-    target = total if stop_after is None else min(total, stop_after)
-    bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=not (progress and ranks.main),
-               dynamic_ncols=True)
-    model.train()
-    clock = _Clock(wall0, cpu0)
-    last_ckpt_wall, start_step, start_wall = clock.wall, step, clock.wall
-    stopped_by = "stop_after" if step < total and step >= target else None
-    # a deadline-fitted schedule times this process's steps between two log steps (the first one
-    # may include compilation and warm-up)
-    fit_mark = None if config.fit_to_deadline and config.max_wall_s > 0 and not fitted else False
-
-    def loss_and_grad(_: int) -> torch.Tensor:
-        nonlocal data_finite
+    # -- the optimizer loop's callbacks
+    def loss_and_grad(self, _: int) -> torch.Tensor:
+        config, gens, d = self.config, self.gens, self.source.dim
         # the global batch's random numbers, on the data device (every rank draws them all)
-        x = _checked_draw(source.draw(config.batch_size, gens["data"]), config.batch_size, d, device)
-        data_finite &= torch.isfinite(x).all()
-        noise_params = prior.sample(config.batch_size, gens["prior"])
-        y = x + noise_law(noise_params, d, geometry).sample(generator=gens["noise"])
-        return _loss_and_backward(model, x, y, noise_params, config.draws, gens["model"], device, config.loss_beta,
-                                  geometry=geometry, net=net, shard=shard, bf16=bf16, loss_fn=loss_fn)
+        x = _checked_draw(self.source.draw(config.batch_size, gens["data"]), config.batch_size, d, self.device)
+        self.data_finite &= torch.isfinite(x).all()
+        noise_params = self.prior.sample(config.batch_size, gens["prior"])
+        y = x + noise_law(noise_params, d, config.prior.geometry).sample(generator=gens["noise"])
+        return _loss_and_backward(self.model, x, y, noise_params, config.draws, gens["model"], self.device,
+                                  config.loss_beta, geometry=config.prior.geometry, net=self.net, shard=self.shard,
+                                  bf16=config.precision == "bf16", loss_fn=self.loss_fn)
 
-    def after_step(done: int, loss: torch.Tensor) -> bool:
+    def after_step(self, done: int, loss: torch.Tensor) -> bool:
         """Logging, checkpoints, the deadline and the deadline fit; True stops the loop."""
-        nonlocal step, interval_count, last_logged_loss, last_ckpt_wall, stopped_by, total, fitted, fit_mark, target
-        step = done
-        acc.add_(loss)
-        interval_count += 1
-        log_now = step % config.log_every == 0 or step == total
-        ckpt_now = step % config.checkpoint_every == 0 or step == total
+        config, ranks = self.config, self.ranks
+        self.step = step = done
+        self.acc.add_(loss)
+        self.interval_count += 1
+        log_now = step % config.log_every == 0 or step == self.total
+        ckpt_now = step % config.checkpoint_every == 0 or step == self.total
         if not (log_now or ckpt_now):
-            return step >= target
-        clock.tick()
-        value, finite = reduced_interval()
-        if not finite:
-            if not ranks.agree(not bool(data_finite), device):
-                raise FloatingPointError(f"training loss became {value} in the {interval_count} steps up to step "
-                                         f"{step}; lower lr or raise grad_clip")
-            raise ValueError(f"data: the data source drew NaN or infinite examples in the {interval_count} steps "
-                             f"up to step {step} (the training loss became {value}); its examples must be finite")
+            return step >= self.target
+        self.clock.tick()
+        value = self.reduced_interval()
         if log_now:
             # time-based checkpoints and the deadline are decided by rank 0's clock, at log steps
-            want_ckpt = config.checkpoint_every_s > 0 and clock.wall - last_ckpt_wall >= config.checkpoint_every_s
-            want_stop = config.max_wall_s > 0 and clock.wall - start_wall >= config.max_wall_s and step < total
-            ckpt_now = ranks.agree(ranks.main and want_ckpt, device) or ckpt_now
-            if ranks.agree(ranks.main and want_stop, device):
-                stopped_by, ckpt_now = "deadline", True
-            last_logged_loss = value / interval_count
-            write_log({"step": step, "loss": last_logged_loss, "lr": learning_rate(config, step - 1, total),
-                       "wall_time": round(clock.wall, 3)})
-            acc.zero_()
-            value, interval_count = 0.0, 0
-            bar.set_postfix(loss=f"{last_logged_loss:.4f}", lr=f"{learning_rate(config, step - 1, total):.2e}")
-            if fit_mark is None:
-                fit_mark = (step, clock.wall)
-            elif fit_mark and step < total and stopped_by is None:
-                per_step = (clock.wall - fit_mark[1]) / (step - fit_mark[0])
-                total, fitted, fit_mark = fit_schedule(per_step), True, False
-                target = total if stop_after is None else min(total, stop_after)
-                bar.total = total
-                bar.refresh()
-                write_log({"step": step, "fitted_steps": total, "seconds_per_step": per_step,
-                           "wall_time": round(clock.wall, 3)})
-                ckpt_now = True  # the fitted schedule is part of the resumable state
+            wall = self.clock.wall
+            want_ckpt = config.checkpoint_every_s > 0 and wall - self.last_ckpt_wall >= config.checkpoint_every_s
+            want_stop = config.max_wall_s > 0 and wall - self.start_wall >= config.max_wall_s and step < self.total
+            ckpt_now = ranks.agree(ranks.main and want_ckpt, self.device) or ckpt_now
+            if ranks.agree(ranks.main and want_stop, self.device):
+                self.stopped_by, ckpt_now = "deadline", True
+            lr = learning_rate(config, step - 1, self.total)
+            self.last_logged_loss = value / self.interval_count
+            self.write_log({"step": step, "loss": self.last_logged_loss, "lr": lr, "wall_time": round(wall, 3)})
+            self.bar.set_postfix(loss=f"{self.last_logged_loss:.4f}", lr=f"{lr:.2e}")
+            self.acc.zero_()
+            value, self.interval_count = 0.0, 0
+            ckpt_now = self.fit_to_deadline() or ckpt_now
         if ckpt_now:
-            save_checkpoint(value)
-            last_ckpt_wall = clock.wall
-        return stopped_by == "deadline" or step >= target
+            self.save_checkpoint(value)
+            self.last_ckpt_wall = self.clock.wall
+        return self.stopped_by == "deadline" or step >= self.target
 
-    def write_log(row: Dict[str, Any]) -> None:
-        if log is not None:
-            log.write(json.dumps(row) + "\n")
-            log.flush()
+    def reduced_interval(self) -> float:
+        """The mean over ranks of the interval's loss sums (a collective at deterministic steps);
+        a non-finite one stops the run, blaming the data when they drew non-finite examples."""
+        value = float(self.ranks.sum_(self.acc.clone()) / self.ranks.world)
+        if not math.isfinite(value):
+            steps = f"the {self.interval_count} steps up to step {self.step}"
+            if not self.ranks.agree(not bool(self.data_finite), self.device):
+                raise FloatingPointError(f"training loss became {value} in {steps}; lower lr or raise grad_clip")
+            raise ValueError(f"data: the data source drew NaN or infinite examples in {steps} (the training loss "
+                             f"became {value}); its examples must be finite")
+        return value
 
-    log = open(log_path, "a") if ranks.main else None
-    try:
-        optimize(optimizer, loss_and_grad, start=step, stop=target, lr_at=lambda k: learning_rate(config, k, total),
-                 grad_clip=config.grad_clip, ema=None if ema is None else EMA(ema.parameters(), model.parameters(),
-                                                                               config.ema_decay),
-                 bar=bar, after_step=after_step)
-        if step >= target and step < total:
-            stopped_by = "stop_after"
-    finally:
-        bar.close()
-        if log is not None:
-            log.close()
-    clock.tick()
-    stopped = step < total
-    if stopped_by != "stop_after" and ranks.main:
-        if resumed_from is None or resumed_from < total or not _posterior_is_current(post_path, config, step):
-            save_posterior(ema if ema is not None else model, post_path, train_config=config_dict, step=step,
-                           dtype=config.posterior_dtype, shard_mb=config.shard_mb)
-    ranks.barrier()
-    trained = clock.wall - start_wall
-    return {
-        "out_dir": str(out),
-        "step": step,
-        "steps": total,
-        "fitted_steps": total if fitted else None,
-        "final_loss": last_logged_loss,
-        "wall_time_s": clock.wall,
-        "cpu_time_s": clock.cpu,
-        "resumed_from": resumed_from,
-        "stopped": stopped,
-        "stopped_by": stopped_by,
-        "world_size": ranks.world,
-        "examples_per_s": (step - start_step) * config.batch_size / trained if trained > 0 else float("nan"),
-        "checkpoint": str(ckpt_path),
-        "log": str(log_path),
-        "posterior": None if stopped_by == "stop_after" else str(post_path),
-    }
+    def fit_to_deadline(self) -> bool:
+        """At the second log step of a deadline-fitted run, shorten the schedule to the steps that
+        end inside FIT_MARGIN of the deadline at the measured s/step (rank 0's measurement, the
+        same on every rank); True when it did (the fitted schedule is part of the resumable state)."""
+        step, wall = self.step, self.clock.wall
+        if self.fit_mark is None:
+            self.fit_mark = (step, wall)
+            return False
+        if not self.fit_mark or step >= self.total or self.stopped_by is not None:
+            return False
+        per_step = (wall - self.fit_mark[1]) / (step - self.fit_mark[0])
+        room = FIT_MARGIN * self.config.max_wall_s - (wall - self.start_wall)
+        planned = step + max(int(room / per_step), 0) if per_step > 0 else self.config.steps
+        planned = int(self.ranks.sum_(torch.tensor(planned if self.ranks.main else 0, dtype=torch.float64,
+                                                   device=self.device)))
+        self.total, self.fitted, self.fit_mark = max(min(planned, self.config.steps), step), True, False
+        self.target = self.total if self.stop_after is None else min(self.total, self.stop_after)
+        self.bar.total = self.total
+        self.bar.refresh()
+        self.write_log({"step": step, "fitted_steps": self.total, "seconds_per_step": per_step,
+                        "wall_time": round(wall, 3)})
+        return True
+
+    # -- the invocation
+    def run(self, progress: bool) -> Dict[str, Any]:
+        config, ranks, device, model = self.config, self.ranks, self.device, self.model
+        self.net = _Generate(model)
+        if ranks.dist is not None:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.net = DistributedDataParallel(self.net, device_ids=[device.index] if device.type == "cuda" else None)
+        self.loss_fn = torch.compile(_block_loss) if config.compile else _block_loss
+        local = config.batch_size // ranks.world
+        self.shard = slice(ranks.rank * local, (ranks.rank + 1) * local) if ranks.world > 1 else None
+        # whether every example drawn in this invocation was finite (read only when the loss is not:
+        # a NaN loss from NaN data is the data's fault, not the learning rate's)
+        self.data_finite = torch.ones((), dtype=torch.bool, device=device)
+        self.target = self.total if self.stop_after is None else min(self.total, self.stop_after)
+        self.clock = _Clock(self.clock.wall, self.clock.cpu)  # setup time is not training time
+        self.start_step, self.start_wall = self.step, self.clock.wall
+        self.last_ckpt_wall = self.start_wall
+        self.stopped_by = "stop_after" if self.step < self.total and self.step >= self.target else None
+        # a deadline-fitted schedule times this process's steps between two log steps (the first one
+        # may include compilation and warm-up)
+        self.fit_mark = None if config.fit_to_deadline and config.max_wall_s > 0 and not self.fitted else False
+        self.bar = tqdm(total=self.total, initial=self.step, desc="train", unit="step",
+                        disable=not (progress and ranks.main), dynamic_ncols=True)
+        model.train()
+        self.log = open(self.log_path, "a") if ranks.main else None
+        try:
+            ema = None if self.ema is None else EMA(self.ema.parameters(), model.parameters(), config.ema_decay)
+            optimize(self.optimizer, self.loss_and_grad, start=self.step, stop=self.target, grad_clip=config.grad_clip,
+                     lr_at=lambda k: learning_rate(config, k, self.total), ema=ema, bar=self.bar,
+                     after_step=self.after_step)
+            if self.target <= self.step < self.total:
+                self.stopped_by = "stop_after"
+        finally:
+            self.bar.close()
+            if self.log is not None:
+                self.log.close()
+        self.clock.tick()
+        if self.stopped_by != "stop_after" and ranks.main:
+            if (self.resumed_from is None or self.resumed_from < self.total
+                    or not _posterior_is_current(self.post_path, config, self.step)):
+                save_posterior(self.ema if self.ema is not None else model, self.post_path,
+                               train_config=self.config_dict, step=self.step, dtype=config.posterior_dtype,
+                               shard_mb=config.shard_mb)
+        ranks.barrier()
+        return self.summary()
+
+    def summary(self) -> Dict[str, Any]:
+        trained = self.clock.wall - self.start_wall
+        return {
+            "out_dir": str(self.out),
+            "step": self.step,
+            "steps": self.total,
+            "fitted_steps": self.total if self.fitted else None,
+            "final_loss": self.last_logged_loss,
+            "wall_time_s": self.clock.wall,
+            "cpu_time_s": self.clock.cpu,
+            "resumed_from": self.resumed_from,
+            "stopped": self.step < self.total,
+            "stopped_by": self.stopped_by,
+            "world_size": self.ranks.world,
+            "examples_per_s": ((self.step - self.start_step) * self.config.batch_size / trained if trained > 0
+                               else float("nan")),
+            "checkpoint": str(self.ckpt_path),
+            "log": str(self.log_path),
+            "posterior": None if self.stopped_by == "stop_after" else str(self.post_path),
+        }
 
 
 # ---------------------------------------------------------------------------- posterior files
