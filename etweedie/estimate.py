@@ -584,6 +584,38 @@ def _scores(groups_y: List[torch.Tensor], levels, score, scores, name: str, scor
     return [s.to(y.dtype) for y, s in zip(groups_y, ss)]
 
 
+def _heldout(observations, reference, samples, posterior, groups_y, levels, n_posterior, generator):
+    """(observations, draws, reference scores) of the held-out set, grouped like the fit's, or None."""
+    if observations is None and reference is None:
+        return None
+    if observations is None or reference is None:
+        raise ValueError("heldout_observations and heldout_reference must be given together")
+    y0 = groups_y[0]
+    hy = _groups(observations, "heldout_observations")
+    _check_group_count(hy, "heldout_observations", len(groups_y))
+    _check_observations(hy, "heldout_observations", y0.shape[-1], y0.device)
+    hy = [h.to(y0.dtype) for h in hy]
+    if samples is None and posterior is None:
+        raise ValueError("heldout_posterior_samples are needed when no posterior sampler is given")
+    hx = _draws(hy, levels, posterior if samples is None else None, samples, n_posterior, generator,
+                "heldout_posterior_samples")
+    hs = _scores(hy, levels, None, reference, "heldout_reference", "heldout score")
+    return hy, hx, hs
+
+
+@torch.no_grad()
+def _heldout_errors(held, levels, lam, beta, S, level_scale) -> Tuple[float, float, List[float]]:
+    """(MSE per observation, NMSE, NMSE per level) of the fitted score λ̂ G against the reference."""
+    err, power, count, per_level = 0.0, 0.0, 0, []
+    for i, (yh, xh, sh) in enumerate(zip(*held)):
+        sg = None if levels is None else torch.full((yh.shape[0],), levels[i], dtype=yh.dtype, device=yh.device)
+        pred = lam * residual_field(yh, xh, beta, _geometry(S, yh.shape[-1], beta, sg, level_scale))
+        e, p = float((pred - sh).pow(2).sum()), float(sh.pow(2).sum())
+        per_level.append(e / p if p > 0 else math.nan)
+        err, power, count = err + e, power + p, count + yh.shape[0]
+    return err / count, err / power if power > 0 else math.nan, per_level
+
+
 # ---------------------------------------------------------------------------- Algorithm 1
 def estimate_noise(
     observations: Tensors,
@@ -664,24 +696,10 @@ def estimate_noise(
     ss = _scores(groups_y, levels, score, scores, "scores", "score")
     timings["score"] += time.perf_counter() - t0
 
-    held = None
-    if heldout_observations is not None or heldout_reference is not None:
-        if heldout_observations is None or heldout_reference is None:
-            raise ValueError("heldout_observations and heldout_reference must be given together")
-        hy = _groups(heldout_observations, "heldout_observations")
-        _check_group_count(hy, "heldout_observations", len(groups_y))
-        _check_observations(hy, "heldout_observations", d, device)
-        hy = [h.to(dtype) for h in hy]
-        t0 = time.perf_counter()
-        if heldout_posterior_samples is None and posterior is None:
-            raise ValueError("heldout_posterior_samples are needed when no posterior sampler is given")
-        hx = _draws(
-            hy, levels, posterior if heldout_posterior_samples is None else None, heldout_posterior_samples,
-            settings.n_posterior, generator, "heldout_posterior_samples",
-        )
-        timings["posterior"] += time.perf_counter() - t0
-        hs = _scores(hy, levels, None, heldout_reference, "heldout_reference", "heldout score")
-        held = (hy, hx, hs)
+    t0 = time.perf_counter()
+    held = _heldout(heldout_observations, heldout_reference, heldout_posterior_samples, posterior, groups_y, levels,
+                    settings.n_posterior, generator)
+    timings["posterior"] += time.perf_counter() - t0
 
     # Pool the groups into one (n, K, d) problem; each row keeps its known level.
     Ks = {x.shape[1] for x in xs}
@@ -795,19 +813,7 @@ def estimate_noise(
         timings=timings,
     )
     if held is not None:
-        hy, hx, hs = held
-        with torch.no_grad():
-            err, power, per_level = 0.0, 0.0, []
-            count = 0
-            for i, (yh, xh, sh) in enumerate(zip(hy, hx, hs)):
-                sg = None if levels is None else torch.full((yh.shape[0],), levels[i], dtype=dtype, device=device)
-                pred = lam_hat * residual_field(yh, xh, beta, _geometry(S, d, beta, sg, settings.level_scale))
-                e = float((pred - sh).pow(2).sum())
-                p = float(sh.pow(2).sum())
-                per_level.append(e / p if p > 0 else math.nan)
-                err, power, count = err + e, power + p, count + yh.shape[0]
-        result.heldout_mse = err / count
-        result.heldout_nmse = err / power if power > 0 else math.nan
-        result.heldout_nmse_per_level = per_level
+        errors = _heldout_errors(held, levels, lam_hat, beta, S, settings.level_scale)
+        result.heldout_mse, result.heldout_nmse, result.heldout_nmse_per_level = errors
     timings["total"] = time.perf_counter() - t_start
     return result
