@@ -631,6 +631,7 @@ def train_score_net(
 
     start = time.perf_counter()
     model.train()
+
     def loss_and_grad(_: int) -> torch.Tensor:
         idx = torch.randint(n, (batch_size,), generator=generator, device=generator.device).to(y.device)
         loss = _loss(model, y[idx], None if cond is None else cond[idx], method, n_projections, generator)
