@@ -476,6 +476,69 @@ def _loss(model, yb, cb, method, n_projections, generator):
     return sliced_score_matching_vr_loss(model, yb, cb, n_projections=n_projections, generator=generator)
 
 
+def _split_off(y: torch.Tensor, cond, fraction: float, generator: torch.Generator):
+    """((y, cond) kept for training, (y, cond) held out): a random ``fraction`` of the rows."""
+    n_val = int(round(fraction * y.shape[0]))
+    if n_val < 1 or n_val >= y.shape[0]:
+        raise ValueError(f"val_fraction={fraction} leaves no validation or no training rows for n={y.shape[0]}")
+    perm = torch.randperm(y.shape[0], generator=generator, device=generator.device).to(y.device)
+    held, kept = perm[:n_val], perm[n_val:]
+    if cond is None:
+        return (y[kept], None), (y[held], None)
+    return (y[kept], cond[kept]), (y[held], cond[held])
+
+
+@torch.no_grad()
+def _copy(params: List[torch.Tensor], values: List[torch.Tensor]) -> None:
+    for p, q in zip(params, values):
+        p.copy_(q)
+
+
+@torch.no_grad()
+def _swap(params: List[torch.Tensor], averaged: Optional[List[torch.Tensor]]) -> None:
+    """Exchange the raw and the averaged weights (an involution; nothing without averaging)."""
+    if averaged is None:
+        return
+    for p, q in zip(params, averaged):
+        tmp = p.detach().clone()
+        p.copy_(q)
+        q.copy_(tmp)
+
+
+class _Selection:
+    """Held-out model selection: the score-matching loss of the weights that would be returned
+    (the averaged ones when averaging) on held-out noisy rows, and the best weights so far."""
+
+    def __init__(self, model, params, averaged, y_val, c_val, method, n_projections, val_batch, generator, result):
+        self.model, self.params, self.averaged = model, params, averaged
+        self.y_val, self.c_val, self.method, self.n_projections, self.val_batch = y_val, c_val, method, n_projections, val_batch
+        self.result, self.best_loss, self.best_state = result, math.inf, None
+        # fixed projections: every evaluation sees the same SSM-VR directions
+        self.seed = int(torch.randint(2**62, (1,), generator=generator, device=generator.device))
+        self.device = generator.device
+
+    def loss(self) -> float:
+        total, y_val, c_val, step = 0.0, self.y_val, self.c_val, self.val_batch
+        for s in range(0, y_val.shape[0], step):
+            yb, cb = y_val[s : s + step], None if c_val is None else c_val[s : s + step]
+            g = None if self.method == "exact" else torch.Generator(device=self.device).manual_seed(self.seed)
+            with torch.no_grad():
+                total += float(_loss(self.model, yb, cb, self.method, self.n_projections, g)) * yb.shape[0]
+        return total / y_val.shape[0]
+
+    def evaluate(self, step: int) -> None:
+        _swap(self.params, self.averaged)
+        self.model.eval()
+        loss = self.loss()
+        self.result.val_steps.append(step)
+        self.result.val_losses.append(loss)
+        if loss < self.best_loss:
+            self.best_loss, self.result.best_step = loss, step
+            self.best_state = [p.detach().clone() for p in self.params]
+        _swap(self.params, self.averaged)
+        self.model.train()
+
+
 def train_score_net(
     model: nn.Module,
     y: torch.Tensor,
@@ -569,13 +632,7 @@ def train_score_net(
     method = _resolve_method(method, y.shape[-1])
     y_val = c_val = None
     if val_fraction > 0:
-        n_val = int(round(val_fraction * y.shape[0]))
-        if n_val < 1 or n_val >= y.shape[0]:
-            raise ValueError(f"val_fraction={val_fraction} leaves no validation or no training rows for n={y.shape[0]}")
-        perm = torch.randperm(y.shape[0], generator=generator, device=generator.device).to(y.device)
-        y_val, y = y[perm[:n_val]], y[perm[n_val:]]
-        if cond is not None:
-            c_val, cond = cond[perm[:n_val]], cond[perm[n_val:]]
+        (y, cond), (y_val, c_val) = _split_off(y, cond, val_fraction, generator)
     n = y.shape[0]
     batch_size = min(batch_size, n)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -590,45 +647,9 @@ def train_score_net(
 
     schedule = dict(total=steps, lr=lr, lr_min=lr * lr_final_fraction, warmup=warmup)
     ema_params = [p.detach().clone() for p in params] if ema > 0 else None
-    val_gen = (torch.Generator(device=generator.device).manual_seed(
-        int(torch.randint(2**62, (1,), generator=generator, device=generator.device))) if y_val is not None else None)
-
-    def swap_in_ema():
-        """Exchange the raw and the averaged weights (an involution)."""
-        if ema_params is None:
-            return
-        with torch.no_grad():
-            for p, q in zip(params, ema_params):
-                tmp = p.detach().clone()
-                p.copy_(q)
-                q.copy_(tmp)
-
-    def validation_loss() -> float:
-        total = 0.0
-        for s in range(0, y_val.shape[0], val_batch):
-            yb = y_val[s : s + val_batch]
-            cb = None if c_val is None else c_val[s : s + val_batch]
-            g = None if method == "exact" else torch.Generator(device=val_gen.device).manual_seed(val_gen.initial_seed())
-            with torch.no_grad():
-                total += float(_loss(model, yb, cb, method, n_projections, g)) * yb.shape[0]
-        return total / y_val.shape[0]
-
     result = ScoreTrainResult(method=method, ema=ema)
-    best_loss, best_state = math.inf, None
-
-    def evaluate(step: int):
-        nonlocal best_loss, best_state
-        swap_in_ema()
-        model.eval()
-        loss = validation_loss()
-        result.val_steps.append(step)
-        result.val_losses.append(loss)
-        if loss < best_loss:
-            best_loss, result.best_step = loss, step
-            best_state = [p.detach().clone() for p in params]
-        swap_in_ema()
-        model.train()
-
+    selection = None if y_val is None else _Selection(model, params, ema_params, y_val, c_val, method, n_projections,
+                                                      val_batch, generator, result)
     start = time.perf_counter()
     model.train()
 
@@ -642,8 +663,8 @@ def train_score_net(
         result.losses.append(loss.item())
         if done % 50 == 0:
             bar.set_postfix(loss=f"{sum(result.losses[-50:]) / 50:.4g}")
-        if y_val is not None and (done % eval_every == 0 or done == steps):
-            evaluate(done)
+        if selection is not None and (done % eval_every == 0 or done == steps):
+            selection.evaluate(done)
         return False
 
     with tqdm(total=steps, desc=f"score matching ({method})", disable=not progress, leave=False) as bar:
@@ -651,12 +672,10 @@ def train_score_net(
                  ema=None if ema_params is None else EMA(ema_params, params, ema, warmup=True), bar=bar,
                  after_step=after_step)
     # Leave the model holding the weights it is evaluated with.
-    if best_state is not None:
-        with torch.no_grad():
-            for p, q in zip(params, best_state):
-                p.copy_(q)
+    if selection is not None and selection.best_state is not None:
+        _copy(params, selection.best_state)
     else:
-        swap_in_ema()
+        _swap(params, ema_params)
         result.best_step = steps
     model.eval()
     result.seconds = time.perf_counter() - start
