@@ -757,7 +757,7 @@ def estimate_noise(
         if batch < n and generator is None:
             raise ValueError("generator is required for minibatch steps (batch_size < n); randomness is always explicit")
 
-        def loss_and_grad(_: int) -> torch.Tensor:
+        def loss_and_grad(step: int) -> torch.Tensor:
             if batch < n:
                 idx = torch.randperm(n, generator=generator, device=generator.device)[:batch].to(device)
             else:
