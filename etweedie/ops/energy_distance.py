@@ -13,6 +13,7 @@ and a zero gradient (see :mod:`etweedie.ops.energy_score`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -20,8 +21,8 @@ import torch
 from .. import backends
 from ..geometry import Metric
 from . import reference
+from ._call import OpSpec, call
 from ._prep import (
-    rescale,
     DENSE,
     as_param,
     broadcast_batch,
@@ -32,7 +33,6 @@ from ._prep import (
     check_tensor,
     dense_centre,
     flat,
-    kernel_or_reference,
     metric_param,
     nan_rows,
     register_pairwise_op,
@@ -42,8 +42,6 @@ from ._prep import (
     tie_equal_rows,
     tie_to_rows,
     value_checks,
-    widen,
-    widen_metric,
 )
 
 __all__ = ["energy_distance"]
@@ -81,16 +79,33 @@ def energy_distance(
         >>> etweedie.energy_distance(a, b)           # 2·(1+3+1+1)/4 − 2 − 2
         tensor(-1.)
     """
+    return call(_SPEC, energy_distance, a, b, beta, metric, unbiased=unbiased, backend=backend)
+
+
+@dataclass
+class _Call:
+    """A checked energy_distance call: the clouds in their canonical rows."""
+    a: torch.Tensor  # as given (the NaN rows read it before broadcasting)
+    b: torch.Tensor
+    beta_arg: object  # β as given (a number: the β = 2 closed form needs no look at a tensor)
+    beta: torch.Tensor  # broadcasts to batch
+    metric: Metric
+    given_metric: Optional[Metric]  # as given (the range scan reads its cached smallest variance)
+    unbiased: bool
+    batch: torch.Size
+    ac: torch.Tensor  # (B, n, d)
+    bc: torch.Tensor  # (B, m, d)
+    betas: torch.Tensor  # (B,)
+
+    device = property(lambda self: self.a.device)
+    dtype = property(lambda self: self.a.dtype)
+    data = property(lambda self: (self.a, self.b))
+    inputs = property(lambda self: (self.a, self.b, self.beta, self.metric))
+
+
+def _check(a, b, beta=1.0, metric=None, *, unbiased=True, backend=None) -> _Call:
     a = check_tensor(a, "a", _OP)
     b = check_tensor(b, "b", _OP)
-    out_of_range, finite = scan(metric, a, b)
-    if out_of_range and a.dtype == torch.float64:  # homogeneous of degree β: ED(ta, tb) = t^β ED(a, b)
-        t = rescale(metric, a, b)
-        beta_t = as_param(beta, "beta", _OP, a)
-        return energy_distance(a * t, b * t, beta_t, metric, unbiased=unbiased, backend=backend) * t ** -beta_t
-    if out_of_range:
-        return energy_distance(widen(a), widen(b), widen(beta), widen_metric(metric), unbiased=unbiased,
-                               backend=backend).float()
     for name, t in (("a", a), ("b", b)):
         if t.dim() < 2:
             raise ValueError(f"{_OP}: {name} must have shape (*batch, points, d), got shape {tuple(t.shape)}")
@@ -111,58 +126,65 @@ def energy_distance(
             f"{_OP}: {'unbiased=True needs n >= 2 and m >= 2' if unbiased else 'both clouds need a point'}, "
             f"got n = {n}, m = {m}"
         )
-    beta_arg = beta
     beta_t = as_param(beta, "beta", _OP, a)  # a plain number is range-checked here
     if isinstance(beta, torch.Tensor):
         check_beta(beta_t, _OP)
-    beta = beta_t
     check_finite(_OP, a=a, b=b)
-    metric = check_metric(metric, d, a, _OP)
-    batch = broadcast_batch(_OP, a=a.shape[:-2], b=b.shape[:-2], beta=beta.shape, metric=metric.batch_shape)
+    given_metric, metric = metric, check_metric(metric, d, a, _OP)
+    batch = broadcast_batch(_OP, a=a.shape[:-2], b=b.shape[:-2], beta=beta_t.shape, metric=metric.batch_shape)
     B = math.prod(batch)
     ac = a.expand(*batch, n, d).reshape(B, n, d)
     bc = b.expand(*batch, m, d).reshape(B, m, d)
     if d > 1:
         ac = ac if ac.stride(-1) == 1 else ac.contiguous()
         bc = bc if bc.stride(-1) == 1 else bc.contiguous()
-    betas = flat(beta, batch, ())
-    prec, kind = metric_param(metric, batch, d, a.dtype, _OP)
+    return _Call(a, b, beta, beta_t, metric, given_metric, unbiased, batch, ac, bc, flat(beta_t, batch, ()))
 
-    name = backends.resolve(_OP, a.device, backend)
-    name = kernel_or_reference(_OP, name, backend, a, b, beta, metric, reference_forward_mode=False)
+
+def _run(name: str, c: _Call) -> Optional[torch.Tensor]:
+    out_of_range, finite = scan(c.given_metric, c.a, c.b)
+    if out_of_range:
+        return None
+    ac, bc, betas, unbiased = c.ac, c.bc, c.betas, c.unbiased
+    prec, kind = metric_param(c.metric, c.batch, ac.shape[-1], ac.dtype, _OP)  # (in range: rounded to the data's dtype)
     if name == "reference":
         out = reference.energy_distance(ac, bc, betas, prec, kind, unbiased)
-    elif _beta_is_two(beta_arg, beta):
+    elif _beta_is_two(c.beta_arg, c.beta):
         out = _beta2_closed_form(ac, bc, prec, kind, unbiased)
     elif kind == DENSE:
-        # P = L Lᵀ: the isotropic kernel on z = Lᵀ(x − c), c a constant point of the row (whitened
-        # coordinates, and their rounding, at the clouds' spread: see whiten_dense)
-        Lb = row_whitening_factor(metric, batch, a.dtype, _OP)
-        c = dense_centre(ac, ac[:, :1], Lb)
-        # equal points whiten to equal z, within a cloud and across the two (a matrix product may
-        # round them differently: a spurious distance of 1e-7 relative in float32, 1e-16 in
-        # float64, and at β < 1 a spurious gradient far above the true one; see _ties)
-        if c.shape[0] == 1 and B > 1 and bc.stride(0) != 0:
-            # a shared cloud a (with its first point as the centre) stays a broadcast; b's points
-            # equal to one of a's take its z
-            za = centred_rows_matmul(ac, c, Lb, tie=True)
-            ub = bc.to(c.dtype) - c
-            kb = row_keys(ub)  # (hashed once: for b's own ties and for b's ties to a)
-            zb = tie_equal_rows(ub @ Lb, ub, kb)
-            zb = tie_to_rows(zb.reshape(-1, d), ub.reshape(-1, d), za[0], ac[0].to(c.dtype) - c[0],
-                             keys_q=kb.reshape(-1)).reshape(B, m, d)
-        elif c.shape[0] == 1 and B > 1:  # both clouds shared: one row's product, expanded
-            za, zb = centred_rows_matmul(torch.cat([ac[:1], bc[:1]], dim=1), c, Lb, tie=True).split([n, m], dim=1)
-            za, zb = za.expand(B, n, d), zb.expand(B, m, d)
-        else:
-            za, zb = centred_rows_matmul(torch.cat([ac, bc], dim=1), c, Lb, tie=True).split([n, m], dim=1)
-        ones = torch.ones((), dtype=ac.dtype, device=ac.device).expand(B)
-        out = _kernel(name, za, zb, betas, ones, 0, unbiased)
+        out = _kernel(name, *_whitened(c), betas, torch.ones((), dtype=ac.dtype, device=ac.device).expand(ac.shape[0]),
+                      0, unbiased)
     else:
         out = _kernel(name, ac, bc, betas, prec, kind, unbiased)
-    if finite and value_checks(a):
-        return out.reshape(batch)  # checked finite: no NaN rows to restore
-    return nan_rows(out, batch, (a, 2), (b, 2)).reshape(batch)
+    if finite and value_checks(c.a):
+        return out.reshape(c.batch)  # checked finite: no NaN rows to restore
+    return nan_rows(out, c.batch, (c.a, 2), (c.b, 2)).reshape(c.batch)
+
+
+def _whitened(c: _Call):
+    """(z_a, z_b) for a dense metric: P = L Lᵀ, the isotropic kernel on z = Lᵀ(x − c), c a
+    constant point of the row (whitened coordinates, and their rounding, at the clouds' spread:
+    see whiten_dense).  Equal points whiten to equal z, within a cloud and across the two (a
+    matrix product may round them differently: a spurious distance of 1e-7 relative in float32,
+    1e-16 in float64, and at β < 1 a spurious gradient far above the true one; see _ties)."""
+    ac, bc = c.ac, c.bc
+    (B, n, d), m = ac.shape, bc.shape[1]
+    Lb = row_whitening_factor(c.metric, c.batch, ac.dtype, _OP)
+    centre = dense_centre(ac, ac[:, :1], Lb)
+    if centre.shape[0] == 1 and B > 1 and bc.stride(0) != 0:
+        # a shared cloud a (with its first point as the centre) stays a broadcast; b's points
+        # equal to one of a's take its z
+        za = centred_rows_matmul(ac, centre, Lb, tie=True)
+        ub = bc.to(centre.dtype) - centre
+        kb = row_keys(ub)  # (hashed once: for b's own ties and for b's ties to a)
+        zb = tie_equal_rows(ub @ Lb, ub, kb)
+        zb = tie_to_rows(zb.reshape(-1, d), ub.reshape(-1, d), za[0], ac[0].to(centre.dtype) - centre[0],
+                         keys_q=kb.reshape(-1)).reshape(B, m, d)
+        return za, zb
+    if centre.shape[0] == 1 and B > 1:  # both clouds shared: one row's product, expanded
+        za, zb = centred_rows_matmul(torch.cat([ac[:1], bc[:1]], dim=1), centre, Lb, tie=True).split([n, m], dim=1)
+        return za.expand(B, n, d), zb.expand(B, m, d)
+    return centred_rows_matmul(torch.cat([ac, bc], dim=1), centre, Lb, tie=True).split([n, m], dim=1)
 
 
 def _beta_is_two(arg, beta: torch.Tensor) -> bool:
@@ -209,6 +231,9 @@ def _kernel(name, a, b, beta, prec, kind, unbiased) -> torch.Tensor:
 def _register() -> None:
     register_pairwise_op("energy_distance", torch.ops.etweedie.energy_distance_bwd)
 
+
+_SPEC = OpSpec(_OP, ("a", "b", "beta", "metric"), _check, _run, data=("a", "b"), degree=lambda c: c.beta,
+               forward_mode=False)
 
 if backends._EXT_OK and backends._has_op("energy_distance_fwd", "CPU"):
     _register()

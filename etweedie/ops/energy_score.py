@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -25,8 +26,8 @@ from .. import backends
 from ..geometry import Metric, _functorch_wrapped
 from ..rules.energy_score import fake_fwd_grad, fwd_grad_autograd_rules
 from . import reference
+from ._call import OpSpec, call
 from ._prep import (
-    rescale,
     tie_to_rows,
     _KIND,
     DENSE,
@@ -41,7 +42,6 @@ from ._prep import (
     dense_centre,
     flat,
     front_applies,
-    kernel_or_reference,
     metric_param,
     nan_rows,
     plain_backend,
@@ -52,8 +52,6 @@ from ._prep import (
     row_whitening_factor,
     scan,
     value_checks,
-    widen,
-    widen_metric,
 )
 
 __all__ = ["energy_score"]
@@ -89,11 +87,27 @@ def energy_score(
         >>> etweedie.energy_score(x, y)              # (1 + 1)/2 − 2·2/(2·2·1)
         tensor([0.])
     """
-    plain = _plain(samples, target, beta, metric, fair, backend)
-    if plain is not None:
-        beta_t, prec, kind = plain
-        fused = _FUSED and _training(samples, target, beta_t, prec)
-        return torch.ops.etweedie.energy_score(samples, target, beta_t, prec, kind, fair, samples.shape[:1], fused, False)
+    return call(_SPEC, energy_score, samples, target, beta, metric, fair=fair, backend=backend)
+
+
+@dataclass
+class _Call:
+    """A checked energy_score call (nothing expanded yet)."""
+    samples: torch.Tensor  # (*, M, d)
+    target: torch.Tensor  # (*, d)
+    beta: torch.Tensor  # broadcasts to batch
+    metric: Metric
+    given_metric: Optional[Metric]  # as given (None: P = I, the default metric's parameter passed as is)
+    fair: bool
+    batch: torch.Size
+
+    device = property(lambda self: self.samples.device)
+    dtype = property(lambda self: self.samples.dtype)
+    data = property(lambda self: (self.samples, self.target))
+    inputs = property(lambda self: (self.samples, self.target, self.beta, self.metric))
+
+
+def _check(samples, target, beta=1.0, metric=None, *, fair=True, backend=None) -> _Call:
     samples = check_tensor(samples, "samples", _OP)
     target = check_tensor(target, "target", _OP)
     if samples.dim() < 2:
@@ -119,56 +133,69 @@ def energy_score(
     if isinstance(beta, torch.Tensor):
         check_beta(beta_t, _OP)
     check_finite(_OP, samples=samples, target=target)
-    metric_in = metric
-    metric = check_metric(metric, d, samples, _OP)
+    checked = check_metric(metric, d, samples, _OP)
     batch = broadcast_batch(
-        _OP, samples=samples.shape[:-2], target=target.shape[:-1], beta=beta_t.shape, metric=metric.batch_shape
+        _OP, samples=samples.shape[:-2], target=target.shape[:-1], beta=beta_t.shape, metric=checked.batch_shape
     )
-    name = backends.resolve(_OP, samples.device, backend)
-    name = kernel_or_reference(_OP, name, backend, samples, target, beta_t, metric, reference_forward_mode=False)
-    in_kernel = name == "cpu" and _gram_row_kernel(samples, beta_t, metric, d)
-    out_of_range, finite = (False, True) if in_kernel else scan(metric_in, samples, target)
-    if out_of_range and samples.dtype == torch.float64:  # homogeneous of degree β: ES(tx, ty) = t^β ES(x, y)
-        t = rescale(metric_in, samples, target)
-        return energy_score(samples * t, target * t, beta_t, metric_in, fair=fair, backend=backend) * t ** -beta_t
+    return _Call(samples, target, beta_t, checked, metric, fair, batch)
+
+
+def _run(name: str, c: _Call) -> Optional[torch.Tensor]:
+    samples, target, beta_t, metric, batch = c.samples, c.target, c.beta, c.metric, c.batch
+    in_kernel = name == "cpu" and _gram_row_kernel(samples, beta_t, metric, samples.shape[-1])
+    out_of_range, finite = (False, True) if in_kernel else scan(c.given_metric, samples, target)
     if out_of_range:
-        return energy_score(widen(samples), widen(target), widen(beta), widen_metric(metric_in), fair=fair,
-                            backend=backend).float()
+        return None
     # the row kernel gives NaN rows for non-finite inputs itself; or the inputs were checked finite
     check_nan = not (in_kernel or (finite and value_checks(samples)))
     if front_applies(_OP, name, _KIND[metric.kind], samples, target, beta_t, metric.param):
         # eager CPU/CUDA: canonical form, kernel call and NaN rows in one C++ call (csrc/front/)
-        prec = metric.param if metric_in is None else precision_of(metric, samples.dtype, _OP)
+        prec = metric.param if c.given_metric is None else precision_of(metric, samples.dtype, _OP)
         fused = _training(samples, target, beta_t, prec) and _fused_available(samples.device)
-        return torch.ops.etweedie.energy_score(samples, target, beta_t, prec, _KIND[metric.kind], fair, batch,
+        return torch.ops.etweedie.energy_score(samples, target, beta_t, prec, _KIND[metric.kind], c.fair, batch,
                                                fused, check_nan)
-    B = math.prod(batch)
-    xs = samples.expand(*batch, M, d).reshape(B, M, d)
-    if d > 1 and xs.stride(-1) != 1:
-        xs = xs.contiguous()
-    yt = target.expand(*batch, d).reshape(B, d).contiguous()
-    betas = flat(beta_t, batch, ())
-    prec, kind = metric_param(metric, batch, d, samples.dtype, _OP)
-
-    if name == "reference":
-        out = reference.energy_score(xs, yt, betas, prec, kind, fair)
-    elif kind == DENSE:
-        # P = L Lᵀ: the isotropic kernel on z = Lᵀ(x − c), c the target (or a shared cloud's first
-        # draw), a constant: whitened coordinates, and their rounding, at the draws' spread (see whiten_dense)
-        Lb = row_whitening_factor(metric, batch, samples.dtype, _OP)
-        c = dense_centre(xs, yt.unsqueeze(1), Lb)
-        zs = centred_rows_matmul(xs, c, Lb, tie=True)  # equal draws, equal z
-        ut = yt.unsqueeze(1) - c  # (0 when c is the target: an exact coincidence with a draw there)
-        zt = (ut @ Lb).squeeze(1).contiguous()
-        if c.shape[0] == 1 and B > 1:  # a shared cloud's centre: a target equal to one of its draws takes its z
-            zt = tie_to_rows(zt, ut.squeeze(1), zs[0], xs[0].to(c.dtype) - c[0])
-        ones = torch.ones((), dtype=xs.dtype, device=xs.device).expand(B)
-        out = _kernel(name, zs, zt, betas, ones, 0, fair)
-    else:
-        out = _kernel(name, xs, yt, betas, prec, kind, fair)
+    out = _python_form(name, c)
     if not check_nan:
         return out.reshape(batch)
     return nan_rows(out, batch, (samples, 2), (target, 1)).reshape(batch)
+
+
+def _python_form(name: str, c: _Call) -> torch.Tensor:
+    """The score per flat row, (B,), from the canonical form: the reference, the whitened
+    isotropic kernel of a dense metric, or the kernel."""
+    M, d = c.samples.shape[-2:]
+    B = math.prod(c.batch)
+    xs = c.samples.expand(*c.batch, M, d).reshape(B, M, d)
+    if d > 1 and xs.stride(-1) != 1:
+        xs = xs.contiguous()
+    yt = c.target.expand(*c.batch, d).reshape(B, d).contiguous()
+    betas = flat(c.beta, c.batch, ())
+    prec, kind = metric_param(c.metric, c.batch, d, xs.dtype, _OP)
+    if name == "reference":
+        return reference.energy_score(xs, yt, betas, prec, kind, c.fair)
+    if kind != DENSE:
+        return _kernel(name, xs, yt, betas, prec, kind, c.fair)
+    # P = L Lᵀ: the isotropic kernel on z = Lᵀ(x − c), c the target (or a shared cloud's first
+    # draw), a constant: whitened coordinates, and their rounding, at the draws' spread (see whiten_dense)
+    Lb = row_whitening_factor(c.metric, c.batch, xs.dtype, _OP)
+    centre = dense_centre(xs, yt.unsqueeze(1), Lb)
+    zs = centred_rows_matmul(xs, centre, Lb, tie=True)  # equal draws, equal z
+    ut = yt.unsqueeze(1) - centre  # (0 when the centre is the target: an exact coincidence with a draw there)
+    zt = (ut @ Lb).squeeze(1).contiguous()
+    if centre.shape[0] == 1 and B > 1:  # a shared cloud's centre: a target equal to one of its draws takes its z
+        zt = tie_to_rows(zt, ut.squeeze(1), zs[0], xs[0].to(centre.dtype) - centre[0])
+    ones = torch.ones((), dtype=xs.dtype, device=xs.device).expand(B)
+    return _kernel(name, zs, zt, betas, ones, 0, c.fair)
+
+
+def _plain_call(samples, target, beta=1.0, metric=None, *, fair=True, backend=None) -> Optional[torch.Tensor]:
+    """The plain CPU call (:func:`_plain`) straight to the C++ front op, or None."""
+    plain = _plain(samples, target, beta, metric, fair, backend)
+    if plain is None:
+        return None
+    beta_t, prec, kind = plain
+    fused = _FUSED and _training(samples, target, beta_t, prec)
+    return torch.ops.etweedie.energy_score(samples, target, beta_t, prec, kind, fair, samples.shape[:1], fused, False)
 
 
 def _plain(samples, target, beta, metric, fair, backend):
@@ -275,6 +302,9 @@ def _register_fused() -> None:
     setup_context, backward = fwd_grad_autograd_rules()
     torch.library.register_autograd(name, backward, setup_context=setup_context)
 
+
+_SPEC = OpSpec(_OP, ("samples", "target", "beta", "metric"), _check, _run, data=("samples", "target"),
+               degree=lambda c: c.beta, plain=_plain_call, forward_mode=False)
 
 if backends._EXT_OK and backends._has_op("energy_score_fwd", "CPU"):
     _register()
