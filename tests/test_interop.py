@@ -135,6 +135,20 @@ def test_score_from_sampler_errors():
         score_from_sampler(KnownPosterior(), n_draws=2)(y, GeneralizedGaussian(1.4, 1.0))
 
 
+@pytest.mark.parametrize(
+    "sigma, error, match",
+    [
+        pytest.param(float("inf"), ValueError, "noise σ must be > 0 and finite", id="inf"),
+        pytest.param(torch.ones(2, dtype=torch.complex128), TypeError, "noise σ must be a real", id="complex"),
+        pytest.param(torch.ones(2, dtype=torch.bool), TypeError, "noise σ must be a real", id="bool"),
+    ],
+)
+def test_sampler_score_refuses_infinite_complex_and_bool_sigma(sigma, error, match):
+    score = score_from_sampler(_gaussian_cloud_sampler, n_draws=3)
+    with pytest.raises(error, match=match):
+        score(torch.zeros(2, 2, dtype=F64), sigma)
+
+
 def test_gaussian_denoiser_shapes_and_errors(seed):
     denoiser = GaussianDenoiser(lambda x, sigma: -x / (1 + sigma[:, None] ** 2))  # prior N(0, I)
     x = torch.randn(4, 1, 2, generator=gen(seed), dtype=F64)
@@ -153,6 +167,37 @@ def test_gaussian_denoiser_shapes_and_errors(seed):
     # a zero-size batch gives an empty result (GaussianDenoiser and KDiffusionDenoiser)
     assert denoiser(x[:0], 0.5).shape == (0, 1, 2)
     assert KDiffusionDenoiser(KnownPosterior(), "gaussian", n_draws=2)(torch.zeros(0, 2), 0.5).shape == (0, 2)
+
+
+def _standard_normal_prior_score(x, sigma):
+    """The noisy score of an N(0, I) prior: finite for any σ."""
+    return -x / (1 + sigma[:, None] ** 2)
+
+
+_SCORE_SHAPE = r"score\(x, sigma\) must return a tensor of x's shape \(3, 2\)"
+
+
+@pytest.mark.parametrize(
+    "score, sigma, error, match",
+    [
+        # an infinite σ was x + ∞²·(−0) = NaN
+        pytest.param(_standard_normal_prior_score, float("inf"), ValueError, "sigma must be >= 0 and finite",
+                     id="sigma-inf"),
+        pytest.param(_standard_normal_prior_score, torch.tensor([0.5, float("inf"), 0.5], dtype=F64), ValueError,
+                     "sigma must be >= 0 and finite", id="sigma-row-inf"),
+        # a complex σ was cast to 0.5, dropping the imaginary part
+        pytest.param(_standard_normal_prior_score, torch.full((3,), 0.5 + 0.5j), TypeError, "sigma must be a real",
+                     id="sigma-complex"),
+        # a score of shape (rows, 1) or (d,) broadcast over every row silently
+        pytest.param(lambda x, sigma: -x[:, :1], 1.0, ValueError, _SCORE_SHAPE, id="score-one-column"),
+        pytest.param(lambda x, sigma: -x[0], 1.0, ValueError, _SCORE_SHAPE, id="score-one-row"),
+        pytest.param(lambda x, sigma: None, 1.0, ValueError, _SCORE_SHAPE, id="score-none"),
+    ],
+)
+def test_gaussian_denoiser_refuses_infinite_sigma_and_a_score_of_the_wrong_shape(score, sigma, error, match):
+    x = torch.randn(3, 2, generator=gen(0), dtype=F64)
+    with pytest.raises(error, match=match):
+        GaussianDenoiser(score)(x, sigma)
 
 
 @pytest.mark.parametrize("module", ["etweedie.interop.score", "etweedie.interop.kdiffusion"])
@@ -329,6 +374,105 @@ def test_scheduler_takes_its_timesteps_in_any_float_dtype():
     assert exact == list(range(51))
 
 
+@pytest.mark.parametrize("path", ["gaussian", "joint", "rotating"])
+def test_scheduler_step_is_the_langevin_formula_in_float64(seed, path):
+    """y + α_k ŝ(y) + sqrt(2 α_k) ξ with ŝ = −λ P (1/N) Σ_i ‖y − x_i‖_P^{β−2} (y − x_i),
+    P = Σ⁻¹, Σ = (σ/c_{β,d})² S(u, v), α_k = ε (r_k / r_{L−1})², written out here in float64."""
+    scheduler = _scheduler_module().EnergyTweedieLangevinScheduler(path=path, num_levels=6, steps_per_level=2,
+                                                                   step_scale=1e-3)
+    k = int(torch.randint(0, 6, (), generator=gen(seed)))
+    t = scheduler.timesteps[2 * k]  # level k's time, repeated steps_per_level times
+    y = torch.randn(4, 2, generator=gen(seed + 1), dtype=F64)
+    x = y.unsqueeze(1) + torch.randn(4, 7, 2, generator=gen(seed + 2), dtype=F64)
+    prev = scheduler.step(x, t, y, generator=gen(seed + 3)).prev_sample
+
+    levels = [scheduler.noise_path(tk) for tk in scheduler.level_times]
+    rms = [float(p.sigma) * float(p.lam) ** (-1 / float(p.beta)) for p in levels]
+    alpha = 1e-3 * (rms[k] / rms[-1]) ** 2
+    p = levels[k]
+    beta, lam, sigma, u, v = (torch.as_tensor(getattr(p, n), dtype=F64) for n in ("beta", "lam", "sigma", "u", "v"))
+    S = torch.stack([torch.stack([1 + u, v]), torch.stack([v, 1 - u])])
+    P = torch.linalg.inv((sigma / etweedie.geometry.scale_constant(beta, 2)) ** 2 * S)
+    diff = y.unsqueeze(1) - x
+    q = torch.einsum("bni,ij,bnj->bn", diff, P, diff)
+    score = -lam * (q.unsqueeze(-1) ** ((beta - 2) / 2) * diff @ P).mean(1)
+    xi = torch.randn(4, 2, generator=gen(seed + 3), dtype=F64)
+    expected = y + alpha * score + math.sqrt(2 * alpha) * xi
+    assert math.isclose(scheduler.step_size(t), alpha, rel_tol=1e-12)
+    assert torch.allclose(prev, expected, rtol=1e-10, atol=1e-12), f"seed={seed}: {(prev - expected).abs().max():.3g}"
+    # float32 in, float32 out, within float32 rounding of the float64 value
+    prev32 = scheduler.step(x.float(), t, y.float(), generator=gen(seed + 3)).prev_sample
+    assert prev32.dtype == torch.float32 and torch.allclose(prev32.double(), expected, rtol=1e-4, atol=1e-4)
+    # the same seed gives the same sample
+    assert torch.equal(scheduler.step(x, t, y, generator=gen(seed + 3)).prev_sample, prev)
+
+
+def test_scheduler_non_contiguous_and_broadcast_inputs(seed):
+    scheduler = _scheduler_module().EnergyTweedieLangevinScheduler(path="rotating", num_levels=4, steps_per_level=1)
+    t = scheduler.timesteps[1]
+    y = torch.randn(2, 5, generator=gen(seed), dtype=F64).t()  # (5, 2), transposed
+    x = torch.randn(6, 5, 2, generator=gen(seed + 1), dtype=F64).permute(1, 0, 2)  # (5, 6, 2)
+    out = scheduler.step(x, t, y, generator=gen(seed + 2)).prev_sample
+    assert torch.equal(out, scheduler.step(x.contiguous(), t, y.contiguous(), generator=gen(seed + 2)).prev_sample)
+    y1 = y[:1].expand(5, 2)  # one state broadcast over the batch
+    x1 = x[:1].expand(5, 6, 2)
+    out = scheduler.step(x1, t, y1, generator=gen(seed + 2)).prev_sample
+    assert torch.equal(out, scheduler.step(x1.contiguous(), t, y1.contiguous(), generator=gen(seed + 2)).prev_sample)
+
+
+def test_scheduler_zero_size_batch():
+    scheduler = _scheduler_module().EnergyTweedieLangevinScheduler(num_levels=4, steps_per_level=1)
+    t = scheduler.timesteps[0]
+    for event in ((2,), (1, 2)):
+        sample = torch.zeros(0, *event, dtype=F64)
+        out = scheduler.step(torch.zeros(0, *event, dtype=F64), t, sample, generator=gen(0))  # a score
+        assert out.prev_sample.shape == sample.shape
+        out = scheduler.step(torch.zeros(0, 5, *event, dtype=F64), t, sample, generator=gen(0))  # posterior draws
+        assert out.prev_sample.shape == sample.shape and out.pred_original_sample.shape == sample.shape
+    assert scheduler.eta(t, 0).shape == (0, 5)
+
+
+_TIMESTEP = "timestep must be one entry of scheduler.timesteps"
+_FLOAT_DTYPE = "dtype must be a floating-point torch.dtype"
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        pytest.param(lambda sch, x, t: sch.step(x, None, x, generator=gen(0)), TypeError, _TIMESTEP,
+                     id="step-timestep-none"),
+        pytest.param(lambda sch, x, t: sch.step(x, "0.0", x, generator=gen(0)), TypeError, _TIMESTEP,
+                     id="step-timestep-str"),
+        pytest.param(lambda sch, x, t: sch.step(x, sch.timesteps[:2], x, generator=gen(0)), TypeError, _TIMESTEP,
+                     id="step-timestep-slice"),
+        pytest.param(lambda sch, x, t: sch.step(x, False, x, generator=gen(0)), TypeError, _TIMESTEP,
+                     id="step-timestep-bool"),
+        pytest.param(lambda sch, x, t: sch.step(x, torch.tensor(True), x, generator=gen(0)), TypeError, _TIMESTEP,
+                     id="step-timestep-bool-tensor"),
+        pytest.param(lambda sch, x, t: sch.eta(None, 3), TypeError, "timestep must be", id="eta-timestep-none"),
+        # an integer, bool or complex model output is refused, not cast (complex would lose its imaginary part)
+        *(pytest.param(lambda sch, x, t, dtype=dtype: sch.step(torch.zeros(3, 2, dtype=dtype), t, x, generator=gen(0)),
+                       TypeError, f"model_output must be a floating-point tensor.*{dtype}",
+                       id=f"step-model_output-{str(dtype).removeprefix('torch.')}")
+          for dtype in (torch.int64, torch.bool, torch.complex128)),
+        pytest.param(lambda sch, x, t: sch.step(torch.zeros(2, dtype=F64), t, torch.zeros(2, dtype=F64),
+                                                generator=gen(0)),
+                     ValueError, r"sample must have shape \(batch, \*event\), got \(2,\)", id="step-sample-unbatched"),
+        pytest.param(lambda sch, x, t: sch.eta(t, -1), ValueError, "batch must be >= 0, got -1", id="eta-batch-negative"),
+        pytest.param(lambda sch, x, t: sch.eta(t, 2.5), TypeError, "batch must be an int", id="eta-batch-float"),
+        pytest.param(lambda sch, x, t: sch.eta(t, 3, dtype=torch.int64), TypeError, _FLOAT_DTYPE, id="eta-dtype-int64"),
+        pytest.param(lambda sch, x, t: sch.eta(t, 3, dtype="float64"), TypeError, _FLOAT_DTYPE, id="eta-dtype-str"),
+        pytest.param(lambda sch, x, t: sch.eta(t, 3, device="gpu"), ValueError, "device must be a device string",
+                     id="eta-device-gpu"),
+    ],
+)
+def test_scheduler_argument_errors(call, error, match):
+    """step and eta: a ValueError/TypeError naming the argument, never torch's own error or a silent cast."""
+    scheduler = _scheduler_module().EnergyTweedieLangevinScheduler(num_levels=4, steps_per_level=1)
+    with pytest.raises(error, match=match):
+        call(scheduler, torch.zeros(3, 2, dtype=F64), scheduler.timesteps[0])
+
+
 # ---------------------------------------------------------------------------- k-diffusion
 def test_kdiffusion_denoiser_refuses_non_gaussian_paths():
     post = KnownPosterior()
@@ -359,6 +503,45 @@ def test_kdiffusion_denoiser_is_the_posterior_draw_mean(seed, path):
     assert sig.shape == (6,) and sig[-1] == 0 and bool((sig[:-1].diff() < 0).all())
 
 
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        *(pytest.param(lambda d, x, bad=bad: d(x, bad), TypeError, "sigma must be a number or a tensor", id=f"sigma-{name}")
+          for name, bad in (("str", "0.5"), ("none", None), ("bool", True), ("complex", 0.5 + 0j),
+                            ("list", [0.5, 0.5, 0.5]))),
+        *(pytest.param(lambda d, x, dtype=dtype: d(x, torch.ones(3, dtype=dtype)), TypeError, "sigma must be a real",
+                       id=f"sigma-{str(dtype).removeprefix('torch.')}-tensor")
+          for dtype in (torch.bool, torch.complex128)),
+        pytest.param(lambda d, x: d(x, float("nan")), ValueError, "sigma must be >= 0 and finite", id="sigma-nan"),
+        pytest.param(lambda d, x: d(x[0], 0.5), ValueError, r"x must have shape \(batch, \*event\), got \(2,\)",
+                     id="x-unbatched"),
+        pytest.param(lambda d, x: d.sigmas(4, dtype=torch.int64), TypeError, _FLOAT_DTYPE, id="sigmas-dtype-int64"),
+        pytest.param(lambda d, x: d.sigmas(4, dtype="float64"), TypeError, _FLOAT_DTYPE, id="sigmas-dtype-str"),
+        pytest.param(lambda d, x: d.sigmas(4, device="gpu"), ValueError, "device must be a device string",
+                     id="sigmas-device-gpu"),
+        pytest.param(lambda d, x: d.sigmas(4, device="cuda"), ValueError, "CUDA is not available",
+                     id="sigmas-device-cuda",
+                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")),
+        pytest.param(lambda d, x: KDiffusionDenoiser(KnownPosterior(), "nope", n_draws=2), ValueError,
+                     "path must be a NoisePath or one of", id="path-unknown-name"),
+    ],
+)
+def test_kdiffusion_denoiser_argument_errors(call, error, match):
+    denoiser = KDiffusionDenoiser(KnownPosterior(), "gaussian", n_draws=2)
+    with pytest.raises(error, match=match):
+        call(denoiser, torch.zeros(3, 2, dtype=F64))
+
+
+def test_kdiffusion_denoiser_non_contiguous_float32_and_reproducible(seed):
+    x = 1.5 * torch.randn(2, 6, generator=gen(seed), dtype=F64).t()  # (6, 2), transposed
+    sigma = torch.linspace(0.1, 1.0, 6, dtype=F64)
+    out = KDiffusionDenoiser(KnownPosterior(), "gaussian", n_draws=8, generator=gen(seed + 1))(x, sigma)
+    again = KDiffusionDenoiser(KnownPosterior(), "gaussian", n_draws=8, generator=gen(seed + 1))(x.contiguous(), sigma)
+    assert torch.equal(out, again)
+    out32 = KDiffusionDenoiser(KnownPosterior(), "gaussian", n_draws=8, generator=gen(seed + 1))(x.float(), sigma.float())
+    assert out32.dtype == torch.float32 and out32.shape == x.shape and bool(torch.isfinite(out32).all())
+
+
 @pytest.mark.parametrize("sampler_name", ["sample_euler", "sample_heun", "sample_dpmpp_2m"])
 def test_kdiffusion_samplers_reach_the_clean_draw_floor(seed, sampler_name):
     try:
@@ -377,6 +560,25 @@ def test_kdiffusion_samplers_reach_the_clean_draw_floor(seed, sampler_name):
         return getattr(sampling, sampler_name)(denoiser, x, sigmas, disable=True)
 
     _like_clean_draws(run, seed, f"{sampler_name}'s samples are")
+
+
+def test_k_diffusion_loader_names_the_missing_module(monkeypatch):
+    """Without scipy (which k_diffusion/sampling.py imports itself) the loader's message names
+    scipy, not the three other packages (it told users to install torchsde/torchdiffeq/trampoline)."""
+    import importlib.util
+    import sys
+
+    from etweedie.interop import kdiffusion
+
+    if importlib.util.find_spec("k_diffusion") is None:
+        pytest.skip("k-diffusion is not installed")
+    for name in [m for m in sys.modules if m == "scipy" or m.startswith("scipy.") or m.startswith(kdiffusion._SHIM)
+                 or m == "k_diffusion" or m.startswith("k_diffusion.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "scipy", None)  # `import scipy` raises ImportError(name="scipy")
+    with pytest.raises(ImportError, match=r"needs scipy: `pip install --no-deps scipy`"):
+        kdiffusion.load_k_diffusion_sampling()
+    assert kdiffusion._SHIM + ".sampling" not in sys.modules
 
 
 def test_gaussian_and_odd_dimension_laws_with_multi_dim_batches(seed):
