@@ -38,6 +38,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -100,14 +101,35 @@ class ThroughputTimer:
         )
 
 
-class _Clock:
-    def __init__(self, device: torch.device, enabled: bool):
-        self.sync = enabled and device.type == "cuda"
+class _Tally:
+    """One run's share of a :class:`ThroughputTimer`: seconds in the posterior, the fused step and
+    the callbacks, and the updates per chain, added to ``timer`` (if any) by :meth:`add_to_timer`."""
+
+    def __init__(self, device: torch.device, timer: Optional[ThroughputTimer]):
+        self.timer = timer
+        self.sync = timer is not None and device.type == "cuda"
+        self.posterior_s = self.step_s = self.callback_s = 0.0
+        self.updates = 0
+        self.start = self.now()
 
     def now(self) -> float:
         if self.sync:
             torch.cuda.synchronize()
         return time.perf_counter()
+
+    def add_to_timer(self, chains: int, levels: int, n_chunks: int, final_calls: int) -> None:
+        """``final_calls``: posterior calls per chunk of the final draw."""
+        timer = self.timer
+        if timer is None:
+            return
+        timer.posterior_s += self.posterior_s
+        timer.step_s += self.step_s
+        timer.callback_s += self.callback_s
+        timer.total_s += self.now() - self.start
+        timer.chain_steps += chains * self.updates
+        timer.posterior_calls += (self.updates + final_calls) * n_chunks
+        timer.chains += chains
+        timer.levels += levels
 
 
 # ---------------------------------------------------------------------------- one update
@@ -218,6 +240,208 @@ class _StaticUpdate:
                 self._body()
 
 
+# ---------------------------------------------------------------------------- checked arguments
+@dataclass(frozen=True)
+class _Run:
+    """The checked arguments of one :func:`sample_langevin` call (chunking aside)."""
+
+    posterior: object
+    plan: LevelPlan
+    alphas: torch.Tensor  # α_k, (L,) float64
+    steps_per_level: int
+    first_level_steps: Optional[int]
+    n_posterior: int
+    final_draw: bool
+    final_average: int
+    callback: Optional[Callable[[Dict], None]]
+    timer: Optional[ThroughputTimer]
+    score_options: dict  # posterior.sample keywords of the score draws
+    autocast_dtype: Optional[torch.dtype]
+    capture: Optional[str]
+
+    def steps_at(self, k: int) -> int:
+        return self.first_level_steps if (k == 0 and self.first_level_steps is not None) else self.steps_per_level
+
+
+def _check_run(posterior, y0, path, schedule, generator, *, steps_per_level, n_posterior, step_scale,
+               first_level_steps, final_draw, final_average, callback, timer, antithetic, precision, capture) -> _Run:
+    """Every argument of :func:`sample_langevin` but the chunking, checked (the first bad one raises)."""
+    check_posterior(posterior)
+    check_states(y0)
+    if not isinstance(generator, (torch.Generator, list, tuple)):
+        raise TypeError(
+            f"generator must be a torch.Generator (randomness is always explicit), got {type(generator).__name__}"
+        )
+    plan = LevelPlan.of(path, schedule)
+    alphas = plan.step_sizes(step_scale)
+    steps_per_level = check_int(steps_per_level, "steps_per_level", 1)
+    n_posterior = check_int(n_posterior, "n_posterior", 1)
+    final_average = check_int(final_average, "final_average", 1)
+    if first_level_steps is not None:
+        first_level_steps = check_int(first_level_steps, "first_level_steps", 0)
+    final_draw = check_bool(final_draw, "final_draw")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable or None, got {type(callback).__name__}")
+    options = antithetic_options(posterior, antithetic)
+    if timer is not None and not isinstance(timer, ThroughputTimer):
+        raise TypeError(f"timer must be an etweedie.sample.ThroughputTimer or None, got {type(timer).__name__}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
+    if capture not in CAPTURES:
+        raise ValueError(f"capture must be one of {', '.join(map(repr, CAPTURES))}, got {capture!r}")
+    if capture is not None and y0.device.type != "cuda":
+        raise ValueError(f"capture={capture!r} needs CUDA tensors (CUDA graphs), got y0 on {y0.device.type}")
+    autocast_dtype = PRECISIONS[precision]
+    return _Run(posterior, plan, alphas, steps_per_level, first_level_steps, n_posterior, final_draw, final_average,
+                callback, timer, _score_options(posterior, options, autocast_dtype), autocast_dtype, capture)
+
+
+# ---------------------------------------------------------------------------- chunks
+def _plan_chunks(y0: torch.Tensor, generator, chunk_chains, max_draw_elements, n_posterior: int):
+    """(chain slices, the generator of each) of ``chunk_chains`` chains, shrunk to fit
+    ``max_draw_elements`` when the generator is shared."""
+    chains = math.prod(y0.shape[:-1])
+    chunk = chains if chunk_chains is None else check_int(chunk_chains, "chunk_chains", 1)
+    if max_draw_elements is not None:
+        chunk = _fit_draw_bound(chunk, chains, max_draw_elements, n_posterior, y0.shape[-1],
+                                shared=isinstance(generator, torch.Generator))
+    chunks = chain_chunks(chains, chunk)
+    return chunks, generators_for(generator, len(chunks), y0.device)
+
+
+def _fit_draw_bound(chunk: int, chains: int, max_draw_elements, n_posterior: int, d: int, shared: bool) -> int:
+    """The chunk size whose draws chunk·N·d fit ``max_draw_elements`` (only a shared generator may shrink it)."""
+    max_draw_elements = check_int(max_draw_elements, "max_draw_elements", 1)
+    if n_posterior * d > max_draw_elements:
+        raise ValueError(
+            f"max_draw_elements={max_draw_elements} is below the draws of a single chain, N·d = "
+            f"{n_posterior}·{d} = {n_posterior * d}: raise it to at least {n_posterior * d} or lower n_posterior"
+        )
+    fitting = max_draw_elements // (n_posterior * d)
+    if shared:
+        return min(chunk, fitting)
+    if min(chunk, chains) > fitting:
+        raise ValueError(
+            f"max_draw_elements={max_draw_elements} holds {fitting} chains of N·d = {n_posterior * d} draws, but "
+            f"chunk_chains={chunk}; with one generator per chunk the chunking is fixed: lower chunk_chains"
+        )
+    return chunk
+
+
+# ---------------------------------------------------------------------------- one level
+@dataclass(frozen=True)
+class _Level:
+    """Level k's values as one update of every chunk reads them."""
+
+    k: int
+    params: NoiseParams
+    eta: torch.Tensor  # (5,), the chains' device and dtype
+    metric: Metric
+    alpha: float
+    beta: float
+    lam: float
+    steps: int
+
+    @classmethod
+    def of(cls, run: _Run, k: int, y: torch.Tensor) -> "_Level":
+        params = run.plan.level(k)
+        return cls(k, params, run.plan.eta(k, y), run.plan.metric(k, y.shape[-1], y), float(run.alphas[k]),
+                   float(params.beta), float(params.lam), run.steps_at(k))
+
+
+def _eager_updates(run: _Run, level: _Level, yc: torch.Tensor, g: torch.Generator, tally: _Tally):
+    """``level.steps`` Langevin updates of one chunk: (new states, the last score's first draw or None)."""
+    eta = level.eta.expand(yc.shape[0], 5)
+    x = None
+    for _ in range(level.steps):
+        t0 = tally.now()
+        x = _posterior_draws(run.posterior, yc, eta, run.n_posterior, g, run.score_options, run.autocast_dtype)
+        t1 = tally.now()
+        xi = torch.randn(yc.shape, generator=g, dtype=yc.dtype, device=yc.device)
+        t2 = tally.now()
+        yc = langevin_step(yc, x, xi, level.alpha, level.beta, level.lam, level.metric)
+        t3 = tally.now()
+        tally.posterior_s += t1 - t0
+        tally.step_s += t3 - t2
+    return yc, None if x is None else x[:, 0, :].to(yc.dtype)
+
+
+def _captured_updates(level: _Level, runner: _StaticUpdate, yc: torch.Tensor, tally: _Tally):
+    """The same on the chunk's captured update: one timed region (no host sync between updates)."""
+    runner.y.copy_(yc)
+    runner.set_level(level.eta, level.alpha, level.beta, level.lam, level.metric)
+    t0 = tally.now()
+    runner.run(level.steps)
+    tally.posterior_s += tally.now() - t0  # the split is not observable inside a graph
+    return runner.y, runner.first_draw if level.steps else None
+
+
+def _report(run: _Run, level: _Level, y: torch.Tensor, shape, denoised: List[torch.Tensor], tally: _Tally) -> None:
+    """The callback after a level (its time kept apart)."""
+    t0 = tally.now()
+    run.callback(
+        dict(
+            level=level.k,
+            t=float(run.plan.times[level.k]),
+            r=float(run.plan.rms[level.k]),
+            step=level.alpha,
+            params=level.params,
+            eta=level.eta.clone(),
+            state=y.reshape(shape).clone(),
+            denoised=torch.cat(denoised).reshape(shape) if denoised else None,
+        )
+    )
+    tally.callback_s += tally.now() - t0
+
+
+# ---------------------------------------------------------------------------- the final state
+def _final_calls(run: _Run) -> int:
+    """Posterior calls per chunk of the final draw."""
+    return math.ceil(run.final_average / run.n_posterior) if run.final_draw else 0
+
+
+def _final_state(run: _Run, yc: torch.Tensor, eta: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """One posterior draw per chain at the terminal level, or the mean of ``final_average`` of them
+    drawn ``n_posterior`` at a time."""
+    def draws(n):
+        return _posterior_draws(run.posterior, yc, eta, n, g, {}, run.autocast_dtype, for_score=False)
+
+    if run.final_average == 1:
+        return draws(1)[:, 0, :]
+    total = torch.zeros_like(yc)
+    for k0 in range(0, run.final_average, run.n_posterior):
+        total += draws(min(run.n_posterior, run.final_average - k0)).sum(1)
+    return total / run.final_average
+
+
+def _update_chunks(run: _Run, level: _Level, y: torch.Tensor, chunks: List[slice], generators: List[torch.Generator],
+                   runners: List[Optional[_StaticUpdate]], tally: _Tally) -> List[torch.Tensor]:
+    """The level's updates of every chunk in turn, in place on ``y`` (chains × d); returns the
+    first draw of each chunk's last score evaluation when there is a callback to see them."""
+    denoised = []
+    for c, (sl, g) in enumerate(zip(chunks, generators)):
+        if run.capture is None:
+            y[sl], x0 = _eager_updates(run, level, y[sl], g, tally)
+        else:
+            if runners[c] is None:
+                runners[c] = _StaticUpdate(run.posterior, y[sl], run.n_posterior, g, run.score_options,
+                                           run.autocast_dtype, level.metric.kind, tuple(level.metric.param.shape),
+                                           run.capture)
+            y[sl], x0 = _captured_updates(level, runners[c], y[sl], tally)
+        if run.callback is not None and x0 is not None:
+            denoised.append(x0.clone())
+    return denoised
+
+
+def _final_draw(run: _Run, y: torch.Tensor, chunks: List[slice], generators: List[torch.Generator], tally: _Tally) -> None:
+    """Each chunk's chains replaced, in place, by their final state at the terminal level."""
+    t0 = tally.now()
+    eta = run.plan.eta(-1, y)
+    for sl, g in zip(chunks, generators):
+        y[sl] = _final_state(run, y[sl], eta.expand(sl.stop - sl.start, 5), g)
+    tally.posterior_s += tally.now() - t0
+
+
 # ---------------------------------------------------------------------------- the sampler
 @torch.no_grad()
 def sample_langevin(
@@ -301,139 +525,23 @@ def sample_langevin(
 
     Memory per update is O(chunk · N · d) (the posterior draws); nothing accumulates over levels.
     """
-    check_posterior(posterior)
-    check_states(y0)
-    if not isinstance(generator, (torch.Generator, list, tuple)):
-        raise TypeError(
-            f"generator must be a torch.Generator (randomness is always explicit), got {type(generator).__name__}"
-        )
-    plan = LevelPlan.of(path, schedule)
-    alphas = plan.step_sizes(step_scale)
-    steps_per_level = check_int(steps_per_level, "steps_per_level", 1)
-    n_posterior = check_int(n_posterior, "n_posterior", 1)
-    final_average = check_int(final_average, "final_average", 1)
-    if first_level_steps is not None:
-        first_level_steps = check_int(first_level_steps, "first_level_steps", 0)
-    final_draw = check_bool(final_draw, "final_draw")
-    if callback is not None and not callable(callback):
-        raise TypeError(f"callback must be callable or None, got {type(callback).__name__}")
-    options = antithetic_options(posterior, antithetic)
-    if timer is not None and not isinstance(timer, ThroughputTimer):
-        raise TypeError(f"timer must be an etweedie.sample.ThroughputTimer or None, got {type(timer).__name__}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
-    if capture not in CAPTURES:
-        raise ValueError(f"capture must be one of {', '.join(map(repr, CAPTURES))}, got {capture!r}")
-    if capture is not None and y0.device.type != "cuda":
-        raise ValueError(f"capture={capture!r} needs CUDA tensors (CUDA graphs), got y0 on {y0.device.type}")
-
-    shape, d = y0.shape, y0.shape[-1]
-    chains = math.prod(shape[:-1])
-    shared = isinstance(generator, torch.Generator)
-    chunk = chains if chunk_chains is None else check_int(chunk_chains, "chunk_chains", 1)
-    if max_draw_elements is not None:
-        max_draw_elements = check_int(max_draw_elements, "max_draw_elements", 1)
-        if n_posterior * d > max_draw_elements:
-            raise ValueError(
-                f"max_draw_elements={max_draw_elements} is below the draws of a single chain, N·d = "
-                f"{n_posterior}·{d} = {n_posterior * d}: raise it to at least {n_posterior * d} or lower n_posterior"
-            )
-        fitting = max_draw_elements // (n_posterior * d)
-        if shared:
-            chunk = min(chunk, fitting)
-        elif min(chunk, chains) > fitting:
-            raise ValueError(
-                f"max_draw_elements={max_draw_elements} holds {fitting} chains of N·d = {n_posterior * d} draws, but "
-                f"chunk_chains={chunk}; with one generator per chunk the chunking is fixed: lower chunk_chains"
-            )
-    chunks = chain_chunks(chains, chunk)
-    generators = generators_for(generator, len(chunks), y0.device)
+    run = _check_run(posterior, y0, path, schedule, generator, steps_per_level=steps_per_level, n_posterior=n_posterior,
+                     step_scale=step_scale, first_level_steps=first_level_steps, final_draw=final_draw,
+                     final_average=final_average, callback=callback, timer=timer, antithetic=antithetic,
+                     precision=precision, capture=capture)
+    chunks, generators = _plan_chunks(y0, generator, chunk_chains, max_draw_elements, run.n_posterior)
     check_finite(y0)
-    autocast_dtype = PRECISIONS[precision]
-    score_options = _score_options(posterior, options, autocast_dtype)  # bf16 mode: draws written in bf16
 
-    clock = _Clock(y0.device, timer is not None)
-    start = clock.now()
-    y = y0.reshape(-1, d).clone()
-    posterior_s = step_s = callback_s = 0.0
-    n_updates = 0
-    eta_row = None
-    static: List[Optional[_StaticUpdate]] = [None] * len(chunks)
-    for k in tqdm(range(len(plan)), desc="langevin", unit="level", disable=disable):
-        level = plan.level(k)
-        eta_row = plan.eta(k, y)
-        metric = plan.metric(k, d, y)
-        beta, lam, alpha = float(level.beta), float(level.lam), float(alphas[k])
-        n_steps = first_level_steps if (k == 0 and first_level_steps is not None) else steps_per_level
-        denoised = [] if callback is not None else None
-        for c, (sl, g) in enumerate(zip(chunks, generators)):
-            yc = y[sl]
-            eta = eta_row.expand(yc.shape[0], 5)
-            if capture is not None:
-                # captured: one timed region per chunk and level (no host sync between updates)
-                if static[c] is None:
-                    static[c] = _StaticUpdate(posterior, yc, n_posterior, g, score_options, autocast_dtype,
-                                              metric.kind, tuple(metric.param.shape), capture)
-                runner = static[c]
-                runner.y.copy_(yc)
-                runner.set_level(eta_row, alpha, beta, lam, metric)
-                t0 = clock.now()
-                runner.run(n_steps)
-                posterior_s += clock.now() - t0  # the split is not observable inside a graph
-                y[sl] = runner.y
-                x0 = runner.first_draw if n_steps else None
-            else:
-                x = None
-                for _ in range(n_steps):
-                    t0 = clock.now()
-                    x = _posterior_draws(posterior, yc, eta, n_posterior, g, score_options, autocast_dtype)
-                    t1 = clock.now()
-                    xi = torch.randn(yc.shape, generator=g, dtype=y.dtype, device=y.device)
-                    t2 = clock.now()
-                    yc = langevin_step(yc, x, xi, alpha, beta, lam, metric)
-                    t3 = clock.now()
-                    posterior_s += t1 - t0
-                    step_s += t3 - t2
-                y[sl] = yc
-                x0 = None if x is None else x[:, 0, :].to(y.dtype)
-            if denoised is not None and x0 is not None:
-                denoised.append(x0.clone())
-        n_updates += n_steps
-        if callback is not None:
-            t0 = clock.now()
-            callback(
-                dict(
-                    level=k,
-                    t=float(plan.times[k]),
-                    r=float(plan.rms[k]),
-                    step=alpha,
-                    params=level,
-                    eta=eta_row.clone(),
-                    state=y.reshape(shape).clone(),
-                    denoised=torch.cat(denoised).reshape(shape) if denoised else None,
-                )
-            )
-            callback_s += clock.now() - t0
-    if final_draw:
-        t0 = clock.now()
-        for sl, g in zip(chunks, generators):
-            eta = eta_row.expand(sl.stop - sl.start, 5)
-            if final_average == 1:
-                y[sl] = _posterior_draws(posterior, y[sl], eta, 1, g, {}, autocast_dtype, for_score=False)[:, 0, :]
-                continue
-            total = torch.zeros_like(y[sl])
-            for k0 in range(0, final_average, n_posterior):
-                n = min(n_posterior, final_average - k0)
-                total += _posterior_draws(posterior, y[sl], eta, n, g, {}, autocast_dtype, for_score=False).sum(1)
-            y[sl] = total / final_average
-        posterior_s += clock.now() - t0
-    if timer is not None:
-        timer.posterior_s += posterior_s
-        timer.step_s += step_s
-        timer.callback_s += callback_s
-        timer.total_s += clock.now() - start
-        timer.chain_steps += chains * n_updates
-        timer.posterior_calls += (n_updates + (math.ceil(final_average / n_posterior) if final_draw else 0)) * len(chunks)
-        timer.chains += chains
-        timer.levels += len(plan)
-    return y.reshape(shape)
+    tally = _Tally(y0.device, run.timer)
+    y = y0.reshape(-1, y0.shape[-1]).clone()
+    runners: List[Optional[_StaticUpdate]] = [None] * len(chunks)  # the captured update of each chunk
+    for k in tqdm(range(len(run.plan)), desc="langevin", unit="level", disable=disable):
+        level = _Level.of(run, k, y)
+        denoised = _update_chunks(run, level, y, chunks, generators, runners, tally)
+        tally.updates += level.steps
+        if run.callback is not None:
+            _report(run, level, y, y0.shape, denoised, tally)
+    if run.final_draw:
+        _final_draw(run, y, chunks, generators, tally)
+    tally.add_to_timer(math.prod(y0.shape[:-1]), len(run.plan), len(chunks), _final_calls(run))
+    return y.reshape(y0.shape)
