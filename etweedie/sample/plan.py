@@ -14,7 +14,6 @@ reproducible from one shared ``torch.Generator`` or from one per chunk
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass
 from typing import Callable, List, Optional
