@@ -7,6 +7,11 @@ assumed: ``null_energy_distance`` gives the signed ED between independent clean 
 same sizes (n generated points vs the same m-point reference size), repeated R times; the floor
 is its mean + 3 standard deviations.  A negative control (no annealing: one level at the
 terminal noise, so the chains never leave their broad Gaussian start) must land far above it.
+
+The edges are held to hand-written float64 formulas (a path's coordinates, a Langevin update
+along a non-Gaussian, non-diagonal path, the estimator's profiled λ and objective) and, for bad
+input, to a ValueError/TypeError naming the argument (never a deep torch error, a silently
+ignored argument or a silent broadcast).
 """
 
 import json
@@ -17,15 +22,26 @@ import pytest
 import torch
 
 from etweedie.data import EightGaussians
+from etweedie.estimate import (
+    EstimatorSettings,
+    estimate_noise,
+    level_sampler,
+    level_variance,
+    profile_lambda,
+    profiled_objective,
+    shape_from_cholesky,
+    zeta_from_beta,
+)
 from etweedie.known_posterior import KnownPosterior
 from etweedie.metrics import mode_weight_tv, null_energy_distance, signed_energy_distance
 from etweedie.noise import NoiseParams
 from etweedie.paths import GeometricRMS, NoisePath, get_path, level_times
-from etweedie.sample import ThroughputTimer, sample_langevin, step_sizes
+from etweedie.sample import ThroughputTimer, chunk_generators, initial_states, sample_langevin, step_sizes
 from experiments.eight_gaussians import diffusion as diffusion_eval
 from experiments.eight_gaussians.diffusion import main as cli_main
 
 RING = EightGaussians()
+F64 = torch.float64
 
 
 def gen(seed=0):
@@ -34,6 +50,18 @@ def gen(seed=0):
 
 def _y0(n, seed):
     return math.sqrt(2.04 + 0.83**2) * torch.randn(n, 2, generator=gen(seed))
+
+
+def _c2(beta: float, d: int) -> float:
+    """c²_{β,d} = β^{2/β} Γ((d+2)/β) / (d Γ(d/β)) (DESIGN §2)."""
+    return math.exp((2 / beta) * math.log(beta) + math.lgamma((d + 2) / beta) - math.log(d) - math.lgamma(d / beta))
+
+
+def _joint(s: float):
+    """(β, λ, u, v, r) of the eight-Gaussians 'joint' path at time s (Eq. full5_paths)."""
+    theta = math.pi / 2 + 2 * math.pi * s
+    return (1.4 + 0.5 * math.sin(math.pi * s) ** 2, 1.8 + 0.4 * math.sin(2 * math.pi * s),
+            0.6 * math.cos(theta), 0.6 * math.sin(theta), 0.83 * (0.0083 / 0.83) ** s)
 
 
 # ---------------------------------------------------------------------------- the known posterior
@@ -82,6 +110,20 @@ def test_known_posterior_shapes_mixed_rows_and_errors():
         KnownPosterior(method="sir", bank=torch.zeros(5, 3))
     bank, _ = RING.sample(2000, gen(6))
     assert KnownPosterior(method="sir", bank=bank).sample(torch.zeros(4, 2), eta[1], 3, generator=gen()).shape == (4, 3, 2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        pytest.param(dict(bank=torch.zeros(10, 2, dtype=F64)), ValueError, "bank is used only by method='sir'",
+                     id="bank-without-sir"),
+        pytest.param(dict(method="sir", bank=torch.zeros(10, 2, dtype=torch.int64)), TypeError,
+                     "bank must be a floating-point tensor .* got a torch.int64 tensor", id="integer-bank"),
+    ],
+)
+def test_a_bank_outside_sir_is_refused_not_ignored(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        KnownPosterior(**kwargs)
 
 
 # ---------------------------------------------------------------------------- ground truth end to end
@@ -153,6 +195,37 @@ def test_each_update_is_the_fused_langevin_step_with_the_level_step_size():
     assert torch.allclose(out, y, rtol=1e-10, atol=1e-12)
     assert [c[0] for c in post.calls] == [(2, 2), (2, 2)] and [c[2] for c in post.calls] == [3, 3]
     assert torch.allclose(post.calls[1][1][0], path(times[1]).eta())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_langevin_updates_along_a_nondiagonal_generalized_path_match_the_formula(dtype):
+    """y ← y + α ŝ(y) + sqrt(2α) ξ, ŝ = −λ P (1/N) Σ ‖y − x‖_P^{β−2} (y − x), Σ = (σ/c)² I⊗S(u,v), in float64."""
+    d, C, N, eps = 4, 5, 6, 1e-3
+    X = torch.randn(C, N, d, generator=gen(2), dtype=F64)
+    y0 = torch.randn(C, d, generator=gen(3), dtype=F64).T.contiguous().T  # non-contiguous start
+
+    class Fixed:
+        def sample(self, y, eta, n, *, generator):
+            return X[:, :n].to(y.dtype)
+
+    times = torch.tensor([0.3, 0.7], dtype=F64)
+    out = sample_langevin(Fixed(), y0.to(dtype), get_path("joint"), times, steps_per_level=2, n_posterior=N,
+                          step_scale=eps, final_draw=False, generator=gen(4), disable=True)
+    g, y = gen(4), y0.clone()
+    r_last = _joint(1.0 * times[-1].item())[-1]
+    for s in times.tolist():
+        beta, lam, u, v, r = _joint(s)
+        S = torch.tensor([[1 + u, v], [v, 1 - u]], dtype=F64)
+        P = torch.linalg.inv((r * lam ** (1 / beta)) ** 2 / _c2(beta, d) * torch.block_diag(S, S))
+        alpha = eps * (r / r_last) ** 2
+        for _ in range(2):
+            U = y[:, None, :] - X
+            q = torch.einsum("cni,ij,cnj->cn", U, P, U)
+            score = -lam * (q ** ((beta - 2) / 2))[..., None].mul(U).mean(1) @ P
+            xi = torch.randn(y.shape, generator=g, dtype=dtype).to(F64)
+            y = y + alpha * score + math.sqrt(2 * alpha) * xi
+    tol = 1e-12 if dtype == F64 else 1e-5
+    assert out.dtype == dtype and torch.allclose(out.to(F64), y, rtol=tol, atol=tol)
 
 
 def test_callback_timer_first_level_steps_and_final_draw():
@@ -233,6 +306,164 @@ def test_bad_inputs_raise_named_errors():
     with pytest.raises(ValueError, match="vectorized over t"):
         sample_langevin(_Recording(), y0, lambda t: NoiseParams(1.4, 1.8, 0.5), times, **ok)
     assert scalar_path(times).batch_shape == (3,)  # a scalar-valued rms broadcasts over t
+
+
+_KW = dict(steps_per_level=1, n_posterior=2, step_scale=1e-4, disable=True)
+
+
+class _ReturnsNone:
+    def sample(self, y, eta, n, *, generator):
+        return None
+
+
+class _OneTooWide:
+    def sample(self, y, eta, n, *, generator):
+        return y.new_zeros(y.shape[0], n, y.shape[-1] + 1)
+
+
+@pytest.mark.parametrize(
+    "posterior, levels, kwargs, error, match",
+    [
+        pytest.param(_ReturnsNone, 2, {}, TypeError, "posterior.sample must return a real-valued tensor",
+                     id="posterior-returning-no-tensor"),
+        # named even without updates (first_level_steps=0 on one level: only the final draw)
+        pytest.param(_OneTooWide, 1, dict(first_level_steps=0), ValueError,
+                     r"posterior.sample returned shape \(3, 1, 3\), expected \(3, 1, 2\)",
+                     id="wrong-final-draw-shape-without-updates"),
+        pytest.param(KnownPosterior, 2, dict(final_draw="no"), TypeError, "final_draw must be a bool",
+                     id="final_draw-not-a-bool"),
+        # an error, not a silent overrun
+        pytest.param(KnownPosterior, 2, dict(max_draw_elements=3), ValueError,
+                     r"max_draw_elements=3 is below the draws of a single chain, N·d = 2·2 = 4",
+                     id="max_draw_elements-below-one-chain"),
+    ],
+)
+def test_sample_langevin_names_bad_arguments(posterior, levels, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        sample_langevin(posterior(), torch.zeros(3, 2), get_path("gaussian"), level_times(levels), generator=gen(),
+                        **_KW, **kwargs)
+
+
+def test_zero_chains_start_and_sample():
+    y0 = initial_states(get_path("joint"), level_times(3), 0, 4, generator=gen())
+    assert y0.shape == (0, 4) and y0.dtype == torch.float32
+    assert initial_states(get_path("joint"), level_times(3), 0, 4, generator=chunk_generators(0, 1),
+                          chunk_chains=2).shape == (0, 4)
+    out = sample_langevin(KnownPosterior(), y0[:, :2], get_path("joint"), level_times(3), generator=gen(), **_KW)
+    assert out.shape == (0, 2)
+
+
+# ---------------------------------------------------------------------------- paths
+def test_joint_and_mnist_paths_match_their_formulas_at_fresh_times():
+    t = torch.cat([torch.tensor([0.0, 0.5, 1.0], dtype=F64), torch.rand(5, generator=gen(1), dtype=F64)])
+    mnist = lambda s: (2 - 0.6 * s, 1 + 0.8 * s, 0.3 * math.sin(math.pi * s), 0.6 * s, 2.63 * (0.197 / 2.63) ** s)
+    for name, formula in (("joint", _joint), ("mnist_joint", mnist)):
+        p = get_path(name)(t)
+        for i, s in enumerate(t.tolist()):
+            beta, lam, u, v, r = formula(s)
+            want = [beta, lam, r * lam ** (1 / beta), u, v]  # σ_t = r_t λ_t^{1/β_t}
+            got = [float(f[i]) for f in (p.beta, p.lam, p.sigma, p.u, p.v)]
+            assert got == pytest.approx(want, rel=1e-12, abs=1e-12), (name, s)
+
+
+def test_level_times_names_a_bad_device():
+    with pytest.raises(ValueError, match="device must be a device string"):
+        level_times(3, device="bogus")
+
+
+def test_a_complex_coordinate_is_refused_not_cast_to_its_real_part():
+    path = NoisePath("c", beta=1.5, lam=lambda t: torch.ones_like(t, dtype=torch.complex128) * (1 + 1j),
+                     rms=GeometricRMS(1.0, 0.1))
+    with pytest.raises(TypeError, match=r"lam\(t\) must return a real-valued tensor, got torch.complex128"):
+        path(level_times(3))
+
+
+# ---------------------------------------------------------------------------- estimator building blocks
+@pytest.mark.parametrize("level_scale,split_half", [("rms", False), ("plain", True)])
+def test_estimate_profiled_lambda_and_objective_match_the_formula(level_scale, split_half):
+    """λ̂ = Σ⟨ŝ, G⟩ / Σ‖G‖² and J = (1/n) Σ ‖ŝ‖² − 2λ̂⟨ŝ, G⟩ + λ̂² ‖G‖² at (β̂, Σ̂), G by hand in float64."""
+    d, sigmas = 4, [0.3, 0.7]
+    ys = [torch.randn(10, d, generator=gen(10 + i), dtype=F64) for i in range(2)]
+    xs = [torch.randn(10, 6, d, generator=gen(20 + i), dtype=F64) for i in range(2)]
+    ss = [torch.randn(10, d, generator=gen(30 + i), dtype=F64) for i in range(2)]
+    settings = EstimatorSettings(steps=4, batch_size=7, lam_min=1e-6, lam_max=1e6, level_scale=level_scale,
+                                 split_half=split_half)
+    est = estimate_noise(ys, sigma=sigmas, posterior_samples=xs, scores=ss, settings=settings, generator=gen(),
+                         progress=False)
+    b, S = est.beta, est.shape
+    terms = []
+    for y, x, s, sg in zip(ys, xs, ss, sigmas):
+        P = torch.linalg.inv(sg**2 / (_c2(b, d) if level_scale == "rms" else 1.0) * torch.block_diag(S, S))
+
+        def G(draws):
+            U = draws - y[:, None]
+            q = torch.einsum("cni,ij,cnj->cn", U, P, U)
+            return (q ** ((b - 2) / 2))[..., None].mul(U).mean(1) @ P
+
+        power = (G(x[:, :3]) * G(x[:, 3:])).sum(-1) if split_half else G(x).pow(2).sum(-1)
+        terms.append((s, G(x), power))
+    lam = sum(float((s * g).sum()) for s, g, _ in terms) / sum(float(p.sum()) for _, _, p in terms)
+    J = sum(float((s.pow(2).sum(-1) - 2 * lam * (s * g).sum(-1) + lam**2 * p).sum()) for s, g, p in terms) / 20
+    assert est.lam == pytest.approx(lam, rel=1e-10) and est.objective == pytest.approx(J, rel=1e-10)
+
+
+_S = torch.randn(6, 2, generator=gen(), dtype=F64)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        pytest.param(lambda: zeta_from_beta(2.0, 0.5), ValueError, "beta must be < 2, got 2.0", id="zeta-beta-2"),
+        pytest.param(lambda: zeta_from_beta(0.5, 0.5), ValueError, "beta must be > 0.5", id="zeta-beta-at-min"),
+        pytest.param(lambda: zeta_from_beta(1.0, 2.0), ValueError, "beta_min must be < 2", id="zeta-beta_min-2"),
+        *(pytest.param(lambda phi=phi: shape_from_cholesky(phi), ValueError, r"phi must have shape \(\.\.\., k, k\)",
+                       id=f"cholesky-phi-{name}")
+          for name, phi in (("vector", torch.zeros(2)), ("non-square", torch.zeros(2, 3)))),
+        pytest.param(lambda: profile_lambda(_S, _S, 2.0, 1.0), ValueError, "lam_min must be <= lam_max",
+                     id="profile-lam_min-above-lam_max"),
+        pytest.param(lambda: profile_lambda(_S, torch.full_like(_S, float("nan"))), ValueError,
+                     "scores and field must be finite", id="profile-nan-field"),
+        # (1, d) and (n, 1) would broadcast silently
+        *(pytest.param(lambda field=field: profiled_objective(_S, field, 0.5), ValueError,
+                       "scores and field must have the same shape", id=f"objective-field-{name}")
+          for name, field in (("one-row", _S[:1]), ("one-column", _S[:, :1]))),
+        pytest.param(lambda: level_variance(0.5, torch.tensor(1.4), 2, "rsm"), ValueError, "level_scale must be one of",
+                     id="level_variance-level_scale"),
+    ],
+)
+def test_building_blocks_name_bad_arguments(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_level_sampler_on_an_empty_batch_returns_empty_draws():
+    sampler = level_sampler(KnownPosterior(), lambda s: NoiseParams(2.0, 1.0, s))
+    assert sampler(torch.zeros(0, 2, dtype=F64), 0.5, 3, gen()).shape == (0, 3, 2)
+
+
+_Y, _X, _SC = (torch.randn(*shape, generator=gen(seed), dtype=F64) for seed, shape in ((1, (6, 2)), (2, (6, 4, 2)),
+                                                                                      (3, (6, 2))))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        pytest.param(dict(posterior_samples=_X.to("meta")), ValueError,
+                     "posterior_samples must be on the observations' device cpu, got meta", id="draws-on-meta"),
+        pytest.param(dict(scores=_SC.to("meta")), ValueError, "scores must be on the observations' device cpu, got meta",
+                     id="scores-on-meta"),
+        pytest.param(dict(heldout_observations=_Y.to("meta"), heldout_reference=_SC, heldout_posterior_samples=_X),
+                     ValueError, "heldout_observations must be on the observations' device", id="heldout-on-meta"),
+        pytest.param(dict(scores=_SC.to(torch.complex128)), TypeError,
+                     "scores must be a real floating-point tensor, got torch.complex128", id="complex-scores"),
+        pytest.param(dict(family=["gaussian"]), ValueError, "family must be one of", id="family-list"),
+        pytest.param(dict(progress="no"), TypeError, "progress must be a bool", id="progress-not-a-bool"),
+    ],
+)
+def test_estimate_names_arguments_on_another_device_or_of_complex_dtype(kwargs, error, match):
+    kw = {**dict(posterior_samples=_X, scores=_SC, settings=EstimatorSettings(steps=1), progress=False), **kwargs}
+    with pytest.raises(error, match=match):
+        estimate_noise(_Y, **kw)
 
 
 # ---------------------------------------------------------------------------- command line
@@ -571,8 +802,6 @@ def test_known_posterior_diverged_rows_give_nan_draws_and_small_noise_stays_exac
 
 
 def test_initial_states_and_chunk_generators_check_their_arguments():
-    from etweedie.sample import chunk_generators, initial_states
-
     path, times = get_path("gaussian"), level_times(5)
     start = lambda **kw: initial_states(path, times, 4, 2, generator=torch.Generator().manual_seed(0), **kw)
     per_chain = start(center=torch.arange(8.0).reshape(4, 2))
@@ -589,6 +818,11 @@ def test_initial_states_and_chunk_generators_check_their_arguments():
     with pytest.raises(ValueError, match="device must be a device string"):
         chunk_generators(0, 2, device="bogus")
     assert [g.initial_seed() for g in chunk_generators(3, [2, 0])] == [g.initial_seed() for g in chunk_generators(3, 3)][::2][::-1]
+
+
+def test_chunk_generators_names_a_device_without_generators():
+    with pytest.raises(ValueError, match="device must be one torch.Generator can live on"):
+        chunk_generators(0, 2, device="meta")
 
 
 def test_a_damaged_samples_file_is_sampled_again_not_a_crash(tmp_path):
