@@ -1,4 +1,5 @@
-"""Sample metrics on synthetic inputs with known answers; stratified subsets and bootstrap; tracking."""
+"""Sample metrics on synthetic inputs with known answers; stratified subsets and bootstrap; tracking;
+and the argument checks of the image metrics that need no MNIST files or ONNX model."""
 
 import math
 
@@ -7,6 +8,13 @@ import pytest
 import torch
 
 from etweedie.data import EightGaussians
+from etweedie.image_metrics import (
+    MnistEvaluator,
+    as_unit_images,
+    bootstrap_feature_energy_distance,
+    feature_energy_distance,
+    nearest_train,
+)
 from etweedie.metrics import (
     METRIC_SUITES,
     MarginalTracker,
@@ -30,6 +38,7 @@ from etweedie.noise import NoiseParams
 from conftest import DEVICES
 
 RING = EightGaussians()
+F64 = torch.float64
 
 
 def gen(seed=0):
@@ -59,6 +68,22 @@ def test_signed_energy_distance_is_unbiased_under_the_null_and_detects_shifts():
     assert (null < 0).any()  # signed: it goes below zero
     shifted = signed_energy_distance(draw(300, gen(3)) + torch.tensor([0.6, 0.0]), draw(300, gen(4)))
     assert shifted > null.mean() + 6 * null.std()
+
+
+def _short_draw(k, g):
+    return torch.randn(k - 1, 2, generator=g)
+
+
+@pytest.mark.parametrize(
+    "draw, error, match",
+    [
+        pytest.param(3, TypeError, "draw must be a callable", id="not-callable"),
+        pytest.param(_short_draw, ValueError, "k = 5", id="wrong-sample-size"),  # an ED of the wrong sample size before
+    ],
+)
+def test_null_energy_distance_checks_the_sampler(draw, error, match):
+    with pytest.raises(error, match=match):
+        null_energy_distance(draw, 5, 6, repeats=1, generator=gen())
 
 
 def test_mode_metrics_on_constructed_points():
@@ -94,6 +119,27 @@ def test_eight_gaussians_suite_on_clean_draws():
     assert sum(m["mode_weights"]) == pytest.approx(1.0)
     assert eight_gaussians_metrics(a, None, RING)["signed_ed"] is None
     assert METRIC_SUITES["eight_gaussians"] is eight_gaussians_metrics
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        # every point went to mode 0
+        pytest.param(lambda x: mode_weights(x, torch.tensor([[1.0, 0.0], [math.nan, 0.0]])), "means must be finite",
+                     id="mode_weights-nan-mean"),
+        pytest.param(lambda x: mean_radial_error(x, math.inf), "radius", id="mean_radial_error-inf-radius"),  # returned inf
+        pytest.param(lambda x: signed_energy_distance(x.to("meta"), x), "meta", id="signed_energy_distance-meta"),
+    ],
+)
+def test_mode_and_radial_metrics_reject_non_finite_parameters(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(torch.randn(10, 2, generator=gen()))
+
+
+def test_eight_gaussians_metrics_names_ed_samples():
+    x, _ = RING.sample(20, gen())
+    with pytest.raises(ValueError, match="ed_samples must have shape"):  # blamed the reference
+        eight_gaussians_metrics(x, x, RING, ed_samples=torch.zeros(5, 3))
 
 
 def test_stratified_subset_takes_evenly_from_each_seed():
@@ -155,6 +201,58 @@ def test_basic_bootstrap_covers_biased_mode_statistics():
     for name in stats:
         assert covered[name, "percentile"] <= 3, covered
         assert covered[name, "basic"] >= 9, covered
+
+
+def _mixed_width_groups():
+    g = gen(3)
+    return [torch.randn(4, 1, generator=g), torch.randn(4, 2, generator=g)]
+
+
+def _one_group():
+    return [torch.randn(6, 2, generator=gen(3))]
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        # torch.cat's RuntimeError before
+        pytest.param(lambda: stratified_bootstrap(lambda x: float(x.mean()), _mixed_width_groups(), n_boot=4,
+                                                  generator=gen()),
+                     ValueError, r"groups\[1\]", id="bootstrap-mixed-widths"),
+        pytest.param(lambda: stratified_subset(_mixed_width_groups(), 4), ValueError, r"groups\[1\]",
+                     id="subset-mixed-widths"),
+        pytest.param(lambda: stratified_bootstrap(lambda x: float(x.mean()), _one_group(), n_boot=4, generator=gen(),
+                                                  bounds=("a", 1.0)),
+                     ValueError, "bounds", id="bootstrap-bounds-str"),
+        pytest.param(lambda: stratified_bootstrap(lambda x: x.mean(0), _one_group(), n_boot=4, generator=gen()),
+                     TypeError, "statistic must return a real number", id="bootstrap-statistic-vector"),
+    ],
+)
+def test_bootstraps_and_subsets_check_their_groups_and_statistic(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_bootstrap_statistic_may_return_a_numpy_scalar():
+    est, lo, hi = stratified_bootstrap(lambda x: np.float32(x.mean()), _one_group(), n_boot=8, generator=gen())
+    assert lo <= hi
+
+
+def test_stratified_bootstrap_intervals_match_a_hand_written_resampler():
+    """Regression check against numpy: within-group resampling, percentile and basic intervals."""
+    g = gen(4)
+    groups = [torch.randn(k, 1, generator=g, dtype=F64) + 1 for k in (9, 12)]
+    stat = lambda x: float(x.mean())  # noqa: E731
+    draws = gen(5)
+    reps = []
+    for _ in range(64):
+        parts = [x[torch.randint(x.shape[0], (x.shape[0],), generator=draws)] for x in groups]
+        reps.append(stat(torch.cat(parts)))
+    est = stat(torch.cat(groups))
+    lo, hi = np.quantile(np.array(reps), [0.05, 0.95])
+    for method, want in (("percentile", (lo, hi)), ("basic", (2 * est - hi, 2 * est - lo))):
+        got = stratified_bootstrap(stat, groups, n_boot=64, generator=gen(5), level=0.9, method=method)
+        assert got == pytest.approx((est, *want), rel=1e-12, abs=1e-12), method
 
 
 @pytest.mark.parametrize("beta", [1.0, 1.5, 2.0])
@@ -240,6 +338,35 @@ def test_marginal_tracker_runs_on_the_chains_device(device, seed):
     assert {k: v for k, v in records[1].items() if k != "signed_ed"} == {k: v for k, v in records[0].items() if k != "signed_ed"}
 
 
+def _tracker_info():
+    params = NoiseParams(1.4, 1.8, 0.57, 0.0, 0.6)
+    return dict(level=0, t=0.5, params=params, state=torch.randn(30, 2, generator=gen(1)))
+
+
+@pytest.mark.parametrize(
+    "draw_clean, info, error, match",
+    [
+        # compared against 23 points silently
+        pytest.param(lambda k, g: torch.randn(k + 3, 2, generator=g), _tracker_info, ValueError, "draw_clean",
+                     id="draw_clean-wrong-count"),
+        # (points, labels): forgot [0]
+        pytest.param(lambda k, g: RING.sample(k, g), _tracker_info, TypeError, "draw_clean", id="draw_clean-pair"),
+        pytest.param(lambda k, g: RING.sample(k, g)[0], lambda: dict(state=_tracker_info()["state"]), ValueError,
+                     "info must be the sampler's callback dict", id="info-state-only"),
+    ],
+)
+def test_marginal_tracker_checks_its_sampler_and_the_callback_info(draw_clean, info, error, match):
+    tracker = MarginalTracker(draw_clean, 20, gen())
+    with pytest.raises(error, match=match):
+        tracker(info())
+
+
+def test_marginal_tracker_records_a_good_callback_info():
+    tracker = MarginalTracker(lambda k, g: RING.sample(k, g)[0], 20, gen())
+    tracker(_tracker_info())
+    assert len(tracker.records) == 1 and math.isfinite(tracker.records[0]["signed_ed"])
+
+
 def test_bad_inputs_raise_named_errors():
     x = torch.zeros(4, 2)
     with pytest.raises(TypeError, match="samples must be a torch.Tensor"):
@@ -280,3 +407,71 @@ def test_bad_inputs_raise_named_errors():
         stratified_bootstrap_energy_distance(x, x, n_boot=5, generator=gen())
     with pytest.raises(ValueError, match="params must hold one tuple"):
         forward_noised(x, NoiseParams(torch.tensor([1.4, 1.5]), 1.8, 0.5), gen())
+
+
+# ---------------------------------------------------------------------------- image metrics (no data or model)
+def test_image_inputs_carrying_a_graph_are_detached():
+    """A generator's output with requires_grad reached onnxruntime's .numpy() and failed."""
+    x = torch.rand(2, 28, 28, generator=gen()).requires_grad_()
+    assert not as_unit_images(x).requires_grad
+    train = torch.rand(5, 784, generator=gen(1))
+    index = nearest_train(x.detach(), train)[1]
+    # (N, 1, 28, 28) training images are accepted like the queries' layout
+    torch.testing.assert_close(nearest_train(x.detach(), train.reshape(5, 1, 28, 28))[1], index)
+    with pytest.raises(TypeError, match="train must be a torch.Tensor"):
+        nearest_train(x.detach(), train.tolist())
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        # blamed the op's `a`
+        pytest.param(lambda a, b: feature_energy_distance(a.half(), b.half()), TypeError,
+                     "features must be float32 or float64", id="ed-half"),
+        pytest.param(lambda a, b: feature_energy_distance(a.to("meta"), b.to("meta")), ValueError, "meta", id="ed-meta"),
+        # a (nan, nan) interval before
+        *(pytest.param(lambda a, b, bad=bad: bootstrap_feature_energy_distance([a], b, n_boot=4, generator=gen(),
+                                                                              bank_within_mean=bad),
+                       ValueError, "bank_within_mean", id=f"bootstrap-bank_within_mean-{name}")
+          for name, bad in (("nan", math.nan), ("str", "x"))),
+    ],
+)
+def test_feature_metrics_name_bad_precision_and_bank_mean(call, error, match):
+    a, b = torch.rand(6, 4, generator=gen()), torch.rand(7, 4, generator=gen(1))
+    with pytest.raises(error, match=match):
+        call(a, b)
+
+
+def _bare_evaluator():
+    """An MnistEvaluator without data or model (the argument checks come first), one null entry cached."""
+    ev = MnistEvaluator.__new__(MnistEvaluator)
+    ev.pool, ev._null = torch.zeros(20, 4), {(10, 5, 0): torch.zeros(5, dtype=F64)}
+    return ev
+
+
+# The seed was int()-ed: 1.5 silently ran as 1, a str or 2**62 failed inside torch; a float n
+# found the cache entry of the int n without validation.
+_BAD_SEEDS = (("float", 1.5, TypeError), ("str", "a", TypeError), ("none", None, TypeError),
+              ("2pow62", 2**62, ValueError), ("negative", -1, ValueError))
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        *(pytest.param(lambda ev, seed=seed: ev.evaluate(torch.zeros(4, 784), seed=seed), error, "seed",
+                       id=f"evaluate-seed-{name}")
+          for name, seed, error in _BAD_SEEDS),
+        *(pytest.param(lambda ev, seed=seed: ev.null(10, 5, seed), error, "seed", id=f"null-seed-{name}")
+          for name, seed, error in _BAD_SEEDS),
+        pytest.param(lambda ev: ev.null(10.0, 5), ValueError, "n must be an int", id="null-n-float"),
+        pytest.param(lambda ev: ev.heldout_nearest_train_rmse("a"), TypeError, "n must be an int",
+                     id="heldout_nearest_train_rmse-n-str"),
+    ],
+)
+def test_evaluator_checks_seed_and_sizes_before_any_work(call, error, match):
+    with pytest.raises(error, match=match):
+        call(_bare_evaluator())
+
+
+def test_evaluator_serves_a_cached_null_entry():
+    assert _bare_evaluator().null(10, 5).shape == (5,)

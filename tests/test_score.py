@@ -1,7 +1,9 @@
-"""Score estimation: Energy-Tweedie scores from posterior draws, the IS oracle, Richardson, the a + b/N fit."""
+"""Score estimation: Energy-Tweedie scores from posterior draws, the IS oracle, Richardson, the a + b/N fit,
+the score metrics at float32's extremes, and the score-matching losses and trainers' argument checks."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,6 +22,16 @@ from etweedie.score import (
     score_from_draws,
     score_nmse,
 )
+from etweedie.scorematching import (
+    ConditionalScoreNet,
+    ScoreNet,
+    fit_score,
+    hyvarinen_loss,
+    sliced_score_matching_vr_loss,
+    train_score_net,
+)
+
+from conftest import gen
 
 RING = EightGaussians()
 F64 = torch.float64
@@ -294,6 +306,36 @@ def test_richardson_validates():
     torch.testing.assert_close(out, torch.full((2, 2), 4 / 3))
 
 
+def test_richardson_depends_only_on_the_eps_ratio_and_keeps_zero_size_batches():
+    """ε² overflowed (ε = 1e20) or underflowed (ε = 1e-30) in float32: the result was all NaN."""
+    g = gen(2)
+    s1, s2 = torch.randn(5, 3, generator=g), torch.randn(5, 3, generator=g)
+    e1 = torch.rand(5, generator=g, dtype=F64) + 0.1
+    e2 = e1 + torch.rand(5, generator=g, dtype=F64) + 0.05
+    hand = (e2[:, None] ** 2 * s1.double() - e1[:, None] ** 2 * s2.double()) / (e2[:, None] ** 2 - e1[:, None] ** 2)
+    torch.testing.assert_close(richardson(s1.double(), s2.double(), e1, e2), hand, rtol=1e-12, atol=1e-12)
+    base = richardson(s1, s2, 1.0, 2.0)
+    for scale in (1e20, 1e-30):
+        torch.testing.assert_close(richardson(s1, s2, scale, 2 * scale), base)
+    assert richardson(torch.zeros(0, 2), torch.zeros(0, 2), 0.1, 0.2).shape == (0, 2)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        pytest.param(lambda: richardson_score(3, torch.zeros(2, 2), NoiseParams(2.0, 1.0, 0.5), 0.1, 0.2), TypeError,
+                     "score_fn must be a callable", id="richardson_score-score_fn"),
+        # said the bank had shape (1, 2)
+        pytest.param(lambda: ISOracle(torch.randn(3, 2, generator=gen(0))).halves(), ValueError, "M >= 4",
+                     id="oracle-halves-small-bank"),
+        pytest.param(lambda: ISOracle(torch.zeros(4, 0)), ValueError, "d >= 1", id="oracle-zero-width-bank"),
+    ],
+)
+def test_richardson_score_and_oracle_halves_name_bad_arguments(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
 # ---------------------------------------------------------------------------- the a + b/N fit
 def test_fit_mc_budget_recovers_known_floor_and_slope():
     budgets = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -328,6 +370,46 @@ def test_metrics():
     assert posterior_mean_mse(est, ref) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="shape"):
         score_nmse(est, ref[:1])
+
+
+def _cosine64(a, b):
+    a, b = a.double(), b.double()
+    return float(((a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))).mean())
+
+
+def test_score_metrics_match_float64_formulas_at_every_float32_scale():
+    """float32 fields at 1e±30: cosine was 0.0 at 1e30 and 2.0 (> 1) at 1e-30, NMSE 0/0 = NaN,
+    the posterior-mean MSE inf; float64 fields at 1e-200 had cosine 0."""
+    g = gen(1)
+    est, ref = torch.randn(7, 3, generator=g, dtype=F64), torch.randn(7, 3, generator=g, dtype=F64)
+    cos = _cosine64(est, ref)
+    nmse = float((est - ref).pow(2).sum(-1).mean() / ref.pow(2).sum(-1).mean())
+    for scale, dtype in ((1e30, torch.float32), (1e-30, torch.float32), (1.0, torch.float32), (1e-200, F64), (1e200, F64)):
+        e, r = (est * scale).to(dtype), (ref * scale).to(dtype)
+        assert mean_cosine(e, r) == pytest.approx(cos, rel=1e-5), scale
+        assert score_nmse(e, r) == pytest.approx(nmse, rel=1e-5), scale
+    e32, r32 = (est * 1e30).float(), (ref * 1e30).float()
+    assert posterior_mean_mse(e32, r32) == pytest.approx(float((e32.double() - r32.double()).pow(2).mean()), rel=1e-12)
+    # identical rows give exactly cosine 1 (never above), a zero row counts as 0
+    ones = torch.full((2, 3), 1e-30)
+    assert mean_cosine(ones, ones) == pytest.approx(1.0) and mean_cosine(ones, ones) <= 1.0
+    assert mean_cosine(torch.zeros(1, 3), torch.ones(1, 3)) == 0.0
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        pytest.param(lambda: score_nmse(torch.tensor(1.0), torch.tensor(2.0)), "0-d", id="score_nmse-0d"),
+        # came back with shape (1,)
+        pytest.param(lambda: richardson(torch.tensor(1.0), torch.tensor(2.0), 0.1, 0.2), "s_eps1 must have shape",
+                     id="richardson-0d"),
+        pytest.param(lambda: mean_cosine(torch.ones(2, 2), torch.ones(2, 2, device="meta")), "device",
+                     id="mean_cosine-mixed-devices"),
+    ],
+)
+def test_score_metrics_reject_scalars_and_mixed_devices(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
 
 
 # ---------------------------------------------------------------------------- the oracle posterior
@@ -383,3 +465,96 @@ def test_antithetic_energy_tweedie_score_is_unbiased_and_needs_support(seed):
 def test_fit_mc_budget_names_bad_input():
     with pytest.raises(TypeError, match="sequences of numbers"):
         fit_mc_budget(["a"], [1.0])
+
+
+# ---------------------------------------------------------------------------- score matching
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        # NaN loss before
+        pytest.param(lambda: hyvarinen_loss(ScoreNet(2, hidden=8, depth=1), torch.zeros(0, 2)), ValueError,
+                     "at least one row", id="hyvarinen-empty"),
+        pytest.param(lambda: sliced_score_matching_vr_loss(ScoreNet(2, hidden=8, depth=1), torch.zeros(0, 2),
+                                                           generator=gen(0)),
+                     ValueError, "at least one row", id="ssm_vr-empty"),
+        # a matmul RuntimeError before
+        pytest.param(lambda: hyvarinen_loss(ScoreNet(2, hidden=8, depth=1), torch.zeros(3, 2, dtype=F64)), TypeError,
+                     "parameter dtype torch.float32", id="hyvarinen-float64-batch"),
+        pytest.param(lambda: train_score_net(ScoreNet(2, hidden=8, depth=1), torch.zeros(8, 2, dtype=F64), steps=1,
+                                             generator=gen(0), progress=False),
+                     TypeError, "parameter dtype", id="train-float64-batch"),
+        pytest.param(lambda: sliced_score_matching_vr_loss(ConditionalScoreNet(2, hidden=8, depth=1), torch.zeros(5, 2),
+                                                           torch.ones(3), generator=gen(0)),
+                     ValueError, "cond must be one value for all rows or have leading dimension n = 5",
+                     id="ssm_vr-cond-rows"),
+    ],
+)
+def test_score_matching_losses_refuse_empty_batches_and_mismatched_dtypes(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_score_matching_loss_takes_one_cond_value_per_row_as_a_list():
+    cnet = ConditionalScoreNet(2, hidden=8, depth=1)
+    assert sliced_score_matching_vr_loss(cnet, torch.zeros(5, 2), [0.5] * 5, generator=gen(0)).shape == ()
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        pytest.param(lambda: ConditionalScoreNet(2, hidden=8, depth=1)(torch.zeros(3, 2), "0.5"), TypeError,
+                     "sigma must be a real number", id="sigma-str"),
+        # floor = inf made every score 0
+        pytest.param(lambda: ConditionalScoreNet(2, hidden=8, depth=1, floor=math.inf), ValueError, "floor",
+                     id="floor-inf"),
+        pytest.param(lambda: ConditionalScoreNet(2, hidden=8, depth=1, fourier_period=math.inf), ValueError,
+                     "fourier_period", id="fourier_period-inf"),
+    ],
+)
+def test_conditional_score_net_names_bad_sigma_and_options(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def _observations():
+    """16 finite observations and a copy with one NaN coordinate."""
+    y = torch.randn(16, 2, generator=gen(0))
+    bad = y.clone()
+    bad[3, 1] = math.nan
+    return y, bad
+
+
+_FIT = dict(steps=2, hidden=8, depth=1, progress=False)
+_TRAIN = dict(steps=1, progress=False)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        # trained to NaN weights
+        pytest.param(lambda y, bad: fit_score(bad, generator=gen(0), **_FIT), ValueError, "observations must be finite",
+                     id="fit-nan-observations"),
+        pytest.param(lambda y, bad: fit_score([y, bad], [0.2, 0.4], generator=gen(0), **_FIT), ValueError,
+                     r"observations\[1\] must be finite", id="fit-nan-level"),
+        pytest.param(lambda y, bad: train_score_net(ScoreNet(2, hidden=8, depth=1), bad, generator=gen(0), **_TRAIN),
+                     ValueError, "y must be finite", id="train-nan-y"),
+        pytest.param(lambda y, bad: train_score_net(lambda q: q, y, generator=gen(0), **_TRAIN), TypeError,
+                     "model must be a torch.nn.Module", id="train-model-callable"),
+        pytest.param(lambda y, bad: train_score_net(torch.nn.Identity(), y, generator=gen(0), **_TRAIN), ValueError,
+                     "trainable parameters", id="train-model-without-parameters"),
+        pytest.param(lambda y, bad: train_score_net(ConditionalScoreNet(2, hidden=8, depth=1), y, "abc", generator=gen(0),
+                                                    **_TRAIN),
+                     TypeError, "cond must be a real tensor", id="train-cond-str"),
+        pytest.param(lambda y, bad: train_score_net(ScoreNet(2, hidden=8, depth=1), y, method="exact", n_projections=1.5,
+                                                    generator=gen(0), **_TRAIN),
+                     TypeError, "n_projections", id="train-n_projections-float"),
+        # blamed sigmas before
+        pytest.param(lambda y, bad: fit_score(np.zeros((4, 2)), generator=gen(0), **_FIT), TypeError,
+                     "observations must be a tensor", id="fit-numpy-observations"),
+        pytest.param(lambda y, bad: fit_score([y, y], (s for s in (0.2, 0.4)), generator=gen(0), **_FIT), TypeError,
+                     "sigmas must be a list", id="fit-sigmas-generator"),
+    ],
+)
+def test_training_refuses_non_finite_observations_and_bad_arguments(call, error, match):
+    with pytest.raises(error, match=match):
+        call(*_observations())
