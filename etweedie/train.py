@@ -72,7 +72,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import torch
 from tqdm.auto import tqdm
 
-from ._checks import MAX_THREADS, check_bool, check_device, check_float, check_generator, check_int
+from ._checks import MAX_THREADS, check_bool, check_device, check_float, check_int
 from . import models as _models
 from .checkpoint import (
     CheckpointError,
