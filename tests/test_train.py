@@ -16,20 +16,29 @@ from pathlib import Path
 import pytest
 import torch
 
+from etweedie.checkpoint import CheckpointError
 from etweedie.cli import main as cli
+from etweedie.models import EngressionPosterior
 from etweedie.ops import energy_score
+from etweedie.sources import DataSource
 from etweedie.train import (
     ModelConfig,
     NoisePrior,
     PriorConfig,
     TrainConfig,
+    _loss_and_backward,
+    build_data_source,
     build_posterior,
     config_to_dict,
+    dry_run_config,
     gaussian_posterior_check,
     held_out_loss,
     learning_rate,
     load_config,
     load_posterior,
+    noise_law,
+    noise_metric,
+    save_posterior,
     train,
 )
 
@@ -43,6 +52,12 @@ CONFIGS = sorted((ROOT / "configs").glob("eight_gaussians_*.toml"))
 @pytest.fixture(scope="module")
 def tiny():
     return load_config(TINY)
+
+
+@pytest.fixture(scope="module")
+def small(tiny):
+    """30 steps of 16 examples × 3 draws: checkpoints at 10, 20, 30; log lines every 5."""
+    return dataclasses.replace(tiny, steps=30, checkpoint_every=10, log_every=5, batch_size=16, draws=3)
 
 
 def _states_equal(a: dict, b: dict) -> bool:
@@ -96,6 +111,20 @@ def test_bad_config_types():
         load_config("/nonexistent/config.toml")
 
 
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        # was dataclasses' "replace() should be called on dataclass instances"
+        pytest.param(lambda: dry_run_config({}), "config must be a TrainConfig, got dict", id="dry_run_config"),
+        # was AttributeError: 'dict' object has no attribute 'source'
+        pytest.param(lambda: build_data_source({}), "data must be a DataConfig", id="build_data_source"),
+    ],
+)
+def test_config_helpers_check_their_argument_types(call, match):
+    with pytest.raises(TypeError, match=match):
+        call()
+
+
 # ---------------------------------------------------------------------------- prior and schedule
 def test_noise_prior_ranges_and_laws():
     prior = NoisePrior(beta=(1.3, 2.0), lam=(1.0, 2.5), sigma=(0.1, 0.75), disk_radius=0.7)
@@ -124,6 +153,21 @@ def test_noise_prior_degenerate_ranges_normalize():
         NoisePrior(disk_radius=1.0)
     with pytest.raises(ValueError, match="sigma must be a range"):
         NoisePrior(sigma=(0.5, 0.1))
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        pytest.param(lambda params: noise_law(params, 2, "diag"), ValueError, "geometry must be one of",
+                     id="noise_law-geometry"),  # was silently the block law
+        pytest.param(lambda params: noise_metric(params, "3", "isotropic"), TypeError, "d must be an int",
+                     id="noise_metric-d-str"),
+    ],
+)
+def test_noise_geometry_is_checked(call, error, match):
+    params = NoisePrior().sample(3, gen(0))
+    with pytest.raises(error, match=match):
+        call(params)
 
 
 def test_learning_rate_schedule():
@@ -179,6 +223,66 @@ def test_resume_after_interruption_is_bit_identical(tmp_path, tiny):
     # a completed run reruns as a no-op
     again = train(tiny, tmp_path / "cut", progress=False)
     assert again["resumed_from"] == tiny.steps and again["step"] == tiny.steps
+
+
+def _differences(a, b, path="") -> list:
+    """Paths where two checkpoint objects differ (tensors bitwise; NaN equals NaN)."""
+    if isinstance(a, dict):
+        if a.keys() != b.keys():
+            return [f"{path} keys {sorted(set(a) ^ set(b))}"]
+        return [d for k in a for d in _differences(a[k], b[k], f"{path}.{k}")]
+    if isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{path} length"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{path}[{i}]")]
+    if isinstance(a, torch.Tensor):
+        return [] if torch.equal(a, b) else [path]
+    same = a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+    return [] if same else [f"{path}: {a!r} != {b!r}"]
+
+
+def _log_rows(path) -> list:
+    return [(r["step"], r["loss"], r["lr"]) for r in map(json.loads, Path(path).read_text().splitlines())]
+
+
+def _assert_same_run(full: dict, other: dict) -> None:
+    a = torch.load(full["checkpoint"], weights_only=True)
+    b = torch.load(other["checkpoint"], weights_only=True)
+    ignored = (".wall_time", ".cpu_time", ".config.max_wall_s")
+    diffs = [d for d in _differences(a, b) if not d.startswith(ignored)]
+    assert not diffs, diffs  # model, EMA, Adam moments and step counts, generator states, interval sums
+    assert _log_rows(full["log"]) == _log_rows(other["log"])
+
+
+def test_resume_at_awkward_points_equals_the_uninterrupted_run(tmp_path, small):
+    """Cut right after a checkpoint, before the first checkpoint, during the last step, at step 0,
+    and twice in a row: every resumed run ends bitwise equal to the uninterrupted one, the
+    optimizer's moments included."""
+    full = train(small, tmp_path / "full", progress=False)
+    for stops in ([10], [7], [29], [0], [11, 29]):
+        out = tmp_path / ("cut" + "_".join(map(str, stops)))
+        for stop in stops:
+            cut = train(small, out, progress=False, stop_after=stop)
+            assert cut["step"] == stop and cut["posterior"] is None
+        resumed = train(small, out, progress=False)
+        assert resumed["step"] == small.steps and not resumed["stopped"]
+        _assert_same_run(full, resumed)
+
+
+def test_deadline_stops_resume_to_the_uninterrupted_run(tmp_path, small):
+    """A deadline that has always passed stops every invocation at its first log step with a
+    checkpoint and a posterior; rerunning until done gives the uninterrupted run's state."""
+    full = train(small, tmp_path / "full", progress=False)
+    config = dataclasses.replace(small, max_wall_s=1e-9)
+    steps = []
+    while True:
+        summary = train(config, tmp_path / "dl", progress=False)
+        steps.append(summary["step"])
+        if not summary["stopped"]:
+            break
+        assert summary["stopped_by"] == "deadline" and Path(summary["posterior"]).is_dir()
+    assert steps == [5, 10, 15, 20, 25, 30]
+    _assert_same_run(full, summary)
 
 
 def test_schedule_fitted_to_the_deadline_ends_decayed_and_resumes(tmp_path, tiny):
@@ -247,8 +351,6 @@ def test_resume_accepts_checkpoints_saved_before_new_config_keys(tmp_path, tiny)
 
 def test_fixed_loss_beta_is_the_energy_score_at_that_beta(tiny):
     """loss_beta = b trains on ES_{Σ⁻¹, b} for every example; "matched" on each example's own β."""
-    from etweedie.train import _loss_and_backward
-
     model = build_posterior(tiny)
     seed = int.from_bytes(os.urandom(2), "little")
     g = gen(seed)
@@ -260,6 +362,47 @@ def test_fixed_loss_beta_is_the_energy_score_at_that_beta(tiny):
         draws = model.sample(y, params.eta(), 4, generator=gen(seed + 1))
         expected = energy_score(draws, x, beta=beta, metric=params.metric(2)).mean()
         assert math.isclose(float(loss), float(expected.detach()), rel_tol=1e-5), (loss_beta, float(loss))
+
+
+def _energy_score_64(samples, x, params, d, geometry, loss_beta) -> float:
+    """(1/B) Σ_b [(1/m) Σ_i ‖x̂_i − x‖^β − 1/(2m(m−1)) Σ_{i≠j} ‖x̂_i − x̂_j‖^β] in ‖·‖_{Σ⁻¹}, by hand."""
+    beta, _, sigma, u, v = (t.double() for t in params._tensors())
+    B, m, _ = samples.shape
+    total = 0.0
+    for b in range(B):
+        be = float(beta[b])
+        c2 = math.exp((2 / be) * math.log(be) + math.lgamma((d + 2) / be) - math.log(d) - math.lgamma(d / be))
+        if geometry == "block":
+            S = torch.tensor([[1 + float(u[b]), float(v[b])], [float(v[b]), 1 - float(u[b])]], dtype=torch.float64)
+            sigma_b = torch.kron(torch.eye(d // 2, dtype=torch.float64), S)
+        else:
+            sigma_b = torch.eye(d, dtype=torch.float64)
+        P = torch.linalg.inv(sigma_b * float(sigma[b]) ** 2 / c2)
+        p = be if loss_beta == "matched" else loss_beta
+        norm = lambda z: float(z @ P @ z) ** (p / 2)  # noqa: E731
+        s, xb = samples[b].double(), x[b].double()
+        fit = sum(norm(s[i] - xb) for i in range(m)) / m
+        spread = sum(norm(s[i] - s[j]) for i in range(m) for j in range(m) if i != j) / (2 * m * (m - 1))
+        total += fit - spread
+    return total / B
+
+
+@pytest.mark.parametrize("d,geometry,loss_beta", [(2, "block", "matched"), (4, "block", 1.0), (3, "isotropic", "matched")])
+def test_training_loss_is_the_float64_energy_score(d, geometry, loss_beta):
+    model = EngressionPosterior(d, width=8, depth=2, noise_dim=3, init_seed=1)
+    g = torch.Generator().manual_seed(3)
+    B, m = 5, 4
+    x = torch.randn(B, d, generator=g)
+    params = NoisePrior(geometry=geometry).sample(B, g)
+    y = x + noise_law(params, d, geometry).sample(generator=g)
+    g_model = torch.Generator().manual_seed(9)
+    state = g_model.get_state()
+    loss = _loss_and_backward(model, x, y, params, m, g_model, torch.device("cpu"), loss_beta, geometry=geometry)
+    g_model.set_state(state)
+    with torch.no_grad():
+        samples = model.generate(y, params.eta(), model.draw_noise(B, m, g_model, eta=params.eta()))
+    expected = _energy_score_64(samples, x, params, d, geometry, loss_beta)
+    assert float(loss) == pytest.approx(expected, rel=1e-5)
 
 
 def test_load_posterior_prefers_ema(tmp_path, tiny):
@@ -324,6 +467,110 @@ def test_demo_config_quality(tmp_path):
     summary = train(config, tmp_path / "demo", progress=False)
     check = gaussian_posterior_check(load_posterior(summary["posterior"]))
     assert check["score_nmse"] <= 0.05, check
+
+
+# ---------------------------------------------------------------------------- bad data and arguments
+class _Source(DataSource):
+    def __init__(self, dim, draw):
+        self.dim, self._draw = dim, draw
+
+    def draw(self, batch_size, generator):
+        return self._draw(batch_size, generator)
+
+
+@pytest.mark.parametrize("data,data_dim,error,words", [
+    (torch.randn(10, 2).half(), None, TypeError, "data: the source's draws must be float32 or float64, got torch.float16"),
+    (_Source(2, lambda b, g: torch.randn(b, 3, generator=g)), None, ValueError, "must return shape (8, d=2), got (8, 3)"),
+    (_Source("2", lambda b, g: torch.randn(b, 2, generator=g)), None, TypeError, "dim must be an int >= 1, got str"),
+    (torch.randn(10, 2), 4, ValueError, "data_dim=4 disagrees with the data's dimension d = 2"),
+    (lambda b, g: torch.full((b, 2), float("nan")), 2, ValueError, "drew NaN or infinite examples"),
+])
+def test_bad_data_is_named(tmp_path, small, data, data_dim, error, words):
+    config = dataclasses.replace(small, steps=3, batch_size=8, log_every=2)
+    with pytest.raises(error) as info:
+        train(config, tmp_path / "run", data=data, data_dim=data_dim, progress=False)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "out_dir, kwargs, match",
+    [
+        pytest.param(5, {}, "out_dir must be a folder path", id="out_dir-int"),
+        # "no" is truthy: it would resume
+        pytest.param("r", dict(resume="no"), "resume must be a bool, got str", id="resume-str"),
+    ],
+)
+def test_train_argument_types(tmp_path, small, out_dir, kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        train(small, tmp_path / out_dir if isinstance(out_dir, str) else out_dir, progress=False, **kwargs)
+
+
+@pytest.mark.parametrize("damage,words", [
+    (lambda c: c["optimizer"]["param_groups"][0].__setitem__("betas", "x"), "optimizer betas"),
+    (lambda c: c["optimizer"]["state"][0]["exp_avg"].fill_(float("nan")), "optimizer state 'exp_avg' holds NaN"),
+])
+def test_damaged_optimizer_state_is_a_named_checkpoint_error(tmp_path, small, damage, words):
+    config = dataclasses.replace(small, steps=4, checkpoint_every=2, log_every=2, batch_size=8)
+    out = tmp_path / "run"
+    train(config, out, progress=False, stop_after=2)
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    damage(ckpt)
+    torch.save(ckpt, out / "checkpoint.pt")
+    with pytest.raises(CheckpointError, match=words):
+        train(config, out, progress=False)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        *(pytest.param(lambda posterior, config, kwargs=kwargs: held_out_loss(posterior, config,
+                                                                              **{"n_examples": 8, "draws": 2, **kwargs}),
+                       error, match, id=f"held_out_loss-{name}")
+          for name, kwargs, error, match in [
+              ("n_examples", dict(n_examples=0), ValueError, "n_examples must be >= 1"),
+              ("draws", dict(draws=1), ValueError, "draws must be >= 2"),
+              ("seed", dict(seed=1.5), TypeError, "seed must be an int"),
+              ("data-width", dict(data=torch.randn(10, 4)), ValueError,
+               "held-out data have d = 4 but the posterior draws d = 2"),
+          ]),
+        pytest.param(lambda posterior, config: held_out_loss(posterior, {}, n_examples=8), TypeError,
+                     "config must be a TrainConfig", id="held_out_loss-config"),
+        *(pytest.param(lambda posterior, config, kwargs=kwargs: gaussian_posterior_check(
+              posterior, **{"n_queries": 4, "n_draws": 4, **kwargs}),
+                       error, match, id=f"gaussian_posterior_check-{name}")
+          for name, kwargs, error, match in [
+              ("sigmas", dict(sigmas=()), ValueError, "sigmas must hold at least one"),
+              ("n_queries", dict(n_queries=0), ValueError, "n_queries must be >= 1"),
+              ("data", dict(data="ring"), TypeError, "data must be an etweedie.data.EightGaussians"),
+          ]),
+    ],
+)
+def test_evaluation_helpers_check_their_arguments(small, call, error, match):
+    with pytest.raises(error, match=match):
+        call(build_posterior(small), small)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        pytest.param(dict(shard_mb=-1), "shard_mb must be > 0", id="shard_mb-negative"),  # was 1 KiB shards
+        # was an unloadable posterior
+        pytest.param(dict(extra={"format": "mine"}), r"extra must not set the keys the loader reads, got \['format'\]",
+                     id="extra-loader-key"),
+    ],
+)
+def test_save_posterior_checks_storage_arguments(tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        save_posterior(EngressionPosterior(2, width=4, depth=1), tmp_path / "p", **kwargs)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_save_posterior_refuses_to_overwrite_a_file(tmp_path):
+    precious = tmp_path / "notes.txt"
+    precious.write_text("keep")
+    with pytest.raises(ValueError, match="is an existing file"):
+        save_posterior(EngressionPosterior(2, width=4, depth=1), precious)
+    assert precious.read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 # ---------------------------------------------------------------------------- CLI
