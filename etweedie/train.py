@@ -156,7 +156,15 @@ POSTERIOR_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat1
 
 
 # ---------------------------------------------------------------------------- configuration
-@dataclass
+# Every config is frozen and checks its own fields when it is built (``__post_init__``): a config
+# object is a valid one, and what consumes it (the builders, ``train``) uses it as it is.
+# ``dataclasses.replace`` builds a changed copy, checked the same way.
+def _fields_of(config, exclude: Tuple[str, ...] = ()) -> Dict[str, Any]:
+    """A config's fields as keyword arguments (the configs name their fields as the classes they build)."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in exclude}
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Architecture of the posterior network (the η box comes from the prior).
 
@@ -166,6 +174,7 @@ class ModelConfig:
     ``config`` dict (``cls(**config)`` rebuilds it), ``draw_noise(rows, n, generator, eta=)`` and
     ``generate(y, eta, noise)`` as :class:`~etweedie.models.EngressionPosterior` does.
     ``options`` are extra constructor arguments (a TOML table ``[model.options]``).
+    ``network`` is the class, ``arguments()`` its keywords besides ``dim``, the η box and the seed.
     """
 
     width: int = 128
@@ -181,15 +190,49 @@ class ModelConfig:
     architecture: str = "EngressionPosterior"
     options: Dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self):
+        for name in ("width", "depth", "noise_dim", "cond_width"):
+            check_int(getattr(self, name), f"model.{name}")
+            _require(getattr(self, name) >= 1, f"model.{name}", ">= 1", getattr(self, name))
+        for name in ("data_center", "data_std"):
+            check_float(getattr(self, name), f"model.{name}")
+        _require(self.data_std > 0, "model.data_std", "> 0", self.data_std)
+        if not isinstance(self.learn_data_scale, bool):
+            raise TypeError(f"model.learn_data_scale must be true or false, got {self.learn_data_scale!r}")
+        _require(self.conditioning in CONDITIONINGS, "model.conditioning", f"one of {CONDITIONINGS}", self.conditioning)
+        _require(self.output in OUTPUTS, "model.output", f"one of {OUTPUTS}", self.output)
+        _require(self.latent in LATENTS, "model.latent", f"one of {LATENTS}", self.latent)
+        network = _posterior_class(self.architecture, "model.architecture")
+        if not isinstance(self.options, dict):
+            raise TypeError(f"model.options must be a table, got {type(self.options).__name__}")
+        if self.options and network is EngressionPosterior:
+            raise ValueError(f"model.options are for other architectures; EngressionPosterior takes the [model] "
+                             f"keys, got options {sorted(self.options)}")
+        object.__setattr__(self, "_network", network)
 
-@dataclass
+    @property
+    def network(self) -> type:
+        """The posterior class ``architecture`` names."""
+        return self._network
+
+    def arguments(self) -> Dict[str, Any]:
+        """The network's constructor keywords besides ``dim``, the η box and ``init_seed``: the
+        ``[model]`` keys (named as :class:`~etweedie.models.EngressionPosterior`'s parameters), or
+        ``options`` for another architecture."""
+        if self.network is EngressionPosterior:
+            return _fields_of(self, exclude=("architecture", "options"))
+        return dict(self.options)
+
+
+@dataclass(frozen=True)
 class PriorConfig:
     """Noise-parameter prior: β, λ uniform on their ranges; σ log-uniform (``sigma_law =
     "log_uniform"``) or uniform (``"uniform"``); (u, v) uniform on the disk of radius
     ``disk_radius``.  ``focus_weight`` w ∈ [0, 1): a share w of the examples takes σ log-uniform
     on the window ``focus_sigma`` (inside ``sigma``) instead — training weighted toward the noise
     levels a sampler spends its steps at, over the same η box.  ``geometry``: ``"block"`` (Σ = (σ/c_{β,d})² I_{d/2} ⊗ S(u, v), d even; for
-    d = 2 this is S(u, v)) or ``"isotropic"`` (u = v = 0, Σ = (σ/c_{β,d})² I, any d)."""
+    d = 2 this is S(u, v)) or ``"isotropic"`` (u = v = 0, Σ = (σ/c_{β,d})² I, any d).
+    ``noise_prior`` is the :class:`NoisePrior` these fields make (its constructor owns their rules)."""
 
     beta: Tuple[float, float] = (1.3, 2.0)
     lam: Tuple[float, float] = (1.0, 2.5)
@@ -200,8 +243,15 @@ class PriorConfig:
     focus_sigma: Tuple[float, float] = (0.5, 6.0)
     focus_weight: float = 0.0
 
+    def __post_init__(self):
+        object.__setattr__(self, "_noise_prior", NoisePrior.from_config(self))  # checks the ranges, law and geometry
 
-@dataclass
+    @property
+    def noise_prior(self) -> "NoisePrior":
+        return self._noise_prior
+
+
+@dataclass(frozen=True)
 class DataConfig:
     """The clean-data source (:func:`build_data_source`).
 
@@ -210,7 +260,8 @@ class DataConfig:
     ``data_dir``; an empty ``data_dir`` is the reader's default), pixels p ∈ {0..255} scaled to
     ``pixel_range`` = [low, high] (default [−1, 1]) as low + (high − low)·q with q = p/255, or with
     ``dequantize = true`` q = (p + U)/256, U ~ U[0, 1) drawn afresh each step.
-    Keys of the other source are ignored.
+    Keys of the other source are ignored.  ``dim`` is the source's d; ``ring`` the eight-Gaussians
+    law (None for MNIST).
     """
 
     source: str = "eight_gaussians"
@@ -222,8 +273,34 @@ class DataConfig:
     pixel_range: Tuple[float, float] = (-1.0, 1.0)
     dequantize: bool = True
 
+    def __post_init__(self):
+        _require(self.source in DATA_SOURCES, "data.source", f"one of {DATA_SOURCES}", self.source)
+        check_float(self.radius, "data.radius")
+        check_float(self.std, "data.std")
+        check_int(self.n_modes, "data.n_modes")
+        ring = EightGaussians(self.radius, self.std, self.n_modes) if self.source == "eight_gaussians" else None
+        for name in ("data_dir", "split"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"data.{name} must be a string, got {type(getattr(self, name)).__name__}")
+        _require(self.split in ("train", "test"), "data.split", "'train' or 'test'", self.split)
+        low, high = _pair(self.pixel_range, "data.pixel_range")
+        _require(low < high, "data.pixel_range", "[low, high] with low < high", list(self.pixel_range))
+        if not isinstance(self.dequantize, bool):
+            raise TypeError(f"data.dequantize must be true or false, got {self.dequantize!r}")
+        object.__setattr__(self, "pixel_range", (low, high))
+        object.__setattr__(self, "_ring", ring)
 
-@dataclass
+    @property
+    def dim(self) -> int:
+        """d of the source's examples (2 for the ring, 784 for MNIST's flat 28 × 28 images)."""
+        return _SOURCE_DIMS[self.source]
+
+    @property
+    def ring(self) -> Optional[EightGaussians]:
+        return self._ring
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run depends on.  TOML layout: these keys at the top level and
     ``[model]``, ``[prior]``, ``[data]`` tables (:func:`load_config`).
@@ -296,7 +373,8 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> "TrainConfig":
-        """Check every field; raises ValueError/TypeError naming the field."""
+        """Check the run's own fields and that the prior's geometry fits the data (the sections
+        checked themselves when they were built); raises ValueError/TypeError naming the field."""
         for name in ("seed", "steps", "batch_size", "draws", "warmup_steps", "checkpoint_every", "log_every", "threads"):
             check_int(getattr(self, name), name)
         _require(0 <= self.seed <= MAX_SEED, "seed", f"in [0, {MAX_SEED}] (its streams are seeded seed·1000003 + k)",
@@ -345,50 +423,11 @@ class TrainConfig:
         for section, cls in (("model", ModelConfig), ("prior", PriorConfig), ("data", DataConfig)):
             if not isinstance(getattr(self, section), cls):
                 raise TypeError(f"{section} must be a {cls.__name__}, got {type(getattr(self, section)).__name__}")
-        m = self.model
-        for name in ("width", "depth", "noise_dim", "cond_width"):
-            check_int(getattr(m, name), f"model.{name}")
-            _require(getattr(m, name) >= 1, f"model.{name}", ">= 1", getattr(m, name))
-        for name in ("data_center", "data_std"):
-            check_float(getattr(m, name), f"model.{name}")
-        _require(m.data_std > 0, "model.data_std", "> 0", m.data_std)
-        if not isinstance(m.learn_data_scale, bool):
-            raise TypeError(f"model.learn_data_scale must be true or false, got {m.learn_data_scale!r}")
-        _require(m.conditioning in CONDITIONINGS, "model.conditioning", f"one of {CONDITIONINGS}", m.conditioning)
-        _require(m.output in OUTPUTS, "model.output", f"one of {OUTPUTS}", m.output)
-        _require(m.latent in LATENTS, "model.latent", f"one of {LATENTS}", m.latent)
-        _posterior_class(m.architecture, "model.architecture")
-        if not isinstance(m.options, dict):
-            raise TypeError(f"model.options must be a table, got {type(m.options).__name__}")
-        if m.options and m.architecture == "EngressionPosterior":
-            raise ValueError(f"model.options are for other architectures; EngressionPosterior takes the [model] "
-                             f"keys, got options {sorted(m.options)}")
-        NoisePrior.from_config(self.prior)  # validates the ranges, law and geometry
-        _validate_data(self.data)
-        dim = _SOURCE_DIMS.get(self.data.source)
-        if dim is not None:
-            _check_geometry(self.prior.geometry, dim)
+        _check_geometry(self.prior.geometry, self.data.dim)
         return self
 
 
 _SOURCE_DIMS = {"eight_gaussians": 2, "mnist": 784}
-
-
-def _validate_data(data: "DataConfig") -> None:
-    _require(data.source in DATA_SOURCES, "data.source", f"one of {DATA_SOURCES}", data.source)
-    check_float(data.radius, "data.radius")
-    check_float(data.std, "data.std")
-    check_int(data.n_modes, "data.n_modes")
-    if data.source == "eight_gaussians":
-        EightGaussians(data.radius, data.std, data.n_modes)
-    for name in ("data_dir", "split"):
-        if not isinstance(getattr(data, name), str):
-            raise TypeError(f"data.{name} must be a string, got {type(getattr(data, name)).__name__}")
-    _require(data.split in ("train", "test"), "data.split", "'train' or 'test'", data.split)
-    low, high = _pair(data.pixel_range, "data.pixel_range")
-    _require(low < high, "data.pixel_range", "[low, high] with low < high", list(data.pixel_range))
-    if not isinstance(data.dequantize, bool):
-        raise TypeError(f"data.dequantize must be true or false, got {data.dequantize!r}")
 
 
 def _check_geometry(geometry: str, dim: int) -> None:
@@ -424,7 +463,8 @@ def config_to_dict(config: TrainConfig) -> Dict[str, Any]:
     return out
 
 
-_PAIRS = {"prior": ("beta", "lam", "sigma", "focus_sigma"), "data": ("pixel_range",)}
+# TOML arrays read as the prior's (low, high) tuples (a DataConfig reads its pixel_range itself)
+_PAIRS = {"prior": ("beta", "lam", "sigma", "focus_sigma")}
 
 
 def config_from_dict(values: Dict[str, Any], *, source: str = "config") -> TrainConfig:
@@ -548,8 +588,7 @@ class NoisePrior:
 
     @classmethod
     def from_config(cls, config: PriorConfig) -> "NoisePrior":
-        return cls(config.beta, config.lam, config.sigma, config.disk_radius, config.sigma_law, config.geometry,
-                   config.focus_sigma, config.focus_weight)
+        return cls(**_fields_of(config))
 
     def __repr__(self) -> str:
         focus = f", focus_sigma={self.focus_sigma}, focus_weight={self.focus_weight}" if self.focus_weight else ""
@@ -665,27 +704,8 @@ def build_posterior(config: TrainConfig, dim: int = 2) -> torch.nn.Module:
 
 
 def _fresh_posterior(config: TrainConfig, dim: int) -> torch.nn.Module:
-    low, high = NoisePrior.from_config(config.prior).eta_bounds()
-    m = config.model
-    cls = _posterior_class(m.architecture, "model.architecture")
-    if cls is not EngressionPosterior:
-        return cls(dim, eta_low=low, eta_high=high, init_seed=config.seed, **m.options)
-    return EngressionPosterior(
-        dim,
-        width=m.width,
-        depth=m.depth,
-        noise_dim=m.noise_dim,
-        conditioning=m.conditioning,
-        output=m.output,
-        cond_width=m.cond_width,
-        latent=m.latent,
-        eta_low=low,
-        eta_high=high,
-        data_center=m.data_center,
-        data_std=m.data_std,
-        learn_data_scale=m.learn_data_scale,
-        init_seed=config.seed,
-    )
+    low, high = config.prior.noise_prior.eta_bounds()
+    return config.model.network(dim, eta_low=low, eta_high=high, init_seed=config.seed, **config.model.arguments())
 
 
 def build_data_source(data: DataConfig, *, held_out: bool = False) -> DataSource:
@@ -696,9 +716,8 @@ def build_data_source(data: DataConfig, *, held_out: bool = False) -> DataSource
     """
     if not isinstance(data, DataConfig):
         raise TypeError(f"data must be a DataConfig (a TrainConfig's .data), got {type(data).__name__}")
-    _validate_data(data)
-    if data.source == "eight_gaussians":
-        return EightGaussiansSource(EightGaussians(data.radius, data.std, data.n_modes))
+    if data.ring is not None:
+        return EightGaussiansSource(data.ring)
     from .mnist import load_mnist  # the MNIST reader (needs the data files only for this source)
 
     split = ("test" if data.split == "train" else "train") if held_out else data.split
@@ -928,7 +947,6 @@ def train(
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
-    config.validate()
     if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir).strip():
         raise TypeError(f"out_dir must be a folder path (str or os.PathLike), got {type(out_dir).__name__} {out_dir!r}")
     check_bool(resume, "resume")  # a truthy string such as "no" would otherwise resume
@@ -938,8 +956,11 @@ def train(
         _require(stop_after >= 0, "stop_after", ">= 0", stop_after)
     ranks = _Ranks()
     device = _resolve_device(config, ranks)
-    source = build_data_source(config.data) if data is None else as_data_source(data, data_dim, dim_name="data_dim")
-    _check_geometry(config.prior.geometry, source.dim)
+    if data is None:
+        source = build_data_source(config.data)  # of d = config.data.dim, checked against the geometry with the config
+    else:
+        source = as_data_source(data, data_dim, dim_name="data_dim")
+        _check_geometry(config.prior.geometry, source.dim)
     _require(config.batch_size % ranks.world == 0, "batch_size", f"a multiple of the world size {ranks.world}",
              config.batch_size)
     out = Path(out_dir)
@@ -1036,7 +1057,7 @@ class _Run:
                  stop_after: Optional[int]):
         self.config, self.out, self.source, self.device, self.ranks = config, out, source, device, ranks
         self.ckpt_path, self.log_path, self.post_path = out / CHECKPOINT_FILE, out / LOG_FILE, out / POSTERIOR_DIR
-        self.prior = NoisePrior.from_config(config.prior)
+        self.prior = config.prior.noise_prior
         self.model = build_posterior(config, source.dim).to(device)
         self.ema = copy.deepcopy(self.model).requires_grad_(False) if config.ema_decay > 0 else None
         adam_kwargs = {"fused": True} if _use_fused_adam(config, device) else {}
@@ -1423,7 +1444,7 @@ def held_out_loss(
     model_dim = getattr(posterior, "dim", source.dim)
     if source.dim != model_dim:
         raise ValueError(f"data: the held-out data have d = {source.dim} but the posterior draws d = {model_dim}")
-    prior = NoisePrior.from_config(config.prior)
+    prior = config.prior.noise_prior
     device = next(posterior.parameters()).device
     gens = _generators(seed, device)
     x = source.draw(n_examples, gens["data"])
