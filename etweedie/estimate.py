@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -616,6 +617,196 @@ def _heldout_errors(held, levels, lam, beta, S, level_scale) -> Tuple[float, flo
     return err / count, err / power if power > 0 else math.nan, per_level
 
 
+# ---------------------------------------------------------------------------- the fit
+@dataclass(frozen=True)
+class _Call:
+    """The checked options of one :func:`estimate_noise` call."""
+
+    family: str
+    settings: EstimatorSettings
+    generator: Optional[torch.Generator]
+    progress: bool
+
+    @property
+    def free_beta(self) -> bool:
+        return FAMILIES[self.family][0]
+
+    @property
+    def free_shape(self) -> bool:
+        return FAMILIES[self.family][1]
+
+
+def _check_call(family, settings, generator, progress) -> _Call:
+    check_bool(progress, "progress")
+    if not isinstance(family, str) or family not in FAMILIES:
+        raise ValueError(f"family must be one of {tuple(FAMILIES)}, got {family!r}")
+    settings = EstimatorSettings() if settings is None else settings
+    if not isinstance(settings, EstimatorSettings):
+        raise TypeError(f"settings must be an EstimatorSettings, got {type(settings).__name__}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    return _Call(family, settings, generator, progress)
+
+
+def _observation_groups(observations, sigma, settings: EstimatorSettings) -> Tuple[List[torch.Tensor], Optional[List[float]], int]:
+    """(the observation groups, their known levels or None, the block size k of S), checked."""
+    groups_y = _groups(observations, "observations")
+    d = _check_observations(groups_y, "observations")
+    levels = _levels(sigma, len(groups_y))
+    dtype, device = groups_y[0].dtype, groups_y[0].device
+    for i, y in enumerate(groups_y):
+        if y.dtype != dtype or y.device != device:
+            raise TypeError(f"observations[{i}] must share dtype/device {dtype}/{device}, got {y.dtype}/{y.device}")
+    k = settings.block_size if settings.block_size is not None else (2 if levels is not None and d % 2 == 0 else d)
+    if d % k:
+        raise ValueError(f"settings.block_size k={k} must divide d={d}")
+    if levels is not None and k != 2 and settings.block_size is None:
+        raise ValueError(f"known levels sigma need an even d (the (σ, u, v) geometry), got d={d}")
+    return groups_y, levels, k
+
+
+@contextmanager
+def _timed(timings: Dict[str, float], key: str):
+    t0 = time.perf_counter()
+    yield
+    timings[key] += time.perf_counter() - t0
+
+
+@dataclass(frozen=True)
+class _Pooled:
+    """The groups pooled into one ``(n, K, d)`` problem; each row keeps its known level."""
+
+    y: torch.Tensor  # (n, d)
+    x: torch.Tensor  # (n, K, d)
+    s: torch.Tensor  # (n, d)
+    sigma: Optional[torch.Tensor]  # (n,), None without known levels
+    split_half: bool
+    level_scale: str
+
+    @classmethod
+    def of(cls, groups_y, xs, ss, levels, settings: EstimatorSettings) -> "_Pooled":
+        Ks = {x.shape[1] for x in xs}
+        if len(Ks) != 1:
+            raise ValueError(f"every group must have the same number of posterior draws K, got {sorted(Ks)}")
+        y = groups_y[0]
+        sigma = None
+        if levels is not None:
+            sigma = torch.cat([torch.full((g.shape[0],), lv, dtype=y.dtype, device=y.device) for g, lv in zip(groups_y, levels)])
+        pooled = cls(torch.cat(groups_y), torch.cat(xs), torch.cat(ss), sigma, settings.split_half, settings.level_scale)
+        if pooled.split_half and pooled.x.shape[1] < 2:
+            raise ValueError(f"split_half needs K >= 2 posterior draws per observation, got K = {pooled.x.shape[1]}")
+        return pooled
+
+    @property
+    def n(self) -> int:
+        return self.y.shape[0]
+
+    def field(self, idx: torch.Tensor, beta: torch.Tensor, S: torch.Tensor):
+        """(G, per-row ‖G‖² estimate or None) at rows ``idx``: G over all K draws; with split_half ⟨Ĝ_A, Ĝ_B⟩ too."""
+        yy, xx = self.y[idx], self.x[idx]
+        metric = _geometry(S, yy.shape[-1], beta, None if self.sigma is None else self.sigma[idx], self.level_scale)
+        if not self.split_half:
+            return residual_field(yy, xx, beta, metric), None
+        half = xx.shape[1] // 2
+        g_a = residual_field(yy, xx[:, :half], beta, metric)
+        g_b = residual_field(yy, xx[:, half : 2 * half], beta, metric)
+        G = (g_a + g_b) / 2
+        if xx.shape[1] % 2:  # odd K: the last draw joins G (weight 1/K), not the power estimate
+            G = (G * (2 * half) + residual_field(yy, xx[:, -1:], beta, metric)) / xx.shape[1]
+        return G, (g_a * g_b).sum(-1)
+
+
+@dataclass(frozen=True)
+class _Parameters:
+    """The optimized parameters — ζ of β and the Cholesky parameter φ of S, None where the family
+    fixes them (β ≡ 2, S = I) — and (β, S) read from them."""
+
+    zeta: Optional[torch.Tensor]
+    phi: Optional[torch.Tensor]
+    eye: torch.Tensor  # S of a fixed shape, (k, k)
+    beta_min: float
+
+    @classmethod
+    def start(cls, call: _Call, k: int, like: torch.Tensor) -> "_Parameters":
+        settings, dtype, device = call.settings, like.dtype, like.device
+        zeta = phi = None
+        if call.free_beta:
+            zeta = torch.tensor(zeta_from_beta(settings.beta_init, settings.beta_min), dtype=dtype, device=device,
+                                requires_grad=True)
+        if call.free_shape:
+            phi = torch.zeros(k, k, dtype=dtype, device=device, requires_grad=True)
+        return cls(zeta, phi, torch.eye(k, dtype=dtype, device=device), settings.beta_min)
+
+    @property
+    def trainable(self) -> List[torch.Tensor]:
+        return [p for p in (self.zeta, self.phi) if p is not None]
+
+    def current(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        eye = self.eye
+        beta = beta_from_zeta(self.zeta, self.beta_min) if self.zeta is not None else torch.tensor(2.0, dtype=eye.dtype, device=eye.device)
+        return beta, shape_from_cholesky(self.phi) if self.phi is not None else eye
+
+
+def _fit(params: _Parameters, pooled: _Pooled, call: _Call, timings: Dict[str, float]):
+    """The gradient steps on the profiled objective (none when the family fixes β and S, or with
+    ``steps = 0``); returns the per-step (objective, β, λ_t) traces."""
+    settings, generator, n = call.settings, call.generator, pooled.n
+    objective_trace: List[float] = []
+    beta_trace: List[float] = []
+    lam_trace: List[float] = []
+    if not params.trainable or settings.steps == 0:
+        return objective_trace, beta_trace, lam_trace
+    if settings.optimizer == "adam":
+        opt = torch.optim.Adam(params.trainable, lr=settings.lr)
+    else:
+        opt = torch.optim.SGD(params.trainable, lr=settings.lr, momentum=0.9)
+    batch = min(settings.batch_size, n)
+    if batch < n and generator is None:
+        raise ValueError("generator is required for minibatch steps (batch_size < n); randomness is always explicit")
+    device = pooled.y.device
+
+    def loss_and_grad(step: int) -> torch.Tensor:
+        if batch < n:
+            idx = torch.randperm(n, generator=generator, device=generator.device)[:batch].to(device)
+        else:
+            idx = torch.arange(n, device=device)
+        beta, S = params.current()
+        with _timed(timings, "fused_forward"):
+            G, power = pooled.field(idx, beta, S)
+        s_b = pooled.s[idx]
+        with torch.no_grad():
+            lam_t, _ = profile_lambda(s_b, G, settings.lam_min, settings.lam_max,
+                                      field_power=None if power is None else power.detach())
+        # λ_t enters as a constant: the envelope theorem makes ∂J/∂λ vanish at the profile.
+        loss = profiled_objective(s_b, G, lam_t, field_power=power)
+        with _timed(timings, "fused_backward"):
+            loss.backward()
+        objective_trace.append(loss.item())
+        beta_trace.append(beta.item())
+        lam_trace.append(lam_t.item())
+        return loss.detach()
+
+    def after_step(done: int, _: torch.Tensor) -> bool:
+        if done % 25 == 0:
+            bar.set_postfix(J=f"{objective_trace[-1]:.4g}", beta=f"{beta_trace[-1]:.4f}", lam=f"{lam_trace[-1]:.4f}")
+        return False
+
+    with tqdm(total=settings.steps, desc=f"estimate ({call.family})", disable=not call.progress, leave=False) as bar:
+        optimize(opt, loss_and_grad, start=0, stop=settings.steps, bar=bar, after_step=after_step,
+                 lr_at=lambda step: warmup_cosine(step, settings.steps, settings.lr,
+                                                  settings.lr * settings.lr_final_fraction))
+    return objective_trace, beta_trace, lam_trace
+
+
+@torch.no_grad()
+def _final_fit(params: _Parameters, pooled: _Pooled, settings: EstimatorSettings):
+    """(β̂, Ŝ, λ̂, λ*, objective) with λ recomputed on all estimation samples."""
+    beta, S = params.current()
+    G, power = pooled.field(torch.arange(pooled.n, device=pooled.y.device), beta, S)
+    lam_hat, lam_raw = profile_lambda(pooled.s, G, settings.lam_min, settings.lam_max, field_power=power)
+    return beta, S, lam_hat, lam_raw, float(profiled_objective(pooled.s, G, lam_hat, field_power=power))
+
+
 # ---------------------------------------------------------------------------- Algorithm 1
 def estimate_noise(
     observations: Tensors,
@@ -665,137 +856,24 @@ def estimate_noise(
         doubly-given posterior/score source.
     """
     t_start = time.perf_counter()
-    check_bool(progress, "progress")
-    if not isinstance(family, str) or family not in FAMILIES:
-        raise ValueError(f"family must be one of {tuple(FAMILIES)}, got {family!r}")
-    settings = EstimatorSettings() if settings is None else settings
-    if not isinstance(settings, EstimatorSettings):
-        raise TypeError(f"settings must be an EstimatorSettings, got {type(settings).__name__}")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    free_beta, free_shape = FAMILIES[family]
-
-    groups_y = _groups(observations, "observations")
-    d = _check_observations(groups_y, "observations")
-    levels = _levels(sigma, len(groups_y))
-    dtype, device = groups_y[0].dtype, groups_y[0].device
-    for i, y in enumerate(groups_y):
-        if y.dtype != dtype or y.device != device:
-            raise TypeError(f"observations[{i}] must share dtype/device {dtype}/{device}, got {y.dtype}/{y.device}")
-    k = settings.block_size if settings.block_size is not None else (2 if levels is not None and d % 2 == 0 else d)
-    if d % k:
-        raise ValueError(f"settings.block_size k={k} must divide d={d}")
-    if levels is not None and k != 2 and settings.block_size is None:
-        raise ValueError(f"known levels sigma need an even d (the (σ, u, v) geometry), got d={d}")
+    call = _check_call(family, settings, generator, progress)
+    settings = call.settings
+    groups_y, levels, k = _observation_groups(observations, sigma, settings)
 
     timings = {"posterior": 0.0, "score": 0.0, "fused_forward": 0.0, "fused_backward": 0.0, "fit": 0.0}
-    t0 = time.perf_counter()
-    xs = _draws(groups_y, levels, posterior, posterior_samples, settings.n_posterior, generator, "posterior_samples")
-    timings["posterior"] += time.perf_counter() - t0
-    t0 = time.perf_counter()
-    ss = _scores(groups_y, levels, score, scores, "scores", "score")
-    timings["score"] += time.perf_counter() - t0
+    with _timed(timings, "posterior"):
+        xs = _draws(groups_y, levels, posterior, posterior_samples, settings.n_posterior, generator, "posterior_samples")
+    with _timed(timings, "score"):
+        ss = _scores(groups_y, levels, score, scores, "scores", "score")
+    with _timed(timings, "posterior"):
+        held = _heldout(heldout_observations, heldout_reference, heldout_posterior_samples, posterior, groups_y, levels,
+                        settings.n_posterior, generator)
+    pooled = _Pooled.of(groups_y, xs, ss, levels, settings)
+    params = _Parameters.start(call, k, pooled.y)
 
-    t0 = time.perf_counter()
-    held = _heldout(heldout_observations, heldout_reference, heldout_posterior_samples, posterior, groups_y, levels,
-                    settings.n_posterior, generator)
-    timings["posterior"] += time.perf_counter() - t0
-
-    # Pool the groups into one (n, K, d) problem; each row keeps its known level.
-    Ks = {x.shape[1] for x in xs}
-    if len(Ks) != 1:
-        raise ValueError(f"every group must have the same number of posterior draws K, got {sorted(Ks)}")
-    y_all, x_all, s_all = torch.cat(groups_y), torch.cat(xs), torch.cat(ss)
-    sig_all = None
-    if levels is not None:
-        sig_all = torch.cat([torch.full((y.shape[0],), lv, dtype=dtype, device=device) for y, lv in zip(groups_y, levels)])
-    n = y_all.shape[0]
-
-    zeta = phi = None
-    params = []
-    if free_beta:
-        zeta = torch.tensor(zeta_from_beta(settings.beta_init, settings.beta_min), dtype=dtype, device=device, requires_grad=True)
-        params.append(zeta)
-    if free_shape:
-        phi = torch.zeros(k, k, dtype=dtype, device=device, requires_grad=True)
-        params.append(phi)
-    eye_k = torch.eye(k, dtype=dtype, device=device)
-
-    def current():
-        beta = beta_from_zeta(zeta, settings.beta_min) if free_beta else torch.tensor(2.0, dtype=dtype, device=device)
-        S = shape_from_cholesky(phi) if free_shape else eye_k
-        return beta, S
-
-    split = settings.split_half
-    if split and x_all.shape[1] < 2:
-        raise ValueError(f"split_half needs K >= 2 posterior draws per observation, got K = {x_all.shape[1]}")
-
-    def field_at(idx, beta, S):
-        """(G, per-row ‖G‖² estimate or None): G over all K draws; with split_half ⟨Ĝ_A, Ĝ_B⟩ too."""
-        yy, xx = y_all[idx], x_all[idx]
-        metric = _geometry(S, d, beta, None if sig_all is None else sig_all[idx], settings.level_scale)
-        if not split:
-            return residual_field(yy, xx, beta, metric), None
-        half = xx.shape[1] // 2
-        g_a = residual_field(yy, xx[:, :half], beta, metric)
-        g_b = residual_field(yy, xx[:, half : 2 * half], beta, metric)
-        G = (g_a + g_b) / 2
-        if xx.shape[1] % 2:  # odd K: the last draw joins G (weight 1/K), not the power estimate
-            G = (G * (2 * half) + residual_field(yy, xx[:, -1:], beta, metric)) / xx.shape[1]
-        return G, (g_a * g_b).sum(-1)
-
-    objective_trace: List[float] = []
-    beta_trace: List[float] = []
-    lam_trace: List[float] = []
-    t_fit = time.perf_counter()
-    if params and settings.steps > 0:
-        if settings.optimizer == "adam":
-            opt = torch.optim.Adam(params, lr=settings.lr)
-        else:
-            opt = torch.optim.SGD(params, lr=settings.lr, momentum=0.9)
-        batch = min(settings.batch_size, n)
-        if batch < n and generator is None:
-            raise ValueError("generator is required for minibatch steps (batch_size < n); randomness is always explicit")
-
-        def loss_and_grad(step: int) -> torch.Tensor:
-            if batch < n:
-                idx = torch.randperm(n, generator=generator, device=generator.device)[:batch].to(device)
-            else:
-                idx = torch.arange(n, device=device)
-            beta, S = current()
-            tf = time.perf_counter()
-            G, power = field_at(idx, beta, S)
-            timings["fused_forward"] += time.perf_counter() - tf
-            s_b = s_all[idx]
-            with torch.no_grad():
-                lam_t, _ = profile_lambda(s_b, G, settings.lam_min, settings.lam_max,
-                                          field_power=None if power is None else power.detach())
-            # λ_t enters as a constant: the envelope theorem makes ∂J/∂λ vanish at the profile.
-            loss = profiled_objective(s_b, G, lam_t, field_power=power)
-            tb = time.perf_counter()
-            loss.backward()
-            timings["fused_backward"] += time.perf_counter() - tb
-            objective_trace.append(loss.item())
-            beta_trace.append(beta.item())
-            lam_trace.append(lam_t.item())
-            return loss.detach()
-
-        def after_step(done: int, _: torch.Tensor) -> bool:
-            if done % 25 == 0:
-                bar.set_postfix(J=f"{objective_trace[-1]:.4g}", beta=f"{beta_trace[-1]:.4f}", lam=f"{lam_trace[-1]:.4f}")
-            return False
-
-        with tqdm(total=settings.steps, desc=f"estimate ({family})", disable=not progress, leave=False) as bar:
-            optimize(opt, loss_and_grad, start=0, stop=settings.steps, bar=bar, after_step=after_step,
-                     lr_at=lambda step: warmup_cosine(step, settings.steps, settings.lr,
-                                                      settings.lr * settings.lr_final_fraction))
-
-    with torch.no_grad():
-        beta, S = current()
-        G, power = field_at(torch.arange(n, device=device), beta, S)
-        lam_hat, lam_raw = profile_lambda(s_all, G, settings.lam_min, settings.lam_max, field_power=power)
-        objective = float(profiled_objective(s_all, G, lam_hat, field_power=power))
-    timings["fit"] = time.perf_counter() - t_fit
+    with _timed(timings, "fit"):
+        objective_trace, beta_trace, lam_trace = _fit(params, pooled, call, timings)
+        beta, S, lam_hat, lam_raw, objective = _final_fit(params, pooled, settings)
 
     result = NoiseEstimate(
         family=family,
@@ -804,7 +882,7 @@ def estimate_noise(
         lam_unprojected=float(lam_raw),
         shape=S.detach().clone(),
         sigmas=None if levels is None else tuple(levels),
-        dim=d,
+        dim=pooled.y.shape[-1],
         objective=objective,
         objective_trace=objective_trace,
         beta_trace=beta_trace,
