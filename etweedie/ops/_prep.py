@@ -340,27 +340,6 @@ def row_whitening_factor(metric: Metric, batch: torch.Size, dtype: Optional[torc
 _F32_LO, _F32_HI = 2.0 ** -40, 2.0 ** 40
 
 
-def float32_out_of_range(metric: Optional[Metric], *data: torch.Tensor) -> bool:
-    """Whether float32 data (with the metric's scale) could overflow or underflow the kernels'
-    squared norms: then the op runs in float64 and rounds its result (an honest inf where the
-    result itself does not fit float32).
-
-    Judged per call from the largest magnitude (one min/max pass over the inputs, no copy), so a
-    call that mixes rows more than 2^40 apart in magnitude can still underflow in its smallest
-    rows.  Checked where value checks run (CPU tensors, or with debug checks on); a GPU float32
-    call without debug checks trusts the range (no host sync).
-    """
-    return _dtype_of(data) == torch.float32 and scan(metric, *data, finite=False)[0]
-
-
-def float64_out_of_range(metric: Optional[Metric], *data: torch.Tensor) -> bool:
-    """The same question for float64 data, whose range ends at whitened magnitudes of 2^±200
-    (:data:`_F64_LO`): beyond them squared norms near 2^±400 leave room for sums and slopes no
-    longer.  There the homogeneous ops rescale the call by a power of two (:func:`rescale`),
-    the others raise."""
-    return _dtype_of(data) == torch.float64 and scan(metric, *data, finite=False)[0]
-
-
 def _dtype_of(data) -> Optional[torch.dtype]:
     return data[0].dtype if data and isinstance(data[0], torch.Tensor) else None
 
@@ -372,11 +351,18 @@ _F64_LO, _F64_HI = 2.0 ** -200, 2.0 ** 200
 
 
 def scan(metric: Optional[Metric], *data: torch.Tensor, finite: bool = True) -> Tuple[bool, bool]:
-    """(whether the data leave their dtype's safe range — :func:`float32_out_of_range` for float32
-    data, :func:`float64_out_of_range` for float64 — and whether every input is free of NaN/inf)
+    """(whether the data leave their dtype's safe range, and whether every input is free of NaN/inf)
     from one min/max pass over each tensor: the per-row ops need both, and two separate passes
     would cost a second reduction and host read per tensor on every CPU call.  ``finite=False``:
-    only the range question (the second answer is then True)."""
+    only the range question (the second answer is then True).
+
+    The range: float32 data (with the metric's scale) whose largest whitened magnitude leaves
+    [2^-40, 2^40] could overflow or underflow the kernels' squared norms, and float64 data beyond
+    [2^-200, 2^200]; the call path (etweedie/ops/_call.py) then reruns a float32 call in float64
+    and rescales or refuses a float64 one.  Judged per call from the largest magnitude, so a call
+    that mixes rows more than 2^40 apart in magnitude can still underflow in its smallest rows.
+    Read where value checks run (CPU tensors, or with debug checks on); a GPU call without debug
+    checks trusts the range (no host sync)."""
     if not _is_compiling() and _in_vmap() and any(_functorch_wrapped(t) for t in data if isinstance(t, torch.Tensor)):
         # torch.func.vmap: no values to read, so assume the worst where checks would run: float32
         # data computed in float64 (right at any magnitude), NaN/inf rows masked (no read needed)
@@ -440,39 +426,10 @@ def _out_of_range(metric: Optional[Metric], hi: float, dtype: torch.dtype = torc
     return z_hi > hi_ or z_hi < lo_  # (False for NaN: no bound)
 
 
-def rescale(metric: Optional[Metric], *data: torch.Tensor) -> float:
-    """The power of two t that brings the data's largest whitened magnitude to about 1, for a
-    homogeneous op whose float64 data leave float64's range (:func:`float64_out_of_range`): the
-    op runs on t·data, exactly (a power of two), and scales its result back.  One more min/max
-    pass, on this rare path only."""
-    extremes = [(t, e) for t, e in zip(data, map(_extremes, data)) if e is not None]
-    z_hi = _whitened_largest(metric, _largest(extremes))
-    return 2.0 ** -round(math.log2(z_hi))
-
-
-def float64_range_error(op: str) -> ValueError:
-    """The error of an op that cannot rescale float64 data beyond its range."""
-    return ValueError(
-        f"{op}: float64 data whose largest whitened magnitude lies outside [2^-200, 2^200] "
-        f"(about 6e-61 to 1.6e60) are outside the op's range: its squared norms would lose "
-        f"precision or overflow; rescale the data (and the law's scale with them)"
-    )
-
-
 def _smallest_variance(metric: Metric) -> float:
     p = metric.param.detach()
     var = torch.diagonal(p, dim1=-2, dim2=-1) if metric.kind in ("block", "dense") else p
     return float(var.amin())
-
-
-def widen(t):
-    """float64 copy of a float32 tensor (differentiable: gradients flow back in float32).  16-bit
-    draws are left as they are: the float64 kernels read them directly."""
-    return t.double() if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t
-
-
-def widen_metric(metric: Optional[Metric]) -> Optional[Metric]:
-    return metric if not isinstance(metric, Metric) else Metric.trusted(metric.kind, widen(metric.param))
 
 
 def nan_rows(out: torch.Tensor, batch: torch.Size, *args: Tuple[torch.Tensor, int]) -> torch.Tensor:
@@ -575,6 +532,13 @@ class RowArgs:
     kind: int
     batch: torch.Size
     metric: Metric
+    given_metric: Optional[Metric] = None  # as given (the range scan reads its cached smallest variance)
+
+    # the validated call's interface to the call path (etweedie/ops/_call.py)
+    device = property(lambda self: self.y.device)
+    dtype = property(lambda self: self.y.dtype)
+    data = property(lambda self: (self.y, self.x))
+    inputs = property(lambda self: (self.y, self.x, self.beta, self.lam, self.metric))
 
 
 @dataclass
@@ -620,15 +584,14 @@ def rows_args(op: str, y, x, beta, lam, metric) -> RowArgs:
         check_beta(beta_t, op)
     if isinstance(lam, torch.Tensor):
         check_positive(lam_t, "lam", op)
-    default = metric is None
-    metric = check_metric(metric, d, y, op)
+    given, metric = metric, check_metric(metric, d, y, op)
     yb, xb, mb = ys[:-1], xs[:-2], metric.batch_shape
     if yb == xb and not mb and not beta_t.dim() and not lam_t.dim():
         batch = yb  # nothing to broadcast
     else:
         batch = broadcast_batch(op, y=yb, x=xb, beta=beta_t.shape, lam=lam_t.shape, metric=mb)
-    prec = metric.param if default else precision_of(metric, y.dtype, op)  # Σ = I: P = I, the same 1
-    return RowArgs(y, x, beta_t, lam_t, prec, _KIND[metric.kind], batch, metric)
+    prec = metric.param if given is None else precision_of(metric, y.dtype, op)  # Σ = I: P = I, the same 1
+    return RowArgs(y, x, beta_t, lam_t, prec, _KIND[metric.kind], batch, metric, given)
 
 
 _CPU = torch.device("cpu")
@@ -766,7 +729,7 @@ def kernel_checks_range(name: str, op: str = "et_score", dtype: Optional[torch.d
 def range_guarded(op: str, name: str, metric, y: torch.Tensor, x: torch.Tensor, batch: torch.Size, run, near=None):
     """The per-row op's output, (*batch, d), under the range and NaN rules, or None when the call
     must be rerun: a float32 call in float64 (and rounded), a float64 call beyond float64's
-    range (:func:`float64_out_of_range`) rescaled by the op or refused.
+    range rescaled or refused (etweedie/ops/_call.py).
 
     ``run()`` returns ``(out, nonfinite)``: a C++ front op's pair — whether the CPU kernel wrote a
     NaN or inf into ``out`` (csrc/common/nonfinite_report.h: each worker checks the rows it has

@@ -18,22 +18,20 @@ from .. import backends
 from ..geometry import Metric
 from ..rules.et_score import autograd_rules, fake_bwd, fake_fwd
 from . import reference
+from ._call import OpSpec, call
 from ._prep import (
     DENSE,
+    RowArgs,
     canonical_rows,
     dense_score,
     front,
     join_rows,
-    kernel_or_reference,
     near_mode,
     plain_rows,
     range_guarded,
-    rescale,
     rows_args,
     shape_rows,
     take_rows,
-    widen,
-    widen_metric,
 )
 
 __all__ = ["et_score"]
@@ -75,59 +73,53 @@ def et_score(
         >>> etweedie.et_score(y, x, beta=2.0)        # Gaussian: −(y − mean x)
         tensor([[0.5000, 1.0000]])
     """
-    op = "et_score"
-    plain = plain_rows(op, y, x, beta, lam, metric, backend)
-    if plain is not None:
-        s, nonfinite = torch.ops.etweedie.et_score(y, x, *plain)
-        if not nonfinite:
-            return s  # a flagged row: the general path below reruns the call (in float64 where needed)
-    a = rows_args(op, y, x, beta, lam, metric)
-    name = backends.resolve(op, a.y.device, backend)
-    name = kernel_or_reference(op, name, backend, y, x, beta, lam, metric)
+    return call(_SPEC, et_score, y, x, beta, lam, metric, backend=backend)
 
+
+def _plain(y, x, beta, lam=1.0, metric=None, *, backend=None) -> Optional[torch.Tensor]:
+    """The plain CPU call (:func:`~etweedie.ops._prep.plain_rows`) straight to the C++ front op, or
+    None; also None for a flagged row: the general path reruns the call (in float64 where needed)."""
+    plain = plain_rows(_OP, y, x, beta, lam, metric, backend)
+    if plain is None:
+        return None
+    s, nonfinite = torch.ops.etweedie.et_score(y, x, *plain)
+    return None if nonfinite else s
+
+
+def _check(y, x, beta, lam=1.0, metric=None, *, backend=None) -> RowArgs:
+    return rows_args(_OP, y, x, beta, lam, metric)
+
+
+def _run(name: str, a: RowArgs) -> Optional[torch.Tensor]:
+    """The score under the range and NaN rules (:func:`~etweedie.ops._prep.range_guarded`), or None."""
     def run():  # (score, whether the CPU kernel wrote NaN/inf: known from the front op only)
-        if front(op, name, a):
+        if front(_OP, name, a):
             return torch.ops.etweedie.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
-        return python_form().reshape(*a.batch, a.y.shape[-1]), None  # the front op returns (*batch, d) too
-
-    def python_form(rows=None):  # rows: flat row indices, or None for all
-        c = shape_rows(a)
-        if name == "reference":
-            return reference.et_score(c.y, c.x, c.beta, c.lam, c.prec, c.kind, near_mode(c.y))
-        if c.kind == DENSE:
-            return dense_score(c, lambda zy, zx, ones, r: _kernel(name, zy, zx, take_rows(c.beta, r),
-                                                                   take_rows(c.lam, r), ones, 0), rows)
-        if rows is not None:
-            c = canonical_rows(c, rows)
-        return _kernel(name, c.y, c.x, c.beta, c.lam, c.prec, c.kind)
+        return _python_form(name, a).reshape(*a.batch, a.y.shape[-1]), None  # the front op returns (*batch, d) too
 
     # an infinite draw has no finite limit in the sum (‖u‖^{β−1} grows without bound): NaN rows
-    def near(rows):  # float64 rows with a draw nearer to y than the kernel's range: the exact reference form
-        def exact(rows):
-            c = canonical_rows(shape_rows(a), rows)
-            return reference.et_score(c.y, c.x, c.beta, c.lam, c.prec, c.kind, "index")
-        return join_rows(a.batch, rows, exact, python_form)
-
-    s = range_guarded(op, name, metric, a.y, a.x, a.batch, run, near)
-    if s is None:
-        if a.y.dtype == torch.float64:
-            return _rescaled(a.y, a.x, a.beta, lam, metric, backend)
-        return _widened(y, x, beta, lam, metric, backend)
-    return s
+    return range_guarded(_OP, name, a.given_metric, a.y, a.x, a.batch, run, lambda rows: _near(name, a, rows))
 
 
-def _widened(y, x, beta, lam, metric, backend) -> torch.Tensor:
-    """The call in float64, rounded to float32 (an honest inf where the result does not fit)."""
-    return et_score(widen(y), widen(x), widen(beta), widen(lam), widen_metric(metric), backend=backend).float()
+def _python_form(name: str, a: RowArgs, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The score of the flat rows ``rows`` (None: all) from the canonical form."""
+    c = shape_rows(a)
+    if name == "reference":
+        return reference.et_score(c.y, c.x, c.beta, c.lam, c.prec, c.kind, near_mode(c.y))
+    if c.kind == DENSE:
+        return dense_score(c, lambda zy, zx, ones, r: _kernel(name, zy, zx, take_rows(c.beta, r),
+                                                               take_rows(c.lam, r), ones, 0), rows)
+    if rows is not None:
+        c = canonical_rows(c, rows)
+    return _kernel(name, c.y, c.x, c.beta, c.lam, c.prec, c.kind)
 
 
-def _rescaled(y, x, beta, lam, metric, backend) -> torch.Tensor:
-    """A float64 call beyond float64's range, on the data scaled by a power of two t (exact):
-    the score is homogeneous of degree β − 1, s(ty, tx) = t^{β−1} s(y, x).  y, x and beta as
-    rows_args returned them (beta broadcasts to the batch)."""
-    t = rescale(metric, y, x)
-    s = et_score(y * t, x.to(y.dtype) * t, beta, lam, metric, backend=backend)
-    return s * (t ** (1 - beta)).unsqueeze(-1)
+def _near(name: str, a: RowArgs, rows: torch.Tensor) -> torch.Tensor:
+    """float64 rows with a draw nearer to y than the kernel's range on the reference's exact form."""
+    def exact(rows):
+        c = canonical_rows(shape_rows(a), rows)
+        return reference.et_score(c.y, c.x, c.beta, c.lam, c.prec, c.kind, "index")
+    return join_rows(a.batch, rows, exact, lambda others: _python_form(name, a, others))
 
 
 def _kernel(name, y, x, beta, lam, prec, kind) -> torch.Tensor:
@@ -152,6 +144,11 @@ def _register() -> None:
     setup_context, backward = autograd_rules(torch.ops.etweedie.et_score_bwd)
     torch.library.register_autograd(lib + "et_score_fwd", backward, setup_context=setup_context)
 
+
+_OP = "et_score"
+# the score is homogeneous of degree β − 1 in the data: s(ty, tx) = t^{β−1} s(y, x)
+_SPEC = OpSpec(_OP, ("y", "x", "beta", "lam", "metric"), _check, _run, data=("y", "x"),
+               degree=lambda a: (a.beta - 1).unsqueeze(-1), plain=_plain)
 
 if backends._EXT_OK:
     _register()

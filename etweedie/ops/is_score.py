@@ -12,22 +12,23 @@ scored against (paper §5.1: 160,000 clean points).  Not differentiable (an orac
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 
 from .. import backends
+from ..geometry import Metric
 from . import reference
+from ._call import OpSpec, call
 from ._prep import (
     DENSE,
     check_beta_lam,
     check_finite,
     check_metric,
     check_tensor,
-    float32_out_of_range,
-    float64_out_of_range,
-    float64_range_error,
     metric_param,
+    scan,
     row_keys,
     row_whitening_factor,
     tie_equal_rows,
@@ -59,69 +60,89 @@ def is_score(
         >>> s.abs(), mean.abs(), ess               # symmetric bank: zero score (±0), mean 0, ESS 2
         (tensor([[0.]]), tensor([[0.]]), tensor([2.]))
     """
-    op = "is_score"
-    y = check_tensor(y, "y", op)
-    bank = check_tensor(bank, "bank", op)
+    return call(_SPEC, is_score, y, bank, noise_law, backend=backend, chunk=chunk)
+
+
+@dataclass
+class _Call:
+    """A checked is_score call."""
+    y: torch.Tensor  # (*batch, d)
+    bank: torch.Tensor  # (M, d)
+    beta: float
+    lam: float
+    metric: Metric  # without a batch
+    given_metric: Optional[Metric]
+    chunk: int
+
+    device = property(lambda self: self.y.device)
+    dtype = property(lambda self: self.y.dtype)
+    data = property(lambda self: (self.y, self.bank))
+    inputs = ()  # not differentiable (an oracle): no autodiff routing
+
+
+def _check(y, bank, noise_law, *, backend=None, chunk=256) -> _Call:
+    y = check_tensor(y, "y", _OP)
+    bank = check_tensor(bank, "bank", _OP)
     if y.dim() < 1:
-        raise ValueError(f"{op}: y must have shape (*batch, d), got a 0-d tensor")
+        raise ValueError(f"{_OP}: y must have shape (*batch, d), got a 0-d tensor")
     if bank.dim() != 2 or bank.shape[-1] != y.shape[-1]:
-        raise ValueError(f"{op}: bank must have shape (M, d={y.shape[-1]}), got {tuple(bank.shape)}")
+        raise ValueError(f"{_OP}: bank must have shape (M, d={y.shape[-1]}), got {tuple(bank.shape)}")
     if bank.shape[0] == 0:
-        raise ValueError(f"{op}: bank must hold at least one clean point, got shape {tuple(bank.shape)}")
+        raise ValueError(f"{_OP}: bank must hold at least one clean point, got shape {tuple(bank.shape)}")
     if y.shape[-1] == 0:
-        raise ValueError(f"{op}: the dimension d must be >= 1, got y of shape {tuple(y.shape)}")
+        raise ValueError(f"{_OP}: the dimension d must be >= 1, got y of shape {tuple(y.shape)}")
     if bank.dtype != y.dtype:
-        raise TypeError(f"{op}: bank must have y's dtype {y.dtype}, got {bank.dtype}")
+        raise TypeError(f"{_OP}: bank must have y's dtype {y.dtype}, got {bank.dtype}")
     if bank.device != y.device:
-        raise ValueError(f"{op}: bank is on {bank.device} but y is on {y.device}")
-    check_finite(op, y=y, bank=bank)
+        raise ValueError(f"{_OP}: bank is on {bank.device} but y is on {y.device}")
+    check_finite(_OP, y=y, bank=bank)
     for attr in ("beta", "lam", "metric"):
         if not hasattr(noise_law, attr):
-            raise TypeError(f"{op}: noise_law must be a GeneralizedGaussian (with beta, lam, metric), got {type(noise_law).__name__}")
-    if float64_out_of_range(noise_law.metric, y, bank):
-        raise float64_range_error(op)
-    if float32_out_of_range(noise_law.metric, y, bank):
-        # magnitudes that would overflow/underflow float32 squared norms: float64, then round
-        out = is_score(y.double(), bank.double(), noise_law, backend=backend, chunk=chunk)
-        return tuple(t.float() for t in out)
+            raise TypeError(f"{_OP}: noise_law must be a GeneralizedGaussian (with beta, lam, metric), got {type(noise_law).__name__}")
     beta = torch.as_tensor(noise_law.beta, dtype=torch.float64)
     lam = torch.as_tensor(noise_law.lam, dtype=torch.float64)
     if beta.numel() != 1 or lam.numel() != 1:
-        raise ValueError(f"{op}: noise_law must have scalar beta and lam (one law for the bank), got shapes {tuple(beta.shape)}, {tuple(lam.shape)}")
-    check_beta_lam(beta, lam, op)
-    metric = check_metric(noise_law.metric, y.shape[-1], y, op)
+        raise ValueError(f"{_OP}: noise_law must have scalar beta and lam (one law for the bank), got shapes {tuple(beta.shape)}, {tuple(lam.shape)}")
+    check_beta_lam(beta, lam, _OP)
+    metric = check_metric(noise_law.metric, y.shape[-1], y, _OP)
     if len(metric.batch_shape):
-        raise ValueError(f"{op}: noise_law.metric must not have a batch shape, got {tuple(metric.batch_shape)}")
+        raise ValueError(f"{_OP}: noise_law.metric must not have a batch shape, got {tuple(metric.batch_shape)}")
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"{op}: chunk must be a positive int, got {chunk!r}")
-    b, l = float(beta), float(lam)
+        raise ValueError(f"{_OP}: chunk must be a positive int, got {chunk!r}")
+    return _Call(y, bank, float(beta), float(lam), metric, noise_law.metric, chunk)
+
+
+@torch.no_grad()
+def _run(name: str, c: _Call):
+    """(score, posterior mean, ESS), or None when the data leave their dtype's range."""
+    y, bank, b, l = c.y, c.bank, c.beta, c.lam
+    if scan(c.given_metric, y, bank, finite=False)[0]:
+        return None  # magnitudes that would overflow/underflow the squared norms
     d = y.shape[-1]
     batch = y.shape[:-1]
     yq = y.reshape(-1, d).contiguous()
-    prec, kind = metric_param(metric, torch.Size([1]), d, y.dtype, op)
-    name = backends.resolve(op, y.device, backend)
-    with torch.no_grad():
-        if name == "reference":
-            score, mean, ess = reference.is_score(yq, bank, b, l, prec, kind, chunk=chunk)
-        elif kind == DENSE:
-            # z = Lᵀ(u − c) with c the bank's mean: whitened coordinates, and their rounding, at
-            # the bank's spread rather than its distance from the origin (the weights see
-            # y − x_j only; the mean is shifted back by c, which near the origin is ≈ 0)
-            L = row_whitening_factor(metric, torch.Size([1]), y.dtype, op)
-            c = bank.mean(0, keepdim=True)
-            ones = torch.ones(1, dtype=y.dtype, device=y.device)
-            # equal bank points take one z, and a query equal to a bank point takes that z: a matrix
-            # product may round equal rows differently (even within one product; see _ties), and at
-            # β < 2 the spurious distance's term ‖u‖^{β−2}u is far above the score
-            uq, ub = yq - c, bank - c
-            kb = row_keys(ub)  # (the bank hashed once: for its own ties and for the queries')
-            zb = tie_equal_rows((ub @ L).unsqueeze(0), ub.unsqueeze(0), kb.unsqueeze(0)).squeeze(0)
-            zq = tie_to_rows(uq @ L, uq, zb, ub, keys_r=kb)
-            zs, zmean, ess = _kernel(name, zq.contiguous(), zb.contiguous(), b, l, ones, 0)
-            score = zs @ L.T
-            mean = torch.linalg.solve_triangular(L.T, zmean.T, upper=True).T + c
-        else:
-            score, mean, ess = _kernel(name, yq, bank.contiguous(), b, l, prec.contiguous(), kind)
+    prec, kind = metric_param(c.metric, torch.Size([1]), d, y.dtype, _OP)
+    if name == "reference":
+        score, mean, ess = reference.is_score(yq, bank, b, l, prec, kind, chunk=c.chunk)
+    elif kind == DENSE:
+        # z = Lᵀ(u − c) with c the bank's mean: whitened coordinates, and their rounding, at
+        # the bank's spread rather than its distance from the origin (the weights see
+        # y − x_j only; the mean is shifted back by c, which near the origin is ≈ 0)
+        L = row_whitening_factor(c.metric, torch.Size([1]), y.dtype, _OP)
+        centre = bank.mean(0, keepdim=True)
+        ones = torch.ones(1, dtype=y.dtype, device=y.device)
+        # equal bank points take one z, and a query equal to a bank point takes that z: a matrix
+        # product may round equal rows differently (even within one product; see _ties), and at
+        # β < 2 the spurious distance's term ‖u‖^{β−2}u is far above the score
+        uq, ub = yq - centre, bank - centre
+        kb = row_keys(ub)  # (the bank hashed once: for its own ties and for the queries')
+        zb = tie_equal_rows((ub @ L).unsqueeze(0), ub.unsqueeze(0), kb.unsqueeze(0)).squeeze(0)
+        zq = tie_to_rows(uq @ L, uq, zb, ub, keys_r=kb)
+        zs, zmean, ess = _kernel(name, zq.contiguous(), zb.contiguous(), b, l, ones, 0)
+        score = zs @ L.T
+        mean = torch.linalg.solve_triangular(L.T, zmean.T, upper=True).T + centre
+    else:
+        score, mean, ess = _kernel(name, yq, bank.contiguous(), b, l, prec.contiguous(), kind)
     # a NaN/inf query (or bank point) makes every weight of its row undefined: NaN out, not an
     # ESS computed from whatever the log-sum-exp made of it
     bad = ~torch.isfinite(yq).all(-1) | ~torch.isfinite(bank).all()
@@ -144,6 +165,11 @@ def _register() -> None:
     def _(y, bank, beta, lam, prec, kind):
         return y.new_empty(y.shape), y.new_empty(y.shape), y.new_empty(y.shape[:1])
 
+
+_OP = "is_score"
+# not homogeneous in the data alone (the law's scale would have to move with them): float64
+# data beyond float64's range are refused
+_SPEC = OpSpec(_OP, ("y", "bank", "noise_law"), _check, _run)
 
 if backends._EXT_OK:
     _register()

@@ -9,6 +9,7 @@ over the draws.  Its backward reuses the fused et_score backward kernel with ups
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -17,8 +18,10 @@ from .. import backends
 from ..geometry import Metric, _functorch_wrapped
 from ..rules.langevin_step import autograd_rules, fake_fwd
 from . import reference
+from ._call import OpSpec, call
 from ._prep import (
     DENSE,
+    RowArgs,
     as_param,
     broadcast_batch,
     canonical_rows,
@@ -30,15 +33,12 @@ from ._prep import (
     flat,
     front,
     join_rows,
-    kernel_or_reference,
     near_mode,
     plain_rows,
     range_guarded,
     rows_args,
     shape_rows,
     take_rows,
-    widen,
-    widen_metric,
 )
 from .et_score import _kernel as _score_kernel
 from .et_score import et_score
@@ -77,78 +77,106 @@ def langevin_step(
         >>> etweedie.langevin_step(y, x, xi, step=0.5, beta=2.0)   # y + α(mean x − y)
         tensor([[0.5000, 0.5000]])
     """
-    op = "langevin_step"
-    plain = plain_rows(op, y, x, beta, lam, metric, backend)
-    if plain is not None and type(noise) is torch.Tensor and noise.shape == y.shape and noise.dtype is y.dtype \
-            and noise.is_cpu and not _functorch_wrapped(noise):
-        step_t = checked_cpu_param("step", step, y.dtype)  # a step that passed its rule before
-        if step_t is not None:
-            out, nonfinite = torch.ops.etweedie.langevin_step(y, x, noise, step_t, *plain)
-            if not nonfinite:
-                return out  # a flagged row: the general path below reruns the call (in float64 where needed)
-    a = rows_args(op, y, x, beta, lam, metric)
+    return call(_SPEC, langevin_step, y, x, noise, step, beta, lam, metric, backend=backend)
+
+
+def _plain(y, x, noise, step, beta, lam=1.0, metric=None, *, backend=None) -> Optional[torch.Tensor]:
+    """The plain CPU call (:func:`~etweedie.ops._prep.plain_rows`, plain noise, a step that passed
+    its rule before) straight to the C++ front op, or None; also None for a flagged row: the
+    general path reruns the call (in float64 where needed)."""
+    plain = plain_rows(_OP, y, x, beta, lam, metric, backend)
+    if plain is None or type(noise) is not torch.Tensor or noise.shape != y.shape or noise.dtype is not y.dtype \
+            or not noise.is_cpu or _functorch_wrapped(noise):
+        return None
+    step_t = checked_cpu_param("step", step, y.dtype)
+    if step_t is None:
+        return None
+    out, nonfinite = torch.ops.etweedie.langevin_step(y, x, noise, step_t, *plain)
+    return None if nonfinite else out
+
+
+@dataclass
+class _Call:
+    """A checked langevin_step call: the score's arguments, the noise and the step."""
+    a: RowArgs
+    noise: torch.Tensor  # y's shape
+    step: torch.Tensor  # broadcasts to batch
+
+    device = property(lambda self: self.a.device)
+    dtype = property(lambda self: self.a.dtype)
+    metric = property(lambda self: self.a.metric)
+    data = property(lambda self: self.a.data)
+    inputs = property(lambda self: (*self.a.inputs, self.noise, self.step))
+
+
+def _check(y, x, noise, step, beta, lam=1.0, metric=None, *, backend=None) -> _Call:
+    a = rows_args(_OP, y, x, beta, lam, metric)
     if a.batch != y.shape[:-1]:
-        raise ValueError(f"{op}: x, beta, lam and metric must not enlarge y's batch {tuple(y.shape[:-1])} "
+        raise ValueError(f"{_OP}: x, beta, lam and metric must not enlarge y's batch {tuple(y.shape[:-1])} "
                          f"(they broadcast to {tuple(a.batch)}): the step updates y, and each state needs its own noise")
-    noise = check_tensor(noise, "noise", op)
+    noise = check_tensor(noise, "noise", _OP)
     if noise.shape != y.shape:
-        raise ValueError(f"{op}: noise must have y's shape {tuple(y.shape)}, got {tuple(noise.shape)}")
+        raise ValueError(f"{_OP}: noise must have y's shape {tuple(y.shape)}, got {tuple(noise.shape)}")
     if noise.dtype != y.dtype or noise.device != y.device:
-        raise TypeError(f"{op}: noise must match y's dtype/device ({y.dtype}, {y.device}), got ({noise.dtype}, {noise.device})")
-    step_t = as_param(step, "step", op, y)
+        raise TypeError(f"{_OP}: noise must match y's dtype/device ({y.dtype}, {y.device}), got ({noise.dtype}, {noise.device})")
+    step_t = as_param(step, "step", _OP, y)
     if isinstance(step, torch.Tensor):  # a number was range-checked by as_param
-        check_positive(step_t, "step", op)
-    check_finite(op, noise=noise)
-    batch = broadcast_batch(op, batch=a.batch, step=step_t.shape)
+        check_positive(step_t, "step", _OP)
+    check_finite(_OP, noise=noise)
+    batch = broadcast_batch(_OP, batch=a.batch, step=step_t.shape)
     if batch != a.batch:
-        raise ValueError(f"{op}: step of shape {tuple(step_t.shape)} would enlarge the batch {tuple(a.batch)}")
-    d = y.shape[-1]
-    name = backends.resolve(op, y.device, backend)
-    name = kernel_or_reference(op, name, backend, y, x, noise, step, beta, lam, metric)
+        raise ValueError(f"{_OP}: step of shape {tuple(step_t.shape)} would enlarge the batch {tuple(a.batch)}")
+    return _Call(a, noise, step_t)
+
+
+def _run(name: str, c: _Call) -> Optional[torch.Tensor]:
+    """The step under the range and NaN rules (:func:`~etweedie.ops._prep.range_guarded`), or None."""
+    a = c.a
 
     def run():  # (step, whether the CPU kernel wrote NaN/inf: known from the front op only)
-        if front(op, name, a, noise, step_t):
-            return torch.ops.etweedie.langevin_step(a.y, a.x, noise, step_t, a.beta, a.lam, a.prec, a.kind, a.batch)
-        return python_form().reshape(*a.batch, d), None  # the front op returns (*batch, d) too
+        if front(_OP, name, a, c.noise, c.step):
+            return torch.ops.etweedie.langevin_step(a.y, a.x, c.noise, c.step, a.beta, a.lam, a.prec, a.kind, a.batch)
+        return _python_form(name, c).reshape(*a.batch, a.y.shape[-1]), None  # the front op returns (*batch, d) too
 
-    def python_form(rows=None):  # rows: flat row indices, or None for all
-        c = shape_rows(a)
-        xi = flat(noise, c.batch, (d,)).contiguous()
-        alpha = flat(step_t, c.batch, ())
-        if name == "reference":
-            return reference.langevin_step(c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind, near_mode(c.y))
-        if rows is not None:
-            xi, alpha = take_rows(xi, rows), take_rows(alpha, rows)
-        if c.kind == DENSE:  # the update lives in the original space: whitened score kernel, then the update
-            s = dense_score(c, lambda zy, zx, ones, r: _score_kernel(name, zy, zx, take_rows(c.beta, r),
-                                                                     take_rows(c.lam, r), ones, 0), rows)
-            al = alpha.unsqueeze(-1)
-            return take_rows(c.y, rows) + al * s + torch.sqrt(2 * al) * xi
-        if rows is not None:
-            c = canonical_rows(c, rows)
-        return _kernel(name, c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind)
-
-    def near(rows):  # float64 rows with a draw nearer to y than the kernel's range: the exact reference form
-        def exact(rows):
-            c = canonical_rows(shape_rows(a), rows)
-            xi, alpha = (take_rows(flat(t, a.batch, s), rows) for t, s in ((noise, (d,)), (step_t, ())))
-            return reference.langevin_step(c.y, c.x, xi, alpha, c.beta, c.lam, c.prec, c.kind, "index")
-        return join_rows(a.batch, rows, exact, python_form)
-
-    out = range_guarded(op, name, metric, a.y, a.x, a.batch, run, near)
-    if out is None:
-        if y.dtype == torch.float64:  # beyond float64's range: the score on rescaled data, then the step
-            s = et_score(y, x, beta, lam, metric, backend=backend)
-            alpha = step_t.unsqueeze(-1)
-            return y + alpha * s + torch.sqrt(2 * alpha) * noise
-        return _widened(y, x, noise, step, beta, lam, metric, backend)
-    return out
+    return range_guarded(_OP, name, a.given_metric, a.y, a.x, a.batch, run, lambda rows: _near(name, c, rows))
 
 
-def _widened(y, x, noise, step, beta, lam, metric, backend) -> torch.Tensor:
-    """The step in float64, rounded to float32."""
-    return langevin_step(widen(y), widen(x), widen(noise), widen(step), widen(beta), widen(lam),
-                         widen_metric(metric), backend=backend).float()
+def _python_form(name: str, c: _Call, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The next states of the flat rows ``rows`` (None: all) from the canonical form."""
+    cn = shape_rows(c.a)
+    d = cn.y.shape[-1]
+    xi = flat(c.noise, cn.batch, (d,)).contiguous()
+    alpha = flat(c.step, cn.batch, ())
+    if name == "reference":
+        return reference.langevin_step(cn.y, cn.x, xi, alpha, cn.beta, cn.lam, cn.prec, cn.kind, near_mode(cn.y))
+    if rows is not None:
+        xi, alpha = take_rows(xi, rows), take_rows(alpha, rows)
+    if cn.kind == DENSE:  # the update lives in the original space: whitened score kernel, then the update
+        s = dense_score(cn, lambda zy, zx, ones, r: _score_kernel(name, zy, zx, take_rows(cn.beta, r),
+                                                                  take_rows(cn.lam, r), ones, 0), rows)
+        al = alpha.unsqueeze(-1)
+        return take_rows(cn.y, rows) + al * s + torch.sqrt(2 * al) * xi
+    if rows is not None:
+        cn = canonical_rows(cn, rows)
+    return _kernel(name, cn.y, cn.x, xi, alpha, cn.beta, cn.lam, cn.prec, cn.kind)
+
+
+def _near(name: str, c: _Call, rows: torch.Tensor) -> torch.Tensor:
+    """float64 rows with a draw nearer to y than the kernel's range on the reference's exact form."""
+    def exact(rows):
+        cn = canonical_rows(shape_rows(c.a), rows)
+        xi, alpha = (take_rows(flat(t, c.a.batch, s), rows) for t, s in ((c.noise, (cn.y.shape[-1],)), (c.step, ())))
+        return reference.langevin_step(cn.y, cn.x, xi, alpha, cn.beta, cn.lam, cn.prec, cn.kind, "index")
+    return join_rows(c.a.batch, rows, exact, lambda others: _python_form(name, c, others))
+
+
+def _beyond_float64(given: dict, c: _Call) -> torch.Tensor:
+    """Beyond float64's range the step is not homogeneous, but its score is: the score on
+    rescaled data (:func:`et_score`), then the update."""
+    s = et_score(given["y"], given["x"], given["beta"], given.get("lam", 1.0), given.get("metric"),
+                 backend=given.get("backend"))
+    alpha = c.step.unsqueeze(-1)
+    return given["y"] + alpha * s + torch.sqrt(2 * alpha) * c.noise
 
 
 def _kernel(name, y, x, noise, step, beta, lam, prec, kind) -> torch.Tensor:
@@ -165,6 +193,10 @@ def _register() -> None:
     setup_context, backward = autograd_rules(torch.ops.etweedie.et_score_bwd)
     torch.library.register_autograd(name, backward, setup_context=setup_context)
 
+
+_OP = "langevin_step"
+_SPEC = OpSpec(_OP, ("y", "x", "noise", "step", "beta", "lam", "metric"), _check, _run,
+               beyond_float64=_beyond_float64, plain=_plain)
 
 if backends._EXT_OK:
     _register()

@@ -15,6 +15,8 @@ metric (through its precision parameter) with a fused backward kernel.
 
 from __future__ import annotations
 
+import numbers
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -23,15 +25,15 @@ from .. import backends
 from ..geometry import Metric
 from ..rules.student_t_score import autograd_rules, fake_bwd, fake_fwd
 from . import reference
+from ._call import OpSpec, call
 from ._prep import (
-    float64_range_error,
     DENSE,
+    RowArgs,
     as_param,
     check_tensor,
     checked_cpu_param,
     flat,
     front,
-    kernel_or_reference,
     plain_rows,
     range_guarded,
     rows_args,
@@ -39,8 +41,6 @@ from ._prep import (
     unwhiten_score,
     value_checks,
     whiten_dense,
-    widen,
-    widen_metric,
 )
 
 __all__ = ["student_t_score"]
@@ -69,19 +69,43 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
         >>> etweedie.student_t_score(torch.zeros(1, 1), torch.ones(1, 1, 1), c=1.0)
         tensor([[1.]])
     """
+    return call(_SPEC, student_t_score, y, x, c, metric, backend=backend)
+
+
+def _shortcut(y, x, c, metric=None, *, backend=None) -> Optional[torch.Tensor]:
+    """The plain float32 CPU call (:func:`~etweedie.ops._prep.plain_rows`, a c that passed its rule
+    before) straight to the C++ front op, one unbatched query as a batch of one, or None."""
+    if type(y) is torch.Tensor and type(x) is torch.Tensor and y.dim() == 1 and x.dim() == 2 \
+            and (isinstance(c, numbers.Real) and not isinstance(c, bool) or isinstance(c, torch.Tensor) and c.dim() == 0) \
+            and (metric is None or not isinstance(metric, Metric) or len(metric.batch_shape) == 0):
+        return student_t_score(y.unsqueeze(0), x.unsqueeze(0), c, metric, backend=backend)[0]
     plain = plain_rows(_OP, y, x, 2.0, 1.0, metric, backend)  # β and λ unused, as below
     # (float64 takes the general path: its data range is read by a scan there, the kernel checks none)
-    if plain is not None and "cpu" in _SUPPORTED and y.dtype is torch.float32:
-        cp = checked_cpu_param("c", c, y.dtype)
-        if cp is not None and float(cp) > y.shape[-1] / 2:  # the rounded c, as the general path checks it
-            s, nonfinite = torch.ops.etweedie.student_t_score(y, x, cp, *plain[2:])
-            if not nonfinite:
-                return s  # a flagged row: the general path below reruns the call (in float64 where needed)
+    if plain is None or "cpu" not in _SUPPORTED or y.dtype is not torch.float32:
+        return None
+    cp = checked_cpu_param("c", c, y.dtype)
+    if cp is None or not float(cp) > y.shape[-1] / 2:  # the rounded c, as the general path checks it
+        return None
+    s, nonfinite = torch.ops.etweedie.student_t_score(y, x, cp, *plain[2:])
+    return None if nonfinite else s  # a flagged row: the general path reruns the call (in float64 where needed)
+
+
+@dataclass
+class _Call:
+    """A checked student_t_score call: the score's rows and c."""
+    a: RowArgs
+    c: torch.Tensor  # broadcasts to batch
+
+    device = property(lambda self: self.a.device)
+    dtype = property(lambda self: self.a.dtype)
+    metric = property(lambda self: self.a.metric)
+    data = property(lambda self: self.a.data)
+    inputs = property(lambda self: (*self.a.inputs, self.c))
+
+
+def _check(y, x, c, metric=None, *, backend=None) -> _Call:
     y = check_tensor(y, "y", _OP)
     cv = as_param(c, "c", _OP, y)
-    if (isinstance(x, torch.Tensor) and y.dim() == 1 and x.dim() == 2 and cv.dim() == 0
-            and (metric is None or not isinstance(metric, Metric) or len(metric.batch_shape) == 0)):
-        return student_t_score(y.unsqueeze(0), x.unsqueeze(0), cv, metric, backend=backend)[0]  # one unbatched query
     a = rows_args(_OP, y, x, 2.0, 1.0, metric)  # β and λ unused: the shared validation of y, x, metric
     d = y.shape[-1]
     if cv.numel() and value_checks(cv) and not bool(((cv > d / 2) & torch.isfinite(cv)).all()):
@@ -94,36 +118,31 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
         raise ValueError(f"{_OP}: c of shape {tuple(cv.shape)} does not broadcast to batch {tuple(a.batch)}") from None
     if batch != a.batch:
         raise ValueError(f"{_OP}: c of shape {tuple(cv.shape)} would enlarge the batch {tuple(a.batch)}")
-    name = backends.resolve(_OP, y.device, backend, supported=_SUPPORTED)
-    # forward-mode tangents and torch.func transforms: the reference (automatic choice) or a named error
-    name = kernel_or_reference(_OP, name, backend, y, x, cv, metric)
+    return _Call(a, cv)
+
+
+def _run(name: str, c: _Call) -> Optional[torch.Tensor]:
+    """The score under the range and NaN rules (:func:`~etweedie.ops._prep.range_guarded`; 1/(1 + q)
+    needs no near-draw care), or None."""
+    a = c.a
 
     def run():  # (score, whether the CPU kernel wrote NaN/inf: known from the front op only)
-        if front(_OP, name, a, cv):
-            return torch.ops.etweedie.student_t_score(a.y, a.x, cv, a.prec, a.kind, a.batch)
-        return python_form().reshape(*a.batch, d), None  # the front op returns (*batch, d) too
+        if front(_OP, name, a, c.c):
+            return torch.ops.etweedie.student_t_score(a.y, a.x, c.c, a.prec, a.kind, a.batch)
+        return _python_form(name, c).reshape(*a.batch, a.y.shape[-1]), None  # the front op returns (*batch, d) too
 
-    def python_form():
-        cn = shape_rows(a)
-        cf = flat(cv, cn.batch, ())
-        if name == "reference":
-            return reference.student_t_score(cn.y, cn.x, cf, cn.prec, cn.kind)
-        if cn.kind == DENSE:
-            zy, zx, ones, L = whiten_dense(cn)  # P = L Lᵀ: the isotropic kernel on z = Lᵀu, then s = L s_z
-            return unwhiten_score(_kernel(name, zy, zx, cf, ones, 0), L)
-        return _kernel(name, cn.y, cn.x, cf, cn.prec, cn.kind)
-
-    s = range_guarded(_OP, name, metric, a.y, a.x, a.batch, run)  # (1/(1 + q) needs no near-draw care)
-    if s is None:  # float32 norms that over/underflow: compute in float64, round the result
-        if y.dtype == torch.float64:  # not homogeneous (1 + ‖u‖²): no rescaling
-            raise float64_range_error(_OP)
-        return _widened(y, x, c, metric, backend)
-    return s
+    return range_guarded(_OP, name, a.given_metric, a.y, a.x, a.batch, run)
 
 
-def _widened(y, x, c, metric, backend) -> torch.Tensor:
-    """The call in float64, rounded to float32."""
-    return student_t_score(widen(y), widen(x), widen(c), widen_metric(metric), backend=backend).float()
+def _python_form(name: str, c: _Call) -> torch.Tensor:
+    cn = shape_rows(c.a)
+    cf = flat(c.c, cn.batch, ())
+    if name == "reference":
+        return reference.student_t_score(cn.y, cn.x, cf, cn.prec, cn.kind)
+    if cn.kind == DENSE:
+        zy, zx, ones, L = whiten_dense(cn)  # P = L Lᵀ: the isotropic kernel on z = Lᵀu, then s = L s_z
+        return unwhiten_score(_kernel(name, zy, zx, cf, ones, 0), L)
+    return _kernel(name, cn.y, cn.x, cf, cn.prec, cn.kind)
 
 
 def _kernel(name, y, x, c, prec, kind) -> torch.Tensor:
@@ -151,6 +170,9 @@ _SUPPORTED = tuple(
     b for b in backends.BACKENDS
     if b not in ("cpu", "cuda") or backends._has_op("student_t_score_fwd", "CPU" if b == "cpu" else "CUDA")
 )
+
+# not homogeneous (1 + ‖u‖²): float64 data beyond float64's range are refused
+_SPEC = OpSpec(_OP, ("y", "x", "c", "metric"), _check, _run, plain=_shortcut, supported=_SUPPORTED)
 
 if _HAS_CPU:
     _register()
