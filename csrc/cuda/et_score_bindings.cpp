@@ -38,7 +38,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> et_score_
   const int64_t B = y.size(0), N = x.size(1), d = y.size(1);
   auto empty = [&] { return at::empty({0}, y.options()); };
   // Every requested output is fully written by the kernel; zero-size problems are zero-filled.
-  const bool trivial = B == 0 || d == 0 || N == 0;
+  const bool trivial = B == 0 || d == 0;  // N >= 1 where B >= 1 (checks::query_cloud)
   auto alloc = [&](at::IntArrayRef size) { return trivial ? at::zeros(size, y.options()) : at::empty(size, y.options()); };
   auto gy = need_y ? alloc({B, d}) : empty();
   auto gx = need_x ? (trivial ? at::zeros({B, N, d}, x.options()) : at::empty({B, N, d}, x.options())) : empty();  // x's dtype
