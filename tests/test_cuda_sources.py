@@ -22,8 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA_DIR = os.path.join(ROOT, "csrc", "cuda")
 OPS = ("et_score_fwd", "et_score_bwd", "langevin_step_fwd", "is_score_fwd", "energy_score_fwd", "energy_score_bwd",
        "energy_score_fwd_grad", "energy_distance_fwd", "energy_distance_bwd")
-LAUNCHERS = {"et_score_fwd_launch", "et_score_bwd_launch", "langevin_step_fwd_launch", "is_score_fwd_launch",
-             "energy_score_launch", "energy_distance_launch"}
+LAUNCHERS = {"et_score_fwd_launch", "et_score_bwd_launch", "langevin_step_fwd_launch", "student_t_score_fwd_launch",
+             "student_t_score_bwd_launch", "is_score_fwd_launch", "energy_score_launch", "energy_distance_launch"}
 
 
 def _read(*parts):
@@ -52,16 +52,26 @@ def test_cuda_sources_do_not_include_torch(name):
 
 # The score launchers take the draws' storage type X besides the compute type T (16-bit draws,
 # csrc/common/low_precision.h): each must exist for X = T, bf16 and fp16.
-SCORE_LAUNCHERS = {"et_score_fwd_launch", "et_score_bwd_launch", "langevin_step_fwd_launch"}
+SCORE_LAUNCHERS = {"et_score_fwd_launch", "et_score_bwd_launch", "langevin_step_fwd_launch",
+                   "student_t_score_fwd_launch", "student_t_score_bwd_launch"}
+
+
+def score_types() -> set:
+    """The (T, X) pairs of launchers.cuh's ET_SCORE_TYPES(INSTANTIATE) list."""
+    body = re.search(r"#define ET_SCORE_TYPES\(INSTANTIATE\)((?:[^\n]*\\\n)*[^\n]*)", _read("csrc", "cuda", "launchers.cuh"))
+    return set(re.findall(r"INSTANTIATE\((\w+),\s*(\w+)\)", body.group(1)))
 
 
 def instantiations(src: str, name: str) -> set:
     """(T, X) pairs the launcher ``name`` is instantiated for in one .cu source, explicitly or
-    through the source's ET_INSTANTIATE(T) / ET_INSTANTIATE(T, X) lines (X = T when absent)."""
+    through the source's ET_INSTANTIATE(T) / ET_INSTANTIATE(T, X) lines (X = T when absent) or its
+    ET_SCORE_TYPES(ET_INSTANTIATE) line (launchers.cuh's list)."""
     pairs = {(t, x or t) for t, x in re.findall(rf"template\s+cudaError_t\s+{name}<(\w+)(?:,\s*(\w+))?>\(", src)}
     if ("T", "X") in pairs or ("T", "T") in pairs:  # the macro's own body: expanded by its ET_INSTANTIATE lines
         pairs -= {("T", "X"), ("T", "T")}
         pairs |= {(t, x or t) for t, x in re.findall(r"^ET_INSTANTIATE\((\w+)(?:,\s*(\w+))?\)", src, re.M)}
+        if re.search(r"^ET_SCORE_TYPES\(ET_INSTANTIATE\)", src, re.M):
+            pairs |= score_types()
     return pairs
 
 

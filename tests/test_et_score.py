@@ -217,6 +217,32 @@ def test_opcheck(kind, dtype, seed):
     torch.library.opcheck(torch.ops.etweedie.et_score_fwd.default, args)
 
 
+@pytest.mark.parametrize("d", [3, 0])
+def test_raw_ops_need_a_draw_per_row(d):
+    """Every raw score op refuses B >= 1 rows with no draw (N = 0), whatever d, with one message
+    (checks::query_cloud); no row at all (B = 0) is an empty result."""
+    if "cpu" not in [b for b, _ in BACKEND_DEVICE]:
+        pytest.skip("compiled extension not available")
+    ops = torch.ops.etweedie
+
+    def calls(B, N):
+        y, x, b = torch.zeros(B, d), torch.zeros(B, N, d), torch.ones(B)
+        return {
+            "et_score": lambda: ops.et_score_fwd(y, x, b, b, b, 0),
+            "et_score_bwd": lambda: ops.et_score_bwd(y, y, y, x, b, b, b, 0, y, True, True, True, True, True),
+            "langevin_step": lambda: ops.langevin_step_fwd(y, x, y, b, b, b, b, 0),
+            "student_t_score": lambda: ops.student_t_score_fwd(y, x, b, b, 0),
+            "student_t_score_bwd": lambda: ops.student_t_score_bwd(y, y, y, x, b, b, 0, y, True, True, True, True),
+        }
+
+    for name, call in calls(2, 0).items():
+        op = name.removesuffix("_bwd")
+        with pytest.raises(RuntimeError, match=rf"^{op}: x must hold at least one posterior draw \(N >= 1\)"):
+            call()
+    for call in calls(0, 0).values():
+        call()
+
+
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
 def test_torch_compile_fullgraph(backend, device, seed):
     y, x, beta, lam, metric = _inputs(seed, 4, 16, 6, "block2")

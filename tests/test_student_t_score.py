@@ -301,7 +301,7 @@ def test_cuda_sources_layering():
     and instantiated for float and double, each with draws of its own dtype, bfloat16 or float16;
     the binding registers both ops under CUDA."""
     cu = open(os.path.join(ROOT, "csrc", "cuda", "student_t_score_cuda.cu")).read()
-    launch = open(os.path.join(ROOT, "csrc", "cuda", "student_t_score_launch.cuh")).read()
+    launch = open(os.path.join(ROOT, "csrc", "cuda", "launchers.cuh")).read()
     bind = open(os.path.join(ROOT, "csrc", "cuda", "student_t_score_bindings.cpp")).read()
     for src in (cu, launch):
         includes = re.findall(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', src, re.M)

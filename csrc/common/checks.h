@@ -87,7 +87,7 @@ inline void metric(const char* op, const at::Tensor& prec, int64_t kind, int64_t
 //
 // The query and its cloud, as every score op takes them: y (B, d) contiguous, x (B, N, d)
 // with unit stride over d (any stride over B and N: 0 = a broadcast cloud) and N >= 1 unless
-// the problem is empty; x's dtype as draws() allows.
+// there is no row (B = 0; d = 0 with B > 0 still needs a draw); x's dtype as draws() allows.
 inline void query_cloud(const char* op, const at::Tensor& y, const at::Tensor& x) {
   draws(op, y, x);
   TORCH_CHECK(y.dim() == 2, op, ": y must have shape (B, d), got ", y.sizes());
@@ -96,7 +96,7 @@ inline void query_cloud(const char* op, const at::Tensor& y, const at::Tensor& x
   TORCH_CHECK(x.dim() == 3 && x.size(0) == B && x.size(2) == d, op, ": x must have shape (B, N, d) = (", B, ", N, ",
               d, "), got ", x.sizes());
   TORCH_CHECK(d <= 1 || x.numel() == 0 || x.stride(2) == 1, op, ": x must have unit stride over d, got strides ", x.strides());
-  TORCH_CHECK(x.size(1) > 0 || B == 0 || d == 0, op, ": x must hold at least one posterior draw (N >= 1)");
+  TORCH_CHECK(x.size(1) > 0 || B == 0, op, ": x must hold at least one posterior draw (N >= 1)");
 }
 
 // Canonical arguments of the score ops (et_score, langevin_step): query_cloud, beta and lam
@@ -111,8 +111,7 @@ inline void score_args(const char* op, const at::Tensor& y, const at::Tensor& x,
   metric(op, prec, kind, B, d);
 }
 
-// langevin_step_fwd: score_args, then the noise ξ (B, d) contiguous and the step α (B,), and at
-// least one draw per row.
+// langevin_step_fwd: score_args, then the noise ξ (B, d) contiguous and the step α (B,).
 inline void langevin_step_args(const char* op, const at::Tensor& y, const at::Tensor& x, const at::Tensor& noise,
                                const at::Tensor& step, const at::Tensor& beta, const at::Tensor& lam,
                                const at::Tensor& prec, int64_t kind) {
@@ -121,7 +120,6 @@ inline void langevin_step_args(const char* op, const at::Tensor& y, const at::Te
   shape(op, "noise", noise, y.sizes());
   TORCH_CHECK(noise.is_contiguous(), op, ": noise must be contiguous, got strides ", noise.strides());
   rows(op, "step", step, y.size(0));
-  TORCH_CHECK(x.size(1) > 0 || y.size(0) == 0, op, ": need at least one posterior draw (N >= 1)");
 }
 
 // Canonical arguments of student_t_score: query_cloud, the exponent c (B,), prec as in metric().

@@ -36,7 +36,6 @@ std::tuple<at::Tensor, at::Tensor> et_score_fwd_cpu(const at::Tensor& y, const a
                                                     const at::Tensor& lam, const at::Tensor& prec, int64_t kind) {
   checks::score_args("et_score", y, x, beta, lam, prec, kind);
   const int64_t B = y.size(0), N = x.size(1), d = y.size(1);
-  TORCH_CHECK(N > 0 || B == 0, "et_score: need at least one posterior draw (N >= 1)");
   auto s = at::empty({B, d}, y.options());
   auto m = at::empty({B, d}, y.options());
   if (B == 0 || d == 0) return {s, m};
@@ -91,7 +90,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> et_score_
   auto gl = need_lam ? at::zeros({B}, y.options()) : at::empty({0}, y.options());
   std::vector<int64_t> psize(prec.sizes().begin(), prec.sizes().end());
   auto gp = need_prec ? at::zeros(psize, y.options()) : at::empty({0}, y.options());
-  if (B > 0 && d > 0 && N > 0) {
+  if (B > 0 && d > 0) {  // N >= 1 where B >= 1 (checks::query_cloud)
     AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "et_score_bwd_cpu", [&] {
       using T = scalar_t;
       dispatch_draws<T>(x, [&](auto draw_type) {

@@ -41,7 +41,29 @@ inline void check_launch(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
 }
 
-// X: the draws' storage type (T, bf16 or fp16; dispatch_draws picks it from x's dtype).
+// The launch of a score kernel, on y's device and its current stream, for y's compute type T and
+// the draws' storage type X (T, bf16 or fp16: dispatch_draws, from x's dtype):
+// launch(DrawType<T>{}, DrawType<X>{}, stream) returns the launcher's cudaError_t.
+template <typename F>
+void launch_score(const char* op, const at::Tensor& y, const at::Tensor& x, F&& launch) {
+  const c10::cuda::CUDAGuard guard(y.device());
+  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "launch_score", [&] {  // y float32 or float64 (checks)
+    dispatch_draws<scalar_t>(x, [&](auto draw_type) {
+      check_launch(launch(DrawType<scalar_t>{}, draw_type, c10::cuda::getCurrentCUDAStream()), op);
+    });
+  });
+}
+
+// A gradient output of a score backward: an empty tensor (y's options) when not requested; else
+// of the given size and options, left for the kernel to write in full, or zero-filled where the
+// launchers have nothing to do (B = 0 or d = 0).
+inline at::Tensor grad_output(bool need, const at::Tensor& y, at::IntArrayRef size, const at::TensorOptions& options) {
+  if (!need) return at::empty({0}, y.options());
+  return y.size(0) == 0 || y.size(1) == 0 ? at::zeros(size, options) : at::empty(size, options);
+}
+
+// The launchers' arguments (launchers.cuh) for the score ops: the Student-t score passes c as
+// both beta and lam.
 template <typename T, typename X>
 inline EtScoreArgs<T, X> row_args(const at::Tensor& y, const at::Tensor& x, const at::Tensor& beta,
                                   const at::Tensor& lam, const at::Tensor& prec, int64_t kind) {

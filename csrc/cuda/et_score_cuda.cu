@@ -17,17 +17,12 @@ cudaError_t et_score_bwd_launch(const EtScoreArgs<T, X>& a, const T* grad, const
   return et_score_bwd_dispatch<T, X>(a, grad, grad_m, m, gy, gx, gb, gl, gp, stream);
 }
 
-// X: the draws' storage (T itself, or 16-bit draws widened to T where loaded).
+// X: the draws' storage (T itself, or 16-bit draws widened to T where loaded): ET_SCORE_TYPES.
 #define ET_INSTANTIATE(T, X)                                                                                    \
   template cudaError_t et_score_fwd_launch<T, X>(const EtScoreArgs<T, X>&, T*, T*, cudaStream_t);              \
   template cudaError_t et_score_bwd_launch<T, X>(const EtScoreArgs<T, X>&, const T*, const T*, const T*, T*, X*, \
                                                  T*, T*, T*, cudaStream_t);
-ET_INSTANTIATE(float, float)
-ET_INSTANTIATE(float, bf16)
-ET_INSTANTIATE(float, fp16)
-ET_INSTANTIATE(double, double)
-ET_INSTANTIATE(double, bf16)
-ET_INSTANTIATE(double, fp16)
+ET_SCORE_TYPES(ET_INSTANTIATE)
 #undef ET_INSTANTIATE
 
 }  // namespace cuda

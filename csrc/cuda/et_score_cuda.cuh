@@ -447,7 +447,7 @@ PacketPlan packet_plan(int64_t packets, int64_t blocks, int64_t n_per, int64_t d
 template <typename T, typename X, bool LANGEVIN, int LAW = kLawEnergyTweedie>
 cudaError_t et_score_fwd_dispatch(const EtScoreArgs<T, X>& a, T* out, T* m, cudaStream_t stream) {
   if (a.B == 0 || a.d == 0) return cudaSuccess;
-  if (a.N <= 0) return cudaErrorInvalidValue;
+  if (a.N <= 0 || a.B > 2147483647) return cudaErrorInvalidValue;  // rows are grid.x
   int device = 0, sms = 1;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);

@@ -12,20 +12,16 @@ std::tuple<at::Tensor, at::Tensor> langevin_step_fwd_cuda(const at::Tensor& y, c
                                                           const at::Tensor& prec, int64_t kind) {
   checks::langevin_step_args("langevin_step", y, x, noise, step, beta, lam, prec, kind);
   check_cuda("langevin_step", y);
-  const c10::cuda::CUDAGuard guard(y.device());
   auto out = at::empty_like(y);
   auto m = at::empty_like(y);
-  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "langevin_step_fwd_cuda", [&] {
-    using T = scalar_t;
-    dispatch_draws<T>(x, [&](auto draw_type) {
-      using X = typename decltype(draw_type)::type;  // T, or 16-bit draws widened where loaded
-      auto a = row_args<T, X>(y, x, beta, lam, prec, kind);
-      a.noise = noise.data_ptr<T>();
-      a.step = step.data_ptr<T>();
-      a.sa = step.stride(0);
-      check_launch(langevin_step_fwd_launch<T, X>(a, out.data_ptr<T>(), m.data_ptr<T>(), c10::cuda::getCurrentCUDAStream()),
-                   "langevin_step");
-    });
+  launch_score("langevin_step", y, x, [&](auto t, auto draw_type, cudaStream_t stream) {
+    using T = typename decltype(t)::type;
+    using X = typename decltype(draw_type)::type;  // T, or 16-bit draws widened where loaded
+    auto a = row_args<T, X>(y, x, beta, lam, prec, kind);
+    a.noise = noise.data_ptr<T>();
+    a.step = step.data_ptr<T>();
+    a.sa = step.stride(0);
+    return langevin_step_fwd_launch<T, X>(a, out.data_ptr<T>(), m.data_ptr<T>(), stream);
   });
   return {out, m};
 }

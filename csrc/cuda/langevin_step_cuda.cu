@@ -12,15 +12,10 @@ cudaError_t langevin_step_fwd_launch(const EtScoreArgs<T, X>& a, T* out, T* m, c
   return et_score_fwd_dispatch<T, X, true>(a, out, m, stream);
 }
 
-// X: the draws' storage (T itself, or 16-bit draws widened to T where loaded).
+// X: the draws' storage (T itself, or 16-bit draws widened to T where loaded): ET_SCORE_TYPES.
 #define ET_INSTANTIATE(T, X) \
   template cudaError_t langevin_step_fwd_launch<T, X>(const EtScoreArgs<T, X>&, T*, T*, cudaStream_t);
-ET_INSTANTIATE(float, float)
-ET_INSTANTIATE(float, bf16)
-ET_INSTANTIATE(float, fp16)
-ET_INSTANTIATE(double, double)
-ET_INSTANTIATE(double, bf16)
-ET_INSTANTIATE(double, fp16)
+ET_SCORE_TYPES(ET_INSTANTIATE)
 #undef ET_INSTANTIATE
 
 }  // namespace cuda

@@ -10,7 +10,7 @@
 // there is nothing to do) and never synchronizes.
 // The score launchers take the compute type T (float, double: y, the parameters, every output
 // but ∂L/∂x) and the draws' storage type X (T, bf16 or fp16: x and ∂L/∂x), instantiated for
-// X ∈ {T, bf16, fp16}; 16-bit draws are widened to T where they are loaded.
+// X ∈ {T, bf16, fp16} (ET_SCORE_TYPES); 16-bit draws are widened to T where they are loaded.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,6 +18,12 @@
 #include <cstdint>
 
 #include "../common/low_precision.h"  // bf16 / fp16: the 16-bit storage of low-precision draws
+
+// The (T, X) pairs every score launcher is instantiated for: INSTANTIATE(T, X) for each, in the
+// source that defines the launcher (dispatch_draws, csrc/common/draws_dispatch.h, picks one).
+#define ET_SCORE_TYPES(INSTANTIATE)                                                                   \
+  INSTANTIATE(float, float) INSTANTIATE(float, bf16) INSTANTIATE(float, fp16) INSTANTIATE(double, double) \
+  INSTANTIATE(double, bf16) INSTANTIATE(double, fp16)
 
 namespace etweedie {
 namespace cuda {
@@ -48,6 +54,15 @@ cudaError_t langevin_step_fwd_launch(const EtScoreArgs<T, X>& a, T* out, T* m, c
 template <typename T, typename X>
 cudaError_t et_score_bwd_launch(const EtScoreArgs<T, X>& a, const T* grad, const T* grad_m, const T* m, T* gy, X* gx,
                                 T* gb, T* gl, T* gp, cudaStream_t stream);
+
+// The Student-t score s = −2c P m, m = (1/N) Σ_i (y − x_i)/(1 + q_i) (csrc/common/student_t_score.h):
+// the same arguments with c in lam's place (beta and noise/step unread), and its gradients, ∂L/∂c
+// in gc (B,) where et_score's backward writes ∂L/∂λ, no ∂L/∂β.
+template <typename T, typename X>
+cudaError_t student_t_score_fwd_launch(const EtScoreArgs<T, X>& a, T* s, T* m, cudaStream_t stream);
+template <typename T, typename X>
+cudaError_t student_t_score_bwd_launch(const EtScoreArgs<T, X>& a, const T* grad, const T* grad_m, const T* m, T* gy,
+                                       X* gx, T* gc, T* gp, cudaStream_t stream);
 
 // Importance-sampling oracle: y (Q, d), bank (M, d), prec (1, *param), all contiguous.
 // Outputs score (Q, d), mean (Q, d), ess (Q,).
