@@ -36,8 +36,8 @@ import torch
 
 import etweedie
 from etweedie.commandline import OneLineParser
-from etweedie.models import EngressionPosterior
-from etweedie.paths import get_path, level_times
+from etweedie.posteriors.engression import EngressionPosterior
+from etweedie.sample.paths import get_path, level_times
 from etweedie.sample import initial_states, sample_langevin, step_sizes
 
 from etweedie._checks import check_device
@@ -150,13 +150,13 @@ def _time(fn: Callable[[], object], device, repeats: int) -> float:
 
 def load_posterior(spec: str, device, width: int, depth: int):
     """``untrained`` (an EngressionPosterior of the given width and depth, the MNIST η box) or a
-    name/path :func:`etweedie.train.load_posterior` accepts."""
+    name/path :func:`etweedie.training.load_posterior` accepts."""
     if spec == "untrained":
         model = EngressionPosterior(dim=D, width=width, depth=depth, noise_dim=32,
                                     eta_low=(1.3, 0.0, math.log(0.025), -0.7, -0.7),
                                     eta_high=(2.0, math.log(2.5), math.log(6.0), 0.7, 0.7))
         return model.to(device).eval().requires_grad_(False)
-    from etweedie.train import load_posterior as load
+    from etweedie.training import load_posterior as load
 
     return load(spec, device=device)
 

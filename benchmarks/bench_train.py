@@ -4,7 +4,7 @@
     python benchmarks/bench_train.py --device cuda --json benchmarks/train_h100.json
     python benchmarks/bench_train.py --config configs/X.toml --device cuda
 
-Both variants run the real training loop (:func:`etweedie.train.train`, a throw-away run
+Both variants run the real training loop (:func:`etweedie.training.train`, a throw-away run
 directory) on the same model, batch and data: ``warmup`` steps (compilation, allocator warm-up),
 then ``steps`` timed steps between two log lines (the loss is read back only there, as in
 training).  The variants:
@@ -43,16 +43,8 @@ import etweedie  # noqa: E402
 from etweedie.commandline import OneLineParser  # noqa: E402
 from benchmarks.common import MAX_THREADS, check_flags, check_threads, flag_error  # noqa: E402
 from etweedie._checks import check_device  # noqa: E402
-from etweedie.train import (  # noqa: E402
-    ModelConfig,
-    NoisePrior,
-    TrainConfig,
-    _loss_and_backward,
-    build_posterior,
-    load_config,
-    noise_law,
-    train,
-)
+from etweedie.training import ModelConfig, NoisePrior, TrainConfig, build_posterior, load_config, noise_law, train
+from etweedie.training.engression import _loss_and_backward
 
 #: dense bf16 tensor-core peak, TFLOP/s (no sparsity), by a substring of the device name
 BF16_PEAK_TFLOPS = {"H200": 989.4, "H100 PCIe": 756.0, "H100": 989.4, "A100": 312.0, "L40S": 362.1, "L4": 121.0}
@@ -143,7 +135,7 @@ def main(argv=None) -> int:
         if args.config is not None and not Path(args.config).is_file():
             raise ValueError(f"--config must be an existing TOML file, got {args.config!r}")
         config = default_config(args)
-        from etweedie.train import build_data_source
+        from etweedie.training import build_data_source
 
         if args.config:
             source = build_data_source(config.data)

@@ -66,7 +66,7 @@ from tqdm.auto import tqdm
 from ._checks import check_bool, check_float, check_int
 from .geometry import Metric, scale_constant
 from .noise import NoiseParams
-from .optim import optimize, warmup_cosine
+from .training.optim import optimize, warmup_cosine
 from .ops import et_score
 from .score import antithetic_options, posterior_dtype_device
 
@@ -126,7 +126,7 @@ def level_sampler(
     y's) and returns the draws in y's dtype.  ``antithetic=True`` asks for mirrored-noise draws
     (a posterior whose ``sample`` takes no ``antithetic`` keyword is a TypeError up front).
 
-        >>> from etweedie.known_posterior import KnownPosterior
+        >>> from etweedie.posteriors.known import KnownPosterior
         >>> sampler = level_sampler(KnownPosterior(), lambda s: NoiseParams(2.0, 1.0, s, 0.0, 0.0))
         >>> sampler(torch.zeros(3, 2, dtype=torch.float64), 0.5, 4, torch.Generator().manual_seed(0)).shape
         torch.Size([3, 4, 2])

@@ -27,7 +27,7 @@ Example::
 
     >>> import torch
     >>> from etweedie.noise import NoiseParams
-    >>> from etweedie.known_posterior import KnownPosterior
+    >>> from etweedie.posteriors.known import KnownPosterior
     >>> g = torch.Generator().manual_seed(0)
     >>> score = EnergyTweedieScore(KnownPosterior(method="sir", bank_size=20_000, generator=g), 64, generator=g)
     >>> y = torch.tensor([[2.3, 0.1], [0.0, 1.0]], dtype=torch.float64)
@@ -257,15 +257,15 @@ class EnergyTweedieScore:
 
     Args:
         posterior: any object with ``dim`` and ``sample(y (..., d), eta (..., 5), n, *, generator)
-            -> (..., n, d)`` — a trained :mod:`etweedie.models` posterior or an
-            :class:`etweedie.known_posterior.KnownPosterior` (``method="sir"``).  A torch module is called in its own
+            -> (..., n, d)`` — a trained :mod:`etweedie.posteriors.engression` posterior or an
+            :class:`etweedie.posteriors.known.KnownPosterior` (``method="sir"``).  A torch module is called in its own
             parameter dtype and device; results come back in y's.
         n_draws: N ≥ 1 posterior draws per query.
         generator: the ``torch.Generator`` the draws come from; None uses a fresh one seeded
             with 0 (every call stays reproducible).  A ``generator=`` given to a call wins.
         chunk: queries per posterior call (bounds memory at chunk·N·d); None = all at once.
         antithetic: ask the posterior for antithetic draws (``sample(..., antithetic=True)``, e.g.
-            :meth:`etweedie.models.EngressionPosterior.sample`): the N draws come in mirrored
+            :meth:`etweedie.posteriors.engression.EngressionPosterior.sample`): the N draws come in mirrored
             noise pairs, so the estimate stays unbiased and its Monte Carlo error drops — on the
             full eight-Gaussians models, score NMSE at N = 64 fell 2.7–4.6×
             (experiments/eight_gaussians/RESULTS.md).  A posterior whose ``sample`` takes no ``antithetic`` keyword is a TypeError.
@@ -442,7 +442,7 @@ class ISOracle:
         backend: Optional[str] = None,
     ) -> "ISOracle":
         """An oracle on ``size`` fresh points of the eight-Gaussians ring (default the paper's 160,000)."""
-        from .data import EightGaussians
+        from .data.ring import EightGaussians
 
         ring = EightGaussians() if ring is None else ring
         bank, _ = ring.sample(size, generator, dtype=dtype)

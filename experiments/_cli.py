@@ -198,7 +198,7 @@ def read_config(flag: str, path: Any, loader: Callable[[Any], Any]) -> Any:
 
 
 def load(flag: str, value: Any, loader: Callable[[Any], Any], what: str = "a run directory, posterior or checkpoint") -> Any:
-    """``loader(value)`` (e.g. etweedie.train.load_posterior) for the value of ``flag``; an empty
+    """``loader(value)`` (e.g. etweedie.training.load_posterior) for the value of ``flag``; an empty
     value, or one the loader refuses (missing, damaged), is one UsageError naming the flag."""
     nonempty(flag, value, what)
     try:

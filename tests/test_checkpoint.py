@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from etweedie.checkpoint import (
+from etweedie.training.checkpoint import (
     CheckpointError,
     RunLock,
     RunLockedError,
@@ -18,8 +18,8 @@ from etweedie.checkpoint import (
     safe_torch_load,
     save_weights,
 )
-from etweedie.models import EngressionPosterior
-from etweedie.train import load_config, load_posterior, save_posterior, train
+from etweedie.posteriors.engression import EngressionPosterior
+from etweedie.training import load_config, load_posterior, save_posterior, train
 
 from conftest import gen
 
@@ -272,7 +272,7 @@ def _sharded_int8(tmp_path: Path) -> Path:
 
 def _rehash(folder: Path) -> None:
     """Make config.json's checksums match the files again (what a careful forger would do)."""
-    from etweedie.checkpoint import _sha256
+    from etweedie.training.checkpoint import _sha256
 
     meta = json.loads((folder / "config.json").read_text())
     for name in meta["weights"]["files"]:
@@ -385,14 +385,14 @@ def test_a_full_disk_while_saving_a_checkpoint_is_an_oserror(tmp_path):
     import subprocess
     import sys
 
-    from etweedie.checkpoint import atomic_torch_save
+    from etweedie.training.checkpoint import atomic_torch_save
 
     target = tmp_path / "ckpt.pt"
     atomic_torch_save({"a": torch.zeros(10)}, target)
     before = target.read_bytes()
     code = (
         "import resource, signal, sys, torch\n"
-        "from etweedie.checkpoint import atomic_torch_save\n"
+        "from etweedie.training.checkpoint import atomic_torch_save\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))\n"
         "try:\n"

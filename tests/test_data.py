@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import etweedie
-from etweedie.data import EightGaussians, _sir_log_weights, posterior_sample_sir
+from etweedie.data import EightGaussians, posterior_sample_sir
+from etweedie.data.ring import _sir_log_weights
 from etweedie.geometry import Metric
 from etweedie.noise import GeneralizedGaussian, NoiseParams, StudentT
 

@@ -145,7 +145,7 @@ def test_full_demo_trains_evaluates_and_reports_where_files_are(tmp_path, capsys
     from pathlib import Path
 
     from experiments.eight_gaussians.demo import DEMO_SAMPLING, demo_eval_config, print_demo, run_demo
-    from etweedie.train import load_config
+    from etweedie.training import load_config
 
     root = Path(__file__).resolve().parents[1]
     train_cfg = load_config(root / "configs" / "eight_gaussians_tiny.toml")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from etweedie.train import load_config, train
+from etweedie.training import load_config, train
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

@@ -18,7 +18,7 @@ import torch
 
 import etweedie
 from etweedie.cli import main
-from etweedie.image_metrics import (
+from etweedie.evaluation.image_metrics import (
     FEATURE_TENSOR,
     LOGITS_TENSOR,
     MnistClassifier,
@@ -33,8 +33,8 @@ from etweedie.image_metrics import (
     nearest_train,
     null_feature_energy_distance,
 )
-from etweedie.metrics import stratified_bootstrap_energy_distance
-from etweedie.mnist import MNIST_FILES
+from etweedie.evaluation.metrics import stratified_bootstrap_energy_distance
+from etweedie.data.mnist import MNIST_FILES
 
 ROOT = Path(__file__).resolve().parent.parent
 _NAMES = [name for pair in MNIST_FILES.values() for name in pair]
@@ -218,7 +218,7 @@ def test_nearest_train_equals_brute_force(evaluator):
 
 # ---------------------------------------------------------------------------- metric functions (no data needed)
 def test_null_batched_and_one_draw_paths_agree(monkeypatch):
-    import etweedie.image_metrics as image_metrics
+    import etweedie.evaluation.image_metrics as image_metrics
 
     g = torch.Generator().manual_seed(3)
     pool, bank = torch.rand(200, 16, generator=g), torch.rand(60, 16, generator=g)
@@ -300,7 +300,7 @@ def test_missing_data_dir_is_a_named_error(tmp_path):
 @needs_onnx
 @needs_data
 def test_cli_scores_files_and_writes_json_and_figures(tmp_path, capsys, evaluator, monkeypatch):
-    import etweedie.image_metrics as image_metrics
+    import etweedie.evaluation.image_metrics as image_metrics
 
     # the module's evaluator (its set-up classifies t10k; the data-dir path has its own test below)
     monkeypatch.setattr(image_metrics, "MnistEvaluator", lambda data_dir, classifier=None: evaluator)

@@ -3,7 +3,7 @@ scheduler (with the real diffusers package) and the k-diffusion denoiser (with t
 k_diffusion.sampling samplers).
 
 The sampling tests run on eight Gaussians with the exact posterior
-(:class:`etweedie.known_posterior.KnownPosterior`) and accept a sampler when the signed energy
+(:class:`etweedie.posteriors.known.KnownPosterior`) and accept a sampler when the signed energy
 distance of its samples to a clean reference set is within the spread of the same distance
 for fresh clean draws of the same size (the "clean-draw floor"): ED(samples, clean) ≤
 mean + 3·sd of ED(clean'_r, clean) over 30 independent clean'_r.  The clean draws are exact,
@@ -29,8 +29,8 @@ from etweedie.interop import (
     score_from_sampler,
     score_with_law,
 )
-from etweedie.known_posterior import KnownPosterior
-from etweedie.paths import GeometricRMS, NoisePath, get_path, level_times
+from etweedie.posteriors.known import KnownPosterior
+from etweedie.sample.paths import GeometricRMS, NoisePath, get_path, level_times
 from etweedie.sample import sample_langevin
 
 from conftest import gen

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from etweedie.data import EightGaussians
-from etweedie.image_metrics import (
+from etweedie.evaluation.image_metrics import (
     MnistEvaluator,
     as_unit_images,
     bootstrap_feature_energy_distance,
     feature_energy_distance,
     nearest_train,
 )
-from etweedie.metrics import (
+from etweedie.evaluation.metrics import (
     METRIC_SUITES,
     MarginalTracker,
     eight_gaussians_metrics,
@@ -32,7 +32,7 @@ from etweedie.metrics import (
     stratified_bootstrap_energy_distance,
     stratified_subset,
 )
-from etweedie.metrics import bootstrap_ed_replicates
+from etweedie.evaluation.metrics import bootstrap_ed_replicates
 from etweedie.noise import NoiseParams
 
 from conftest import DEVICES

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from etweedie.models import EngressionPosterior
+from etweedie.posteriors.engression import EngressionPosterior
 from etweedie.noise import NoiseParams
 
 from conftest import gen
@@ -128,7 +128,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _mnist_or_skip(split: str):
-    from etweedie.mnist import load_mnist
+    from etweedie.data.mnist import load_mnist
 
     try:
         return load_mnist(split)[0]
@@ -141,8 +141,8 @@ def test_tiny_mnist_training_lowers_held_out_energy_score(tmp_path):
     energy score on 256 test images, with the same held-out draws before and after."""
     import dataclasses
 
-    from etweedie.sources import MnistSource
-    from etweedie.train import build_posterior, held_out_loss, load_config, load_posterior, train
+    from etweedie.data.sources import MnistSource
+    from etweedie.training import build_posterior, held_out_loss, load_config, load_posterior, train
 
     train_images, test_images = _mnist_or_skip("train")[:512], _mnist_or_skip("test")[:256]
     cfg = load_config(REPO / "configs" / "mnist_cpu.toml")
@@ -162,7 +162,7 @@ PRETRAINED = REPO / "pretrained" / "mnist_cpu"
 
 
 def test_pretrained_mnist_loads_by_name_and_by_path():
-    from etweedie.train import load_posterior
+    from etweedie.training import load_posterior
 
     by_name = load_posterior("mnist")
     by_path = load_posterior(PRETRAINED)
@@ -198,7 +198,7 @@ def test_pretrained_files_and_card_match(folder):
 def test_pretrained_mnist_full_loads_int8_by_name():
     """The paper-width posterior: stored int8, loaded by name as a float32 model of width 2,560 whose
     draws at a mid level stay in the pixel range's neighbourhood and depend on the query."""
-    from etweedie.train import load_posterior
+    from etweedie.training import load_posterior
 
     model = load_posterior("mnist_full")
     assert isinstance(model, EngressionPosterior) and model.dim == D and model.config["width"] == 2560
@@ -211,8 +211,8 @@ def test_pretrained_mnist_full_loads_int8_by_name():
 
 def test_pretrained_safetensors_round_trip(tmp_path):
     """load_weights → save_weights → load_posterior reproduces the shipped model's draws exactly."""
-    from etweedie.checkpoint import load_weights, save_weights
-    from etweedie.train import load_posterior
+    from etweedie.training.checkpoint import load_weights, save_weights
+    from etweedie.training import load_posterior
 
     state, config = load_weights(PRETRAINED)
     config = {k: v for k, v in config.items() if k != "weights"}
@@ -229,7 +229,7 @@ def test_pretrained_safetensors_round_trip(tmp_path):
 def test_pretrained_denoises_test_images():
     """At the sampler's last level (r = 0.197) the mean of 8 draws is much closer to the clean test
     image than the noisy input is (the input's per-pixel MSE is r² ≈ 0.039)."""
-    from etweedie.train import load_posterior
+    from etweedie.training import load_posterior
 
     images = _mnist_or_skip("test")[:64].reshape(64, D).to(torch.float32) / 255.0
     posterior = load_posterior("mnist").float()
@@ -246,7 +246,7 @@ def test_full_config_fits_the_sampling_budget():
     """configs/mnist_full.toml builds the paper-width model, and its per-draw cost lets the paper's
     protocol (5 paths × 768 images × 7,300 steps × 256 draws) run in ≤ 10 min at 495 TFLOP/s
     (half an H100's dense bf16 peak)."""
-    from etweedie.train import build_posterior, load_config
+    from etweedie.training import build_posterior, load_config
 
     cfg = load_config(REPO / "configs" / "mnist_full.toml")
     assert cfg.device == "cuda" and cfg.precision == "bf16" and cfg.model.width == 2560
@@ -259,7 +259,7 @@ def test_full_config_fits_the_sampling_budget():
 
 
 def test_mnist_config_errors_name_the_field():
-    from etweedie.train import config_from_dict, config_to_dict, load_config
+    from etweedie.training import config_from_dict, config_to_dict, load_config
 
     values = config_to_dict(load_config(REPO / "configs" / "mnist_cpu.toml"))
     for key, bad, error in (("data_std", 0.0, ValueError), ("data_std", "wide", TypeError),

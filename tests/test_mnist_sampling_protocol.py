@@ -1,7 +1,7 @@
 """The MNIST sampling protocol end to end at the tiny size: parts, pooled uint8 images, the table,
 the figures, resuming; the deadline-aware GPU command's dry run on the CPU and its ≤ 8-file pack.
 
-Needs the MNIST files and the MNIST-12 classifier (etweedie.mnist / etweedie.image_metrics);
+Needs the MNIST files and the MNIST-12 classifier (etweedie.data.mnist / etweedie.evaluation.image_metrics);
 skips with the reason when they are missing.
 """
 
@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:
 
 def _need_mnist():
     try:
-        from etweedie.mnist import load_mnist
+        from etweedie.data.mnist import load_mnist
 
         load_mnist("test")
     except (ImportError, FileNotFoundError) as exc:

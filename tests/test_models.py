@@ -1,4 +1,4 @@
-"""Tests for etweedie.models.EngressionPosterior: shapes, broadcasting, bad input, one batched
+"""Tests for etweedie.posteriors.engression.EngressionPosterior: shapes, broadcasting, bad input, one batched
 forward, reproducibility from the generator, differentiability, rebuild from config."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from etweedie.models import ETA_DIM, EngressionPosterior, default_eta_bounds
+from etweedie.posteriors.engression import ETA_DIM, EngressionPosterior, default_eta_bounds
 from etweedie.noise import NoiseParams
 
 from conftest import gen

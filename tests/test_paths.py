@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from etweedie.noise import NoiseParams
-from etweedie.paths import (
+from etweedie.sample.paths import (
     DEFAULT_LEVELS,
     EIGHT_GAUSSIAN_PATHS,
     ISOLATION_ARMS,
@@ -173,8 +173,8 @@ def test_diffusion_training_prior_covers_every_eight_gaussian_path(config):
     its training box extrapolates, and the score amplifies that error by 1/r at small r)."""
     from pathlib import Path
 
-    from etweedie.paths import EIGHT_GAUSSIAN_PATHS, ISOLATION_ARMS
-    from etweedie.train import load_config
+    from etweedie.sample.paths import EIGHT_GAUSSIAN_PATHS, ISOLATION_ARMS
+    from etweedie.training import load_config
 
     prior = load_config(Path(__file__).resolve().parents[1] / "configs" / config).prior
     for name in (*EIGHT_GAUSSIAN_PATHS, *ISOLATION_ARMS):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from etweedie.known_posterior import KnownPosterior
+from etweedie.posteriors.known import KnownPosterior
 from experiments.eight_gaussians.score_eval import main
 from experiments.eight_gaussians.score_eval import (
     PARAMETERS,
@@ -187,7 +187,7 @@ def test_cli_end_to_end_with_the_oracle_writes_json_and_figures(tmp_path, capsys
 
 
 def test_cli_with_a_tiny_trained_checkpoint(tmp_path, capsys):
-    from etweedie.train import load_config as load_train_config, train
+    from etweedie.training import load_config as load_train_config, train
 
     run = train(load_train_config(CONFIGS / "eight_gaussians_tiny.toml"), tmp_path / "model", progress=False)
     checkpoint = run["posterior"]

@@ -1,4 +1,4 @@
-"""Tests of etweedie.scorematching: exact Hyvärinen SM, SSM-VR, conditional score network, trainer."""
+"""Tests of etweedie.training.scorematching: exact Hyvärinen SM, SSM-VR, conditional score network, trainer."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from etweedie.scorematching import (
+from etweedie.training.scorematching import (
     ConditionalScoreNet,
     LearnedScore,
     ScoreNet,

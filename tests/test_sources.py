@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from etweedie.noise import NoiseParams
-from etweedie.sources import CallableSource, EightGaussiansSource, MnistSource, TensorSource, as_data_source
-from etweedie.train import (
+from etweedie.data.sources import CallableSource, EightGaussiansSource, MnistSource, TensorSource, as_data_source
+from etweedie.training import (
     DataConfig,
     ModelConfig,
     NoisePrior,
@@ -151,7 +151,7 @@ def test_training_on_a_tensor_source_of_any_dimension(tmp_path, d, geometry):
     mix = torch.randn(d, d, generator=g) / math.sqrt(d)
     examples = torch.randn(2000, d, generator=g) @ mix + 1.0
     config = TrainConfig(**SMALL, prior=PriorConfig(sigma=(0.2, 1.0), geometry=geometry))
-    from etweedie.train import build_posterior
+    from etweedie.training import build_posterior
 
     before = held_out_loss(build_posterior(config, d).eval(), config, data=examples, n_examples=1024, draws=8)
     full = train(config, tmp_path / "full", data=examples, progress=False)
@@ -175,7 +175,7 @@ def test_callable_source_trains(tmp_path):
 
 def _mnist_available() -> bool:
     try:
-        from etweedie.mnist import find_mnist_files
+        from etweedie.data.mnist import find_mnist_files
 
         find_mnist_files("train", None)
         find_mnist_files("test", None)
@@ -194,7 +194,7 @@ def test_mnist_config_source_trains_and_lowers_the_held_out_score(tmp_path):
     assert held.dim == 784 and len(held) == 10000
     x = held.draw(64, gen(0))
     assert float(x.min()) >= -1 and float(x.max()) <= 1 and float((x > 0).float().mean()) > 0.05
-    from etweedie.train import build_posterior
+    from etweedie.training import build_posterior
 
     before = held_out_loss(build_posterior(config, 784).eval(), config, data=held, n_examples=256, draws=4)
     summary = train(config, tmp_path / "mnist", progress=False)
@@ -231,7 +231,7 @@ def test_atomic_write_uses_a_temporary_name_of_its_own(tmp_path):
 
 
 def test_train_names_data_dim_for_a_callable_without_one(tmp_path):
-    from etweedie.train import load_config, train
+    from etweedie.training import load_config, train
 
     config = load_config(Path(__file__).resolve().parents[1] / "configs" / "eight_gaussians_tiny.toml")
     with pytest.raises(ValueError, match="pass data_dim="):

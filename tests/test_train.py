@@ -1,4 +1,4 @@
-"""Tests for etweedie.train: config loading, the noise prior, the schedule, loss reduction,
+"""Tests for etweedie.training: config loading, the noise prior, the schedule, loss reduction,
 bit-identical checkpoint/resume, a stated posterior quality, and the `etweedie train` CLI."""
 
 from __future__ import annotations
@@ -16,31 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from etweedie.checkpoint import CheckpointError
+from etweedie.training.checkpoint import CheckpointError
 from etweedie.cli import main as cli
-from etweedie.models import EngressionPosterior
+from etweedie.posteriors.engression import EngressionPosterior
 from etweedie.ops import energy_score
-from etweedie.sources import DataSource
-from etweedie.train import (
-    ModelConfig,
-    NoisePrior,
-    PriorConfig,
-    TrainConfig,
-    _loss_and_backward,
-    build_data_source,
-    build_posterior,
-    config_to_dict,
-    dry_run_config,
-    gaussian_posterior_check,
-    held_out_loss,
-    learning_rate,
-    load_config,
-    load_posterior,
-    noise_law,
-    noise_metric,
-    save_posterior,
-    train,
-)
+from etweedie.data.sources import DataSource
+from etweedie.training import ModelConfig, NoisePrior, PriorConfig, TrainConfig, build_data_source, build_posterior, config_to_dict, dry_run_config, gaussian_posterior_check, held_out_loss, learning_rate, load_config, load_posterior, noise_law, noise_metric, save_posterior, train
+from etweedie.training.engression import _loss_and_backward
 
 from conftest import gen
 
@@ -73,7 +55,7 @@ def test_shipped_configs_load(path):
 
 
 def test_config_roundtrip(tiny):
-    from etweedie.train import config_from_dict
+    from etweedie.training import config_from_dict
 
     assert tiny.model.width == 32 and tiny.prior.sigma == (0.1, 0.75) and tiny.threads == 1
     assert config_from_dict(config_to_dict(tiny)) == tiny
@@ -632,8 +614,8 @@ def test_blocked_cpu_step_equals_one_block(monkeypatch, tiny, latent):
     """A CPU training step run in blocks of examples (train.CPU_TRAIN_ROWS) gives the one-block
     step's loss and gradients up to rounding and consumes the model generator identically
     (with the noise-law latent too: its per-example noise laws follow the blocks)."""
-    import etweedie.train as train_mod
-    from etweedie.train import _loss_and_backward
+    import etweedie.training.engression as train_mod
+    from etweedie.training.engression import _loss_and_backward
 
     model = build_posterior(dataclasses.replace(tiny, model=dataclasses.replace(tiny.model, latent=latent)))
     assert model.latent == latent

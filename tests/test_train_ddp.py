@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from etweedie.train import load_config, load_posterior, train
+from etweedie.training import load_config, load_posterior, train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "eight_gaussians_tiny.toml"

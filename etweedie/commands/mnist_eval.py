@@ -9,8 +9,8 @@ row per file: classifier-feature energy distance to the 2,048-image t10k bank wi
 interval, the real-vs-real null at the same n (mean and 95th percentile), mean confidence,
 class TV, classes present, and nearest-train RMSE beside the held-out value.  ``--real N``
 scores N held-out t10k images disjoint from the bank (the table's first row) and prints the
-paper's row under it.  The metrics are :mod:`etweedie.image_metrics`; the figures
-:mod:`etweedie.image_figures`.
+paper's row under it.  The metrics are :mod:`etweedie.evaluation.image_metrics`; the figures
+:mod:`etweedie.evaluation.image_figures`.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def cli_main(args) -> int:
     except ValueError as exc:
         return fail(str(exc))
     from ..backends import BackendUnavailable
-    from ..image_metrics import BANK_SIZE, MAX_SEED  # onnx is imported only when the classifier loads
+    from ..evaluation.image_metrics import BANK_SIZE, MAX_SEED  # onnx is imported only when the classifier loads
 
     if not 0 <= args.seed <= MAX_SEED:
         return fail(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
@@ -153,7 +153,7 @@ def cli_main(args) -> int:
     try:
         import torch
 
-        from ..image_metrics import MnistClassifier, MnistEvaluator, as_unit_images
+        from ..evaluation.image_metrics import MnistClassifier, MnistEvaluator, as_unit_images
 
         if args.threads is not None:
             torch.set_num_threads(args.threads)
@@ -190,7 +190,7 @@ def cli_main(args) -> int:
         print(f"t10k accuracy {evaluator.test_accuracy:.4f}; bank {evaluator.bank.shape[0]} t10k images; {elapsed:.1f} s")
         figures = []
         if args.figures:
-            from ..image_figures import image_grid, nearest_train_figure
+            from ..evaluation.image_figures import image_grid, nearest_train_figure
 
             out = Path(args.figures)
             stems = set()

@@ -1,4 +1,4 @@
-"""``etweedie train``: the command-line front end of :func:`etweedie.train.train`.
+"""``etweedie train``: the command-line front end of :func:`etweedie.training.train`.
 
     etweedie train --config configs/eight_gaussians_cpu.toml --out runs/eg_cpu
     torchrun --nproc_per_node=2 -m etweedie train --config configs/eight_gaussians_cpu.toml --out runs/eg_ddp
@@ -83,8 +83,8 @@ def _init_distributed(device: str):
 
 def cli_main(args) -> int:
     from ..backends import BackendUnavailable
-    from ..checkpoint import RunLockedError
-    from ..train import dry_run_config, load_config, train
+    from ..training.checkpoint import RunLockedError
+    from ..training.engression import dry_run_config, load_config, train
 
     try:
         _check_flags(args)

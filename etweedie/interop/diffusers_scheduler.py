@@ -50,7 +50,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without diffuser
 from .._checks import check_device, check_int
 from ..noise import NoiseParams
 from ..ops import langevin_step
-from ..paths import DEFAULT_LEVELS, PATHS, GeometricRMS, NoisePath, get_path, level_times
+from ..sample.paths import DEFAULT_LEVELS, PATHS, GeometricRMS, NoisePath, get_path, level_times
 from ..sample import step_sizes
 
 __all__ = ["EnergyTweedieLangevinScheduler", "EnergyTweedieSchedulerOutput"]
@@ -74,7 +74,7 @@ class EnergyTweedieLangevinScheduler(SchedulerMixin, ConfigMixin):
     """Annealed Langevin along an etweedie noise path, with the fused Energy-Tweedie Langevin step.
 
     Args (all saved in ``scheduler_config.json``):
-        path: a built-in path name (:func:`etweedie.paths.path_names`: "gaussian", "isotropic",
+        path: a built-in path name (:func:`etweedie.sample.paths.path_names`: "gaussian", "isotropic",
             "nondiagonal", "rotating", "joint", the MNIST paths, ...).
         num_levels: default number of levels L for :meth:`set_timesteps` (None: the paper's
             count for the path, e.g. 51 for the eight-Gaussians paths).
@@ -124,7 +124,7 @@ class EnergyTweedieLangevinScheduler(SchedulerMixin, ConfigMixin):
     # ------------------------------------------------------------------ schedule
     @property
     def noise_path(self) -> NoisePath:
-        """The :class:`~etweedie.paths.NoisePath` this scheduler follows."""
+        """The :class:`~etweedie.sample.paths.NoisePath` this scheduler follows."""
         return self._path
 
     def set_timesteps(self, num_inference_steps: Optional[int] = None, device: Union[str, torch.device, None] = None) -> None:

@@ -21,7 +21,7 @@ equals the mean of the draws, up to rounding).
 Example::
 
     >>> import torch
-    >>> from etweedie.known_posterior import KnownPosterior
+    >>> from etweedie.posteriors.known import KnownPosterior
     >>> from etweedie.interop import KDiffusionDenoiser
     >>> denoiser = KDiffusionDenoiser(KnownPosterior(), "gaussian", n_draws=32,
     ...                               generator=torch.Generator().manual_seed(0))
@@ -45,7 +45,7 @@ import torch
 
 from .._checks import check_device
 from ..noise import NoiseParams
-from ..paths import PATHS, NoisePath, get_path, level_times
+from ..sample.paths import PATHS, NoisePath, get_path, level_times
 from .score import SamplerScore, _row_sigma
 
 __all__ = ["KDiffusionDenoiser", "load_k_diffusion_sampling"]
@@ -61,7 +61,7 @@ class KDiffusionDenoiser:
         sampler: a posterior model with ``sample(y, eta, n, *, generator)`` (η from the path's
             tuple at σ) or a callable ``sampler(y, n, generator[, noise=NoiseParams])``; see
             :func:`etweedie.interop.score_from_sampler`.
-        path: a built-in path name or a :class:`~etweedie.paths.NoisePath`; it must have β = 2
+        path: a built-in path name or a :class:`~etweedie.sample.paths.NoisePath`; it must have β = 2
             everywhere and constant (λ, u, v).  Only its shape and its RMS range are used: k-diffusion's
             σ is the realized per-coordinate RMS of the noise.
         n_draws: N posterior draws per call.
@@ -84,7 +84,7 @@ class KDiffusionDenoiser:
                 raise ValueError(f"path must be a NoisePath or one of {', '.join(PATHS)}; got {path!r}")
             path = get_path(path)
         if not isinstance(path, NoisePath):
-            raise TypeError(f"path must be a built-in path name or an etweedie.paths.NoisePath, got {type(path).__name__}")
+            raise TypeError(f"path must be a built-in path name or an etweedie.sample.paths.NoisePath, got {type(path).__name__}")
         beta, lam, _, u, v = path.coordinates(level_times(_CHECK_TIMES))
         if not bool((beta == 2).all()):
             raise ValueError(

@@ -257,7 +257,7 @@ def score_from_sampler(sampler, *, n_draws: int, generator: Optional[torch.Gener
               x ~ P(X | Y = y); if it takes a ``noise=`` keyword it also receives the call's
               noise law (a sampler that depends on the noise level);
             * a posterior model with ``sample(y, eta, n, *, generator)`` (the etweedie contract:
-              :mod:`etweedie.models`, :class:`etweedie.known_posterior.KnownPosterior`), given
+              :mod:`etweedie.posteriors.engression`, :class:`etweedie.posteriors.known.KnownPosterior`), given
               η = ``NoiseParams.eta()`` of the call's noise.
         n_draws: N ≥ 1 draws per query.
         generator: the ``torch.Generator`` every draw comes from (None: a fresh one seeded with

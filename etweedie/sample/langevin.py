@@ -14,14 +14,14 @@ the step at the terminal level).  The score and the update are one fused kernel
 level denoises each chain (``final_draw``).
 
 The posterior is any object with ``sample(y (..., d), eta (..., 5), n, *, generator) -> (..., n, d)``
-(η = ``NoiseParams.eta()``): the learned Engression model (``etweedie.train.load_posterior``) or
-:class:`etweedie.known_posterior.KnownPosterior`.
+(η = ``NoiseParams.eta()``): the learned Engression model (``etweedie.training.load_posterior``) or
+:class:`etweedie.posteriors.known.KnownPosterior`.
 
 Example (model-free, with the known posterior of the eight-Gaussians ring)::
 
     >>> import torch
-    >>> from etweedie.known_posterior import KnownPosterior
-    >>> from etweedie.paths import get_path, level_times
+    >>> from etweedie.posteriors.known import KnownPosterior
+    >>> from etweedie.sample.paths import get_path, level_times
     >>> g = torch.Generator().manual_seed(0)
     >>> y0 = 1.65 * torch.randn(256, 2, generator=g)
     >>> x = sample_langevin(KnownPosterior(), y0, get_path("gaussian"), level_times(11),
@@ -472,9 +472,9 @@ def sample_langevin(
         posterior: object with ``sample(y (C, d), eta (C, 5), n, *, generator) -> (C, n, d)``.
         y0: initial states ``(..., d)`` (all leading dims are independent chains), float32/64
             (for images e.g. :func:`initial_states`).
-        path: ``t -> NoiseParams``, vectorized over t (:class:`etweedie.paths.NoisePath`).
+        path: ``t -> NoiseParams``, vectorized over t (:class:`etweedie.sample.paths.NoisePath`).
         schedule: path times of the levels, ``(L,)`` in [0, 1], visited in order
-            (:func:`etweedie.paths.level_times`); None when ``path`` is a
+            (:func:`etweedie.sample.paths.level_times`); None when ``path`` is a
             :class:`etweedie.sample.LevelPlan`.
         steps_per_level: Langevin updates per level (≥ 1).
         n_posterior: N, posterior draws per score evaluation (≥ 1).
@@ -502,7 +502,7 @@ def sample_langevin(
         timer: a :class:`ThroughputTimer` to accumulate the time split into (on CUDA it
             synchronizes around every timed region: leave it out for production runs).
         antithetic: the N draws of each score evaluation in antithetic noise pairs
-            (``posterior.sample(..., antithetic=True)``, :class:`etweedie.models.EngressionPosterior`):
+            (``posterior.sample(..., antithetic=True)``, :class:`etweedie.posteriors.engression.EngressionPosterior`):
             the score stays unbiased with less Monte Carlo noise.  A posterior without the keyword
             is a TypeError.
         chunk_chains: chains per chunk (None: all at once).  Chunks run one after another through

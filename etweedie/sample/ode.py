@@ -23,8 +23,8 @@ shape-changing paths have no such ODE in terms of D: sample them with
 Example::
 
     >>> import torch
-    >>> from etweedie.known_posterior import KnownPosterior
-    >>> from etweedie.paths import get_path, level_times
+    >>> from etweedie.posteriors.known import KnownPosterior
+    >>> from etweedie.sample.paths import get_path, level_times
     >>> from etweedie.sample import initial_states
     >>> g = torch.Generator().manual_seed(0)
     >>> path, times = get_path("gaussian"), level_times(11)

@@ -30,7 +30,7 @@ __all__ = ["LevelPlan", "chain_chunks", "chunk_generators", "chunk_seed", "initi
 def _check_schedule(schedule) -> torch.Tensor:
     if not isinstance(schedule, torch.Tensor) or not schedule.is_floating_point():
         got = schedule.dtype if isinstance(schedule, torch.Tensor) else type(schedule).__name__
-        raise TypeError(f"schedule must be a 1-D floating-point tensor of path times (etweedie.paths.level_times), got {got}")
+        raise TypeError(f"schedule must be a 1-D floating-point tensor of path times (etweedie.sample.paths.level_times), got {got}")
     if schedule.dim() != 1 or schedule.numel() < 1:
         raise ValueError(f"schedule must be a non-empty 1-D tensor of path times, got shape {tuple(schedule.shape)}")
     if not bool(((schedule >= 0) & (schedule <= 1)).all()):
@@ -54,7 +54,7 @@ class LevelPlan:
 
     Example::
 
-        >>> from etweedie.paths import get_path, level_times
+        >>> from etweedie.sample.paths import get_path, level_times
         >>> plan = LevelPlan.build(get_path("mnist_joint"), level_times(64))
         >>> len(plan), round(float(plan.rms[0]), 2), round(float(plan.rms[-1]), 3), float(plan.level(-1).beta)
         (64, 2.63, 0.197, 1.4)
@@ -69,7 +69,7 @@ class LevelPlan:
         """Evaluate ``path`` (vectorized over t) at every time of ``schedule`` (1-D, in [0, 1])."""
         schedule = _check_schedule(schedule)
         if not callable(path):
-            raise TypeError(f"path must be a callable t -> NoiseParams (etweedie.paths.NoisePath), got {type(path).__name__}")
+            raise TypeError(f"path must be a callable t -> NoiseParams (etweedie.sample.paths.NoisePath), got {type(path).__name__}")
         params = path(schedule)
         if not isinstance(params, NoiseParams):
             raise TypeError(f"path(t) must return an etweedie.NoiseParams, got {type(params).__name__}")
@@ -101,7 +101,7 @@ class LevelPlan:
 
         Example::
 
-            >>> from etweedie.paths import get_path, level_times
+            >>> from etweedie.sample.paths import get_path, level_times
             >>> plan = LevelPlan.build(get_path("mnist_gaussian_isotropic"), level_times(64)).lead_in(16, 6.0)
             >>> len(plan), [round(float(r), 2) for r in plan.rms[[0, 15, 16]]]
             (80, [6.0, 2.76, 2.63])
@@ -158,7 +158,7 @@ def step_sizes(path, schedule: torch.Tensor, step_scale: float) -> torch.Tensor:
 
     Example::
 
-        >>> from etweedie.paths import get_path, level_times
+        >>> from etweedie.sample.paths import get_path, level_times
         >>> [f"{a:.0e}" for a in step_sizes(get_path("isotropic"), level_times(3), 1e-5).tolist()]
         ['1e-01', '1e-03', '1e-05']
     """
@@ -300,7 +300,7 @@ def initial_states(
 
     Example::
 
-        >>> from etweedie.paths import get_path, level_times
+        >>> from etweedie.sample.paths import get_path, level_times
         >>> y0 = initial_states(get_path("mnist_joint"), level_times(64), 512, 784,
         ...                     generator=torch.Generator().manual_seed(0))
         >>> y0.shape, round(float(y0.pow(2).mean().sqrt()), 1)
@@ -376,7 +376,7 @@ class DrawCounter:
     Example::
 
         >>> import torch
-        >>> from etweedie.known_posterior import KnownPosterior
+        >>> from etweedie.posteriors.known import KnownPosterior
         >>> counted = DrawCounter(KnownPosterior())
         >>> eta = torch.tensor([2.0, 0.0, -1.0, 0.0, 0.0]).expand(3, 5)
         >>> _ = counted.sample(torch.zeros(3, 2), eta, 4, generator=torch.Generator().manual_seed(0))

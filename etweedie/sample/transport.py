@@ -24,8 +24,8 @@ exact draws it leaves the level-t marginal invariant too, with no score and no s
 Example (the eight-Gaussians ring, whose posterior is known)::
 
     >>> import torch
-    >>> from etweedie.known_posterior import KnownPosterior
-    >>> from etweedie.paths import get_path, level_times
+    >>> from etweedie.posteriors.known import KnownPosterior
+    >>> from etweedie.sample.paths import get_path, level_times
     >>> from etweedie.sample import initial_states
     >>> g = torch.Generator().manual_seed(0)
     >>> path, times = get_path("gaussian"), level_times(11)

@@ -1,5 +1,5 @@
 """Coverage of the seed-stratified bootstrap intervals for mode-weight TV and minimum
-mode mass, percentile against basic (etweedie.metrics.stratified_bootstrap, ``method=``).
+mode mass, percentile against basic (etweedie.evaluation.metrics.stratified_bootstrap, ``method=``).
 
 Both statistics are plug-in functions of the eight mode weights and are biased at the diffusion
 tables' sizes: TV upward (most of all when the true TV is near 0), the minimum downward (most of
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-from etweedie.metrics import stratified_bootstrap
+from etweedie.evaluation.metrics import stratified_bootstrap
 from experiments import _cli
 
 K = 8

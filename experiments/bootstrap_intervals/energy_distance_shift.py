@@ -1,5 +1,5 @@
 """How far the plain seed-stratified bootstrap of the signed ED sits above the estimate,
-and what the tie-free replicate (etweedie.metrics.stratified_bootstrap_energy_distance) does.
+and what the tie-free replicate (etweedie.evaluation.metrics.stratified_bootstrap_energy_distance) does.
 
 Clean eight-Gaussians draws against an independent clean reference (the null: the true ED is 0),
 three seeds of n/3 points each, as in the diffusion tables.  For each pooled size it prints the
@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from etweedie.data import EightGaussians
-from etweedie.metrics import bootstrap_ed_replicates, signed_energy_distance
+from etweedie.evaluation.metrics import bootstrap_ed_replicates, signed_energy_distance
 from experiments import _cli
 
 

@@ -1,7 +1,7 @@
 """The etweedie demo (``make demo``, ``python -m experiments.eight_gaussians.demo``) on the eight-Gaussians ring (paper §5.1).
 
 **Full demo** (:func:`run_demo`, ``python -m experiments.eight_gaussians.demo``): train a small conditional Engression
-posterior on CPU (``configs/eight_gaussians_demo.toml`` through :func:`etweedie.train.train`; a few
+posterior on CPU (``configs/eight_gaussians_demo.toml`` through :func:`etweedie.training.train`; a few
 minutes, resumable: a rerun reuses the trained model), then evaluate its Energy-Tweedie score
 over the β sweep of Table score_full5_accuracy and the posterior-draw budget of Table
 score_mc_budget (:mod:`experiments.eight_gaussians.score_eval`), print the tables, and write the JSON and the
@@ -327,7 +327,7 @@ def run_demo(
             ``out_dir/model`` with the same config is resumed/reused.
         seed: seed of the training run and of the evaluation's queries and draws.
         progress: tqdm bars for training and evaluation.
-        train_config: a :class:`etweedie.train.TrainConfig` (default
+        train_config: a :class:`etweedie.training.TrainConfig` (default
             ``configs/eight_gaussians_demo.toml`` with ``seed``).
         eval_config: a :class:`experiments.eight_gaussians.score_eval.ScoreEvalConfig` (default :func:`demo_eval_config`).
         sampling_settings: the sampling stage's settings (default ``DEMO_SAMPLING``; keys as there).
@@ -337,7 +337,7 @@ def run_demo(
         ``{"train": <train summary>, "eval": <score_eval results>, "sampling": <run_demo_sampling
         result>, "out_dir": str, "seconds": float}``.
     """
-    from etweedie import train as training
+    from etweedie import training
     from .score_eval import run_score_eval
 
     seed = check_int(seed, "seed", 0)
@@ -384,8 +384,8 @@ def run_demo_sampling(posterior, out_dir: Union[str, os.PathLike], *, seed: int 
     mode-weight TV, minimum mode mass, modes present, mean radial error), the same metrics for
     independent clean draws (the noise floor of this sample size), and the samples' path.
     """
-    from etweedie.metrics import eight_gaussians_metrics, forward_noised
-    from etweedie.paths import GeometricRMS, get_path, level_times
+    from etweedie.evaluation.metrics import eight_gaussians_metrics, forward_noised
+    from etweedie.sample.paths import GeometricRMS, get_path, level_times
     from etweedie.sample import sample_langevin
 
     cfg = dict(DEMO_SAMPLING if settings is None else settings)

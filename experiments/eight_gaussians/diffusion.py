@@ -17,8 +17,8 @@ Every (table, model, path, seed) run is reproducible from its seed: the chain's 
 differences are paired), and the clean references and tracking clouds come from separate
 streams keyed by name.
 
-Posteriors: ``kind = "known"`` (:class:`~etweedie.known_posterior.KnownPosterior`, no model) or
-``kind = "checkpoint"`` with one checkpoint per trained model (``etweedie.train.load_posterior``).
+Posteriors: ``kind = "known"`` (:class:`~etweedie.posteriors.known.KnownPosterior`, no model) or
+``kind = "checkpoint"`` with one checkpoint per trained model (``etweedie.training.load_posterior``).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ import torch
 from experiments import _cli
 from etweedie.data import EightGaussians
 from etweedie.utils import atomic_write, mean_std, substream
-from etweedie.known_posterior import KnownPosterior
-from etweedie.metrics import (
+from etweedie.posteriors.known import KnownPosterior
+from etweedie.evaluation.metrics import (
     MarginalTracker,
     eight_gaussians_metrics,
     forward_noised,
@@ -53,7 +53,7 @@ from etweedie.metrics import (
     stratified_bootstrap_energy_distance,
     stratified_subset,
 )
-from etweedie.paths import DEFAULT_LEVELS, ISOLATION_ARMS, MAX_RMS, GeometricRMS, get_path, level_times
+from etweedie.sample.paths import DEFAULT_LEVELS, ISOLATION_ARMS, MAX_RMS, GeometricRMS, get_path, level_times
 from etweedie.sample import ThroughputTimer, sample_langevin
 from etweedie.score import posterior_dtype_device
 
@@ -72,7 +72,7 @@ RESULTS_FILE = "diffusion_results.json"
 PROG = "python -m experiments.eight_gaussians.diffusion"
 CLI_HELP = "annealed-Langevin sampling of eight Gaussians along noise-parameter paths (paper §5.3): tables, samples, figures"
 SCALAR_METRICS = ("signed_ed", "mode_weight_tv", "min_mode_mass", "mean_radial_error")
-# interval method per metric (etweedie.metrics.stratified_bootstrap; the signed ED's replicates
+# interval method per metric (etweedie.evaluation.metrics.stratified_bootstrap; the signed ED's replicates
 # are tie-free, stratified_bootstrap_energy_distance); written into each table's JSON
 BOOTSTRAP_METHODS = {
     "signed_ed": "percentile",
@@ -239,7 +239,7 @@ def build_posteriors(config: Dict) -> Dict[str, object]:
     p = config["posterior"]
     if p["kind"] == "known":
         return {"known": KnownPosterior(_ring(config), method=p["method"], n_proposals=int(p["n_proposals"]))}
-    from etweedie.train import load_posterior  # the learned model (needs the training module only here)
+    from etweedie.training import load_posterior  # the learned model (needs the training module only here)
 
     return {name: load_posterior(path, device=p["device"]) for name, path in zip(posterior_names(config), p["checkpoints"])}
 
@@ -599,7 +599,7 @@ def _bootstrap(groups, ed_subset: int, reference, ring: EightGaussians, boot: Di
 
     Signed ED (tie-free replicates) and mean radial error (a mean) get percentile intervals;
     mode-weight TV and minimum mode mass, plug-in statistics biased at these sizes, get basic
-    intervals clipped to their ranges (:func:`etweedie.metrics.stratified_bootstrap`).  The
+    intervals clipped to their ranges (:func:`etweedie.evaluation.metrics.stratified_bootstrap`).  The
     signed-ED resamples (``n_boot`` energy distances of ``ed_subset`` points each) run on
     ``device`` when given (a GPU computes them with the fused ``energy_distance`` kernel); the
     resampling indices and the other metrics stay on the CPU, so the intervals do not depend on it.
@@ -801,11 +801,11 @@ def format_tables(results: Dict) -> str:
 # ---------------------------------------------------------------------------- command line
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     """The command-line arguments (a single-path run with ``--path``, the paper's tables with ``--config``)."""
-    from etweedie.paths import path_names
+    from etweedie.sample.paths import path_names
 
     src = parser.add_argument_group("posterior (one of)")
     src.add_argument("--checkpoint", action="append", metavar="PATH",
-                     help="learned posterior checkpoint (etweedie.train.load_posterior); repeat for several trained models")
+                     help="learned posterior checkpoint (etweedie.training.load_posterior); repeat for several trained models")
     src.add_argument("--posterior", choices=("known", "checkpoint"), default=None,
                      help="'known': the exact/importance posterior of the eight-Gaussians ring (no model)")
     parser.add_argument("--config", metavar="TOML",

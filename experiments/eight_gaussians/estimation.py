@@ -11,11 +11,11 @@ data replicate:
 * oracle posterior: :func:`etweedie.data.posterior_sample_sir` on an independent clean
   *posterior* bank with the true noise law (independent, so the held-out error is not
   flattered by sharing the reference's bank);
-* learned score: a :class:`~etweedie.scorematching.ConditionalScoreNet` trained by Hyvärinen
+* learned score: a :class:`~etweedie.training.scorematching.ConditionalScoreNet` trained by Hyvärinen
   score matching on fresh noisy observations of the replicate (conditioned on the known σ,
   never on the noise parameters);
 * learned posterior: each checkpoint of ``sources.posterior_checkpoints``
-  (``etweedie.train.load_posterior``) sampled with η = NoiseParams(β*, λ*, σ, u*, v*).eta(),
+  (``etweedie.training.load_posterior``) sampled with η = NoiseParams(β*, λ*, σ, u*, v*).eta(),
   the correctly specified posterior of Prop. plugin_consistency.
 
 Draws and scores are made once per replicate and reused by every family.  Every family ×
@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 
 from experiments import _cli
 from etweedie import __version__
-from etweedie.checkpoint import CheckpointError
+from etweedie.training.checkpoint import CheckpointError
 from etweedie.data import EightGaussians, posterior_sample_sir
 from etweedie.estimate import (
     FAMILIES,
@@ -64,7 +64,7 @@ from etweedie.noise import GeneralizedGaussian, NoiseParams
 from etweedie.ops import is_score
 from etweedie.utils import atomic_write, mean_std, substream
 from etweedie.score import mean_cosine, score_nmse
-from etweedie.scorematching import fit_score
+from etweedie.training.scorematching import fit_score
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -113,7 +113,7 @@ DEFAULT_CONFIG: Dict = {
         "steps": 3000,
         "batch_size": 512,
         "lr": 2e-3,
-        # options of etweedie.scorematching.fit_score (these defaults = the original network/trainer)
+        # options of etweedie.training.scorematching.fit_score (these defaults = the original network/trainer)
         "arch": "mlp",
         "parametrization": "direct",
         "n_fourier": 0,
@@ -208,7 +208,7 @@ def learned_posterior_sampler(model, truth: Dict, chunk: int = 128, antithetic: 
     ``model.sample(y (..., d), eta (..., 5), n, generator=...) -> (..., n, d)`` with
     η = NoiseParams(β*, λ*, σ, u*, v*).eta(); queries run ``chunk`` at a time in the model's
     dtype, and the draws come back in y's dtype.  ``antithetic=True`` asks the model for
-    mirrored-noise draws (:meth:`etweedie.models.EngressionPosterior.sample`).
+    mirrored-noise draws (:meth:`etweedie.posteriors.engression.EngressionPosterior.sample`).
     """
     def params_at(sigma: float) -> NoiseParams:
         # The posterior is conditioned on the five-parameter tuple of NoiseParams (Σ = (σ/c)² S);
@@ -225,9 +225,9 @@ def _load_posteriors(paths: List[str]):
     if not paths:
         return []
     try:
-        from etweedie.train import load_posterior
-    except ImportError as exc:  # the learned posterior lives in etweedie.train
-        raise RuntimeError(f"learned posterior rows need etweedie.train.load_posterior: {exc}") from exc
+        from etweedie.training import load_posterior
+    except ImportError as exc:  # the learned posterior lives in etweedie.training
+        raise RuntimeError(f"learned posterior rows need etweedie.training.load_posterior: {exc}") from exc
     models = []
     for path in paths:
         model = load_posterior(path)
@@ -585,7 +585,7 @@ def add_cli_arguments(parser) -> None:
     parser.add_argument("--out", metavar="DIR", help="write estimate_results.json, estimate_table.md and heldout_error.png here")
     parser.add_argument(
         "--posterior-checkpoint", metavar="PATH", action="append", default=None,
-        help="learned posterior checkpoint (etweedie.train.load_posterior); repeat for several trained posteriors",
+        help="learned posterior checkpoint (etweedie.training.load_posterior); repeat for several trained posteriors",
     )
     parser.add_argument(
         "--score-source", choices=("oracle", "learned"), action="append", default=None,

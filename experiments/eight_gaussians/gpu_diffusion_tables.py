@@ -93,7 +93,7 @@ def job_path(table: str, name: str, suffix: str = "") -> Path:
 def finished(run) -> bool:
     """Whether the training run folder ``ROOT/run`` holds its final posterior (``posterior/``, or a
     legacy ``posterior.pt``): a run cut short holds only its checkpoint."""
-    from etweedie.train import LEGACY_POSTERIOR_FILE, POSTERIOR_DIR
+    from etweedie.training.engression import LEGACY_POSTERIOR_FILE, POSTERIOR_DIR
 
     return (ROOT / run / POSTERIOR_DIR / "config.json").is_file() or (ROOT / run / LEGACY_POSTERIOR_FILE).is_file()
 
@@ -247,7 +247,7 @@ def main(argv=None) -> int:
     if args.worker:
         args.table, args.name = args.worker
         return worker(args)
-    # the table jobs: one per path / arm of the config (its isolation arms default to etweedie.paths.ISOLATION_ARMS)
+    # the table jobs: one per path / arm of the config (its isolation arms default to etweedie.sample.paths.ISOLATION_ARMS)
     from experiments.eight_gaussians.diffusion import load_config
 
     sample_config = load_config(ROOT / SAMPLE_CONFIG)

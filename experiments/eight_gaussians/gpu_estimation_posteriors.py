@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="20 steps of each training on the CPU into runs/dry_gpu_estimation_posteriors (checks the driver)")
     args = parser.parse_args(argv)
 
-    from etweedie.train import load_config
+    from etweedie.training import load_config
 
     try:  # before anything starts: a bad --pack-dir would otherwise surface only at the packing, minutes later
         _cli.at_least("--seeds", args.seeds, 0)

@@ -11,8 +11,8 @@ import json
 
 import torch
 
-from etweedie.known_posterior import KnownPosterior
-from etweedie.paths import get_path, level_times
+from etweedie.posteriors.known import KnownPosterior
+from etweedie.sample.paths import get_path, level_times
 from etweedie.sample import ThroughputTimer, sample_langevin
 from experiments import _cli
 
@@ -32,12 +32,12 @@ def main(argv=None) -> None:
     _cli.at_most("--levels", args.levels, LEVELS)
     _cli.nonempty("--checkpoint", args.checkpoint, "a run directory or checkpoint")
     if args.no_blocking:
-        from etweedie.models import EngressionPosterior
+        from etweedie.posteriors.engression import EngressionPosterior
 
         EngressionPosterior.CPU_INFERENCE_ROWS = None
     posteriors = [("known", KnownPosterior())]
     if args.checkpoint:
-        from etweedie.train import load_posterior
+        from etweedie.training import load_posterior
 
         posteriors += [(f"learned {path}", _cli.load("--checkpoint", path, load_posterior)) for path in args.checkpoint]
     for name, posterior in posteriors:

@@ -129,7 +129,7 @@ class ScoreEvalConfig:
     Top level: ``seed``, ``dtype`` ("float32"/"float64"), ``n_queries`` (per sweep value),
     ``n_draws`` (N for the tables), ``bank_size`` (IS bank, 160,000 in the paper), ``chunk``
     (queries per posterior call; 0 = all), ``parts`` (subset of ``PARTS``), ``antithetic``
-    (antithetic posterior draws for every learned score, :class:`etweedie.EnergyTweedieScore`;
+    (antithetic posterior draws for every learned score, :class:`etweedie.score.EnergyTweedieScore`;
     the paper's protocol is independent draws, the default).
     ``[base]``: the base tuple.  ``[sweeps]``: parameter → values (any subset of β, λ, σ, u, v).
     ``[mc_budget]``: ``n_draws`` (list), ``repetitions``, ``sweep``, ``n_queries`` (the first
@@ -922,13 +922,13 @@ def cli_main(args) -> int:
               "to mirror); drop --antithetic or the config's antithetic = true", file=sys.stderr)
         return 2
     if args.oracle:
-        from etweedie.known_posterior import KnownPosterior
+        from etweedie.posteriors.known import KnownPosterior
 
         posteriors = [KnownPosterior(method="sir", bank_size=config.bank_size,
                                      generator=_stream(config.seed, "oracle-bank"), bank_dtype=config.torch_dtype)]
         names = ["oracle"]
     else:
-        from etweedie.train import load_posterior
+        from etweedie.training import load_posterior
 
         posteriors = [_cli.load("--checkpoint", path, load_posterior) for path in args.checkpoint]
         names = list(args.checkpoint)

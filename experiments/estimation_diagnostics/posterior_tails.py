@@ -19,8 +19,8 @@ import torch
 
 from etweedie.data import EightGaussians
 from etweedie.noise import NoiseParams
-from etweedie.known_posterior import KnownPosterior
-from etweedie.train import load_posterior
+from etweedie.posteriors.known import KnownPosterior
+from etweedie.training import load_posterior
 from experiments import _cli
 
 

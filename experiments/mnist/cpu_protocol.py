@@ -40,7 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--protocol", choices=tuple(sampling.PROTOCOLS), default="cpu")
     p.add_argument("--out", required=True, help="output folder (parts, pooled samples, table, figures)")
     p.add_argument("--paths", nargs="+", choices=sampling.PATHS, default=None, help="a subset of the five paths")
-    p.add_argument("--data-dir", default=None, help="MNIST folder (default: etweedie.mnist's search)")
+    p.add_argument("--data-dir", default=None, help="MNIST folder (default: etweedie.data.mnist's search)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--null-draws", type=int, default=200)
@@ -113,7 +113,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         summary["scoring_s"] = time.time() - t0
         print(table)
     if not args.no_figures:
-        from etweedie.mnist import load_mnist
+        from etweedie.data.mnist import load_mnist
 
         train, _ = load_mnist("train", args.data_dir)
         made = sampling_figures.all_figures(out, out / sampling.PARTS_DIR, protocol.paths, protocol.seeds, train)

@@ -1,10 +1,10 @@
 """Ship a trained MNIST posterior in the repository: weights folder, held-out scores, model card.
 
 Copies a run's ``posterior/`` (float16 safetensors shards ≤ 16 MiB + ``config.json`` with the
-sha256 of every shard; :mod:`etweedie.checkpoint`) to ``--dest``, evaluates it on MNIST's test
+sha256 of every shard; :mod:`etweedie.training.checkpoint`) to ``--dest``, evaluates it on MNIST's test
 split, and writes ``MODEL_CARD.md`` and ``model_card.json`` beside the weights:
 
-* ``held_out_es``: :func:`etweedie.train.held_out_loss` — the matched energy score (the training
+* ``held_out_es``: :func:`etweedie.training.held_out_loss` — the matched energy score (the training
   loss) on 4,096 test images with tuples from the training prior (seed 12345);
 * ``per_level``: the matched energy score (β = 1.4), the pixel-space energy score (β = 1) and the
   MSE of the mean of 16 draws on 512 test images at the sampler's realized-RMS levels with the
@@ -28,9 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from posterior_ablation import evaluate  # noqa: E402  (the ablation's per-level metric)
 
-from etweedie.checkpoint import safe_torch_load
-from etweedie.mnist import load_mnist
-from etweedie.train import config_from_dict, held_out_loss, load_posterior, save_posterior
+from etweedie.training.checkpoint import safe_torch_load
+from etweedie.data.mnist import load_mnist
+from etweedie.training import config_from_dict, held_out_loss, load_posterior, save_posterior
 from experiments import _cli
 
 
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--machine", default="2-core CPU VM (shared with other jobs while training)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", choices=("as-trained", "float16", "int8"), default="as-trained",
-                    help="store the weights in this dtype (int8: per-row int8 matrices, etweedie.checkpoint); "
+                    help="store the weights in this dtype (int8: per-row int8 matrices, etweedie.training.checkpoint); "
                          "the card then also scores the as-trained weights, for the difference")
     ap.add_argument("--stage", action="append", default=[],
                     help="an earlier training stage this run was fine-tuned from (its config's init), in order: "
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         cpu_time = float(safe_torch_load(run / "checkpoint.pt")["cpu_time"])
     card = dict(
         name=dest.name,
-        load=f'etweedie.train.load_posterior("{dest.name}")  # or load_posterior("{dest}")',
+        load=f'etweedie.training.load_posterior("{dest.name}")  # or load_posterior("{dest}")',
         model_class=meta.get("class"),
         model_config=meta.get("model_config"),
         parameters=sum(t.numel() for t in posterior.parameters()),
@@ -164,7 +164,7 @@ a residual SiLU MLP (width {m['width']}, depth {m['depth']}, noise {m['noise_dim
 conditioned on η = (β, log λ, log σ, u, v) over β ∈ [1.3, 2], λ ∈ [1, 2.5], σ ∈ [0.025, 6],
 ‖(u, v)‖ ≤ 0.7 with Σ = (σ/c_{{β,784}})² I₃₉₂ ⊗ S(u, v).  Pixels in [0, 1].
 
-    from etweedie.train import load_posterior
+    from etweedie.training import load_posterior
     posterior = load_posterior("{dest.name}")          # this folder; or load_posterior("{dest}")
     draws = posterior.sample(y, eta, n, generator=g)   # y (..., 784) in [0, 1] units, eta (..., 5)
 

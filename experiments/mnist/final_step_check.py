@@ -14,11 +14,11 @@ import time
 
 import torch
 
-from etweedie.image_metrics import MnistEvaluator
-from etweedie.mnist import load_mnist
-from etweedie.paths import get_path, level_times
+from etweedie.evaluation.image_metrics import MnistEvaluator
+from etweedie.data.mnist import load_mnist
+from etweedie.sample.paths import get_path, level_times
 from etweedie.sample import sample_sharded
-from etweedie.train import load_posterior
+from etweedie.training import load_posterior
 from experiments import _cli
 from experiments.mnist import sampling
 

@@ -3,7 +3,7 @@
     python experiments/mnist/pixel_scale.py [--data-dir DIR]
 
 The paper's real-vs-real row has mean confidence 0.993 and the classifier's test accuracy 0.989;
-the scale that gives both is the one etweedie.image_metrics uses ([0, 1]).  Also prints the spread
+the scale that gives both is the one etweedie.evaluation.image_metrics uses ([0, 1]).  Also prints the spread
 of the mean confidence over random 768-image draws of t10k (the real row is one such draw).
 """
 
@@ -14,8 +14,8 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from etweedie.image_metrics import FEATURE_TENSOR, LOGITS_TENSOR, classifier_path, dynamic_batch_model
-from etweedie.mnist import load_mnist
+from etweedie.evaluation.image_metrics import FEATURE_TENSOR, LOGITS_TENSOR, classifier_path, dynamic_batch_model
+from etweedie.data.mnist import load_mnist
 from experiments import _cli
 
 SCALES = {

@@ -1,7 +1,7 @@
 """MNIST posterior design ablation at CPU scale (experiments/mnist/RESULTS.md, "Posterior: design ablation").
 
 Each arm trains the image Engression posterior for a fixed number of steps with the library's
-training step (:func:`etweedie.train._loss_and_backward`: matched energy score, per-example β and
+training step (:func:`etweedie.training.engression._loss_and_backward`: matched energy score, per-example β and
 the block metric I₃₉₂ ⊗ S(u, v), m draws) over the paper's prior (σ ∈ [0.025, 6], β ∈ [1.3, 2],
 λ ∈ [1, 2.5], ‖(u, v)‖ ≤ 0.7), and is scored on held-out test images at the sampler's realized-RMS
 levels r ∈ {0.197, 0.5, 1.3, 2.63} with the generalized/non-diagonal tuple (β, λ, u, v) = (1.4, 1.8, 0, 0.6):
@@ -29,10 +29,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from etweedie.models import EngressionPosterior
+from etweedie.posteriors.engression import EngressionPosterior
 from etweedie.noise import NoiseParams
 from etweedie.ops import energy_score
-from etweedie.train import NoisePrior, _loss_and_backward
+from etweedie.training import NoisePrior
+from etweedie.training.engression import _loss_and_backward
 from experiments import _cli
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081

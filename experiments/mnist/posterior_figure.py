@@ -1,7 +1,7 @@
 """Samples from the pretrained CPU-scale MNIST posterior: a short annealed-Langevin run per path.
 
 Chains start from N(0, r_0² I) around the mid-grey image and follow each MNIST path of the paper
-(:data:`etweedie.paths.MNIST_PATHS`) on a shortened schedule (``--levels`` geometric levels of the
+(:data:`etweedie.sample.paths.MNIST_PATHS`) on a shortened schedule (``--levels`` geometric levels of the
 realized RMS 2.63 → 0.197, ``--steps`` Langevin updates per level, N posterior draws per score),
 then take the final posterior draw at r = 0.197 (:func:`etweedie.sample.sample_langevin`).  The
 figure has one block of chains per path; nothing is selected.
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from etweedie.paths import get_path, level_times
+from etweedie.sample.paths import get_path, level_times
 from etweedie.sample import sample_langevin
-from etweedie.train import load_posterior
+from etweedie.training import load_posterior
 from experiments import _cli
 
 PATHS = ("mnist_gaussian_isotropic", "mnist_generalized_nondiagonal", "mnist_joint")

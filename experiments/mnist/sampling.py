@@ -1,7 +1,7 @@
 """Sampling MNIST images along the five noise paths (paper App. "Energy-Tweedie Diffusion on MNIST").
 
 The protocol of Table mnist_quantitative: one posterior, the five paths of
-``etweedie.paths.MNIST_PATHS`` on the shared realized-RMS schedule r_t = 2.63 (0.197/2.63)^t,
+``etweedie.sample.paths.MNIST_PATHS`` on the shared realized-RMS schedule r_t = 2.63 (0.197/2.63)^t,
 annealed Langevin with a long first level, N posterior draws per score, a final posterior draw
 at the terminal level, seeds 2718/3141/5772, every image kept.  :data:`FULL` is the paper's
 sizes; :data:`CPU` the CPU-scale protocol (fewer levels, updates and draws, 22 images per seed);
@@ -44,7 +44,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from etweedie.paths import MNIST_LEVELS, MNIST_PATHS, MNIST_RMS, get_path, level_times
+from etweedie.sample.paths import MNIST_LEVELS, MNIST_PATHS, MNIST_RMS, get_path, level_times
 from etweedie.sample import LevelPlan, ThroughputTimer, sample_langevin, sample_ode, sample_sharded, sample_transport
 
 D = 784
@@ -209,24 +209,24 @@ def to_uint8(x: torch.Tensor) -> np.ndarray:
 
 def data_mean(data_dir=None) -> torch.Tensor:
     """The mean training image in [0, 1], ``(784,)`` float32."""
-    from etweedie.mnist import load_mnist
+    from etweedie.data.mnist import load_mnist
 
     images, _ = load_mnist("train", data_dir)
     return images.reshape(-1, D).double().mean(0).div(255).float()
 
 
 def load_posterior(spec: str, device="cpu"):
-    """A posterior by name or path (``etweedie.train.load_posterior``), or ``"untrained:WIDTH"`` —
+    """A posterior by name or path (``etweedie.training.load_posterior``), or ``"untrained:WIDTH"`` —
     an untrained 784-d Engression network of that width (dry runs, tests)."""
     if spec.startswith("untrained"):
-        from etweedie.models import EngressionPosterior
+        from etweedie.posteriors.engression import EngressionPosterior
 
         width = int(spec.split(":", 1)[1]) if ":" in spec else 64
         model = EngressionPosterior(dim=D, width=width, depth=2, noise_dim=8,
                                     eta_low=(1.3, 0.0, math.log(0.025), -0.7, -0.7),
                                     eta_high=(2.0, math.log(2.5), math.log(6.0), 0.7, 0.7))
         return model.to(device).eval().requires_grad_(False)
-    from etweedie.train import load_posterior as load
+    from etweedie.training import load_posterior as load
 
     return load(spec, device=device)
 

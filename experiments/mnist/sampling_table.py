@@ -1,6 +1,6 @@
 """Table mnist_quantitative from pooled sample files (``<path>.npy``, uint8 (n, 28, 28), seeds in order).
 
-Scores each path with :class:`etweedie.image_metrics.MnistEvaluator` (the machinery behind
+Scores each path with :class:`etweedie.evaluation.image_metrics.MnistEvaluator` (the machinery behind
 ``etweedie mnist-eval``): feature energy distance to the 2,048-image t10k bank with its
 seed-stratified bootstrap interval, the real-vs-real null's 95th percentile at the same n, mean
 confidence, class TV, classes present (overall and per seed), nearest-train RMSE against the
@@ -45,7 +45,7 @@ LABELS = {
 def score(directory, paths: Sequence[str] = PATHS, n_seeds: int = len(SEEDS), *, n_boot: int = 1000,
           null_draws: int = 200, data_dir=None) -> Dict:
     """Rows of the table for every path whose pooled ``<path>.npy`` is in ``directory``."""
-    from etweedie.image_metrics import MnistEvaluator, classes_present
+    from etweedie.evaluation.image_metrics import MnistEvaluator, classes_present
 
     directory = Path(directory)
     ev = MnistEvaluator(data_dir)

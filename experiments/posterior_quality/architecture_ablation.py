@@ -5,7 +5,7 @@
 
 Each variant is trained with the config (model.conditioning/output/width replaced) and scored on
 the held-out matched energy score and the exact-posterior check at β = 2, u = v = 0
-(etweedie.train.gaussian_posterior_check); one JSON line per variant is printed and appended to
+(etweedie.training.gaussian_posterior_check); one JSON line per variant is printed and appended to
 OUT/ablation.jsonl.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from etweedie.train import gaussian_posterior_check, held_out_loss, load_config, load_posterior, train
+from etweedie.training import gaussian_posterior_check, held_out_loss, load_config, load_posterior, train
 from experiments import _cli
 
 

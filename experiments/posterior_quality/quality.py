@@ -4,7 +4,7 @@
 
 Per model: the held-out matched energy score over the training prior (its own config's prior
 and data; 4096 examples, 16 draws, fixed seed) and the exact-posterior check at β = 2, u = v = 0,
-λ = 1 (etweedie.train.gaussian_posterior_check: 1024 queries per σ ∈ {0.1, 0.25, 0.5, 0.75},
+λ = 1 (etweedie.training.gaussian_posterior_check: 1024 queries per σ ∈ {0.1, 0.25, 0.5, 0.75},
 N = 256 draws): Energy-Tweedie score NMSE against the analytic noisy score (and the same with
 N exact posterior draws: the Monte-Carlo floor) and the
 posterior-mean error ‖x̄_N − E[X|y]‖².  One JSON line per model.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from etweedie.train import config_from_dict, gaussian_posterior_check, held_out_loss, load_posterior
+from etweedie.training import config_from_dict, gaussian_posterior_check, held_out_loss, load_posterior
 from experiments import _cli
 
 

@@ -1,12 +1,12 @@
 """Clean-data sources for training: anything that draws a batch of examples ``(batch, d)`` from a generator.
 
-The trainer (:mod:`etweedie.train`) never knows which data it trains on; it asks a source for
+The trainer (:mod:`etweedie.training`) never knows which data it trains on; it asks a source for
 ``draw(batch_size, generator) -> (batch_size, d)`` and reads ``source.dim``.  Three kinds:
 
 * :class:`TensorSource` — a fixed set of examples ``(n, d)``, drawn uniformly with replacement;
 * :class:`CallableSource` — any function ``draw(batch_size, generator)`` (e.g. a simulator);
 * :class:`EightGaussiansSource` and :class:`MnistSource` — the two data sets the paper trains on,
-  built from a config by :func:`etweedie.train.build_data_source`.
+  built from a config by :func:`etweedie.training.build_data_source`.
 
 :func:`as_data_source` turns a tensor or a callable into a source.  Every random number comes from
 the generator passed to ``draw`` (on the device the batch is drawn on), so a run is reproducible
@@ -26,8 +26,8 @@ from typing import Callable, Optional, Tuple, Union
 
 import torch
 
-from ._checks import check_generator
-from .data import EightGaussians
+from .._checks import check_generator
+from .ring import EightGaussians
 
 __all__ = [
     "CallableSource",

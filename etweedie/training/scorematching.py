@@ -27,7 +27,7 @@ so their minimizer over a rich enough class is the noisy score.
 Example::
 
     >>> import torch
-    >>> from etweedie.scorematching import ScoreNet, hyvarinen_loss
+    >>> from etweedie.training.scorematching import ScoreNet, hyvarinen_loss
     >>> net = ScoreNet(2, hidden=16, depth=2)
     >>> hyvarinen_loss(net, torch.zeros(4, 2)).shape
     torch.Size([])
@@ -43,7 +43,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ._checks import check_bool, check_generator, check_int
+from .._checks import check_bool, check_generator, check_int
 from .optim import EMA, optimize, warmup_cosine
 
 __all__ = [

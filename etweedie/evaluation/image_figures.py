@@ -4,7 +4,7 @@
 * :func:`nearest_train_figure` — generated images (upper rows) above their nearest training
   images in pixel RMSE (lower rows), each pair labelled with its RMSE.
 
-Both take images as :func:`etweedie.image_metrics.as_unit_images` accepts them and write a PNG.
+Both take images as :func:`etweedie.evaluation.image_metrics.as_unit_images` accepts them and write a PNG.
 matplotlib is imported on first use (with the non-interactive Agg backend).
 """
 
@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from ._checks import check_int
+from .._checks import check_int
 from .image_metrics import as_unit_images, nearest_train
 
 __all__ = ["image_grid", "nearest_train_figure", "tile"]
@@ -80,7 +80,7 @@ def nearest_train_figure(
     """Write the first ``count`` images above their nearest training images (pixel RMSE) to ``path``.
 
     Blocks of ``columns`` images: a row of generated images, below it the row of their nearest
-    training images (:func:`etweedie.image_metrics.nearest_train`, exact), each column titled
+    training images (:func:`etweedie.evaluation.image_metrics.nearest_train`, exact), each column titled
     with the pair's RMSE (pixels in [0, 1]).
 
     Args:

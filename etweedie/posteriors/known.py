@@ -44,9 +44,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from .data import EightGaussians, posterior_sample_sir
-from ._checks import check_generator, check_int
-from .noise import NoiseParams
+from ..data.ring import EightGaussians, posterior_sample_sir
+from .._checks import check_generator, check_int
+from ..noise import NoiseParams
 
 __all__ = ["KnownPosterior", "group_rows"]
 

@@ -45,10 +45,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ._checks import check_generator, check_int
-from .data import EightGaussians
-from .noise import NoiseParams
-from .ops import energy_distance
+from .._checks import check_generator, check_int
+from ..data.ring import EightGaussians
+from ..noise import NoiseParams
+from ..ops import energy_distance
 
 __all__ = [
     "METRIC_SUITES",

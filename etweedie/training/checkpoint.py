@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from .utils import atomic_write
+from ..utils import atomic_write
 
 __all__ = [
     "CheckpointError",

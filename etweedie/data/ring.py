@@ -35,8 +35,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ._checks import check_float, check_generator, check_int
-from .noise import GeneralizedGaussian
+from .._checks import check_float, check_generator, check_int
+from ..noise import GeneralizedGaussian
 
 __all__ = ["EightGaussians", "posterior_sample_sir"]
 

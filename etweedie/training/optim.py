@@ -1,7 +1,7 @@
 """The library's one optimizer loop and its learning-rate schedule.
 
-Posterior training (:func:`etweedie.train.train`), score-matching training
-(:func:`etweedie.scorematching.train_score_net`) and noise-parameter estimation
+Posterior training (:func:`etweedie.training.train`), score-matching training
+(:func:`etweedie.training.scorematching.train_score_net`) and noise-parameter estimation
 (:func:`etweedie.estimate.estimate_noise`) all step through :func:`optimize`: per step the
 schedule's learning rate, the caller's loss (which computes its own gradient, so a sharded or
 DDP step stays the caller's business), gradient clipping, the optimizer step, the weight average

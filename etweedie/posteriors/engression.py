@@ -4,7 +4,7 @@ An Engression posterior (Shen & Meinshausen's StoNet; paper §5.1) is a neural s
 the denoising posterior P(X | Y = y) under the noise law with parameters η: fresh Gaussian
 noise ε_l is concatenated into the input of *every* hidden layer, so one forward pass of a
 deterministic network turns (y, η, ε) into one posterior draw.  It is trained with the
-matched energy score ES_{Σ⁻¹,β} (paper Eq. es_tweedie; :mod:`etweedie.train`), and its draws
+matched energy score ES_{Σ⁻¹,β} (paper Eq. es_tweedie; :mod:`etweedie.training`), and its draws
 feed the Energy-Tweedie score
 
     s(y) = −λ P (1/N) Σ_i ‖y − x_i‖_P^{β−2} (y − x_i),     x_i = g(y, η, ε_i)
@@ -68,7 +68,7 @@ and broadcast over its n draws; only the ε-dependent parts run per draw.
 Example::
 
     >>> import torch
-    >>> from etweedie.models import EngressionPosterior
+    >>> from etweedie.posteriors.engression import EngressionPosterior
     >>> from etweedie.noise import NoiseParams
     >>> model = EngressionPosterior(dim=2, width=32, depth=2)
     >>> y = torch.zeros(4, 2); eta = NoiseParams(1.4, 1.8, 0.57, 0.0, 0.6).eta()
@@ -85,8 +85,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_generator, check_int
-from .noise import NoiseParams
+from .._checks import check_generator, check_int
+from ..noise import NoiseParams
 
 
 def _written_as(dtype: torch.dtype, base: torch.Tensor, scale: Optional[torch.Tensor], out: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Energy-score training of a conditional Engression posterior on any clean data (paper §5.1; DESIGN §6).
 
-Every step draws clean examples x ``(B, d)`` from a data source (:mod:`etweedie.sources`: a tensor
+Every step draws clean examples x ``(B, d)`` from a data source (:mod:`etweedie.data.sources`: a tensor
 of examples, a callable ``draw(batch_size, generator)``, eight Gaussians, MNIST), a fresh noise tuple
 η_b = (β_b, λ_b, σ_b, u_b, v_b) per example from :class:`NoisePrior`, noisy inputs y_b = x_b + u_b
 with u_b from that example's own generalized-Gaussian law in the prior's geometry (``"block"``:
@@ -23,7 +23,7 @@ EMA, optimizer, step, all generator states and the config are written atomically
 resumes from it and ends bit-identical to an uninterrupted run (same machine and thread count).
 ``out_dir/train_log.jsonl`` holds one JSON line per ``log_every`` steps (step, mean loss over the
 interval and over ranks, lr, cumulative training wall time); ``out_dir/posterior/`` is the final
-model (EMA weights when enabled) as safetensors + JSON (:mod:`etweedie.checkpoint`), loaded with
+model (EMA weights when enabled) as safetensors + JSON (:mod:`etweedie.training.checkpoint`), loaded with
 :func:`load_posterior`.  A lock on the run directory refuses a second run on it.
 
 **Speed** (GPU): ``precision = "bf16"`` runs the network under bf16 autocast with the energy
@@ -47,7 +47,7 @@ resumes at any world size, and the logged loss is the mean over all ranks' examp
 
 Example::
 
-    >>> from etweedie.train import load_config, train, load_posterior
+    >>> from etweedie.training import load_config, train, load_posterior
     >>> cfg = load_config("configs/eight_gaussians_tiny.toml")
     >>> summary = train(cfg, "runs/tiny", progress=False)          # doctest: +SKIP
     >>> posterior = load_posterior(summary["posterior"])           # doctest: +SKIP
@@ -72,8 +72,8 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import torch
 from tqdm.auto import tqdm
 
-from ._checks import MAX_THREADS, check_bool, check_device, check_float, check_int
-from . import models as _models
+from .._checks import MAX_THREADS, check_bool, check_device, check_float, check_int
+from ..posteriors import engression as _models
 from .checkpoint import (
     CheckpointError,
     RunLock,
@@ -86,13 +86,13 @@ from .checkpoint import (
     safe_torch_load,
     save_weights,
 )
-from .data import EightGaussians
-from .geometry import Metric, scale_constant
-from .models import CONDITIONINGS, LATENTS, OUTPUTS, EngressionPosterior, default_eta_bounds
-from .noise import GeneralizedGaussian, NoiseParams
+from ..data.ring import EightGaussians
+from ..geometry import Metric, scale_constant
+from ..posteriors.engression import CONDITIONINGS, LATENTS, OUTPUTS, EngressionPosterior, default_eta_bounds
+from ..noise import GeneralizedGaussian, NoiseParams
 from .optim import EMA, optimize, warmup_cosine
-from .ops import energy_score
-from .sources import DataSource, EightGaussiansSource, MnistSource, as_data_source
+from ..ops import energy_score
+from ..data.sources import DataSource, EightGaussiansSource, MnistSource, as_data_source
 
 __all__ = [
     "CheckpointError",
@@ -168,11 +168,11 @@ def _fields_of(config, exclude: Tuple[str, ...] = ()) -> Dict[str, Any]:
 class ModelConfig:
     """Architecture of the posterior network (the η box comes from the prior).
 
-    ``architecture`` names a class of :mod:`etweedie.models` (default
-    :class:`~etweedie.models.EngressionPosterior`, built from the fields below).  Another class is
+    ``architecture`` names a class of :mod:`etweedie.posteriors.engression` (default
+    :class:`~etweedie.posteriors.engression.EngressionPosterior`, built from the fields below).  Another class is
     built as ``cls(dim, eta_low=..., eta_high=..., init_seed=seed, **options)``; it must have a
     ``config`` dict (``cls(**config)`` rebuilds it), ``draw_noise(rows, n, generator, eta=)`` and
-    ``generate(y, eta, noise)`` as :class:`~etweedie.models.EngressionPosterior` does.
+    ``generate(y, eta, noise)`` as :class:`~etweedie.posteriors.engression.EngressionPosterior` does.
     ``options`` are extra constructor arguments (a TOML table ``[model.options]``).
     ``network`` is the class, ``arguments()`` its keywords besides ``dim``, the η box and the seed.
     """
@@ -217,7 +217,7 @@ class ModelConfig:
 
     def arguments(self) -> Dict[str, Any]:
         """The network's constructor keywords besides ``dim``, the η box and ``init_seed``: the
-        ``[model]`` keys (named as :class:`~etweedie.models.EngressionPosterior`'s parameters), or
+        ``[model]`` keys (named as :class:`~etweedie.posteriors.engression.EngressionPosterior`'s parameters), or
         ``options`` for another architecture."""
         if self.network is EngressionPosterior:
             return _fields_of(self, exclude=("architecture", "options"))
@@ -256,7 +256,7 @@ class DataConfig:
     """The clean-data source (:func:`build_data_source`).
 
     ``source = "eight_gaussians"`` (d = 2): ``radius``, ``std``, ``n_modes`` (DESIGN §6 defaults).
-    ``source = "mnist"`` (d = 784): read with :func:`etweedie.mnist.load_mnist` (``split``,
+    ``source = "mnist"`` (d = 784): read with :func:`etweedie.data.mnist.load_mnist` (``split``,
     ``data_dir``; an empty ``data_dir`` is the reader's default), pixels p ∈ {0..255} scaled to
     ``pixel_range`` = [low, high] (default [−1, 1]) as low + (high − low)·q with q = p/255, or with
     ``dequantize = true`` q = (p + U)/256, U ~ U[0, 1) drawn afresh each step.
@@ -335,7 +335,7 @@ class TrainConfig:
         tf32: allow TF32 matmuls on CUDA.  compile: ``torch.compile`` the forward + loss.
         fused_adam: ``"auto"`` (fused Adam on CUDA), ``true`` or ``false``.
         posterior_dtype: dtype of the saved posterior weights (``"float32"``, ``"float16"``,
-            ``"bfloat16"``, ``"int8"``: per-row int8 matrices, :mod:`etweedie.checkpoint`).  shard_mb: largest safetensors shard of the saved posterior (MiB).
+            ``"bfloat16"``, ``"int8"``: per-row int8 matrices, :mod:`etweedie.training.checkpoint`).  shard_mb: largest safetensors shard of the saved posterior (MiB).
         init: a posterior to start from (a folder or a shipped name such as ``"mnist_full"``,
             :func:`load_posterior`; empty: a fresh initialization from ``seed``): fine-tuning.  Its
             architecture and model config must be this run's; the EMA starts from it too.
@@ -439,14 +439,14 @@ def _check_geometry(geometry: str, dim: int) -> None:
 
 
 def _posterior_class(name, what: str = "architecture"):
-    """The posterior class ``name`` of :mod:`etweedie.models` (only its public nn.Module classes:
+    """The posterior class ``name`` of :mod:`etweedie.posteriors.engression` (only its public nn.Module classes:
     a saved config can never name arbitrary code)."""
     cls = getattr(_models, name, None) if isinstance(name, str) else None
     public = getattr(_models, "__all__", ())
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module) and name in public):
         choices = [n for n in public if isinstance(getattr(_models, n, None), type)
                    and issubclass(getattr(_models, n), torch.nn.Module)]
-        raise ValueError(f"{what} must name a posterior class of etweedie.models (one of {choices}), got {name!r}")
+        raise ValueError(f"{what} must name a posterior class of etweedie.posteriors.engression (one of {choices}), got {name!r}")
     return cls
 
 
@@ -718,7 +718,7 @@ def build_data_source(data: DataConfig, *, held_out: bool = False) -> DataSource
         raise TypeError(f"data must be a DataConfig (a TrainConfig's .data), got {type(data).__name__}")
     if data.ring is not None:
         return EightGaussiansSource(data.ring)
-    from .mnist import load_mnist  # the MNIST reader (needs the data files only for this source)
+    from ..data.mnist import load_mnist  # the MNIST reader (needs the data files only for this source)
 
     split = ("test" if data.split == "train" else "train") if held_out else data.split
     loaded = load_mnist(split, data.data_dir or None)
@@ -916,7 +916,7 @@ def train(
     Args:
         config: the run's :class:`TrainConfig`.
         out_dir: run directory (created); holds ``checkpoint.pt``, ``train_log.jsonl``, ``posterior/``.
-        data: the clean data: a :class:`~etweedie.sources.DataSource`, a tensor of examples
+        data: the clean data: a :class:`~etweedie.data.sources.DataSource`, a tensor of examples
             ``(n, d)`` or a callable ``draw(batch_size, generator) -> (batch_size, d)`` (then
             ``data_dim`` = d); default: the source ``config.data`` names (:func:`build_data_source`).
             A run resumed with other data is not detected: pass the same data.
@@ -1304,10 +1304,10 @@ def save_posterior(
     """Write a posterior as safetensors + ``config.json`` in the directory ``path`` (replaced atomically).
 
     ``dtype`` (``"float32"``, ``"float16"``, ``"bfloat16"``, ``"int8"``: per-row int8 matrices and
-    float16 vectors, :mod:`etweedie.checkpoint`) is the stored precision (loading casts back to
+    float16 vectors, :mod:`etweedie.training.checkpoint`) is the stored precision (loading casts back to
     the model's float32); ``shard_mb`` bounds every file (None: one file);
     ``extra`` (JSON-able) is stored in ``config.json`` (e.g. a model card).  The model's class must
-    be a public class of :mod:`etweedie.models` with a ``config`` dict.
+    be a public class of :mod:`etweedie.posteriors.engression` with a ``config`` dict.
     """
     _posterior_class(type(model).__name__, "the model's class")
     if not isinstance(path, (str, os.PathLike)):
@@ -1371,7 +1371,7 @@ def load_posterior(path: Union[str, os.PathLike], device="cpu") -> torch.nn.Modu
     ``save_posterior(load_posterior("posterior.pt"), "posterior")``.
 
     ``path`` may also be the name of a posterior shipped with the repository
-    (:data:`etweedie.pretrained.PRETRAINED`, e.g. ``load_posterior("mnist")``) when no file or
+    (:data:`etweedie.training.pretrained.PRETRAINED`, e.g. ``load_posterior("mnist")``) when no file or
     folder of that name exists.
 
     Raises:
@@ -1487,7 +1487,7 @@ def gaussian_posterior_check(
     Returns ``{"per_sigma": {σ: {...}}, "pm_mse", "pm_rel", "score_nmse", "exact_score_nmse"}``
     (the last four averaged over σ).
     """
-    from .ops import et_score
+    from ..ops import et_score
 
     if not isinstance(posterior, torch.nn.Module):
         raise TypeError(f"posterior must be a torch.nn.Module (e.g. from load_posterior), got {type(posterior).__name__}")

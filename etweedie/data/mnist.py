@@ -22,7 +22,7 @@ followed by the values in C order.
 
 Example::
 
-    >>> from etweedie.mnist import load_mnist
+    >>> from etweedie.data.mnist import load_mnist
     >>> images, labels = load_mnist("test")          # doctest: +SKIP
     >>> images.shape, images.dtype, labels[:5].tolist()  # doctest: +SKIP
     (torch.Size([10000, 28, 28]), torch.uint8, [7, 2, 1, 0, 4])
@@ -82,7 +82,7 @@ def _all_file_names() -> List[str]:
 
 def _repo_data_dir() -> Path:
     """``<repository>/data/mnist`` for a source checkout (the package's parent folder)."""
-    return Path(__file__).resolve().parent.parent / "data" / "mnist"
+    return Path(__file__).resolve().parents[2] / "data" / "mnist"
 
 
 def _candidates(folder: Path) -> List[Path]:

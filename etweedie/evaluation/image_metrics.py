@@ -1,6 +1,6 @@
 """MNIST image metrics of the paper (App. "Energy-Tweedie Diffusion on MNIST", Table mnist_quantitative).
 
-The metrics stage of the data path for MNIST-scale images, beside :mod:`etweedie.metrics`:
+The metrics stage of the data path for MNIST-scale images, beside :mod:`etweedie.evaluation.metrics`:
 
 * :class:`MnistClassifier` — the ONNX Model Zoo MNIST-12 CNN (package data
   ``etweedie/assets/mnist-12.onnx``, MIT) run batched with onnxruntime.  Its graph fixes the batch
@@ -17,8 +17,8 @@ The metrics stage of the data path for MNIST-scale images, beside :mod:`etweedie
 * :func:`nearest_train` — pixel RMSE to the nearest of a training set (pixels in [0, 1]),
   chunked GEMM form with exact re-ranking; memory O(chunk).
 * :class:`MnistEvaluator` — the whole table row for a set of images, with seed-stratified
-  bootstrap intervals (:func:`etweedie.metrics.stratified_bootstrap`; the feature ED's
-  replicates are those of :func:`etweedie.metrics.stratified_bootstrap_energy_distance`).
+  bootstrap intervals (:func:`etweedie.evaluation.metrics.stratified_bootstrap`; the feature ED's
+  replicates are those of :func:`etweedie.evaluation.metrics.stratified_bootstrap_energy_distance`).
 
 **Pixel scale.**  The classifier sees pixels in [0, 1] (``uint8 / 255``), digit bright on a
 dark background, no centring.  The paper's real-vs-real row fixes this: its mean confidence is
@@ -45,7 +45,7 @@ onnx and onnxruntime are an optional extra: ``pip install etweedie[mnist]``.
 
 Example::
 
-    >>> from etweedie.image_metrics import MnistEvaluator
+    >>> from etweedie.evaluation.image_metrics import MnistEvaluator
     >>> ev = MnistEvaluator()                                   # doctest: +SKIP
     >>> row = ev.evaluate(ev.real_images(768), n_boot=1000)    # doctest: +SKIP
     >>> round(row["mean_confidence"], 3)                        # doctest: +SKIP
@@ -63,10 +63,10 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ._checks import check_int
+from .._checks import check_int
 from .metrics import stratified_bootstrap
-from .mnist import load_mnist
-from .ops import energy_distance
+from ..data.mnist import load_mnist
+from ..ops import energy_distance
 
 __all__ = [
     "BANK_SEED",
@@ -148,7 +148,7 @@ def as_unit_images(images, name: str = "images", dtype: torch.dtype = torch.floa
 # ---------------------------------------------------------------------------- classifier
 def classifier_path() -> Path:
     """Path of the packaged MNIST-12 ONNX file (``etweedie/assets/mnist-12.onnx``)."""
-    return Path(__file__).resolve().parent / "assets" / "mnist-12.onnx"
+    return Path(__file__).resolve().parents[1] / "assets" / "mnist-12.onnx"
 
 
 def _import_onnx():
@@ -368,7 +368,7 @@ def bootstrap_feature_energy_distance(
     bank_within_mean: Optional[float] = None,
 ) -> Tuple[float, float]:
     """Seed-stratified percentile interval of the feature ED: the replicates of
-    :func:`etweedie.metrics.stratified_bootstrap_energy_distance`, from precomputed distances.
+    :func:`etweedie.evaluation.metrics.stratified_bootstrap_energy_distance`, from precomputed distances.
 
     Same resampling (each group with replacement at its own size, ``chunk`` replicates per
     draw of the generator, in the same order) and the same tie-free replicate
@@ -583,12 +583,12 @@ def _generator(seed: int, stream: int) -> torch.Generator:
 class MnistEvaluator:
     """The MNIST table row for any set of images, against the t10k bank and the training set.
 
-    Loads MNIST (:func:`etweedie.mnist.load_mnist`, from ``data_dir``) and the classifier once,
+    Loads MNIST (:func:`etweedie.data.mnist.load_mnist`, from ``data_dir``) and the classifier once,
     computes the t10k features, and splits t10k into the 2,048-image bank and the held-out pool
     (see the module docstring).  Nulls and held-out nearest-train RMSEs are cached per sample size.
 
     Args:
-        data_dir: MNIST folder (default :func:`etweedie.mnist.default_data_dir`).
+        data_dir: MNIST folder (default :func:`etweedie.data.mnist.default_data_dir`).
         classifier: a :class:`MnistClassifier` (default: the packaged model).
         bank_size: images in the reference bank (2,048 in the paper).
     """

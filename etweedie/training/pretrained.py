@@ -1,9 +1,9 @@
 """Pretrained posteriors shipped with the repository, by name.
 
 A registered name resolves to a weights directory (safetensors shards plus ``config.json``,
-:mod:`etweedie.checkpoint`) under the repository's ``pretrained/`` folder, so
+:mod:`etweedie.training.checkpoint`) under the repository's ``pretrained/`` folder, so
 
-    >>> from etweedie.train import load_posterior
+    >>> from etweedie.training import load_posterior
     >>> posterior = load_posterior("mnist")                     # doctest: +SKIP
 
 loads the CPU-scale MNIST posterior (``pretrained/mnist_cpu``; its ``MODEL_CARD.md`` says how it
@@ -38,7 +38,7 @@ def pretrained_dir() -> Path:
     """The folder holding the pretrained weights: ``$ETWEEDIE_PRETRAINED_DIR`` or ``<repository>/pretrained``."""
     env = os.environ.get(ENV_VAR)
     # expanduser as for $ETWEEDIE_MNIST_DIR: a quoted "~/weights" reaches us unexpanded
-    return Path(env).expanduser() if env else Path(__file__).resolve().parent.parent / "pretrained"
+    return Path(env).expanduser() if env else Path(__file__).resolve().parents[2] / "pretrained"
 
 
 def resolve_pretrained(name: str) -> Path:

@@ -30,7 +30,7 @@ Built-in paths (:func:`get_path`, :data:`PATHS`):
 A user path is a few lines: each coordinate is a float or a function of a tensor t::
 
     >>> import math, torch
-    >>> from etweedie.paths import GeometricRMS, NoisePath, level_times
+    >>> from etweedie.sample.paths import GeometricRMS, NoisePath, level_times
     >>> path = NoisePath("tilting", beta=1.6, lam=1.5, u=0.0,
     ...                  v=lambda t: 0.5 * torch.sin(math.pi * t), rms=GeometricRMS(0.8, 0.01))
     >>> p = path(level_times(5))                      # NoiseParams with (5,) fields
@@ -46,8 +46,8 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 
-from ._checks import check_device, check_float, check_int
-from .noise import NoiseParams
+from .._checks import check_device, check_float, check_int
+from ..noise import NoiseParams
 
 #: The largest realized RMS a schedule accepts: a million times unit-scale data, far beyond any
 #: sampler's first level, while r² and the noise energies stay finite in float32.
