@@ -41,8 +41,8 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.common import MAX_THREADS, check_flags, check_threads, cpu_name, flag_error, time_call  # noqa: E402
 from etweedie.commandline import OneLineParser  # noqa: E402
-from etweedie.evaluation.image_metrics import MnistClassifier, MnistEvaluator, nearest_train  # noqa: E402
-from etweedie.data.mnist import load_mnist  # noqa: E402
+from etweedie.evaluation import MnistClassifier, MnistEvaluator, nearest_train  # noqa: E402
+from etweedie.data import load_mnist  # noqa: E402
 
 TARGETS_S = {"classifier_t10k": 3.0, "nearest_train_768": 5.0, "mnist_eval_768": 60.0}
 

@@ -36,8 +36,8 @@ import torch
 
 import etweedie
 from etweedie.commandline import OneLineParser
-from etweedie.posteriors.engression import EngressionPosterior
-from etweedie.sample.paths import get_path, level_times
+from etweedie.posteriors import EngressionPosterior
+from etweedie.sample import get_path, level_times
 from etweedie.sample import initial_states, sample_langevin, step_sizes
 
 from etweedie._checks import check_device

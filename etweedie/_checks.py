@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 __all__ = ["MAX_THREADS", "check_bool", "check_device", "check_float", "check_generator", "check_int",
-           "check_output_dir", "check_output_file"]
+           "check_output_dir", "check_output_file", "require"]
 
 #: The most intra-op threads a config or flag accepts: ``torch.set_num_threads`` of far more
 #: crashes the process (100000 segfaults) instead of raising.
@@ -31,6 +31,12 @@ MAX_THREADS = 1024
 
 
 # ---------------------------------------------------------------------------- argument checks
+def require(ok: bool, name: str, expected: str, got) -> None:
+    """Raise ``ValueError("<name> must be <expected>, got <got!r>")`` unless ``ok``."""
+    if not ok:
+        raise ValueError(f"{name} must be {expected}, got {got!r}")
+
+
 def check_int(value, name: str, minimum: Optional[int] = None, maximum: Optional[int] = None) -> int:
     """``value`` as an ``int`` within ``[minimum, maximum]`` (either bound optional)."""
     if isinstance(value, bool) or not isinstance(value, int):

@@ -20,7 +20,7 @@ import torch
 import etweedie
 from etweedie.data import EightGaussians
 from etweedie.interop.diffusers_scheduler import EnergyTweedieLangevinScheduler
-from etweedie.posteriors.known import KnownPosterior
+from etweedie.posteriors import KnownPosterior
 
 
 def main(argv=None):

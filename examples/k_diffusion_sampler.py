@@ -19,8 +19,8 @@ import torch
 import etweedie
 from etweedie.data import EightGaussians
 from etweedie.interop import KDiffusionDenoiser, load_k_diffusion_sampling
-from etweedie.posteriors.known import KnownPosterior
-from etweedie.sample.paths import GeometricRMS, get_path
+from etweedie.posteriors import KnownPosterior
+from etweedie.sample import GeometricRMS, get_path
 
 
 def main(argv=None):

@@ -18,7 +18,7 @@ from etweedie.training.checkpoint import (
     safe_torch_load,
     save_weights,
 )
-from etweedie.posteriors.engression import EngressionPosterior
+from etweedie.posteriors import EngressionPosterior
 from etweedie.training import load_config, load_posterior, save_posterior, train
 
 from conftest import gen
@@ -385,7 +385,7 @@ def test_a_full_disk_while_saving_a_checkpoint_is_an_oserror(tmp_path):
     import subprocess
     import sys
 
-    from etweedie.training.checkpoint import atomic_torch_save
+    from etweedie.training import atomic_torch_save
 
     target = tmp_path / "ckpt.pt"
     atomic_torch_save({"a": torch.zeros(10)}, target)

@@ -29,8 +29,8 @@ from etweedie.interop import (
     score_from_sampler,
     score_with_law,
 )
-from etweedie.posteriors.known import KnownPosterior
-from etweedie.sample.paths import GeometricRMS, NoisePath, get_path, level_times
+from etweedie.posteriors import KnownPosterior
+from etweedie.sample import GeometricRMS, NoisePath, get_path, level_times
 from etweedie.sample import sample_langevin
 
 from conftest import gen

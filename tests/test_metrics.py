@@ -32,7 +32,7 @@ from etweedie.evaluation.metrics import (
     stratified_bootstrap_energy_distance,
     stratified_subset,
 )
-from etweedie.evaluation.metrics import bootstrap_ed_replicates
+from etweedie.evaluation import bootstrap_ed_replicates
 from etweedie.noise import NoiseParams
 
 from conftest import DEVICES

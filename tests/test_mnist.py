@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from etweedie.data.mnist import ENV_VAR, MNIST_FILES, MnistChecksumError, default_data_dir, find_mnist_files, load_mnist
+from etweedie.data import ENV_VAR, MNIST_FILES, MnistChecksumError, default_data_dir, find_mnist_files, load_mnist
 
 ROOT = Path(__file__).resolve().parent.parent
 _NAMES = [name for pair in MNIST_FILES.values() for name in pair]
@@ -174,7 +174,7 @@ def test_verify_must_be_a_bool(tmp_path):
 
 def test_pretrained_dir_expands_a_home_relative_environment_value(tmp_path, monkeypatch):
     from etweedie.training.pretrained import ENV_VAR as PRETRAINED_ENV
-    from etweedie.training.pretrained import pretrained_dir
+    from etweedie.training import pretrained_dir
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv(PRETRAINED_ENV, "~/weights")

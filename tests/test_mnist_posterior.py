@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from etweedie.posteriors.engression import EngressionPosterior
+from etweedie.posteriors import EngressionPosterior
 from etweedie.noise import NoiseParams
 
 from conftest import gen
@@ -128,7 +128,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _mnist_or_skip(split: str):
-    from etweedie.data.mnist import load_mnist
+    from etweedie.data import load_mnist
 
     try:
         return load_mnist(split)[0]
@@ -141,7 +141,7 @@ def test_tiny_mnist_training_lowers_held_out_energy_score(tmp_path):
     energy score on 256 test images, with the same held-out draws before and after."""
     import dataclasses
 
-    from etweedie.data.sources import MnistSource
+    from etweedie.data import MnistSource
     from etweedie.training import build_posterior, held_out_loss, load_config, load_posterior, train
 
     train_images, test_images = _mnist_or_skip("train")[:512], _mnist_or_skip("test")[:256]
@@ -211,7 +211,7 @@ def test_pretrained_mnist_full_loads_int8_by_name():
 
 def test_pretrained_safetensors_round_trip(tmp_path):
     """load_weights → save_weights → load_posterior reproduces the shipped model's draws exactly."""
-    from etweedie.training.checkpoint import load_weights, save_weights
+    from etweedie.training import load_weights, save_weights
     from etweedie.training import load_posterior
 
     state, config = load_weights(PRETRAINED)

@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:
 
 def _need_mnist():
     try:
-        from etweedie.data.mnist import load_mnist
+        from etweedie.data import load_mnist
 
         load_mnist("test")
     except (ImportError, FileNotFoundError) as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from etweedie.posteriors.engression import ETA_DIM, EngressionPosterior, default_eta_bounds
+from etweedie.posteriors import ETA_DIM, EngressionPosterior, default_eta_bounds
 from etweedie.noise import NoiseParams
 
 from conftest import gen

@@ -173,7 +173,7 @@ def test_diffusion_training_prior_covers_every_eight_gaussian_path(config):
     its training box extrapolates, and the score amplifies that error by 1/r at small r)."""
     from pathlib import Path
 
-    from etweedie.sample.paths import EIGHT_GAUSSIAN_PATHS, ISOLATION_ARMS
+    from etweedie.sample import EIGHT_GAUSSIAN_PATHS, ISOLATION_ARMS
     from etweedie.training import load_config
 
     prior = load_config(Path(__file__).resolve().parents[1] / "configs" / config).prior

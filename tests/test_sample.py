@@ -32,10 +32,10 @@ from etweedie.estimate import (
     shape_from_cholesky,
     zeta_from_beta,
 )
-from etweedie.posteriors.known import KnownPosterior
-from etweedie.evaluation.metrics import mode_weight_tv, null_energy_distance, signed_energy_distance
+from etweedie.posteriors import KnownPosterior
+from etweedie.evaluation import mode_weight_tv, null_energy_distance, signed_energy_distance
 from etweedie.noise import NoiseParams
-from etweedie.sample.paths import GeometricRMS, NoisePath, get_path, level_times
+from etweedie.sample import GeometricRMS, NoisePath, get_path, level_times
 from etweedie.sample import ThroughputTimer, chunk_generators, initial_states, sample_langevin, step_sizes
 from experiments.eight_gaussians import diffusion as diffusion_eval
 from experiments.eight_gaussians.diffusion import main as cli_main
@@ -750,7 +750,7 @@ def test_antithetic_draws_reach_every_score_evaluation_and_need_support():
     draws'), and a posterior without the keyword — or the config's known posterior — is refused
     up front."""
     from experiments.eight_gaussians.diffusion import DEFAULT_CONFIG, _validate
-    from etweedie.posteriors.engression import EngressionPosterior
+    from etweedie.posteriors import EngressionPosterior
 
     class Flagged(_Recording):
         def sample(self, y, eta, n, *, generator, antithetic=False):

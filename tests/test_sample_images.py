@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from etweedie.posteriors.engression import EngressionPosterior
-from etweedie.sample.paths import get_path, level_times
+from etweedie.posteriors import EngressionPosterior
+from etweedie.sample import get_path, level_times
 from etweedie.sample import (
     chain_chunks,
     chunk_generators,

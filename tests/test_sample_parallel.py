@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from etweedie.posteriors.engression import EngressionPosterior
-from etweedie.sample.paths import get_path, level_times
+from etweedie.posteriors import EngressionPosterior
+from etweedie.sample import get_path, level_times
 from etweedie.sample import rank_chunks, sample_sharded
 
 DIM = 16

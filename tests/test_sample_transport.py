@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from etweedie.data import EightGaussians
-from etweedie.posteriors.known import KnownPosterior
-from etweedie.evaluation.metrics import signed_energy_distance
+from etweedie.posteriors import KnownPosterior
+from etweedie.evaluation import signed_energy_distance
 from etweedie.noise import NoiseParams
-from etweedie.sample.paths import GeometricRMS, NoisePath, get_path, level_times
+from etweedie.sample import GeometricRMS, NoisePath, get_path, level_times
 from etweedie.sample import (
     DrawCounter,
     LevelPlan,

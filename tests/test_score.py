@@ -10,7 +10,7 @@ import torch
 import etweedie
 from etweedie.data import EightGaussians
 from etweedie.noise import NoiseParams
-from etweedie.posteriors.known import KnownPosterior
+from etweedie.posteriors import KnownPosterior
 from etweedie.score import (
     EnergyTweedieScore,
     ISOracle,
@@ -435,7 +435,7 @@ def test_oracle_posterior_matches_the_exact_mixture_and_sir():
 def test_antithetic_energy_tweedie_score_is_unbiased_and_needs_support(seed):
     """antithetic=True reaches the posterior's sample; the score (a mean over draws) keeps its
     expectation; a posterior without the keyword (the SIR oracle) is a TypeError up front."""
-    from etweedie.posteriors.engression import EngressionPosterior
+    from etweedie.posteriors import EngressionPosterior
 
     model = EngressionPosterior(2, width=16, depth=2, noise_dim=3, cond_width=8, init_seed=3)
     params = NoiseParams(1.5, 1.7, 0.3, 0.2, 0.1)

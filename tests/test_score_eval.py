@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from etweedie.posteriors.known import KnownPosterior
+from etweedie.posteriors import KnownPosterior
 from experiments.eight_gaussians.score_eval import main
 from experiments.eight_gaussians.score_eval import (
     PARAMETERS,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from etweedie.noise import NoiseParams
-from etweedie.data.sources import CallableSource, EightGaussiansSource, MnistSource, TensorSource, as_data_source
+from etweedie.data import CallableSource, EightGaussiansSource, MnistSource, TensorSource, as_data_source
 from etweedie.training import (
     DataConfig,
     ModelConfig,
@@ -175,7 +175,7 @@ def test_callable_source_trains(tmp_path):
 
 def _mnist_available() -> bool:
     try:
-        from etweedie.data.mnist import find_mnist_files
+        from etweedie.data import find_mnist_files
 
         find_mnist_files("train", None)
         find_mnist_files("test", None)

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from etweedie.training.checkpoint import CheckpointError
+from etweedie.training import CheckpointError
 from etweedie.cli import main as cli
-from etweedie.posteriors.engression import EngressionPosterior
+from etweedie.posteriors import EngressionPosterior
 from etweedie.ops import energy_score
-from etweedie.data.sources import DataSource
+from etweedie.data import DataSource
 from etweedie.training import ModelConfig, NoisePrior, PriorConfig, TrainConfig, build_data_source, build_posterior, config_to_dict, dry_run_config, gaussian_posterior_check, held_out_loss, learning_rate, load_config, load_posterior, noise_law, noise_metric, save_posterior, train
 from etweedie.training.engression import _loss_and_backward
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from etweedie.training.checkpoint import RunLock
+from etweedie.training import RunLock
 from etweedie.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,7 +111,7 @@ def test_dry_run_without_out_keeps_out_of_the_real_runs_folder(tmp_path, monkeyp
 
 
 def test_load_posterior_names_a_device_it_cannot_use_and_a_bad_weights_entry(tmp_path):
-    from etweedie.training.checkpoint import CheckpointError, load_weights
+    from etweedie.training import CheckpointError, load_weights
     from etweedie.training import load_posterior
 
     with pytest.raises(ValueError, match="device must be a device string"):
@@ -153,7 +153,7 @@ def test_a_checkpoint_that_does_not_fit_is_one_line(tmp_path, capsys, damage, wo
 
 
 def test_a_posterior_with_nan_weights_is_a_named_error(tmp_path):
-    from etweedie.training.checkpoint import CheckpointError
+    from etweedie.training import CheckpointError
     from etweedie.training import load_posterior, save_posterior
 
     out = tmp_path / "run"
@@ -205,7 +205,7 @@ def test_a_config_asking_for_a_huge_network_is_refused_before_allocating(tmp_pat
     """config.json's model_config is compared with the weights' shapes on the meta device first: a
     file from elsewhere asking for width 60,000 (within the architecture's limits) is a
     CheckpointError, not a multi-GB allocation."""
-    from etweedie.training.checkpoint import CheckpointError
+    from etweedie.training import CheckpointError
     from etweedie.training import load_posterior
 
     out = tmp_path / "run"

@@ -84,7 +84,7 @@ def _init_distributed(device: str):
 def cli_main(args) -> int:
     from ..backends import BackendUnavailable
     from ..training.checkpoint import RunLockedError
-    from ..training.engression import dry_run_config, load_config, train
+    from ..training import dry_run_config, load_config, train
 
     try:
         _check_flags(args)

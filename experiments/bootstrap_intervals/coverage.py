@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-from etweedie.evaluation.metrics import stratified_bootstrap
+from etweedie.evaluation import stratified_bootstrap
 from experiments import _cli
 
 K = 8

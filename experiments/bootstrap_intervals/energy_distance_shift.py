@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from etweedie.data import EightGaussians
-from etweedie.evaluation.metrics import bootstrap_ed_replicates, signed_energy_distance
+from etweedie.evaluation import bootstrap_ed_replicates, signed_energy_distance
 from experiments import _cli
 
 

@@ -384,8 +384,8 @@ def run_demo_sampling(posterior, out_dir: Union[str, os.PathLike], *, seed: int 
     mode-weight TV, minimum mode mass, modes present, mean radial error), the same metrics for
     independent clean draws (the noise floor of this sample size), and the samples' path.
     """
-    from etweedie.evaluation.metrics import eight_gaussians_metrics, forward_noised
-    from etweedie.sample.paths import GeometricRMS, get_path, level_times
+    from etweedie.evaluation import eight_gaussians_metrics, forward_noised
+    from etweedie.sample import GeometricRMS, get_path, level_times
     from etweedie.sample import sample_langevin
 
     cfg = dict(DEMO_SAMPLING if settings is None else settings)

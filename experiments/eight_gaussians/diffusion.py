@@ -41,7 +41,7 @@ import torch
 from experiments import _cli
 from etweedie.data import EightGaussians
 from etweedie.utils import atomic_write, mean_std, substream
-from etweedie.posteriors.known import KnownPosterior
+from etweedie.posteriors import KnownPosterior
 from etweedie.evaluation.metrics import (
     MarginalTracker,
     eight_gaussians_metrics,
@@ -53,7 +53,7 @@ from etweedie.evaluation.metrics import (
     stratified_bootstrap_energy_distance,
     stratified_subset,
 )
-from etweedie.sample.paths import DEFAULT_LEVELS, ISOLATION_ARMS, MAX_RMS, GeometricRMS, get_path, level_times
+from etweedie.sample import DEFAULT_LEVELS, ISOLATION_ARMS, MAX_RMS, GeometricRMS, get_path, level_times
 from etweedie.sample import ThroughputTimer, sample_langevin
 from etweedie.score import posterior_dtype_device
 
@@ -801,7 +801,7 @@ def format_tables(results: Dict) -> str:
 # ---------------------------------------------------------------------------- command line
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     """The command-line arguments (a single-path run with ``--path``, the paper's tables with ``--config``)."""
-    from etweedie.sample.paths import path_names
+    from etweedie.sample import path_names
 
     src = parser.add_argument_group("posterior (one of)")
     src.add_argument("--checkpoint", action="append", metavar="PATH",

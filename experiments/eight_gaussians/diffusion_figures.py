@@ -22,8 +22,8 @@ from typing import Dict, List
 import torch
 
 from etweedie.data import EightGaussians
-from etweedie.evaluation.metrics import mode_assignment
-from etweedie.sample.paths import GeometricRMS, get_path
+from etweedie.evaluation import mode_assignment
+from etweedie.sample import GeometricRMS, get_path
 
 __all__ = ["write_figures"]
 

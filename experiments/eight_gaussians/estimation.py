@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 
 from experiments import _cli
 from etweedie import __version__
-from etweedie.training.checkpoint import CheckpointError
+from etweedie.training import CheckpointError
 from etweedie.data import EightGaussians, posterior_sample_sir
 from etweedie.estimate import (
     FAMILIES,
@@ -64,7 +64,7 @@ from etweedie.noise import GeneralizedGaussian, NoiseParams
 from etweedie.ops import is_score
 from etweedie.utils import atomic_write, mean_std, substream
 from etweedie.score import mean_cosine, score_nmse
-from etweedie.training.scorematching import fit_score
+from etweedie.training import fit_score
 
 __all__ = [
     "DEFAULT_CONFIG",

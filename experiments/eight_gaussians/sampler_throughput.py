@@ -11,8 +11,8 @@ import json
 
 import torch
 
-from etweedie.posteriors.known import KnownPosterior
-from etweedie.sample.paths import get_path, level_times
+from etweedie.posteriors import KnownPosterior
+from etweedie.sample import get_path, level_times
 from etweedie.sample import ThroughputTimer, sample_langevin
 from experiments import _cli
 
@@ -32,7 +32,7 @@ def main(argv=None) -> None:
     _cli.at_most("--levels", args.levels, LEVELS)
     _cli.nonempty("--checkpoint", args.checkpoint, "a run directory or checkpoint")
     if args.no_blocking:
-        from etweedie.posteriors.engression import EngressionPosterior
+        from etweedie.posteriors import EngressionPosterior
 
         EngressionPosterior.CPU_INFERENCE_ROWS = None
     posteriors = [("known", KnownPosterior())]

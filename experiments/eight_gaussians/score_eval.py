@@ -922,7 +922,7 @@ def cli_main(args) -> int:
               "to mirror); drop --antithetic or the config's antithetic = true", file=sys.stderr)
         return 2
     if args.oracle:
-        from etweedie.posteriors.known import KnownPosterior
+        from etweedie.posteriors import KnownPosterior
 
         posteriors = [KnownPosterior(method="sir", bank_size=config.bank_size,
                                      generator=_stream(config.seed, "oracle-bank"), bank_dtype=config.torch_dtype)]

@@ -19,7 +19,7 @@ import torch
 
 from etweedie.data import EightGaussians
 from etweedie.noise import NoiseParams
-from etweedie.posteriors.known import KnownPosterior
+from etweedie.posteriors import KnownPosterior
 from etweedie.training import load_posterior
 from experiments import _cli
 

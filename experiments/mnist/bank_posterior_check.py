@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from etweedie.data.mnist import load_mnist
+from etweedie.data import load_mnist
 from etweedie.noise import NoiseParams
-from etweedie.sample.paths import get_path, level_times
+from etweedie.sample import get_path, level_times
 from etweedie.sample import initial_states, sample_langevin
 
 from experiments import _cli

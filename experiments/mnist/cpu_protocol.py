@@ -113,7 +113,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         summary["scoring_s"] = time.time() - t0
         print(table)
     if not args.no_figures:
-        from etweedie.data.mnist import load_mnist
+        from etweedie.data import load_mnist
 
         train, _ = load_mnist("train", args.data_dir)
         made = sampling_figures.all_figures(out, out / sampling.PARTS_DIR, protocol.paths, protocol.seeds, train)

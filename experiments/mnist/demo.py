@@ -52,8 +52,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _cli.fail("demo", exc)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from etweedie.evaluation.image_figures import image_grid
-    from etweedie.evaluation.image_metrics import MnistEvaluator
+    from etweedie.evaluation import image_grid
+    from etweedie.evaluation import MnistEvaluator
     from etweedie.sample import initial_states, sample_transport
 
     protocol = sampling.TRANSPORT

@@ -152,7 +152,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _cli.fail("diagnostics", exc)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from etweedie.evaluation.image_metrics import MnistEvaluator
+    from etweedie.evaluation import MnistEvaluator
 
     ev = MnistEvaluator()
     start = time.time()

@@ -28,8 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from posterior_ablation import evaluate  # noqa: E402  (the ablation's per-level metric)
 
-from etweedie.training.checkpoint import safe_torch_load
-from etweedie.data.mnist import load_mnist
+from etweedie.training import safe_torch_load
+from etweedie.data import load_mnist
 from etweedie.training import config_from_dict, held_out_loss, load_posterior, save_posterior
 from experiments import _cli
 

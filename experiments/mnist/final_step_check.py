@@ -14,9 +14,9 @@ import time
 
 import torch
 
-from etweedie.evaluation.image_metrics import MnistEvaluator
-from etweedie.data.mnist import load_mnist
-from etweedie.sample.paths import get_path, level_times
+from etweedie.evaluation import MnistEvaluator
+from etweedie.data import load_mnist
+from etweedie.sample import get_path, level_times
 from etweedie.sample import sample_sharded
 from etweedie.training import load_posterior
 from experiments import _cli

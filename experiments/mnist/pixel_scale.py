@@ -14,8 +14,8 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from etweedie.evaluation.image_metrics import FEATURE_TENSOR, LOGITS_TENSOR, classifier_path, dynamic_batch_model
-from etweedie.data.mnist import load_mnist
+from etweedie.evaluation import FEATURE_TENSOR, LOGITS_TENSOR, classifier_path, dynamic_batch_model
+from etweedie.data import load_mnist
 from experiments import _cli
 
 SCALES = {

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from etweedie.posteriors.engression import EngressionPosterior
+from etweedie.posteriors import EngressionPosterior
 from etweedie.noise import NoiseParams
 from etweedie.ops import energy_score
 from etweedie.training import NoisePrior

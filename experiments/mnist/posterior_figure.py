@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from etweedie.sample.paths import get_path, level_times
+from etweedie.sample import get_path, level_times
 from etweedie.sample import sample_langevin
 from etweedie.training import load_posterior
 from experiments import _cli

@@ -63,7 +63,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         torch.set_num_threads(args.threads)
     import dataclasses
 
-    from etweedie.evaluation.image_metrics import MnistEvaluator
+    from etweedie.evaluation import MnistEvaluator
     from etweedie.sample import DrawCounter, initial_states, sample_transport
 
     ev, center, rows = MnistEvaluator(), sampling.data_mean(), {}

@@ -209,7 +209,7 @@ def to_uint8(x: torch.Tensor) -> np.ndarray:
 
 def data_mean(data_dir=None) -> torch.Tensor:
     """The mean training image in [0, 1], ``(784,)`` float32."""
-    from etweedie.data.mnist import load_mnist
+    from etweedie.data import load_mnist
 
     images, _ = load_mnist("train", data_dir)
     return images.reshape(-1, D).double().mean(0).div(255).float()
@@ -219,7 +219,7 @@ def load_posterior(spec: str, device="cpu"):
     """A posterior by name or path (``etweedie.training.load_posterior``), or ``"untrained:WIDTH"`` —
     an untrained 784-d Engression network of that width (dry runs, tests)."""
     if spec.startswith("untrained"):
-        from etweedie.posteriors.engression import EngressionPosterior
+        from etweedie.posteriors import EngressionPosterior
 
         width = int(spec.split(":", 1)[1]) if ":" in spec else 64
         model = EngressionPosterior(dim=D, width=width, depth=2, noise_dim=8,

@@ -20,7 +20,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 import torch
 
-from etweedie.sample.paths import MNIST_PATHS, level_times
+from etweedie.sample import MNIST_PATHS, level_times
 
 FIGURE_SEED = 1234
 TITLES = {name: p.description for name, p in MNIST_PATHS.items()}
@@ -72,7 +72,7 @@ def samples_figure(pooled: Dict[str, np.ndarray], out: Path, per_path: int = 24)
 
 
 def nearest_train_figure(pooled: Dict[str, np.ndarray], train: torch.Tensor, out: Path, per_path: int = 12) -> Path:
-    from etweedie.evaluation.image_metrics import nearest_train
+    from etweedie.evaluation import nearest_train
 
     plt = _plt()
     g = torch.Generator().manual_seed(FIGURE_SEED)

@@ -45,7 +45,7 @@ LABELS = {
 def score(directory, paths: Sequence[str] = PATHS, n_seeds: int = len(SEEDS), *, n_boot: int = 1000,
           null_draws: int = 200, data_dir=None) -> Dict:
     """Rows of the table for every path whose pooled ``<path>.npy`` is in ``directory``."""
-    from etweedie.evaluation.image_metrics import MnistEvaluator, classes_present
+    from etweedie.evaluation import MnistEvaluator, classes_present
 
     directory = Path(directory)
     ev = MnistEvaluator(data_dir)
