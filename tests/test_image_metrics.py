@@ -33,8 +33,8 @@ from etweedie.evaluation.image_metrics import (
     nearest_train,
     null_feature_energy_distance,
 )
-from etweedie.evaluation.metrics import stratified_bootstrap_energy_distance
-from etweedie.data.mnist import MNIST_FILES
+from etweedie.evaluation import stratified_bootstrap_energy_distance
+from etweedie.data import MNIST_FILES
 
 ROOT = Path(__file__).resolve().parent.parent
 _NAMES = [name for pair in MNIST_FILES.values() for name in pair]
@@ -82,6 +82,22 @@ def test_packaged_model_is_the_zoo_file():
     data = classifier_path().read_bytes()
     assert len(data) == 26143
     assert hashlib.sha256(data).hexdigest() == "5c688690f8bacf667d4c2074af5ad0646ca328d7ab03eccf944a65b320171bdd"
+
+
+@needs_onnx
+@pytest.mark.parametrize("flushing", [False, True])
+def test_the_classifier_leaves_the_callers_subnormal_mode(flushing):
+    """onnxruntime's flush-to-zero (set for the classifier's own speed) must not leak into the
+    calling thread: a subnormal float32 still reads as itself after building and running it, and
+    a caller who flushes on purpose keeps flushing."""
+    torch.set_flush_denormal(flushing)
+    try:
+        clf = MnistClassifier()
+        assert (float(torch.tensor(1e-40)) == 0.0) is flushing
+        clf(torch.rand(3, 28, 28, generator=torch.Generator().manual_seed(0)))
+        assert (float(torch.tensor(1e-40)) == 0.0) is flushing
+    finally:
+        torch.set_flush_denormal(False)
 
 
 @needs_onnx

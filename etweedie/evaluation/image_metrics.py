@@ -54,6 +54,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -163,6 +164,19 @@ def _import_onnx():
     return onnx, onnxruntime
 
 
+@contextlib.contextmanager
+def _caller_denormals_kept():
+    """Leave the calling thread's subnormal mode as it was: onnxruntime's ``set_denormal_as_zero``
+    also switches flush-to-zero on in the thread that creates or runs the session, which would
+    silently change every later float operation of the caller's process (a torch tensor of 1e-40
+    would read as 0)."""
+    flushing = float(torch.tensor(1e-40)) == 0.0
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(flushing)
+
+
 def dynamic_batch_model(model):
     """Rewrite the MNIST-12 graph (an ``onnx.ModelProto``, modified in place and returned) for any batch.
 
@@ -230,7 +244,8 @@ class MnistClassifier:
         options.add_session_config_entry("session.set_denormal_as_zero", "1")
         try:  # a user's file: protobuf, onnx and onnxruntime each have their own errors for a bad one
             model = dynamic_batch_model(onnx.load_from_string(data))
-            self._session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            with _caller_denormals_kept():
+                self._session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise ValueError(f"{self.path} is not a readable MNIST-12 ONNX model ({type(exc).__name__}: "
                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
@@ -240,7 +255,8 @@ class MnistClassifier:
         x = as_unit_images(images).numpy()[:, None]  # (n, 1, 28, 28) float32
         feats, logits = [], []
         for start in range(0, x.shape[0], self.batch_size):
-            f, z = self._session.run([FEATURE_TENSOR, LOGITS_TENSOR], {INPUT_TENSOR: x[start:start + self.batch_size]})
+            with _caller_denormals_kept():
+                f, z = self._session.run([FEATURE_TENSOR, LOGITS_TENSOR], {INPUT_TENSOR: x[start:start + self.batch_size]})
             feats.append(f)
             logits.append(z)
         return torch.from_numpy(np.concatenate(feats)), torch.from_numpy(np.concatenate(logits))
