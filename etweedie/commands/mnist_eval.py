@@ -19,7 +19,10 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import TYPE_CHECKING, Dict, List
+
+if TYPE_CHECKING:  # annotations only: the command imports torch when it runs
+    import torch
 
 CLI_HELP = "score MNIST samples (paper Table mnist_quantitative): classifier-feature ED and its null, confidence, class TV, nearest-train RMSE"
 
