@@ -763,6 +763,85 @@ class LearnedScore:
         return out.to(y.dtype)
 
 
+def _check_observations(observations, sigmas, dtype, parametrization, n_fourier):
+    """(y, cond) of :func:`fit_score`: the observations in ``dtype``, pooled over the groups with
+    each row's known level in ``cond`` (None for a single tensor), checked."""
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    if not isinstance(observations, (torch.Tensor, list, tuple)):
+        raise TypeError(f"observations must be a tensor (n, d) or a list of (n_l, d) tensors (one per level), "
+                        f"got {type(observations).__name__}")
+    if isinstance(observations, torch.Tensor):
+        return _single_level(observations, sigmas, dtype, parametrization, n_fourier), None
+    return _known_levels(list(observations), sigmas, dtype)
+
+
+def _single_level(observations: torch.Tensor, sigmas, dtype, parametrization, n_fourier) -> torch.Tensor:
+    """The rows of one tensor of observations (an unconditional network: no levels, no conditional options)."""
+    if sigmas is not None:
+        raise ValueError("sigmas is only used with a sequence of per-level observation groups")
+    y = _check_points(observations, "observations", finite=True).to(dtype)
+    if parametrization != "direct" or n_fourier != 0:
+        raise ValueError(
+            f"parametrization and n_fourier apply to the conditional network (per-level groups); got "
+            f"parametrization={parametrization!r}, n_fourier={n_fourier!r} with a single tensor"
+        )
+    if y.shape[0] < 1:
+        raise ValueError(f"observations must have at least one row, got shape {tuple(y.shape)}")
+    return y
+
+
+def _known_levels(groups: List, sigmas, dtype):
+    """(y, cond) of per-level groups: the rows of every group, and the known level of each row."""
+    if not groups:
+        raise ValueError("observations must hold at least one group, got an empty sequence")
+    if sigmas is not None and not isinstance(sigmas, (list, tuple, torch.Tensor)):
+        raise TypeError(f"sigmas must be a list of known noise levels (one per group), got {type(sigmas).__name__}")
+    if sigmas is None or len(sigmas) != len(groups):
+        raise ValueError(
+            f"sigmas must give one known level per observation group ({len(groups)} groups), got {sigmas!r}"
+        )
+    for i, level in enumerate(sigmas):
+        try:
+            value = float(level) if not isinstance(level, (bool, str, bytes)) else math.nan
+        except (TypeError, ValueError, RuntimeError):
+            value = math.nan
+        if not 0 < value < math.inf:
+            raise ValueError(f"sigmas[{i}] must be a finite float > 0 (a known noise level), got {level!r}")
+    for i, g in enumerate(groups):
+        _check_points(g, f"observations[{i}]", finite=True)
+        if g.shape[0] == 0:
+            raise ValueError(f"observations[{i}] (sigma={sigmas[i]}) is empty; every level needs observations")
+        if g.shape[-1] != groups[0].shape[-1]:
+            raise ValueError(f"observations[{i}] has d={g.shape[-1]}, observations[0] has d={groups[0].shape[-1]}")
+    y = torch.cat(groups).to(dtype)
+    cond = torch.cat([torch.full((g.shape[0],), float(s), dtype=dtype) for g, s in zip(groups, sigmas)])
+    return y, cond
+
+
+def _score_net(d: int, conditional: bool, hidden: int, depth: int, *, arch, parametrization, n_fourier, fourier_period,
+               floor) -> ScoreNet:
+    """The network :func:`fit_score` trains, built without touching the global RNG (nn.Linear's
+    default init draws from it; :func:`_seeded_init` replaces those draws)."""
+    with torch.random.fork_rng(devices=[]):
+        if not conditional:
+            return ScoreNet(d, hidden, depth, arch=arch)
+        return ConditionalScoreNet(d, hidden, depth, floor, arch=arch, parametrization=parametrization,
+                                   n_fourier=n_fourier, fourier_period=fourier_period)
+
+
+@torch.no_grad()
+def _seeded_init(net: ScoreNet, generator: torch.Generator) -> None:
+    """Initialization from the explicit generator: every Linear reset with seeded draws."""
+    for layer in net.modules():
+        if isinstance(layer, nn.Linear):
+            bound = 1.0 / math.sqrt(layer.in_features)
+            for p in (layer.weight, layer.bias):  # drawn where the generator lives, then copied in
+                p.copy_(torch.empty(p.shape, dtype=p.dtype, device=generator.device).uniform_(-bound, bound, generator=generator))
+    if isinstance(net.net, ResidualMLP):
+        net.net.zero_block_outputs()
+
+
 def fit_score(
     observations: Union[torch.Tensor, Sequence[torch.Tensor]],
     sigmas: Optional[Sequence[float]] = None,
@@ -818,64 +897,10 @@ def fit_score(
         torch.Size([1, 2])
     """
     generator = check_generator(generator)
-    if dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
-    if not isinstance(observations, (torch.Tensor, list, tuple)):
-        raise TypeError(f"observations must be a tensor (n, d) or a list of (n_l, d) tensors (one per level), "
-                        f"got {type(observations).__name__}")
-    if isinstance(observations, torch.Tensor):
-        if sigmas is not None:
-            raise ValueError("sigmas is only used with a sequence of per-level observation groups")
-        y = _check_points(observations, "observations", finite=True).to(dtype)
-        cond = None
-        if parametrization != "direct" or n_fourier != 0:
-            raise ValueError(
-                f"parametrization and n_fourier apply to the conditional network (per-level groups); got "
-                f"parametrization={parametrization!r}, n_fourier={n_fourier!r} with a single tensor"
-            )
-        if y.shape[0] < 1:
-            raise ValueError(f"observations must have at least one row, got shape {tuple(y.shape)}")
-        with torch.random.fork_rng(devices=[]):  # nn.Linear's default init draws from the global RNG
-            net: ScoreNet = ScoreNet(y.shape[-1], hidden, depth, arch=arch)
-    else:
-        groups = list(observations)
-        if not groups:
-            raise ValueError("observations must hold at least one group, got an empty sequence")
-        if sigmas is not None and not isinstance(sigmas, (list, tuple, torch.Tensor)):
-            raise TypeError(f"sigmas must be a list of known noise levels (one per group), got {type(sigmas).__name__}")
-        if sigmas is None or len(sigmas) != len(groups):
-            raise ValueError(
-                f"sigmas must give one known level per observation group ({len(groups)} groups), got {sigmas!r}"
-            )
-        for i, level in enumerate(sigmas):
-            try:
-                value = float(level) if not isinstance(level, (bool, str, bytes)) else math.nan
-            except (TypeError, ValueError, RuntimeError):
-                value = math.nan
-            if not 0 < value < math.inf:
-                raise ValueError(f"sigmas[{i}] must be a finite float > 0 (a known noise level), got {level!r}")
-        for i, g in enumerate(groups):
-            _check_points(g, f"observations[{i}]", finite=True)
-            if g.shape[0] == 0:
-                raise ValueError(f"observations[{i}] (sigma={sigmas[i]}) is empty; every level needs observations")
-            if g.shape[-1] != groups[0].shape[-1]:
-                raise ValueError(f"observations[{i}] has d={g.shape[-1]}, observations[0] has d={groups[0].shape[-1]}")
-        y = torch.cat(groups).to(dtype)
-        cond = torch.cat([torch.full((g.shape[0],), float(s), dtype=dtype) for g, s in zip(groups, sigmas)])
-        with torch.random.fork_rng(devices=[]):  # the seeded re-initialization below replaces these draws
-            net = ConditionalScoreNet(
-                y.shape[-1], hidden, depth, floor, arch=arch, parametrization=parametrization,
-                n_fourier=n_fourier, fourier_period=fourier_period,
-            )
-    # Initialization from the explicit generator: reset every Linear with seeded draws.
-    with torch.no_grad():
-        for layer in net.modules():
-            if isinstance(layer, nn.Linear):
-                bound = 1.0 / math.sqrt(layer.in_features)
-                for p in (layer.weight, layer.bias):  # drawn where the generator lives, then copied in
-                    p.copy_(torch.empty(p.shape, dtype=p.dtype, device=generator.device).uniform_(-bound, bound, generator=generator))
-        if isinstance(net.net, ResidualMLP):
-            net.net.zero_block_outputs()
+    y, cond = _check_observations(observations, sigmas, dtype, parametrization, n_fourier)
+    net = _score_net(y.shape[-1], cond is not None, hidden, depth, arch=arch, parametrization=parametrization,
+                     n_fourier=n_fourier, fourier_period=fourier_period, floor=floor)
+    _seeded_init(net, generator)
     net = net.to(device=y.device, dtype=dtype)  # the observations' device (CUDA too)
     result = train_score_net(
         net, y, cond, method=method, steps=steps, batch_size=batch_size, lr=lr,
