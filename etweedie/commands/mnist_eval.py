@@ -19,7 +19,10 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import TYPE_CHECKING, Dict, List
+
+if TYPE_CHECKING:  # annotations only: the command imports torch when it runs
+    import torch
 
 CLI_HELP = "score MNIST samples (paper Table mnist_quantitative): classifier-feature ED and its null, confidence, class TV, nearest-train RMSE"
 
@@ -109,112 +112,143 @@ def _print_rows(rows: List[Dict], level: float) -> None:
             print("  ".join("-" * w for w in widths))
 
 
-def cli_main(args) -> int:
-    prog = "etweedie mnist-eval"
-
-    def fail(message: str) -> int:
-        print(f"{prog}: error: {message}", file=sys.stderr)
-        return 2
-
+def _usage_error(args) -> str | None:
+    """The first problem with the arguments alone (files unread, nothing set up), or None."""
     if not args.samples and args.real is None:
-        return fail("give one or more SAMPLES files, or --real N")
+        return "give one or more SAMPLES files, or --real N"
     for name in ("n_boot", "null_draws", "groups"):
         minimum = {"n_boot": 2, "null_draws": 0, "groups": 1}[name]
         if getattr(args, name) < minimum:
-            return fail(f"--{name.replace('_', '-')} must be >= {minimum}, got {getattr(args, name)}")
+            return f"--{name.replace('_', '-')} must be >= {minimum}, got {getattr(args, name)}"
     if not 0 < args.level < 1:
-        return fail(f"--level must lie in (0, 1), got {args.level}")
+        return f"--level must lie in (0, 1), got {args.level}"
     from .._checks import MAX_THREADS, check_output_dir, check_output_file
 
     if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
-        return fail(f"--threads must be in [1, {MAX_THREADS}], got {args.threads}")
+        return f"--threads must be in [1, {MAX_THREADS}], got {args.threads}"
 
     if args.data_dir is not None and not args.data_dir.strip():
-        return fail(f"--data-dir must be a folder holding the MNIST files, got {args.data_dir!r}")
+        return f"--data-dir must be a folder holding the MNIST files, got {args.data_dir!r}"
     if args.json is not None and args.json.strip():
         target = Path(args.json).expanduser().resolve()
         clash = next((p for p in args.samples if Path(p).expanduser().resolve() == target), None)
         if clash is not None:  # the results would overwrite the samples they score
-            return fail(f"--json {args.json!r} is the SAMPLES file {clash!r}; give another path")
+            return f"--json {args.json!r} is the SAMPLES file {clash!r}; give another path"
     try:  # the outputs' paths are tried now, not after minutes of evaluation
         if args.json is not None:
             check_output_file(args.json, "--json", parents=True)
         if args.figures is not None:
             check_output_dir(args.figures, "--figures")
     except ValueError as exc:
-        return fail(str(exc))
-    from ..backends import BackendUnavailable
+        return str(exc)
     from ..evaluation.image_metrics import BANK_SIZE, MAX_SEED  # onnx is imported only when the classifier loads
 
     if not 0 <= args.seed <= MAX_SEED:
-        return fail(f"--seed must be in [0, {MAX_SEED}], got {args.seed}")
+        return f"--seed must be in [0, {MAX_SEED}], got {args.seed}"
     if args.real is not None and not 2 <= args.real <= 10000 - BANK_SIZE:
-        return fail(f"--real must lie in [2, {10000 - BANK_SIZE}] (held-out t10k images outside the {BANK_SIZE}-image bank), got {args.real}")
-    try:
-        import torch
+        return f"--real must lie in [2, {10000 - BANK_SIZE}] (held-out t10k images outside the {BANK_SIZE}-image bank), got {args.real}"
+    return None
 
-        from ..evaluation.image_metrics import MnistClassifier, MnistEvaluator, as_unit_images
 
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        samples = []
-        for path in args.samples:  # read and check every file before the (seconds-long) set-up
-            try:
-                samples.append((path, as_unit_images(load_samples(path), name=str(path))))
-            except (ValueError, TypeError) as exc:
-                msg = str(exc)
-                raise ValueError(msg if str(path) in msg else f"{path}: {msg}") from exc
-            n = samples[-1][1].shape[0]
-            if n % args.groups or n // args.groups < 2:
-                raise ValueError(f"{path}: --groups {args.groups} must split its {n} images into equal groups "
-                                 f"of at least 2")
-        if args.real is not None and (args.real % args.groups or args.real // args.groups < 2):
-            raise ValueError(f"--groups {args.groups} must split the --real {args.real} images into equal groups "
+def _read_samples(args) -> list:
+    """(path, unit images) of every SAMPLES file, each read and checked against ``--groups``
+    (and ``--real`` too) before the (seconds-long) set-up."""
+    from ..evaluation.image_metrics import as_unit_images
+
+    samples = []
+    for path in args.samples:
+        try:
+            samples.append((path, as_unit_images(load_samples(path), name=str(path))))
+        except (ValueError, TypeError) as exc:
+            msg = str(exc)
+            raise ValueError(msg if str(path) in msg else f"{path}: {msg}") from exc
+        n = samples[-1][1].shape[0]
+        if n % args.groups or n // args.groups < 2:
+            raise ValueError(f"{path}: --groups {args.groups} must split its {n} images into equal groups "
                              f"of at least 2")
-        start = time.perf_counter()
-        evaluator = MnistEvaluator(args.data_dir, classifier=MnistClassifier(threads=torch.get_num_threads()))
-        jobs = [(str(p), x) for p, x in samples]
-        if args.real is not None:
-            jobs.insert(0, (f"real (held-out t10k, n={args.real})", evaluator.real_images(args.real)))
-        rows = []
-        for source, images in jobs:
-            row = evaluator.evaluate(
-                images, groups=args.groups, n_boot=args.n_boot, null_draws=args.null_draws, level=args.level, seed=args.seed
-            )
-            rows.append(dict(source=source, **{k: row[k] for k in JSON_KEYS}))
-        elapsed = time.perf_counter() - start
-        printed = list(rows)
-        if args.real is not None:
-            printed.insert(1, dict(source="paper: real vs real", null_mean=None, **PAPER_REAL_ROW))
-        _print_rows(printed, args.level)
-        print(f"t10k accuracy {evaluator.test_accuracy:.4f}; bank {evaluator.bank.shape[0]} t10k images; {elapsed:.1f} s")
-        figures = []
-        if args.figures:
-            from ..evaluation.image_figures import image_grid, nearest_train_figure
+    if args.real is not None and (args.real % args.groups or args.real // args.groups < 2):
+        raise ValueError(f"--groups {args.groups} must split the --real {args.real} images into equal groups "
+                         f"of at least 2")
+    return samples
 
-            out = Path(args.figures)
-            stems = set()
-            for k, (source, images) in enumerate(jobs):
-                stem = "real" if (args.real is not None and k == 0) else Path(source).stem
-                stem = stem if stem not in stems else f"{stem}_{k}"  # two files with one name in different folders
-                stems.add(stem)
-                figures.append(str(image_grid(images, out / f"{stem}_grid.png", title=source)))
-                figures.append(str(nearest_train_figure(images, evaluator.train_images, out / f"{stem}_nearest_train.png", title=source)))
-            print(f"figures written to {out}")
-        if args.json:
-            payload = dict(
-                rows=rows,
-                paper_real_vs_real=PAPER_REAL_ROW,
-                test_accuracy=evaluator.test_accuracy,
-                settings=dict(
-                    bank_size=int(evaluator.bank.shape[0]), groups=args.groups, n_boot=args.n_boot, null_draws=args.null_draws,
-                    level=args.level, seed=args.seed, threads=torch.get_num_threads(), seconds=elapsed,
-                ),
-                figures=figures,
-            )
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
-            print(f"results written to {args.json}")
-    except (ValueError, TypeError, FileNotFoundError, ImportError, OSError, BackendUnavailable) as exc:
-        return fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-    return 0
+
+def _write_figures(args, jobs, evaluator) -> List[str]:
+    """An image grid and a nearest-training-image figure per row in ``--figures``; their paths."""
+    from ..evaluation.image_figures import image_grid, nearest_train_figure
+
+    figures = []
+    out = Path(args.figures)
+    stems = set()
+    for k, (source, images) in enumerate(jobs):
+        stem = "real" if (args.real is not None and k == 0) else Path(source).stem
+        stem = stem if stem not in stems else f"{stem}_{k}"  # two files with one name in different folders
+        stems.add(stem)
+        figures.append(str(image_grid(images, out / f"{stem}_grid.png", title=source)))
+        figures.append(str(nearest_train_figure(images, evaluator.train_images, out / f"{stem}_nearest_train.png", title=source)))
+    print(f"figures written to {out}")
+    return figures
+
+
+def _write_json(args, rows: List[Dict], evaluator, elapsed: float, figures: List[str]) -> None:
+    """The rows, the paper's real-vs-real row and the settings as JSON in ``--json``."""
+    import torch
+
+    payload = dict(
+        rows=rows,
+        paper_real_vs_real=PAPER_REAL_ROW,
+        test_accuracy=evaluator.test_accuracy,
+        settings=dict(
+            bank_size=int(evaluator.bank.shape[0]), groups=args.groups, n_boot=args.n_boot, null_draws=args.null_draws,
+            level=args.level, seed=args.seed, threads=torch.get_num_threads(), seconds=elapsed,
+        ),
+        figures=figures,
+    )
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"results written to {args.json}")
+
+
+def _evaluate(args) -> None:
+    """Score every file (and the held-out real row), print the table, write the figures and the JSON."""
+    import torch
+
+    from ..evaluation.image_metrics import MnistClassifier, MnistEvaluator
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    samples = _read_samples(args)
+    start = time.perf_counter()
+    evaluator = MnistEvaluator(args.data_dir, classifier=MnistClassifier(threads=torch.get_num_threads()))
+    jobs = [(str(p), x) for p, x in samples]
+    if args.real is not None:
+        jobs.insert(0, (f"real (held-out t10k, n={args.real})", evaluator.real_images(args.real)))
+    rows = []
+    for source, images in jobs:
+        row = evaluator.evaluate(
+            images, groups=args.groups, n_boot=args.n_boot, null_draws=args.null_draws, level=args.level, seed=args.seed
+        )
+        rows.append(dict(source=source, **{k: row[k] for k in JSON_KEYS}))
+    elapsed = time.perf_counter() - start
+    printed = list(rows)
+    if args.real is not None:
+        printed.insert(1, dict(source="paper: real vs real", null_mean=None, **PAPER_REAL_ROW))
+    _print_rows(printed, args.level)
+    print(f"t10k accuracy {evaluator.test_accuracy:.4f}; bank {evaluator.bank.shape[0]} t10k images; {elapsed:.1f} s")
+    figures = _write_figures(args, jobs, evaluator) if args.figures else []
+    if args.json:
+        _write_json(args, rows, evaluator, elapsed, figures)
+
+
+def cli_main(args) -> int:
+    problem = _usage_error(args)
+    if problem is None:
+        from ..backends import BackendUnavailable
+
+        try:
+            _evaluate(args)
+        except (ValueError, TypeError, FileNotFoundError, ImportError, OSError, BackendUnavailable) as exc:
+            problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if problem is None:
+        return 0
+    print(f"etweedie mnist-eval: error: {problem}", file=sys.stderr)
+    return 2

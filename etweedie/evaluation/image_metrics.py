@@ -418,7 +418,7 @@ def bootstrap_feature_energy_distance(
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
     pool = torch.cat(groups)
-    n, m = pool.shape[0], bank.shape[0]
+    n = pool.shape[0]
     if n < 2:
         raise ValueError(f"groups must hold at least 2 points in all, got {n}")
     cross = _distances(pool, bank).mean(1)  # (n,)

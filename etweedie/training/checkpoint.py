@@ -180,47 +180,38 @@ def _split(name: str, t: torch.Tensor, limit: int) -> List[Tuple[str, torch.Tens
     return [(f"{name}{_PART}{k}", piece) for k, piece in enumerate(t.split(rows, dim=0))]
 
 
-def save_weights(
-    state: Dict[str, torch.Tensor],
-    directory: PathLike,
-    config: Dict[str, Any],
-    *,
-    dtype: Optional[torch.dtype] = None,
-    max_shard_bytes: Optional[int] = MAX_SHARD_BYTES,
-) -> Path:
-    """Write ``state`` (name → tensor) and the JSON-able ``config`` as a weights directory.
-
-    Floating-point tensors are cast to ``dtype`` when given (e.g. ``torch.float16`` halves the
-    files; ``torch.int8`` stores matrices as per-row int8, see the module's docstring); with
-    ``max_shard_bytes`` (default 16 MiB, None: one file) every file stays within the bound.  The directory is replaced atomically (written beside it, then renamed).  Returns it.
-    """
-    from safetensors.torch import save_file
-
+def _check_save(state, directory, config, dtype, max_shard_bytes) -> Path:
+    """The target folder of :func:`save_weights`, its arguments checked (the first bad one raises)
+    before any file is written."""
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"directory must be a str or os.PathLike, got {type(directory).__name__}")
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
-        # (the swap below would move the file aside and fail, leaving the user's file renamed)
+        # (the swap would move the file aside and fail, leaving the user's file renamed)
         raise ValueError(f"directory {str(directory)!r} is an existing file; weights are written as a folder "
                          f"(give another path)")
     if max_shard_bytes is not None and (isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int)
                                         or max_shard_bytes < 1024):
         raise ValueError(f"max_shard_bytes must be an int >= 1024 or None, got {max_shard_bytes!r}")
-    tensors: List[Tuple[str, torch.Tensor]] = []
-    parts: Dict[str, List[str]] = {}
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype or None, got {type(dtype).__name__} {dtype!r}")
-    int8 = dtype == torch.int8
-    if dtype is not None and not (dtype.is_floating_point or int8):
+    if dtype is not None and not (dtype.is_floating_point or dtype == torch.int8):
         raise ValueError(f"dtype must be a floating-point dtype, torch.int8 or None, got {dtype}")
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict of name -> tensor, got {type(state).__name__}")
     if not isinstance(config, dict):
         raise TypeError(f"config must be a dict, got {type(config).__name__}")
-    try:  # (before any file is written)
+    try:
         json.dumps(config)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"config must be JSON-serializable: {exc}") from None
+    return directory
+
+
+def _stored(state: Dict[str, torch.Tensor], dtype: Optional[torch.dtype]) -> List[Tuple[str, torch.Tensor]]:
+    """(key, tensor) as stored, on the CPU: each tensor checked, then cast to ``dtype`` (with int8,
+    the large matrices as per-row int8 plus their ``::scale``, the rest float16)."""
+    int8 = dtype == torch.int8
     items = []
     for name, t in state.items():
         if not isinstance(name, str) or not isinstance(t, torch.Tensor):
@@ -240,11 +231,23 @@ def save_weights(
                                  f"{narrow} holds up to {torch.finfo(narrow).max:.4g}); save it in a wider dtype")
             t = cast
         items.append((name, t))
+    return items
+
+
+def _pieces(items: List[Tuple[str, torch.Tensor]], max_shard_bytes: Optional[int]):
+    """(every stored (key, contiguous copy), {name: its part keys} of the tensors split to fit a shard)."""
+    tensors: List[Tuple[str, torch.Tensor]] = []
+    parts: Dict[str, List[str]] = {}
     for name, t in items:
         pieces = _split(name, t, max_shard_bytes) if max_shard_bytes else [(name, t)]
         if len(pieces) > 1:
             parts[name] = [key for key, _ in pieces]
         tensors += [(key, piece.contiguous().clone()) for key, piece in pieces]
+    return tensors, parts
+
+
+def _shards(tensors: List[Tuple[str, torch.Tensor]], max_shard_bytes: Optional[int]) -> List[Dict[str, torch.Tensor]]:
+    """The tensors in order, a new shard begun wherever the next one would pass ``max_shard_bytes``."""
     shards: List[Dict[str, torch.Tensor]] = [{}]
     size = 0
     for key, t in tensors:
@@ -254,9 +257,13 @@ def save_weights(
             size = 0
         shards[-1][key] = t
         size += nbytes
-    tmp = directory.with_name(f"{directory.name}.tmp")
-    _remove(tmp)
-    tmp.mkdir(parents=True)
+    return shards
+
+
+def _write_shards(tmp: Path, shards: List[Dict[str, torch.Tensor]], tensors, parts: Dict[str, List[str]]) -> List[str]:
+    """The shard files (and, for several, the index) in ``tmp``; returns the shard file names."""
+    from safetensors.torch import save_file
+
     names = [WEIGHTS_FILE] if len(shards) == 1 else [
         f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))
     ]
@@ -269,24 +276,58 @@ def save_weights(
             "parts": parts,
         }
         (tmp / WEIGHTS_INDEX).write_text(json.dumps(index, indent=1) + "\n")
+    return names
+
+
+def _write_config(tmp: Path, config: Dict[str, Any], names: List[str], dtype: Optional[torch.dtype]) -> None:
+    """``config.json``: the user's config plus the stored dtype and the sha256 of every weight file."""
     meta = dict(config)
     meta["weights"] = {"files": {name: _sha256(tmp / name) for name in names},
                        "dtype": str(dtype).replace("torch.", "") if dtype is not None else "as saved"}
-    if len(shards) > 1:
+    if len(names) > 1:
         meta["weights"]["index"] = _sha256(tmp / WEIGHTS_INDEX)
-    if int8:
+    if dtype == torch.int8:
         meta["weights"]["int8"] = (f"matrices of >= {INT8_MIN_NUMEL} values: symmetric per-row int8 with a float32 "
                                    f"scale per row ('<name>{_SCALE}'); other tensors float16")
     (tmp / WEIGHTS_CONFIG).write_text(json.dumps(meta, indent=1) + "\n")
-    for name in os.listdir(tmp):
-        with open(tmp / name, "rb") as fh:
-            os.fsync(fh.fileno())
+
+
+def _swap_in(tmp: Path, directory: Path) -> None:
+    """``tmp`` renamed to ``directory``, the folder there before (if any) moved aside first and then deleted."""
     old = directory.with_name(f"{directory.name}.old")
     _remove(old)
     if directory.exists():
         os.replace(directory, old)
     os.replace(tmp, directory)
     _remove(old)
+
+
+def save_weights(
+    state: Dict[str, torch.Tensor],
+    directory: PathLike,
+    config: Dict[str, Any],
+    *,
+    dtype: Optional[torch.dtype] = None,
+    max_shard_bytes: Optional[int] = MAX_SHARD_BYTES,
+) -> Path:
+    """Write ``state`` (name → tensor) and the JSON-able ``config`` as a weights directory.
+
+    Floating-point tensors are cast to ``dtype`` when given (e.g. ``torch.float16`` halves the
+    files; ``torch.int8`` stores matrices as per-row int8, see the module's docstring); with
+    ``max_shard_bytes`` (default 16 MiB, None: one file) every file stays within the bound.  The directory is replaced atomically (written beside it, then renamed).  Returns it.
+    """
+    directory = _check_save(state, directory, config, dtype, max_shard_bytes)
+    tensors, parts = _pieces(_stored(state, dtype), max_shard_bytes)
+    shards = _shards(tensors, max_shard_bytes)
+    tmp = directory.with_name(f"{directory.name}.tmp")
+    _remove(tmp)
+    tmp.mkdir(parents=True)
+    names = _write_shards(tmp, shards, tensors, parts)
+    _write_config(tmp, config, names, dtype)
+    for name in os.listdir(tmp):
+        with open(tmp / name, "rb") as fh:
+            os.fsync(fh.fileno())
+    _swap_in(tmp, directory)
     return directory
 
 

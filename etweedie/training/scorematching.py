@@ -539,6 +539,113 @@ class _Selection:
         self.model.train()
 
 
+@dataclass(frozen=True)
+class _Training:
+    """The checked settings of one :func:`train_score_net` call."""
+
+    method: str  # resolved: "exact" or "ssm_vr"
+    steps: int
+    batch_size: int
+    lr: float
+    n_projections: int
+    progress: bool
+    ema: float
+    lr_final_fraction: float
+    warmup: int
+    val_fraction: float
+    eval_every: int
+    val_batch: int
+    weight_decay: float
+
+
+def _check_training(model, y, cond, generator, *, method, steps, batch_size, lr, n_projections, progress, ema,
+                    lr_final_fraction, warmup, val_fraction, eval_every, val_batch, weight_decay):
+    """(y, cond, generator, :class:`_Training`): every argument of :func:`train_score_net`
+    checked (the first bad one raises) before anything draws from the generator."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (its parameters are trained), got {type(model).__name__}")
+    y = _check_points(y, nonempty=True, finite=True)
+    generator = check_generator(generator)
+    steps = check_int(steps, "steps", 1)
+    batch_size = check_int(batch_size, "batch_size", 1)
+    n_projections = check_int(n_projections, "n_projections", 1)
+    check_bool(progress, "progress")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"model must have trainable parameters, {type(model).__name__} has none")
+    _check_like_parameters(y, model, "y", "model")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
+        raise ValueError(f"lr must be a finite float > 0, got {lr!r}")
+    ema = _check_fraction(ema, "ema", 0.0, 1.0)
+    lr_final_fraction = _check_fraction(lr_final_fraction, "lr_final_fraction", 0.0, 1.0 + 1e-12, closed_low=False)
+    warmup = check_int(warmup, "warmup", 0)
+    val_fraction = _check_fraction(val_fraction, "val_fraction", 0.0, 0.5)
+    eval_every = check_int(eval_every, "eval_every", 1)
+    val_batch = check_int(val_batch, "val_batch", 1)
+    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not 0 <= weight_decay < math.inf:
+        raise ValueError(f"weight_decay must be a finite float >= 0, got {weight_decay!r}")
+    if cond is not None:
+        cond = _as_cond(cond, y)
+        if cond.dim() == 0 or cond.shape[0] != y.shape[0]:
+            raise ValueError(f"cond must have leading dimension n={y.shape[0]} to match y, got shape {tuple(cond.shape)}")
+        if not bool(torch.isfinite(cond).all()):
+            raise ValueError("cond must be finite (it holds NaN or inf)")
+    method = _resolve_method(method, y.shape[-1])
+    run = _Training(method, steps, batch_size, lr, n_projections, progress, ema, lr_final_fraction, warmup,
+                    val_fraction, eval_every, val_batch, weight_decay)
+    return y, cond, generator, run
+
+
+def _optimizer(params: List[torch.Tensor], run: _Training) -> torch.optim.Optimizer:
+    """Adam, or AdamW decaying the weight matrices only (not the biases) when ``run.weight_decay > 0``."""
+    if run.weight_decay > 0:
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": float(run.weight_decay)},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(groups, lr=run.lr)
+    return torch.optim.Adam(params, lr=run.lr)
+
+
+def _descend(model, y, cond, opt, params, ema_params, selection: Optional[_Selection], result: ScoreTrainResult,
+             run: _Training, generator: torch.Generator) -> None:
+    """``run.steps`` optimizer steps on minibatches of (y, cond) under the warmup-cosine schedule,
+    averaging into ``ema_params``; the losses go to ``result``, every ``eval_every`` steps and the
+    last one to the held-out ``selection``."""
+    n = y.shape[0]
+    batch_size = min(run.batch_size, n)
+    schedule = dict(total=run.steps, lr=run.lr, lr_min=run.lr * run.lr_final_fraction, warmup=run.warmup)
+
+    def loss_and_grad(_: int) -> torch.Tensor:
+        idx = torch.randint(n, (batch_size,), generator=generator, device=generator.device).to(y.device)
+        loss = _loss(model, y[idx], None if cond is None else cond[idx], run.method, run.n_projections, generator)
+        loss.backward()
+        return loss.detach()
+
+    def after_step(done: int, loss: torch.Tensor) -> bool:
+        result.losses.append(loss.item())
+        if done % 50 == 0:
+            bar.set_postfix(loss=f"{sum(result.losses[-50:]) / 50:.4g}")
+        if selection is not None and (done % run.eval_every == 0 or done == run.steps):
+            selection.evaluate(done)
+        return False
+
+    with tqdm(total=run.steps, desc=f"score matching ({run.method})", disable=not run.progress, leave=False) as bar:
+        optimize(opt, loss_and_grad, start=0, stop=run.steps, lr_at=lambda step: warmup_cosine(step, **schedule),
+                 ema=None if ema_params is None else EMA(ema_params, params, run.ema, warmup=True), bar=bar,
+                 after_step=after_step)
+
+
+def _hold_returned_weights(params, ema_params, selection: Optional[_Selection], result: ScoreTrainResult,
+                           steps: int) -> None:
+    """Leave the model holding the weights it is evaluated with: the held-out best when there is
+    one, else the averaged weights (the raw ones without averaging) of the last step."""
+    if selection is not None and selection.best_state is not None:
+        _copy(params, selection.best_state)
+    else:
+        _swap(params, ema_params)
+        result.best_step = steps
+
+
 def train_score_net(
     model: nn.Module,
     y: torch.Tensor,
@@ -602,81 +709,24 @@ def train_score_net(
     """
     import time
 
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module (its parameters are trained), got {type(model).__name__}")
-    y = _check_points(y, nonempty=True, finite=True)
-    generator = check_generator(generator)
-    steps = check_int(steps, "steps", 1)
-    batch_size = check_int(batch_size, "batch_size", 1)
-    n_projections = check_int(n_projections, "n_projections", 1)
-    check_bool(progress, "progress")
-    if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(f"model must have trainable parameters, {type(model).__name__} has none")
-    _check_like_parameters(y, model, "y", "model")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
-        raise ValueError(f"lr must be a finite float > 0, got {lr!r}")
-    ema = _check_fraction(ema, "ema", 0.0, 1.0)
-    lr_final_fraction = _check_fraction(lr_final_fraction, "lr_final_fraction", 0.0, 1.0 + 1e-12, closed_low=False)
-    warmup = check_int(warmup, "warmup", 0)
-    val_fraction = _check_fraction(val_fraction, "val_fraction", 0.0, 0.5)
-    eval_every = check_int(eval_every, "eval_every", 1)
-    val_batch = check_int(val_batch, "val_batch", 1)
-    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not 0 <= weight_decay < math.inf:
-        raise ValueError(f"weight_decay must be a finite float >= 0, got {weight_decay!r}")
-    if cond is not None:
-        cond = _as_cond(cond, y)
-        if cond.dim() == 0 or cond.shape[0] != y.shape[0]:
-            raise ValueError(f"cond must have leading dimension n={y.shape[0]} to match y, got shape {tuple(cond.shape)}")
-        if not bool(torch.isfinite(cond).all()):
-            raise ValueError("cond must be finite (it holds NaN or inf)")
-    method = _resolve_method(method, y.shape[-1])
+    y, cond, generator, run = _check_training(
+        model, y, cond, generator, method=method, steps=steps, batch_size=batch_size, lr=lr,
+        n_projections=n_projections, progress=progress, ema=ema, lr_final_fraction=lr_final_fraction, warmup=warmup,
+        val_fraction=val_fraction, eval_every=eval_every, val_batch=val_batch, weight_decay=weight_decay,
+    )
     y_val = c_val = None
-    if val_fraction > 0:
-        (y, cond), (y_val, c_val) = _split_off(y, cond, val_fraction, generator)
-    n = y.shape[0]
-    batch_size = min(batch_size, n)
+    if run.val_fraction > 0:
+        (y, cond), (y_val, c_val) = _split_off(y, cond, run.val_fraction, generator)
     params = [p for p in model.parameters() if p.requires_grad]
-    if weight_decay > 0:
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": float(weight_decay)},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-        opt: torch.optim.Optimizer = torch.optim.AdamW(groups, lr=lr)
-    else:
-        opt = torch.optim.Adam(params, lr=lr)
-
-    schedule = dict(total=steps, lr=lr, lr_min=lr * lr_final_fraction, warmup=warmup)
-    ema_params = [p.detach().clone() for p in params] if ema > 0 else None
-    result = ScoreTrainResult(method=method, ema=ema)
-    selection = None if y_val is None else _Selection(model, params, ema_params, y_val, c_val, method, n_projections,
-                                                      val_batch, generator, result)
+    opt = _optimizer(params, run)
+    ema_params = [p.detach().clone() for p in params] if run.ema > 0 else None
+    result = ScoreTrainResult(method=run.method, ema=run.ema)
+    selection = None if y_val is None else _Selection(model, params, ema_params, y_val, c_val, run.method,
+                                                      run.n_projections, run.val_batch, generator, result)
     start = time.perf_counter()
     model.train()
-
-    def loss_and_grad(_: int) -> torch.Tensor:
-        idx = torch.randint(n, (batch_size,), generator=generator, device=generator.device).to(y.device)
-        loss = _loss(model, y[idx], None if cond is None else cond[idx], method, n_projections, generator)
-        loss.backward()
-        return loss.detach()
-
-    def after_step(done: int, loss: torch.Tensor) -> bool:
-        result.losses.append(loss.item())
-        if done % 50 == 0:
-            bar.set_postfix(loss=f"{sum(result.losses[-50:]) / 50:.4g}")
-        if selection is not None and (done % eval_every == 0 or done == steps):
-            selection.evaluate(done)
-        return False
-
-    with tqdm(total=steps, desc=f"score matching ({method})", disable=not progress, leave=False) as bar:
-        optimize(opt, loss_and_grad, start=0, stop=steps, lr_at=lambda step: warmup_cosine(step, **schedule),
-                 ema=None if ema_params is None else EMA(ema_params, params, ema, warmup=True), bar=bar,
-                 after_step=after_step)
-    # Leave the model holding the weights it is evaluated with.
-    if selection is not None and selection.best_state is not None:
-        _copy(params, selection.best_state)
-    else:
-        _swap(params, ema_params)
-        result.best_step = steps
+    _descend(model, y, cond, opt, params, ema_params, selection, result, run, generator)
+    _hold_returned_weights(params, ema_params, selection, result, run.steps)
     model.eval()
     result.seconds = time.perf_counter() - start
     return result
@@ -711,6 +761,85 @@ class LearnedScore:
                     raise ValueError("this score is unconditional (trained at one noise level): call it without sigma")
                 out = self.net(y.to(dtype))
         return out.to(y.dtype)
+
+
+def _check_observations(observations, sigmas, dtype, parametrization, n_fourier):
+    """(y, cond) of :func:`fit_score`: the observations in ``dtype``, pooled over the groups with
+    each row's known level in ``cond`` (None for a single tensor), checked."""
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    if not isinstance(observations, (torch.Tensor, list, tuple)):
+        raise TypeError(f"observations must be a tensor (n, d) or a list of (n_l, d) tensors (one per level), "
+                        f"got {type(observations).__name__}")
+    if isinstance(observations, torch.Tensor):
+        return _single_level(observations, sigmas, dtype, parametrization, n_fourier), None
+    return _known_levels(list(observations), sigmas, dtype)
+
+
+def _single_level(observations: torch.Tensor, sigmas, dtype, parametrization, n_fourier) -> torch.Tensor:
+    """The rows of one tensor of observations (an unconditional network: no levels, no conditional options)."""
+    if sigmas is not None:
+        raise ValueError("sigmas is only used with a sequence of per-level observation groups")
+    y = _check_points(observations, "observations", finite=True).to(dtype)
+    if parametrization != "direct" or n_fourier != 0:
+        raise ValueError(
+            f"parametrization and n_fourier apply to the conditional network (per-level groups); got "
+            f"parametrization={parametrization!r}, n_fourier={n_fourier!r} with a single tensor"
+        )
+    if y.shape[0] < 1:
+        raise ValueError(f"observations must have at least one row, got shape {tuple(y.shape)}")
+    return y
+
+
+def _known_levels(groups: List, sigmas, dtype):
+    """(y, cond) of per-level groups: the rows of every group, and the known level of each row."""
+    if not groups:
+        raise ValueError("observations must hold at least one group, got an empty sequence")
+    if sigmas is not None and not isinstance(sigmas, (list, tuple, torch.Tensor)):
+        raise TypeError(f"sigmas must be a list of known noise levels (one per group), got {type(sigmas).__name__}")
+    if sigmas is None or len(sigmas) != len(groups):
+        raise ValueError(
+            f"sigmas must give one known level per observation group ({len(groups)} groups), got {sigmas!r}"
+        )
+    for i, level in enumerate(sigmas):
+        try:
+            value = float(level) if not isinstance(level, (bool, str, bytes)) else math.nan
+        except (TypeError, ValueError, RuntimeError):
+            value = math.nan
+        if not 0 < value < math.inf:
+            raise ValueError(f"sigmas[{i}] must be a finite float > 0 (a known noise level), got {level!r}")
+    for i, g in enumerate(groups):
+        _check_points(g, f"observations[{i}]", finite=True)
+        if g.shape[0] == 0:
+            raise ValueError(f"observations[{i}] (sigma={sigmas[i]}) is empty; every level needs observations")
+        if g.shape[-1] != groups[0].shape[-1]:
+            raise ValueError(f"observations[{i}] has d={g.shape[-1]}, observations[0] has d={groups[0].shape[-1]}")
+    y = torch.cat(groups).to(dtype)
+    cond = torch.cat([torch.full((g.shape[0],), float(s), dtype=dtype) for g, s in zip(groups, sigmas)])
+    return y, cond
+
+
+def _score_net(d: int, conditional: bool, hidden: int, depth: int, *, arch, parametrization, n_fourier, fourier_period,
+               floor) -> ScoreNet:
+    """The network :func:`fit_score` trains, built without touching the global RNG (nn.Linear's
+    default init draws from it; :func:`_seeded_init` replaces those draws)."""
+    with torch.random.fork_rng(devices=[]):
+        if not conditional:
+            return ScoreNet(d, hidden, depth, arch=arch)
+        return ConditionalScoreNet(d, hidden, depth, floor, arch=arch, parametrization=parametrization,
+                                   n_fourier=n_fourier, fourier_period=fourier_period)
+
+
+@torch.no_grad()
+def _seeded_init(net: ScoreNet, generator: torch.Generator) -> None:
+    """Initialization from the explicit generator: every Linear reset with seeded draws."""
+    for layer in net.modules():
+        if isinstance(layer, nn.Linear):
+            bound = 1.0 / math.sqrt(layer.in_features)
+            for p in (layer.weight, layer.bias):  # drawn where the generator lives, then copied in
+                p.copy_(torch.empty(p.shape, dtype=p.dtype, device=generator.device).uniform_(-bound, bound, generator=generator))
+    if isinstance(net.net, ResidualMLP):
+        net.net.zero_block_outputs()
 
 
 def fit_score(
@@ -768,64 +897,10 @@ def fit_score(
         torch.Size([1, 2])
     """
     generator = check_generator(generator)
-    if dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
-    if not isinstance(observations, (torch.Tensor, list, tuple)):
-        raise TypeError(f"observations must be a tensor (n, d) or a list of (n_l, d) tensors (one per level), "
-                        f"got {type(observations).__name__}")
-    if isinstance(observations, torch.Tensor):
-        if sigmas is not None:
-            raise ValueError("sigmas is only used with a sequence of per-level observation groups")
-        y = _check_points(observations, "observations", finite=True).to(dtype)
-        cond = None
-        if parametrization != "direct" or n_fourier != 0:
-            raise ValueError(
-                f"parametrization and n_fourier apply to the conditional network (per-level groups); got "
-                f"parametrization={parametrization!r}, n_fourier={n_fourier!r} with a single tensor"
-            )
-        if y.shape[0] < 1:
-            raise ValueError(f"observations must have at least one row, got shape {tuple(y.shape)}")
-        with torch.random.fork_rng(devices=[]):  # nn.Linear's default init draws from the global RNG
-            net: ScoreNet = ScoreNet(y.shape[-1], hidden, depth, arch=arch)
-    else:
-        groups = list(observations)
-        if not groups:
-            raise ValueError("observations must hold at least one group, got an empty sequence")
-        if sigmas is not None and not isinstance(sigmas, (list, tuple, torch.Tensor)):
-            raise TypeError(f"sigmas must be a list of known noise levels (one per group), got {type(sigmas).__name__}")
-        if sigmas is None or len(sigmas) != len(groups):
-            raise ValueError(
-                f"sigmas must give one known level per observation group ({len(groups)} groups), got {sigmas!r}"
-            )
-        for i, level in enumerate(sigmas):
-            try:
-                value = float(level) if not isinstance(level, (bool, str, bytes)) else math.nan
-            except (TypeError, ValueError, RuntimeError):
-                value = math.nan
-            if not 0 < value < math.inf:
-                raise ValueError(f"sigmas[{i}] must be a finite float > 0 (a known noise level), got {level!r}")
-        for i, g in enumerate(groups):
-            _check_points(g, f"observations[{i}]", finite=True)
-            if g.shape[0] == 0:
-                raise ValueError(f"observations[{i}] (sigma={sigmas[i]}) is empty; every level needs observations")
-            if g.shape[-1] != groups[0].shape[-1]:
-                raise ValueError(f"observations[{i}] has d={g.shape[-1]}, observations[0] has d={groups[0].shape[-1]}")
-        y = torch.cat(groups).to(dtype)
-        cond = torch.cat([torch.full((g.shape[0],), float(s), dtype=dtype) for g, s in zip(groups, sigmas)])
-        with torch.random.fork_rng(devices=[]):  # the seeded re-initialization below replaces these draws
-            net = ConditionalScoreNet(
-                y.shape[-1], hidden, depth, floor, arch=arch, parametrization=parametrization,
-                n_fourier=n_fourier, fourier_period=fourier_period,
-            )
-    # Initialization from the explicit generator: reset every Linear with seeded draws.
-    with torch.no_grad():
-        for layer in net.modules():
-            if isinstance(layer, nn.Linear):
-                bound = 1.0 / math.sqrt(layer.in_features)
-                for p in (layer.weight, layer.bias):  # drawn where the generator lives, then copied in
-                    p.copy_(torch.empty(p.shape, dtype=p.dtype, device=generator.device).uniform_(-bound, bound, generator=generator))
-        if isinstance(net.net, ResidualMLP):
-            net.net.zero_block_outputs()
+    y, cond = _check_observations(observations, sigmas, dtype, parametrization, n_fourier)
+    net = _score_net(y.shape[-1], cond is not None, hidden, depth, arch=arch, parametrization=parametrization,
+                     n_fourier=n_fourier, fourier_period=fourier_period, floor=floor)
+    _seeded_init(net, generator)
     net = net.to(device=y.device, dtype=dtype)  # the observations' device (CUDA too)
     result = train_score_net(
         net, y, cond, method=method, steps=steps, batch_size=batch_size, lr=lr,
