@@ -22,7 +22,7 @@ import torch
 import etweedie
 from etweedie.ops import reference
 
-from .common import BACKENDS, Case, check_close, format_bytes, run_benchmark
+from .common import BACKENDS, Case, Target, check_close, format_bytes, run_benchmark, speedup_target
 
 
 def clouds(n: int, m: int, d: int, seed: int = 0):
@@ -120,12 +120,10 @@ CASES = (energy_distance_4096_2, energy_distance_768_256, energy_distance_768_25
 
 def targets(res: Dict[str, object]) -> List[object]:
     """Targets of these workloads."""
-    from .table import Target, _speedup_target
-
     out = []
     if "energy_distance_4096_2" in res:
         r = res["energy_distance_4096_2"]
-        out.append(_speedup_target(res, r.case.id, r.case.workload, "reference", 10))
+        out.append(speedup_target(res, r.case.id, r.case.workload, "reference", 10))
         n, d = r.case.meta["n"], r.case.meta["d"]
         peak, cloud = r.peaks["cpu"], 2 * n * d * 4
         if peak is not None:

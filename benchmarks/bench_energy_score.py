@@ -26,9 +26,9 @@ import torch
 
 import etweedie
 from etweedie.ops import reference
-from etweedie.ops._prep import metric_param
+from etweedie.ops._args import metric_param
 
-from .common import BACKENDS, Case, check_close, run_benchmark
+from .common import BACKENDS, Case, Target, check_close, run_benchmark, speedup_target
 
 
 def problem(B: int, M: int, d: int, seed: int = 0):
@@ -117,9 +117,7 @@ _NEED_CDIST_MM = {"energy_score_784": 4.0, "energy_score_784_m2": 2.0}
 
 def targets(res: Dict[str, object]) -> List[object]:
     """Issue 3 targets of these workloads (speed-up over the eager reference)."""
-    from .table import Target, _speedup_target
-
-    out = [_speedup_target(res, id, res[id].case.workload, "reference", need) for id, need in _NEED.items() if id in res]
+    out = [speedup_target(res, id, res[id].case.workload, "reference", need) for id, need in _NEED.items() if id in res]
     for id, need in _NEED_CDIST_MM.items():
         if id not in res or "cpu" not in res[id].timings:
             continue

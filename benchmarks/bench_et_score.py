@@ -34,7 +34,7 @@ import torch
 import etweedie
 from etweedie.commandline import OneLineParser
 from etweedie.ops import reference
-from etweedie.ops._prep import canonicalize
+from etweedie.ops._rows import canonicalize
 
 from .common import (BACKENDS, MAX_THREADS, Case, Timing, check_close, check_flags, check_threads, copy_thunk, flag_error,
                      run_benchmark, set_threads, time_calls)

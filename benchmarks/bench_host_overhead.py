@@ -9,7 +9,7 @@ Two regimes, timed in one process:
   float32 range test: a few small reductions per call);
 * ``gpu-like``: the same CPU tensors with value checks switched off exactly as a GPU tensor sees
   them without ``etweedie.set_debug(True)`` (``value_checks`` answers False in every etweedie
-  module that uses it) and without the plain CPU calls (``_prep.plain_rows``, energy_score's
+  module that uses it) and without the plain CPU calls (``_front.plain_rows``, energy_score's
   ``_plain``: CPU tensors only): the part of the host path a GPU call pays, measurable here without a GPU.
   For the energy ops that includes the NaN-row pass a GPU call runs instead of reading its
   inputs back to the host.
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import etweedie  # noqa: E402
 from etweedie.commandline import OneLineParser  # noqa: E402
 from benchmarks.common import MAX_THREADS, check_flags, check_threads, flag_error  # noqa: E402
-from etweedie.ops import _prep  # noqa: E402
+from etweedie.ops import _debug  # noqa: E402
 
 
 def _per_call_us(fn, repeats: int, rounds: int = 7):
@@ -71,8 +71,8 @@ def _set_plain_calls(saved: dict, off: bool) -> None:
 
 
 def _set_value_checks(fn) -> None:
-    """``value_checks`` replaced by ``fn`` in _prep and in every etweedie module that imported it."""
-    current = _prep.value_checks
+    """``value_checks`` replaced by ``fn`` in _debug, which owns it, and in every etweedie module that imported it."""
+    current = _debug.value_checks
     for name, mod in list(sys.modules.items()):
         if name.startswith("etweedie") and getattr(mod, "value_checks", None) is current:
             mod.value_checks = fn
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
         return flag_error("python benchmarks/bench_host_overhead.py", exc)
     torch.set_num_threads(args.threads)
     rows = []
-    real_checks, real_plain = _prep.value_checks, _plain_calls()
+    real_checks, real_plain = _debug.value_checks, _plain_calls()
     try:
         for regime in ("cpu", "gpu-like"):
             _set_value_checks(real_checks if regime == "cpu" else (lambda t: False))

@@ -28,7 +28,7 @@ import torch
 
 import etweedie
 from etweedie.ops import reference
-from etweedie.ops._prep import metric_param
+from etweedie.ops._args import metric_param
 
 from .common import BACKENDS, Case, check_close, run_benchmark
 

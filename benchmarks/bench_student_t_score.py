@@ -19,7 +19,7 @@ import torch
 
 import etweedie
 from etweedie.ops import reference
-from etweedie.ops._prep import canonicalize
+from etweedie.ops._rows import canonicalize
 
 from .common import BACKENDS, Case, check_close, run_benchmark
 

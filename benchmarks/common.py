@@ -375,6 +375,29 @@ def measure(
     return Result(case, timings, peaks, extras, compile_s)
 
 
+# ----------------------------------------------------------------------------- targets
+
+@dataclass
+class Target:
+    workload: str
+    requirement: str
+    measured: str
+    met: Optional[bool]  # None: not measured in this run
+
+
+def _ratio(r: Result, num: str, den: str) -> Optional[float]:
+    t = r.timings
+    return t[num].median_ms / t[den].median_ms if num in t and den in t else None
+
+
+def speedup_target(res: Dict[str, Result], id: str, label: str, base: str, need: float) -> Target:
+    what = "torch.compile(reference)" if base == "compile" else "eager reference"
+    x = _ratio(res[id], base, "cpu")
+    if x is None:
+        return Target(label, f"≥{need:g}× faster than {what}", "not measured", None)
+    return Target(label, f"≥{need:g}× faster than {what}", f"{x:.2f}×", x >= need)
+
+
 # ----------------------------------------------------------------------------- rows
 
 @dataclass

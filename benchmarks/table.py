@@ -37,6 +37,7 @@ from .common import (
     MAX_THREADS,
     THREADS_ENV,
     Result,
+    Target,
     check_flags,
     check_threads,
     copy_bandwidth,
@@ -48,6 +49,7 @@ from .common import (
     measure,
     rows,
     set_threads,
+    speedup_target,
 )
 
 CASES = (
@@ -61,35 +63,14 @@ CASES = (
 COPY_MIB = 256
 
 
-@dataclasses.dataclass
-class Target:
-    workload: str
-    requirement: str
-    measured: str
-    met: Optional[bool]  # None: not measured in this run
-
-
-def _ratio(r: Result, num: str, den: str) -> Optional[float]:
-    t = r.timings
-    return t[num].median_ms / t[den].median_ms if num in t and den in t else None
-
-
-def _speedup_target(res: Dict[str, Result], id: str, label: str, base: str, need: float) -> Target:
-    what = "torch.compile(reference)" if base == "compile" else "eager reference"
-    x = _ratio(res[id], base, "cpu")
-    if x is None:
-        return Target(label, f"≥{need:g}× faster than {what}", "not measured", None)
-    return Target(label, f"≥{need:g}× faster than {what}", f"{x:.2f}×", x >= need)
-
-
 def targets(res: Dict[str, Result], copy_gbps: float) -> List[Target]:
     """The foundation issue's targets, from the results of this run (missing ones skipped)."""
     out = []
     if "et_score_iso_784" in res:
         r = res["et_score_iso_784"]
         label = r.case.workload
-        out.append(_speedup_target(res, r.case.id, label, "compile", 4))
-        out.append(_speedup_target(res, r.case.id, label, "reference", 20))
+        out.append(speedup_target(res, r.case.id, label, "compile", 4))
+        out.append(speedup_target(res, r.case.id, label, "reference", 20))
         # Floor convention: the bytes of x, read once, at the measured copy bandwidth (which
         # counts read + write): the time a pure stream over x would take.  The copy timed in
         # the case's own interleaved rounds is preferred: same load as the kernel.
@@ -119,7 +100,7 @@ def targets(res: Dict[str, Result], copy_gbps: float) -> List[Target]:
             )
     if "et_score_block_784" in res:
         r = res["et_score_block_784"]
-        out.append(_speedup_target(res, r.case.id, r.case.workload, "compile", 20))
+        out.append(speedup_target(res, r.case.id, r.case.workload, "compile", 20))
     for id in ("et_score_iso_784", "et_score_block_784"):
         # what the public op adds to its kernel at this size: validation, canonical form, checks
         if id in res and "raw op" in res[id].extras:
@@ -129,7 +110,7 @@ def targets(res: Dict[str, Result], copy_gbps: float) -> List[Target]:
                               f"{pub / raw:.2f}× ({pub:.2f} ms vs raw `et_score_fwd` {raw:.2f} ms)", pub <= 1.1 * raw))
     if "et_score_iso_2" in res:
         r = res["et_score_iso_2"]
-        out.append(_speedup_target(res, r.case.id, r.case.workload, "compile", 5))
+        out.append(speedup_target(res, r.case.id, r.case.workload, "compile", 5))
     if "et_score_bwd_784" in res:
         r = res["et_score_bwd_784"]
         fb, f = r.timings["cpu"].median_ms, r.extras["fwd"].median_ms
@@ -148,7 +129,7 @@ def targets(res: Dict[str, Result], copy_gbps: float) -> List[Target]:
     if "is_score_160k" in res:
         r = res["is_score_160k"]
         Q, d = r.case.meta["Q"], r.case.meta["d"]
-        out.append(_speedup_target(res, r.case.id, r.case.workload, "reference", 5))
+        out.append(speedup_target(res, r.case.id, r.case.workload, "reference", 5))
         peak, eager_peak = r.peaks["cpu"], r.peaks["reference"]
         if peak is not None:
             # Bounded: the outputs and O(1) per query, nothing that grows with the bank M.

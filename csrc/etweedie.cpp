@@ -3,7 +3,7 @@
 // csrc/cuda/<op>_bindings.cpp (each entry checks its arguments with csrc/common/checks.h); autograd and fake (meta) implementations are registered from
 // Python (etweedie/ops/<op>.py) so that torch.compile traces the ops without graph breaks.
 //
-// Canonical arguments (built by etweedie/ops/_prep.py, or in C++ by the front ops below):
+// Canonical arguments (built by etweedie/ops/_rows.py, or in C++ by the front ops below):
 //   y (B, d), x (B, N, d), beta/lam/step (B,), prec (B, *param) with kind
 //   0 = isotropic (param ()), 1 = diagonal (param (d,)), 2 = block (param (k, k)).
 //   Dense metrics are whitened on the host and reach the kernels as isotropic.
@@ -52,7 +52,7 @@ TORCH_LIBRARY(etweedie, m) {
       "energy_distance_bwd(Tensor grad, Tensor a, Tensor b, Tensor beta, Tensor prec, int kind, bool unbiased, "
       "bool need_a, bool need_b, bool need_beta, bool need_prec) -> (Tensor, Tensor, Tensor, Tensor)");
   // Front ops of the per-row ops (csrc/front/<op>_front.cpp, CompositeImplicitAutograd): arguments
-  // validated by etweedie/ops/_prep.py (rows_args) in their broadcastable shapes, the broadcast batch
+  // validated by etweedie/ops/_rows.py (rows_args) in their broadcastable shapes, the broadcast batch
   // resolved; they build the canonical form above in one C++ call, run <op>_fwd and return its first
   // output shaped (*batch, d) with whether the CPU kernel wrote a NaN or inf (nonfinite_report.h; false
   // on other devices).  prec is the metric's precision parameter (*metric_batch, *param).

@@ -19,7 +19,7 @@ from .backends import use_backend
 from .geometry import Metric
 from .noise import GeneralizedGaussian, Laplace, NoiseParams, StudentT
 from .ops import energy_distance, energy_score, et_score, is_score, kernel_score, langevin_step, student_t_score
-from .ops._prep import set_debug
+from .ops._debug import set_debug
 
 __version__ = "0.1.0"
 

@@ -3,7 +3,7 @@
 One module per op — :mod:`.et_score`, :mod:`.langevin_step`, :mod:`.is_score`,
 :mod:`.energy_score`, :mod:`.energy_distance` (pair engine: :mod:`._energy`) — each with
 private ``_<op>_forward_kernel`` / ``_<op>_backward_kernel``, host functions
-``<op>_forward`` / ``<op>_backward`` on the canonical tensors of etweedie/ops/_prep.py, and
+``<op>_forward`` / ``<op>_backward`` on the canonical tensors of etweedie/ops/_rows.py, and
 the torch ops ``etweedie_triton::<op>_fwd`` (``torch.library.triton_op`` so torch.compile
 traces into the kernels; an opaque custom op under TRITON_INTERPRET=1) with autograd.
 

@@ -1,7 +1,7 @@
 """Triton kernels of the Energy-Tweedie score (DESIGN §1) and their torch ops.
 
 Computes exactly what the C++ op ``etweedie::et_score_fwd/bwd`` computes (csrc/cpu/
-et_score_cpu.cpp), on the same canonical inputs (etweedie/ops/_prep.py):
+et_score_cpu.cpp), on the same canonical inputs (etweedie/ops/_rows.py):
 
     y (B, d) contiguous, x (B, N, d) unit stride over d (any stride over B and N, 0 = a
     broadcast cloud), beta/lam (B,) any stride, prec (B, *param) any stride over B,
@@ -247,7 +247,7 @@ def _residual_tile(y_row, x_row, p_row, offs_n, mask_n, sxn, cols, kk, d, K: tl.
     mask_d = cols < d
     mask = mask_n[:, None] & mask_d[None, :]
     yv = tl.load(y_row + cols, mask=mask_d, other=0.0)
-    # 16-bit draws are widened to y's dtype as they are loaded (the dtype rule: etweedie/ops/_prep.py)
+    # 16-bit draws are widened to y's dtype as they are loaded (the dtype rule: etweedie/ops/_args.py)
     xv = _widen(tl.load(x_row + offs_n[:, None] * sxn + cols[None, :], mask=mask, other=0.0), yv.dtype)
     u = tl.where(mask, yv[None, :] - xv, 0.0)
     if KIND == 2:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ KERNEL_BACKENDS = [name for name, (ok, _) in etweedie.backends.available().items
 if "triton" in KERNEL_BACKENDS and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     KERNEL_BACKENDS.remove("triton")
 
-# 16-bit posterior draws the score ops accept besides y's dtype (etweedie/ops/_prep.py).
+# 16-bit posterior draws the score ops accept besides y's dtype (etweedie/ops/_args.py).
 LOW_PRECISION = [torch.bfloat16, torch.float16]
 LOW_PRECISION_IDS = ["bf16", "fp16"]
 
@@ -52,6 +53,21 @@ BACKEND_IDS = [f"{b}-{d.type}" for b, d in BACKEND_DEVICE]
 def seed():
     """A fresh seed per test (reported on failure via the test's messages)."""
     return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+
+
+@pytest.fixture
+def no_value_reads(monkeypatch):
+    """A call that switches value reads off for the rest of the test, as a GPU tensor sees them
+    without debug checks: ``value_checks`` (etweedie/ops/_debug.py) answers False in every
+    etweedie module that uses it, so nothing is read back to the host."""
+    from etweedie.ops._debug import value_checks
+
+    def off():
+        for name, mod in list(sys.modules.items()):
+            if name.startswith("etweedie") and getattr(mod, "value_checks", None) is value_checks:
+                monkeypatch.setattr(mod, "value_checks", lambda t: False)
+
+    return off
 
 
 def gen(seed: int, device="cpu") -> torch.Generator:

@@ -8,12 +8,12 @@ import sys
 import pytest
 import torch
 
-from etweedie.ops import _prep
+from etweedie.ops import _front
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.skipif(not _prep._FRONT["et_score"], reason="compiled extension with the front ops not available")
+@pytest.mark.skipif(not _front._FRONT["et_score"], reason="compiled extension with the front ops not available")
 def test_host_overhead_script_runs(tmp_path):
     """bench_host_overhead.py checks the public op, the raw op and the front op agree before
     timing them; a front op's changed return type (it returns ``(out, nonfinite)``) broke it."""

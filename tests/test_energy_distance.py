@@ -409,7 +409,7 @@ def test_broadcast_and_zero_size(backend, device, seed):
 def test_opcheck(kind, dtype, seed):
     if "cpu" not in [b for b, _ in BACKEND_DEVICE]:
         pytest.skip("compiled extension not available")
-    from etweedie.ops._prep import metric_param
+    from etweedie.ops._args import metric_param
 
     a, b, beta, metric = _inputs(seed, 2, 5, 4, 4, kind)
     m, _ = metric_to(metric, dtype)

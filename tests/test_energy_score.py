@@ -141,7 +141,7 @@ def test_cpu_row_kernel(kind, d, fair, M, seed):
     # the forward-only op and the backward op (used outside the fused training path)
     if kind in ("none", "dense"):
         return
-    prec, k = etweedie.ops._prep.metric_param(metric_to(metric, torch.float32, "cpu", requires_grad=False)[0],
+    prec, k = etweedie.ops._args.metric_param(metric_to(metric, torch.float32, "cpu", requires_grad=False)[0],
                                               torch.Size([B]), d)
     x32, y32, b32 = samples.float(), target.float(), bt.float()
     fwd = torch.ops.etweedie.energy_score_fwd(x32, y32, b32, prec, k, fair)
@@ -214,7 +214,7 @@ def test_cpu_score_gram_kernel(kind, beta, offset, M, seed):
     if kind == "none":
         return
     m32, _ = metric_to(metric, torch.float32, "cpu", requires_grad=False)
-    prec, k = etweedie.ops._prep.metric_param(m32, torch.Size([B]), d)
+    prec, k = etweedie.ops._args.metric_param(m32, torch.Size([B]), d)
     x32, y32, b32 = samples.float(), target.float(), bt.float()
     fwd = torch.ops.etweedie.energy_score_fwd(x32, y32, b32, prec, k, False)
     torch.testing.assert_close(fwd, got[0].detach(), rtol=1e-5, atol=1e-5)
@@ -328,7 +328,7 @@ def test_cpu_score_gram_kernel_wide_rows(M, kind, seed):
             err = float((x[r] - want[r].detach()).abs().max() / scale)
             assert err < 3e-5, f"{name} row {r} ({kind}, M={M}): relative error {err:.2e} (seed {seed})"
     torch.testing.assert_close(plain, got[0].detach(), rtol=1e-6, atol=0)
-    prec, k = etweedie.ops._prep.metric_param(m32, torch.Size([B]), d) if m32 is not None else (torch.ones(B), 0)
+    prec, k = etweedie.ops._args.metric_param(m32, torch.Size([B]), d) if m32 is not None else (torch.ones(B), 0)
     x32, y32, b32 = samples.float(), target.float(), bt.float()
     torch.testing.assert_close(torch.ops.etweedie.energy_score_fwd(x32, y32, b32, prec, k, True), got[0].detach(),
                                rtol=1e-6, atol=0)
@@ -405,7 +405,7 @@ def test_zero_size_batch(backend, device):
 def test_opcheck(kind, dtype, seed):
     if "cpu" not in [b for b, _ in BACKEND_DEVICE]:
         pytest.skip("compiled extension not available")
-    from etweedie.ops._prep import metric_param
+    from etweedie.ops._args import metric_param
 
     x, y, b, metric = _inputs(seed, 3, 5, 4, kind)
     m, _ = metric_to(metric, dtype)

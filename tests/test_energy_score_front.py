@@ -20,11 +20,12 @@ import pytest
 import torch
 
 import etweedie
-from etweedie.ops import _prep
+from etweedie.ops import _front
+from etweedie.ops._args import _KIND, as_param, broadcast_batch, check_metric, flat, metric_param, precision_of
 
 from conftest import gen, random_metric
 
-pytestmark = pytest.mark.skipif(not _prep._FRONT["energy_score"],
+pytestmark = pytest.mark.skipif(not _front._FRONT["energy_score"],
                                 reason="compiled extension with the energy_score front op not available")
 
 OPS = torch.ops.etweedie
@@ -60,11 +61,11 @@ def _args(x, y, beta, metric):
     """What energy_score() hands the front op: validated tensors, the metric's precision
     parameter, its kind and the broadcast batch."""
     op = "energy_score"
-    beta_t = _prep.as_param(beta, "beta", op, x)
-    m = _prep.check_metric(metric, x.shape[-1], x, op)
-    batch = _prep.broadcast_batch(op, samples=x.shape[:-2], target=y.shape[:-1], beta=beta_t.shape, metric=m.batch_shape)
-    prec = m.param if metric is None else _prep.precision_of(m, x.dtype, op)
-    return beta_t, m, prec, _prep._KIND[m.kind], batch
+    beta_t = as_param(beta, "beta", op, x)
+    m = check_metric(metric, x.shape[-1], x, op)
+    batch = broadcast_batch(op, samples=x.shape[:-2], target=y.shape[:-1], beta=beta_t.shape, metric=m.batch_shape)
+    prec = m.param if metric is None else precision_of(m, x.dtype, op)
+    return beta_t, m, prec, _KIND[m.kind], batch
 
 
 def _python_form(x, y, beta_t, m, batch):
@@ -75,8 +76,8 @@ def _python_form(x, y, beta_t, m, batch):
     if d > 1 and xs.stride(-1) != 1:
         xs = xs.contiguous()
     yt = y.expand(*batch, d).reshape(B, d).contiguous()
-    prec, kind = _prep.metric_param(m, batch, d, x.dtype)
-    return xs, yt, _prep.flat(beta_t, batch, ()), prec, kind
+    prec, kind = metric_param(m, batch, d, x.dtype)
+    return xs, yt, flat(beta_t, batch, ()), prec, kind
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -141,16 +142,15 @@ def test_front_nan_rows(seed):
     assert torch.isnan(OPS.energy_score(x, y, beta_t, prec, k, True, batch, False, True)).all()
 
 
-def test_public_op_nan_rows_without_value_checks(monkeypatch, seed):
+def test_public_op_nan_rows_without_value_checks(monkeypatch, no_value_reads, seed):
     """The GPU regime (value checks off, nothing read back to the host): the front's NaN rows are
-    the Python form's (``_prep.nan_rows``), value and gradient."""
-    monkeypatch.setattr(ES, "value_checks", lambda t: False)
-    monkeypatch.setattr(_prep, "value_checks", lambda t: False)
+    the Python form's (``_range.nan_rows``), value and gradient."""
+    no_value_reads()
     x, y, beta, metric = _case(seed, "plain", "diagonal")
     x[1, 0, 3], y[2, 1] = math.nan, math.inf
 
     def run(front: bool):
-        monkeypatch.setitem(_prep._FRONT, "energy_score", front)
+        monkeypatch.setitem(_front._FRONT, "energy_score", front)
         xg = x.clone().requires_grad_()
         v = etweedie.energy_score(xg, y, beta, metric, backend="cpu")
         (gx,) = torch.autograd.grad(v.nansum(), xg)

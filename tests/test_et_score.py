@@ -208,7 +208,7 @@ def test_zero_size_batch(backend, device):
 def test_opcheck(kind, dtype, seed):
     if "cpu" not in [b for b, _ in BACKEND_DEVICE]:
         pytest.skip("compiled extension not available")
-    from etweedie.ops._prep import canonicalize
+    from etweedie.ops._rows import canonicalize
 
     y, x, beta, lam, metric = _inputs(seed, 3, 6, 4, kind)
     m, _ = metric_to(metric, dtype)
@@ -365,7 +365,7 @@ def test_unbatched_query(backend, device):
 
 
 # ---------------------------------------------------------------------------- 16-bit draws
-# The dtype rule (etweedie/ops/_prep.py): x may be bfloat16/float16 with a float32 or float64 y;
+# The dtype rule (etweedie/ops/_args.py): x may be bfloat16/float16 with a float32 or float64 y;
 # the kernels widen the draws as they load them and accumulate in y's dtype.  Every backend is
 # held to the float64 reference on the draws' exact (upcast) values, with the float32 reference
 # on the same 16-bit draws as the rounding yardstick; ∂L/∂x comes back in x's dtype.
@@ -648,7 +648,7 @@ class TestLowPrecisionBadInput:
 def test_opcheck_low_precision_draws(kind, x_dtype, seed):
     if "cpu" not in [b for b, _ in BACKEND_DEVICE]:
         pytest.skip("compiled extension not available")
-    from etweedie.ops._prep import canonicalize
+    from etweedie.ops._rows import canonicalize
 
     y, x, beta, lam, metric = _inputs(seed, 3, 6, 4, kind)
     m, _ = metric_to(metric, torch.float32)

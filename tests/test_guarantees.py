@@ -173,9 +173,9 @@ def test_cpu_kernel_flags_rows_out_of_range(d):
     norm (q_in_range, csrc/common/et_score.h):
     a float32 q that overflows or underflows, or a NaN, flags its row with NaN in the raw op —
     and only that row; an exact coincidence is not flagged."""
-    from etweedie.ops import _prep
+    from etweedie.ops import _range
 
-    if not _prep._CPU_RANGE_FLAGS["et_score"]:
+    if not _range._CPU_RANGE_FLAGS["et_score"]:
         pytest.skip("extension built without the in-kernel range flags")
     g = _g(11)
     B, N = 6, 9  # N not a multiple of 4: the four-draw sweep and the single-draw tail both run
@@ -188,7 +188,7 @@ def test_cpu_kernel_flags_rows_out_of_range(d):
     x[4, 5] = NAN
     x[5, 3] = y[5]  # an exact coincidence: in range
     one = torch.ones(B)
-    ops = ["et_score", "langevin"] + (["student_t"] if _prep._CPU_RANGE_FLAGS["student_t_score"] else [])
+    ops = ["et_score", "langevin"] + (["student_t"] if _range._CPU_RANGE_FLAGS["student_t_score"] else [])
     for op in ops:
         if op == "et_score":
             s, m = torch.ops.etweedie.et_score_fwd(y, x, 1.3 * one, one, one[:1].expand(B), 0)
@@ -229,21 +229,21 @@ def test_cpu_score_ops_make_no_host_range_pass(monkeypatch):
     """et_score, langevin_step and student_t_score on the CPU backend leave the range to the
     kernel: no min/max pass over the draws (it cost as much as the kernel); the reference still
     makes it."""
-    from etweedie.ops import _prep
+    from etweedie.ops import _range
 
-    if not _prep._CPU_RANGE_FLAGS["et_score"]:
+    if not _range._CPU_RANGE_FLAGS["et_score"]:
         pytest.skip("extension built without the in-kernel range flags")
     y, x = torch.randn(3, 5, generator=_g(13)), torch.randn(3, 4, 5, generator=_g(14))
 
     def no_pass(t):
         raise AssertionError("a min/max pass over the inputs ran")
 
-    monkeypatch.setattr(_prep, "_extremes", no_pass)
+    monkeypatch.setattr(_range, "_extremes", no_pass)
     etweedie.et_score(y, x, 1.2, backend="cpu")
     etweedie.langevin_step(y, x, torch.zeros_like(y), 0.1, 1.2, backend="cpu")
     yg = y.clone().requires_grad_()
     etweedie.et_score(yg, x, 1.2, backend="cpu").sum().backward()
-    if _prep._CPU_RANGE_FLAGS["student_t_score"]:
+    if _range._CPU_RANGE_FLAGS["student_t_score"]:
         etweedie.student_t_score(y, x, 4.0, backend="cpu")
     with pytest.raises(AssertionError, match="min/max pass"):
         etweedie.et_score(y, x, 1.2, backend="reference")
@@ -418,10 +418,10 @@ def test_inference_mode_call_leaves_later_training_calls_working(monkeypatch, d)
     """A call under torch.inference_mode (an evaluation pass) must not leave an inference tensor
     in the ops' caches of β, λ, step and the default metric: every later call that needs a
     gradient would fail with "Inference tensors cannot be saved for backward"."""
-    from etweedie.ops import _prep
+    from etweedie.ops import _args
 
-    monkeypatch.setattr(_prep, "_CONSTANTS", {})  # the caches start empty, so inference mode fills them
-    monkeypatch.setattr(_prep, "_CHECKED", {})
+    monkeypatch.setattr(_args, "_CONSTANTS", {})  # the caches start empty, so inference mode fills them
+    monkeypatch.setattr(_args, "_CHECKED", {})
     g = _g(3)
     y, x = torch.randn(2, d, generator=g), torch.randn(2, 3, d, generator=g)
     noise = torch.randn(2, d, generator=g)
@@ -551,7 +551,7 @@ def test_two_dimensional_x_is_one_shared_cloud():
 
 
 def test_dense_metric_keeps_a_shared_cloud_a_broadcast():
-    from etweedie.ops._prep import centred_rows_matmul, dense_centre
+    from etweedie.ops._whiten import centred_rows_matmul, dense_centre
 
     x = torch.randn(1, 5, 3).expand(1000, 5, 3)
     L = torch.eye(3) * 2
@@ -1010,16 +1010,14 @@ def test_the_exact_near_draw_recomputation_runs_on_the_flagged_rows_only(monkeyp
 @pytest.mark.parametrize("reads_values", [True, False], ids=["values-read", "no-value-reads"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("op", ["et_score", "langevin_step"])
-def test_a_shared_cloud_under_a_dense_metric_keeps_a_near_draws_term(monkeypatch, op, dtype, reads_values):
+def test_a_shared_cloud_under_a_dense_metric_keeps_a_near_draws_term(no_value_reads, op, dtype, reads_values):
     """A cloud shared by every row is whitened once, about its first draw; a draw much nearer to
     a query than the rounding of those coordinates (1e-5 and 1e-12 at unit spread) had its term
     u‖u‖^{β−2} from rounding noise — up to 20% of the score off at β = 1.  Such rows are
     recomputed about their own query (where no values are read, as on a GPU without debug checks,
     every row is); against the float64 reference on the same inputs, β at 1 and 0.6."""
-    from etweedie.ops import _prep
-
     if not reads_values:
-        monkeypatch.setattr(_prep, "value_checks", lambda t: False)
+        no_value_reads()
     g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
     B, N, d = 6, 9, 5
     y = torch.randn(B, d, generator=g, dtype=torch.float64).to(dtype)

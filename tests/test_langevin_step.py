@@ -85,7 +85,7 @@ def test_gradcheck_and_zero_size(backend, device, seed):
 def test_opcheck(seed):
     if "cpu" not in [b for b, _ in BACKEND_DEVICE]:
         pytest.skip("compiled extension not available")
-    from etweedie.ops._prep import canonicalize
+    from etweedie.ops._rows import canonicalize
 
     y, x, xi, step, beta, lam, metric = _inputs(seed, 3, 5, 4, "block2")
     c = canonicalize("langevin_step", y, x, beta, lam, metric)
@@ -116,7 +116,7 @@ def test_bad_input():
 
 # ---------------------------------------------------------------------------- 16-bit draws
 # bfloat16/float16 draws with a float32 state (the sampler's bf16 mode): the step accumulates in
-# float32, returns float32, and gives ∂L/∂x in the draws' dtype (etweedie/ops/_prep.py).
+# float32, returns float32, and gives ∂L/∂x in the draws' dtype (etweedie/ops/_args.py).
 
 
 @pytest.mark.parametrize("backend,device", BACKEND_DEVICE, ids=BACKEND_IDS)
@@ -156,7 +156,7 @@ def test_low_precision_draws_broadcast_and_zero_size(backend, device, x_dtype, s
 def test_opcheck_low_precision_draws(x_dtype, seed):
     if "cpu" not in [b for b, _ in BACKEND_DEVICE]:
         pytest.skip("compiled extension not available")
-    from etweedie.ops._prep import canonicalize
+    from etweedie.ops._rows import canonicalize
 
     y, x, xi, step, beta, lam, metric = _inputs(seed, 3, 5, 4, "block2")
     m, _ = metric_to(metric, torch.float32)

@@ -1,7 +1,7 @@
 """The C++ front ops of the per-row ops (csrc/front/, ``torch.ops.etweedie.{et_score,
 langevin_step, student_t_score}``): the canonical form built in one C++ call.
 
-They must build exactly what the Python canonical form (``_prep.shape_rows``) builds, so a call
+They must build exactly what the Python canonical form (``_rows.shape_rows``) builds, so a call
 through the front equals the kernel on the Python canonical tensors bit for bit — over broadcast
 batches, shared and per-row metrics of every kernel kind, non-contiguous and transposed inputs,
 16-bit draws, zero-size batches — and its gradients equal theirs.  Without a gradient to record
@@ -17,16 +17,16 @@ import pytest
 import torch
 
 import etweedie
-from etweedie.ops import _prep
+from etweedie.ops import _args, _front, _range, _rows
 
 from conftest import gen, random_metric
 
-pytestmark = pytest.mark.skipif(not _prep._FRONT["et_score"], reason="compiled extension with the front ops not available")
+pytestmark = pytest.mark.skipif(not _front._FRONT["et_score"], reason="compiled extension with the front ops not available")
 
 OPS = torch.ops.etweedie
 # the op modules (etweedie.ops.<op> is the function itself)
 MODULES = {name: importlib.import_module(f"etweedie.ops.{name}") for name in ("et_score", "langevin_step", "student_t_score")}
-STUDENT_T_FRONT = _prep._FRONT["student_t_score"]
+STUDENT_T_FRONT = _front._FRONT["student_t_score"]
 
 
 def _case(seed: int, layout: str, kind: str, x_dtype=torch.float32, dtype=torch.float32):
@@ -67,8 +67,8 @@ KINDS = ["none", "isotropic", "diagonal", "block2"]
 
 def _python_form(y, x, beta, lam, metric):
     """The Python canonical form and the validated arguments the front op starts from."""
-    a = _prep.rows_args("et_score", y, x, beta, lam, metric)
-    return a, _prep.shape_rows(a)
+    a = _rows.rows_args("et_score", y, x, beta, lam, metric)
+    return a, _rows.shape_rows(a)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -118,12 +118,12 @@ def test_langevin_step_front_equals_python_form(layout, kind, seed):
     y, x, beta, lam, metric = _case(seed, layout, kind)
     noise = torch.randn(y.shape, generator=gen(seed + 2))
     step = 0.5 + torch.rand(y.shape[:-1], generator=gen(seed + 3)) if layout == "plain" else 0.05
-    a = _prep.rows_args("langevin_step", y, x, beta, lam, metric)
-    step_t = _prep.as_param(step, "step", "langevin_step", y)
+    a = _rows.rows_args("langevin_step", y, x, beta, lam, metric)
+    step_t = _args.as_param(step, "step", "langevin_step", y)
     got = OPS.langevin_step(a.y, a.x, noise, step_t, a.beta, a.lam, a.prec, a.kind, a.batch)[0]
-    c = _prep.shape_rows(a)
+    c = _rows.shape_rows(a)
     d = y.shape[-1]
-    want = OPS.langevin_step_fwd(c.y, c.x, _prep.flat(noise, c.batch, (d,)).contiguous(), _prep.flat(step_t, c.batch, ()),
+    want = OPS.langevin_step_fwd(c.y, c.x, _args.flat(noise, c.batch, (d,)).contiguous(), _args.flat(step_t, c.batch, ()),
                                  c.beta, c.lam, c.prec, c.kind)[0].reshape(*a.batch, d)
     assert torch.equal(got, want), f"{layout}/{kind}: front differs from the Python form (seed {seed})"
 
@@ -134,21 +134,21 @@ def test_student_t_score_front_equals_python_form(layout, kind, seed):
     if not STUDENT_T_FRONT:
         pytest.skip("extension without the student_t_score front op")
     y, x, _, _, metric = _case(seed, layout, kind)
-    a = _prep.rows_args("student_t_score", y, x, 2.0, 1.0, metric)
+    a = _rows.rows_args("student_t_score", y, x, 2.0, 1.0, metric)
     c_param = torch.full(y.shape[:-1], 3.5) if layout == "plain" else torch.tensor(4.0)
     got = OPS.student_t_score(a.y, a.x, c_param, a.prec, a.kind, a.batch)[0]
-    cn = _prep.shape_rows(a)
-    want = OPS.student_t_score_fwd(cn.y, cn.x, _prep.flat(c_param, cn.batch, ()), cn.prec, cn.kind)[0]
+    cn = _rows.shape_rows(a)
+    want = OPS.student_t_score_fwd(cn.y, cn.x, _args.flat(c_param, cn.batch, ()), cn.prec, cn.kind)[0]
     assert torch.equal(got, want.reshape(*a.batch, y.shape[-1]))
 
 
 def test_front_skips_autograd_only_when_nothing_needs_a_gradient(seed):
     y, x, beta, lam, metric = _case(seed, "plain", "block2")
-    a = _prep.rows_args("et_score", y, x, beta, lam, metric)
+    a = _rows.rows_args("et_score", y, x, beta, lam, metric)
     s = OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)[0]
     assert s.grad_fn is None and not s.requires_grad
     yg = y.clone().requires_grad_()
-    a = _prep.rows_args("et_score", yg, x, beta, lam, metric)
+    a = _rows.rows_args("et_score", yg, x, beta, lam, metric)
     s = OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)[0]
     assert s.requires_grad and s.grad_fn is not None
     with torch.no_grad():
@@ -169,7 +169,7 @@ def test_public_ops_take_the_front_in_eager_mode(monkeypatch, seed):
     def refuse(a):
         raise AssertionError("the Python canonical form ran")
 
-    monkeypatch.setattr(_prep, "shape_rows", refuse)
+    monkeypatch.setattr(_rows, "shape_rows", refuse)
     for mod in MODULES.values():
         monkeypatch.setattr(mod, "shape_rows", refuse)
     assert torch.equal(etweedie.et_score(y, x, beta, lam, metric, backend="cpu"), want)
@@ -189,12 +189,12 @@ def test_public_ops_take_the_front_in_eager_mode(monkeypatch, seed):
 
 def test_front_is_not_used_under_compile_or_functorch(seed):
     y, x, beta, lam, metric = _case(seed, "plain", "diagonal")
-    a = _prep.rows_args("et_score", y, x, beta, lam, metric)
-    assert _prep.front("et_score", "cpu", a) and not _prep.front("et_score", "reference", a) and not _prep.front("et_score", "triton", a)
+    a = _rows.rows_args("et_score", y, x, beta, lam, metric)
+    assert _front.front("et_score", "cpu", a) and not _front.front("et_score", "reference", a) and not _front.front("et_score", "triton", a)
     seen = []
 
     def probe(y):
-        seen.append(_prep.front("et_score", "cpu", _prep.rows_args("et_score", y, x, beta, lam, metric)))
+        seen.append(_front.front("et_score", "cpu", _rows.rows_args("et_score", y, x, beta, lam, metric)))
         return y * 2
 
     torch.func.vjp(probe, y)
@@ -214,30 +214,30 @@ def test_front_op_rejects_a_bad_kind_by_name():
 def test_float_parameters_are_made_once(seed):
     """Numbers given for β, λ and step become one cached 0-d tensor each (no fill per call)."""
     y, x, _, _, _ = _case(seed, "plain", "none")
-    a1 = _prep.rows_args("et_score", y, x, 1.25, 0.75, None)
-    a2 = _prep.rows_args("et_score", y, x, 1.25, 0.75, None)
+    a1 = _rows.rows_args("et_score", y, x, 1.25, 0.75, None)
+    a2 = _rows.rows_args("et_score", y, x, 1.25, 0.75, None)
     assert a1.beta is a2.beta and a1.lam is a2.lam and a1.prec is a2.prec
     assert float(a1.beta) == 1.25 and float(a1.lam) == 0.75 and float(a1.prec) == 1.0
     assert a1.beta.shape == () and not a1.beta.requires_grad
     # a number that passed one parameter's rule, or one dtype's range, is not taken as checked for another
-    _prep.rows_args("et_score", y, x, 1.25, 2.5, None)
+    _rows.rows_args("et_score", y, x, 1.25, 2.5, None)
     with pytest.raises(ValueError, match="beta must lie in"):
-        _prep.rows_args("et_score", y, x, 2.5, 1.0, None)
-    _prep.rows_args("et_score", y.double(), x.double(), 1.25, 1e-300, None)
+        _rows.rows_args("et_score", y, x, 2.5, 1.0, None)
+    _rows.rows_args("et_score", y.double(), x.double(), 1.25, 1e-300, None)
     with pytest.raises(ValueError, match="not representable in torch.float32"):
-        _prep.rows_args("et_score", y, x, 1.25, 1e-300, None)
+        _rows.rows_args("et_score", y, x, 1.25, 1e-300, None)
     with pytest.raises(ValueError, match="beta must lie in"):
-        _prep.rows_args("et_score", y, x, torch.tensor([1.0, 2.5, 1.0]), 1.0, None)
+        _rows.rows_args("et_score", y, x, torch.tensor([1.0, 2.5, 1.0]), 1.0, None)
     with pytest.raises(ValueError, match="lam must be > 0"):
-        _prep.rows_args("et_score", y, x, 1.0, torch.tensor(-1.0), None)
+        _rows.rows_args("et_score", y, x, 1.0, torch.tensor(-1.0), None)
 
 
 def _front_pair(op: str, y, x, scale: float, metric, seed: int):
     """(out, nonfinite) of op's front with λ (et_score, langevin_step) or c (student_t_score) = scale."""
     if op == "student_t_score":
-        a = _prep.rows_args(op, y, x, 2.0, 1.0, metric)
+        a = _rows.rows_args(op, y, x, 2.0, 1.0, metric)
         return OPS.student_t_score(a.y, a.x, torch.tensor(scale, dtype=y.dtype), a.prec, a.kind, a.batch)
-    a = _prep.rows_args(op, y, x, 1.5, scale, metric)
+    a = _rows.rows_args(op, y, x, 1.5, scale, metric)
     if op == "et_score":
         return OPS.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)
     noise = torch.randn(y.shape, generator=gen(seed + 5), dtype=y.dtype)
@@ -259,7 +259,7 @@ def test_front_reports_exactly_the_nonfinite_outputs(op, kind, case, d, seed):
     """The front's flag (csrc/common/nonfinite_report.h, raised by the CPU kernel's workers on the
     rows they write) is true exactly when the output holds a NaN or inf — flagged rows, non-finite
     inputs and finite inputs whose result overflows alike — which is what the op used to learn by
-    summing the output (_prep.flagged)."""
+    summing the output (_range.flagged)."""
     if op == "student_t_score" and not STUDENT_T_FRONT:
         pytest.skip("extension without the student_t_score front op")
     g = gen(seed)
@@ -291,7 +291,7 @@ def test_front_reports_exactly_the_nonfinite_outputs(op, kind, case, d, seed):
 
 @pytest.mark.parametrize("op", ["et_score", "langevin_step", "student_t_score"])
 def test_public_ops_read_the_report_not_the_output(op, monkeypatch, seed):
-    """On the front path the op decides its float64 rerun from the kernel's report: _prep.flagged
+    """On the front path the op decides its float64 rerun from the kernel's report: _range.flagged
     (the sum over the output) never runs, and a float32 call with a draw out of range still comes
     back as the float64 result rounded, with NaN rows only where the inputs hold NaN."""
     if op == "student_t_score" and not STUDENT_T_FRONT:
@@ -315,7 +315,7 @@ def test_public_ops_read_the_report_not_the_output(op, monkeypatch, seed):
     def refuse(out):
         raise AssertionError("the output was summed")
 
-    monkeypatch.setattr(_prep, "flagged", refuse)
+    monkeypatch.setattr(_range, "flagged", refuse)
     got = call(y, x, noise)
     torch.testing.assert_close(got, want, equal_nan=True)
     assert torch.isnan(got[2]).all() and torch.isfinite(got[[0, 1, 3]]).all()
@@ -374,7 +374,7 @@ def test_plain_call_declines_what_it_does_not_cover(monkeypatch, seed):
     """plain_rows answers None (the general path decides, and raises) outside the plain call."""
     y, x, metric = _plain_case(seed, "block2", torch.float32, torch.float32)
     etweedie.et_score(y, x, 1.3, 0.7, metric)  # β = 1.3 and λ = 0.7 now checked for float32
-    plain = lambda *args, backend=None: _prep.plain_rows("et_score", *args, backend)  # noqa: E731
+    plain = lambda *args, backend=None: _front.plain_rows("et_score", *args, backend)  # noqa: E731
     assert plain(y, x, 1.3, 0.7, metric) is not None
     assert plain(y, x, 1.3, 0.7, None) is not None
     declined = {
@@ -420,7 +420,7 @@ def test_plain_call_reruns_flagged_rows_on_the_general_path(monkeypatch, seed):
     y, x, metric = _plain_case(seed, "diagonal", torch.float32, torch.float32)
     x[1, 2] = 1e30
     etweedie.et_score(y, x, 1.3, 0.7, metric)
-    assert _prep.plain_rows("et_score", y, x, 1.3, 0.7, metric, None) is not None
+    assert _front.plain_rows("et_score", y, x, 1.3, 0.7, metric, None) is not None
     general = _call("et_score", y, x, metric, plain=False, monkeypatch=monkeypatch)
     got = _call("et_score", y, x, metric, plain=True, monkeypatch=monkeypatch)
     assert torch.isfinite(got[0]).all()

@@ -146,7 +146,7 @@ def test_gradcheck_float64(kind, seed):
 def test_opcheck(kind, dtype, seed):
     if "cpu" not in [b for b, _ in BACKEND_DEVICE]:
         pytest.skip("compiled extension not available")
-    from etweedie.ops._prep import canonicalize
+    from etweedie.ops._rows import canonicalize
 
     y, x, c, metric = _inputs(seed, 3, 6, 4, kind)
     m, _ = metric_to(metric, dtype)
@@ -159,7 +159,7 @@ def test_opcheck(kind, dtype, seed):
 @pytest.mark.parametrize("x_dtype", LOW_PRECISION, ids=LOW_PRECISION_IDS)
 @pytest.mark.parametrize("kind", ["none", "block2", "dense"])
 def test_low_precision_draws_match_float64_reference(backend, device, x_dtype, kind, seed):
-    """16-bit draws with float32 queries (the dtype rule of etweedie/ops/_prep.py): float32 sums
+    """16-bit draws with float32 queries (the dtype rule of etweedie/ops/_args.py): float32 sums
     and score, ∂L/∂x in the draws' dtype; held to the float64 reference on the draws' exact values."""
     y, x, c, metric = _inputs(seed, 3, 70, 42, kind)
     x16 = x.to(x_dtype)
@@ -190,7 +190,7 @@ def test_low_precision_draws_broadcast_and_zero_size(backend, device, x_dtype, s
 def test_opcheck_low_precision_draws(x_dtype, seed):
     if "cpu" not in [b for b, _ in BACKEND_DEVICE]:
         pytest.skip("compiled extension not available")
-    from etweedie.ops._prep import canonicalize
+    from etweedie.ops._rows import canonicalize
 
     y, x, c, metric = _inputs(seed, 3, 6, 4, "block2")
     m, _ = metric_to(metric, torch.float32)
@@ -206,9 +206,9 @@ def test_nan_propagates():
     y, x, c, metric = _inputs(0, 3, 8, 40, "block2")
     x[1, 4, 7] = float("nan")
     m, _ = metric_to(metric, torch.float32)
-    from etweedie.ops import _prep
+    from etweedie.ops import _args
 
-    prec, kind = _prep.metric_param(m, torch.Size([3]), 40)
+    prec, kind = _args.metric_param(m, torch.Size([3]), 40)
     s, _m = torch.ops.etweedie.student_t_score_fwd(y.float(), x.float(), c.float(), prec, kind)
     assert torch.isnan(s[1]).all() and torch.isfinite(s[[0, 2]]).all()
 

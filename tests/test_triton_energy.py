@@ -121,7 +121,7 @@ def test_energy_score_fused_and_unfused_agree(seed):
     """The training op (value + unit gradients in one pass) against the fwd/bwd pair."""
     x, y, b, metric = _es_inputs(seed, 3, 6, 4, "block2")
     m, _ = metric_to(metric, torch.float64)
-    from etweedie.ops._prep import metric_param
+    from etweedie.ops._args import metric_param
 
     prec, kind = metric_param(m, torch.Size([3]), 4)
     prec = prec.contiguous()

@@ -38,7 +38,7 @@ def main() -> None:
     p = 0.5 + torch.rand(B, d, generator=g)
     beta = torch.ones(B)
     m32 = etweedie.Metric.diagonal(p)
-    prec, kind = etweedie.ops._prep.metric_param(m32, torch.Size([B]), d)
+    prec, kind = etweedie.ops._args.metric_param(m32, torch.Size([B]), d)
     up = torch.ones(B)
     rows = lambda: torch.ops.etweedie.energy_score_bwd(up, x, y, beta, prec, kind, False, True, True, False, False)  # noqa: E731
 

@@ -2,7 +2,7 @@
 // kernels (csrc/cpu/<op>_cpu.cpp) and the CUDA bindings (csrc/cuda/<op>_bindings.cpp).
 //
 // The registered ops are public: other code calls torch.ops.etweedie.* directly, without the
-// Python layer that builds canonical arguments (etweedie/ops/_prep.py).  So each entry checks
+// Python layer that builds canonical arguments (etweedie/ops/_rows.py and the op modules).  So each entry checks
 // everything its kernel reads before touching a pointer: ranks, sizes against B, N, d, the
 // strides the kernels assume, the metric kind and its parameter shape (a block size k ≤ 4
 // dividing d), one dtype (the query's; the draws of the score ops may instead be bfloat16 or

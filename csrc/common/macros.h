@@ -9,7 +9,7 @@
 
 namespace etweedie {
 
-// Metric kinds as passed to the kernels (etweedie/ops/_prep.py uses the same numbers).
+// Metric kinds as passed to the kernels (etweedie/ops/_args.py uses the same numbers).
 enum MetricKind : int { kIsotropic = 0, kDiagonal = 1, kBlock = 2 };
 
 }  // namespace etweedie

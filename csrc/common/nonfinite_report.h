@@ -3,7 +3,7 @@
 //
 // The per-row ops' CPU kernels (et_score, langevin_step, student_t_score) write NaN into every row
 // with a draw out of their accurate range (q_in_range, et_score.h); the Python op reruns such a
-// float32 call in float64 (etweedie/ops/_prep.py, range_guarded).  Finding those rows by summing the
+// float32 call in float64 (etweedie/ops/_range.py, range_guarded).  Finding those rows by summing the
 // output afterwards is a second pass over (B, d) values on one thread, most of them in the other
 // workers' caches: 40–60 µs per call at B = 64, d = 784, about 4% of the call.  Instead each worker
 // checks the row it has just written (d compares on hot data) and raises the report.

@@ -7,7 +7,7 @@
 // target as a one-point cloud; parallel over (row, block of samples).  With no β / metric
 // gradient asked, small d with many rows takes the row kernel of energy_rows_cpu.h and
 // large d (float32, up to 255 draws) the Gram-form row kernel of energy_score_gram_cpu.h
-// instead.  Inputs are canonical (etweedie/ops/_prep.py): samples (B, M, d), target (B, d),
+// instead.  Inputs are canonical (etweedie/ops/energy_score.py): samples (B, M, d), target (B, d),
 // beta (B,), prec (B, *param).
 #include <torch/library.h>
 

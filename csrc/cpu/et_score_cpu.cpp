@@ -1,7 +1,7 @@
 // CPU kernels of etweedie::et_score_fwd / et_score_bwd (schemas in csrc/etweedie.cpp).
 //
 // Parallel over query rows with at::parallel_for (torch.set_num_threads governs it).
-// Inputs are canonical (etweedie/ops/_prep.py): y (B, d) contiguous; x (B, N, d) with any
+// Inputs are canonical (etweedie/ops/_rows.py): y (B, d) contiguous; x (B, N, d) with any
 // strides over B and N (stride 0 = a broadcast cloud, never copied) and unit stride over d;
 // beta, lam (B,), prec (B, *param) with any stride over B (0 = shared metric).
 // x has y's dtype T or is bfloat16/float16: its values are widened to T where they are loaded

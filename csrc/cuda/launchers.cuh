@@ -2,7 +2,7 @@
 // CUDA runtime: raw pointers, sizes, element strides and a stream — no torch types — so that
 // the .cu files compile with plain nvcc and only csrc/cuda/bindings.cpp needs a CUDA torch.
 //
-// Canonical arguments (etweedie/ops/_prep.py, csrc/etweedie.cpp):
+// Canonical arguments (etweedie/ops/_rows.py, csrc/etweedie.cpp):
 //   y (B, d) contiguous; x (B, N, d) with element strides sxb, sxn over B and N (0 = shared)
 //   and unit stride over d; beta/lam/step (B,) with strides sb/sl/sa; prec (B, *param) with
 //   row stride sp and contiguous parameter dims; kind 0 isotropic, 1 diagonal, 2 block (k ≤ 4).

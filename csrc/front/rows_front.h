@@ -3,9 +3,9 @@
 // argument), the host cost that dominates a small or launch-bound call (benchmarks/RESULTS.md,
 // "CPU: host cost per call").
 //
-// The Python layer (etweedie/ops/_prep.py: rows_args) validates the arguments and resolves the
+// The Python layer (etweedie/ops/_rows.py: rows_args) validates the arguments and resolves the
 // broadcast batch; the front ops (schemas in csrc/etweedie.cpp, registered CompositeImplicitAutograd
-// so that autograd records the views they make) build exactly what _prep.canonicalize builds:
+// so that autograd records the views they make) build exactly what _rows.canonicalize builds:
 //
 //   y (B, d) contiguous     x (B, N, d), unit stride over d (broadcast dims keep stride 0)
 //   beta, lam, step, c (B,) prec (B, *param), a diagonal or block row contiguous

@@ -8,10 +8,10 @@ module owns what every op shares:
    to a C++ front op with no Python checks; it returns None to take the general path);
 2. the argument checks (``spec.check``: one validated call object, or a named error);
 3. the backend choice (:func:`etweedie.backends.resolve`) and the autodiff-mode routing
-   (:func:`~etweedie.ops._prep.kernel_or_reference`: forward-mode tangents and torch.func
-   transforms take the reference, or raise for a named kernel backend);
+   (:func:`kernel_or_reference`, below: forward-mode tangents and torch.func transforms take the
+   reference, or raise for a named kernel backend);
 4. the range rescue: ``spec.run`` returns None when the data leave the safe range of their dtype
-   (:func:`~etweedie.ops._prep.scan`, or the CPU kernels' own flags); then a float32 call runs
+   (:func:`~etweedie.ops._range.scan`, or the CPU kernels' own flags); then a float32 call runs
    again in float64 and rounds its result, and a float64 call beyond float64's range runs on the
    data scaled by a power of two t, exact, and scales the result back by t^-degree — for the ops
    homogeneous in their data (``spec.degree``) — or is refused with ValueError.
@@ -29,10 +29,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from .. import backends
-from ..geometry import Metric
-from ._prep import _extremes, _largest, _whitened_largest, kernel_or_reference
+from ..geometry import Metric, _functorch_wrapped
+from ._debug import _is_compiling
+from ._range import _extremes, _largest, _whitened_largest
 
 
 @dataclass(frozen=True)
@@ -122,3 +124,74 @@ def float64_range_error(op: str) -> ValueError:
         f"(about 6e-61 to 1.6e60) are outside the op's range: its squared norms would lose "
         f"precision or overflow; rescale the data (and the law's scale with them)"
     )
+
+
+# ---------------------------------------------------------------------------- autodiff orders
+#
+# The compiled ops (C++ and Triton) have fused first-order backward kernels only.  Two ways of
+# asking for more would otherwise return zeros silently: forward mode (torch.func.jvp,
+# torch.autograd.forward_ad), which the op's autograd kernel never sees, and a second backward
+# through the backward kernels.  Forward mode is detected at the op's entry (an automatic
+# backend choice then takes the reference, which supports it; an explicit kernel backend
+# raises); a second backward raises from the op's graph node (etweedie/rules/common.py).
+
+
+def _any_tensor(test, args) -> bool:
+    """Whether ``test`` holds for any tensor argument (a Metric stands for its parameter); never
+    while torch.compile traces (its fake tensors carry neither tangents nor transforms)."""
+    if _is_compiling():
+        return False
+    for t in args:
+        if isinstance(t, torch.Tensor):
+            if test(t):
+                return True
+        elif isinstance(t, Metric) and test(t.param):
+            return True
+    return False
+
+
+def _tangent(t: torch.Tensor) -> bool:
+    return fwAD.unpack_dual(t).tangent is not None
+
+
+def has_forward_tangent(*tensors) -> bool:
+    """Whether any argument carries a forward-mode tangent (torch.func.jvp or forward_ad).  Only
+    inside a dual level (``forward_ad``'s own rule: ``unpack_dual`` finds no tangent outside one,
+    and torch.func.jvp enters one), so a plain call reads one module global, not every tensor."""
+    return fwAD._current_level >= 0 and _any_tensor(_tangent, tensors)
+
+
+def functorch_transformed(*tensors) -> bool:
+    """Whether any argument is wrapped by a torch.func transform (grad, vjp, jacrev, vmap)."""
+    return _any_tensor(_functorch_wrapped, tensors)
+
+
+def kernel_or_reference(op: str, name: str, backend, *tensors, reference_forward_mode: bool = True) -> str:
+    """The backend to run: ``name`` unless an input carries a forward-mode tangent, which the
+    kernels cannot propagate — then the reference (automatic choice, where the reference
+    supports forward mode) or NotImplementedError — or is wrapped by a torch.func transform,
+    which the kernels' autograd kernels do not support: then the reference (automatic choice)
+    or NotImplementedError."""
+    if name == "reference":
+        return name
+    if not has_forward_tangent(*tensors):
+        if not functorch_transformed(*tensors):
+            return name
+        # torch.func.grad / vjp / jacrev: the kernels' autograd kernels are not functorch-aware
+        if backends.requested(backend) is not None:
+            raise NotImplementedError(
+                f"{op}: torch.func transforms (grad, vjp, jacrev, vmap) are not supported by backend {name!r}; "
+                f"use backend='reference' (or None, which picks it under a transform), or torch.autograd.grad"
+            )
+        return "reference"
+    if not reference_forward_mode:
+        raise NotImplementedError(
+            f"{op}: forward-mode autodiff (torch.func.jvp / forward_ad) is not supported by any backend "
+            f"(the kernels and torch.cdist in the reference are reverse-mode only); use torch.autograd.grad"
+        )
+    if backends.requested(backend) is not None:
+        raise NotImplementedError(
+            f"{op}: forward-mode autodiff (torch.func.jvp / forward_ad) is not supported by backend "
+            f"{name!r}; use backend='reference', or reverse mode (torch.autograd.grad)"
+        )
+    return "reference"

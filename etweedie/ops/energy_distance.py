@@ -20,29 +20,24 @@ import torch
 
 from .. import backends
 from ..geometry import Metric
+from ..rules.common import DENSE
 from . import reference
-from ._call import OpSpec, call
-from ._prep import (
-    DENSE,
+from ._args import (
     as_param,
     broadcast_batch,
-    centred_rows_matmul,
     check_beta,
-    check_finite,
     check_metric,
     check_tensor,
-    dense_centre,
     flat,
     metric_param,
-    nan_rows,
-    register_pairwise_op,
     row_whitening_factor,
-    row_keys,
-    scan,
-    tie_equal_rows,
-    tie_to_rows,
-    value_checks,
 )
+from ._call import OpSpec, call
+from ._debug import check_finite, value_checks
+from ._pairwise import register_pairwise_op
+from ._range import nan_rows, scan
+from ._ties import row_keys, tie_equal_rows, tie_to_rows
+from ._whiten import centred_rows_matmul, dense_centre
 
 __all__ = ["energy_distance"]
 

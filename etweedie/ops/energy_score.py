@@ -24,35 +24,29 @@ import torch
 
 from .. import backends
 from ..geometry import Metric, _functorch_wrapped
+from ..rules.common import DENSE
 from ..rules.energy_score import fake_fwd_grad, fwd_grad_autograd_rules
 from . import reference
-from ._call import OpSpec, call
-from ._prep import (
-    tie_to_rows,
+from ._args import (
     _KIND,
-    DENSE,
     as_param,
     broadcast_batch,
-    centred_rows_matmul,
     check_beta,
-    check_finite,
     check_metric,
     check_tensor,
     checked_cpu_param,
-    dense_centre,
     flat,
-    front_applies,
     metric_param,
-    nan_rows,
-    plain_backend,
-    plain_call,
-    plain_metric,
     precision_of,
-    register_pairwise_op,
     row_whitening_factor,
-    scan,
-    value_checks,
 )
+from ._call import OpSpec, call
+from ._debug import check_finite, value_checks
+from ._front import front_applies, plain_backend, plain_call, plain_metric
+from ._pairwise import register_pairwise_op
+from ._range import nan_rows, scan
+from ._ties import tie_to_rows
+from ._whiten import centred_rows_matmul, dense_centre
 
 __all__ = ["energy_score"]
 
@@ -203,7 +197,7 @@ def _plain(samples, target, beta, metric, fair, backend):
     general path below would hand to the C++ front op with the Gram-form row kernel
     (:func:`_gram_row_kernel`, which needs no range check and writes its own NaN rows), or None:
     then the general path runs and raises whatever is wrong.  The guards of
-    :func:`~etweedie.ops._prep.plain_rows` (see there, and tests/test_energy_score_front.py),
+    :func:`~etweedie.ops._front.plain_rows` (see there, and tests/test_energy_score_front.py),
     plus: samples (B, M, d) and target (B, d) plain float32 CPU tensors with 1 ≤ M ≤ 255
     (M ≥ 2 if ``fair``) and d ≥ 64, β a checked float, a metric parameter needing no gradient."""
     if not (_GRAM_ON and plain_call(_OP, backend)) or type(samples) is not torch.Tensor or type(target) is not torch.Tensor:

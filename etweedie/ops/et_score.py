@@ -16,23 +16,15 @@ import torch
 
 from .. import backends
 from ..geometry import Metric
+from ..rules.common import DENSE
 from ..rules.et_score import autograd_rules, fake_bwd, fake_fwd
 from . import reference
 from ._call import OpSpec, call
-from ._prep import (
-    DENSE,
-    RowArgs,
-    canonical_rows,
-    dense_score,
-    front,
-    join_rows,
-    near_mode,
-    plain_rows,
-    range_guarded,
-    rows_args,
-    shape_rows,
-    take_rows,
-)
+from ._debug import near_mode
+from ._front import front, plain_rows
+from ._range import range_guarded
+from ._rows import RowArgs, canonical_rows, join_rows, rows_args, shape_rows, take_rows
+from ._whiten import dense_score
 
 __all__ = ["et_score"]
 
@@ -77,7 +69,7 @@ def et_score(
 
 
 def _plain(y, x, beta, lam=1.0, metric=None, *, backend=None) -> Optional[torch.Tensor]:
-    """The plain CPU call (:func:`~etweedie.ops._prep.plain_rows`) straight to the C++ front op, or
+    """The plain CPU call (:func:`~etweedie.ops._front.plain_rows`) straight to the C++ front op, or
     None; also None for a flagged row: the general path reruns the call (in float64 where needed)."""
     plain = plain_rows(_OP, y, x, beta, lam, metric, backend)
     if plain is None:
@@ -91,7 +83,7 @@ def _check(y, x, beta, lam=1.0, metric=None, *, backend=None) -> RowArgs:
 
 
 def _run(name: str, a: RowArgs) -> Optional[torch.Tensor]:
-    """The score under the range and NaN rules (:func:`~etweedie.ops._prep.range_guarded`), or None."""
+    """The score under the range and NaN rules (:func:`~etweedie.ops._range.range_guarded`), or None."""
     def run():  # (score, whether the CPU kernel wrote NaN/inf: known from the front op only)
         if front(_OP, name, a):
             return torch.ops.etweedie.et_score(a.y, a.x, a.beta, a.lam, a.prec, a.kind, a.batch)

@@ -19,21 +19,13 @@ import torch
 
 from .. import backends
 from ..geometry import Metric
+from ..rules.common import DENSE
 from . import reference
+from ._args import check_beta_lam, check_metric, check_tensor, metric_param, row_whitening_factor
 from ._call import OpSpec, call
-from ._prep import (
-    DENSE,
-    check_beta_lam,
-    check_finite,
-    check_metric,
-    check_tensor,
-    metric_param,
-    scan,
-    row_keys,
-    row_whitening_factor,
-    tie_equal_rows,
-    tie_to_rows,
-)
+from ._debug import check_finite
+from ._range import scan
+from ._ties import row_keys, tie_equal_rows, tie_to_rows
 
 __all__ = ["is_score"]
 

@@ -22,18 +22,10 @@ import torch
 
 from ..geometry import Metric
 from . import reference
+from ._args import as_param, broadcast_batch, check_metric, check_positive, check_tensor, flat, metric_param
 from ._call import OpSpec, call
-from ._prep import (
-    as_param,
-    broadcast_batch,
-    check_finite,
-    check_metric,
-    check_positive,
-    check_tensor,
-    flat,
-    metric_param,
-    scan,
-)
+from ._debug import check_finite
+from ._range import scan
 
 from .student_t_score import student_t_score  # noqa: F401  (its former home; kept importable)
 

@@ -16,30 +16,16 @@ import torch
 
 from .. import backends
 from ..geometry import Metric, _functorch_wrapped
+from ..rules.common import DENSE
 from ..rules.langevin_step import autograd_rules, fake_fwd
 from . import reference
+from ._args import as_param, broadcast_batch, check_positive, check_tensor, checked_cpu_param, flat
 from ._call import OpSpec, call
-from ._prep import (
-    DENSE,
-    RowArgs,
-    as_param,
-    broadcast_batch,
-    canonical_rows,
-    dense_score,
-    check_finite,
-    check_positive,
-    checked_cpu_param,
-    check_tensor,
-    flat,
-    front,
-    join_rows,
-    near_mode,
-    plain_rows,
-    range_guarded,
-    rows_args,
-    shape_rows,
-    take_rows,
-)
+from ._debug import check_finite, near_mode
+from ._front import front, plain_rows
+from ._range import range_guarded
+from ._rows import RowArgs, canonical_rows, join_rows, rows_args, shape_rows, take_rows
+from ._whiten import dense_score
 from .et_score import _kernel as _score_kernel
 from .et_score import et_score
 
@@ -81,7 +67,7 @@ def langevin_step(
 
 
 def _plain(y, x, noise, step, beta, lam=1.0, metric=None, *, backend=None) -> Optional[torch.Tensor]:
-    """The plain CPU call (:func:`~etweedie.ops._prep.plain_rows`, plain noise, a step that passed
+    """The plain CPU call (:func:`~etweedie.ops._front.plain_rows`, plain noise, a step that passed
     its rule before) straight to the C++ front op, or None; also None for a flagged row: the
     general path reruns the call (in float64 where needed)."""
     plain = plain_rows(_OP, y, x, beta, lam, metric, backend)
@@ -130,7 +116,7 @@ def _check(y, x, noise, step, beta, lam=1.0, metric=None, *, backend=None) -> _C
 
 
 def _run(name: str, c: _Call) -> Optional[torch.Tensor]:
-    """The step under the range and NaN rules (:func:`~etweedie.ops._prep.range_guarded`), or None."""
+    """The step under the range and NaN rules (:func:`~etweedie.ops._range.range_guarded`), or None."""
     a = c.a
 
     def run():  # (step, whether the CPU kernel wrote NaN/inf: known from the front op only)

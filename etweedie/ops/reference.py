@@ -4,12 +4,12 @@ Written for clarity, not speed: each function materializes the (B, N, d) residua
 fused kernels avoid.  It runs in float64 for the tests' ground truth, differentiates with
 plain autograd, and traces under torch.compile (the benchmarks' ``compile`` baseline).
 
-Arguments are in the canonical per-row form of :mod:`etweedie.ops._prep`
+Arguments are in the canonical per-row form of :mod:`etweedie.ops._rows`
 (y (B, d), x (B, N, d), beta/lam (B,), prec (B, *param), kind 0–3), so a reference
 result and a kernel result are compared on exactly the same inputs.  Conventions shared
 with the kernels: a draw with x_i == y contributes 0 to the score (w = 0), except for β = 2
 where w ≡ 1 keeps the Gaussian score linear; gradients there are finite.  16-bit draws
-(bfloat16/float16, the score ops' dtype rule in :mod:`etweedie.ops._prep`) are upcast to y's
+(bfloat16/float16, the score ops' dtype rule in :mod:`etweedie.ops._args`) are upcast to y's
 dtype first (exact), so the reference is the kernels' math on the draws' exact values; autograd
 returns their gradient in the draws' dtype.
 """

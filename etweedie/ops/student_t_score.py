@@ -23,25 +23,16 @@ import torch
 
 from .. import backends
 from ..geometry import Metric
+from ..rules.common import DENSE
 from ..rules.student_t_score import autograd_rules, fake_bwd, fake_fwd
 from . import reference
+from ._args import as_param, check_tensor, checked_cpu_param, flat
 from ._call import OpSpec, call
-from ._prep import (
-    DENSE,
-    RowArgs,
-    as_param,
-    check_tensor,
-    checked_cpu_param,
-    flat,
-    front,
-    plain_rows,
-    range_guarded,
-    rows_args,
-    shape_rows,
-    unwhiten_score,
-    value_checks,
-    whiten_dense,
-)
+from ._debug import value_checks
+from ._front import front, plain_rows
+from ._range import range_guarded
+from ._rows import RowArgs, rows_args, shape_rows
+from ._whiten import unwhiten_score, whiten_dense
 
 __all__ = ["student_t_score"]
 
@@ -73,7 +64,7 @@ def student_t_score(y: torch.Tensor, x: torch.Tensor, c, metric: Optional[Metric
 
 
 def _shortcut(y, x, c, metric=None, *, backend=None) -> Optional[torch.Tensor]:
-    """The plain float32 CPU call (:func:`~etweedie.ops._prep.plain_rows`, a c that passed its rule
+    """The plain float32 CPU call (:func:`~etweedie.ops._front.plain_rows`, a c that passed its rule
     before) straight to the C++ front op, one unbatched query as a batch of one, or None."""
     if type(y) is torch.Tensor and type(x) is torch.Tensor and y.dim() == 1 and x.dim() == 2 \
             and (isinstance(c, numbers.Real) and not isinstance(c, bool) or isinstance(c, torch.Tensor) and c.dim() == 0) \
@@ -122,7 +113,7 @@ def _check(y, x, c, metric=None, *, backend=None) -> _Call:
 
 
 def _run(name: str, c: _Call) -> Optional[torch.Tensor]:
-    """The score under the range and NaN rules (:func:`~etweedie.ops._prep.range_guarded`; 1/(1 + q)
+    """The score under the range and NaN rules (:func:`~etweedie.ops._range.range_guarded`; 1/(1 + q)
     needs no near-draw care), or None."""
     a = c.a
 

@@ -1,7 +1,7 @@
 """What every op's rules share: the canonical metric kinds, P·v on the canonical precision
 parameter, and the guard that makes a second derivative through a fused backward raise.
 
-The canonical per-row form (see :mod:`etweedie.ops._prep`) describes the metric by a kind and a
+The canonical per-row form (see :mod:`etweedie.ops._rows`) describes the metric by a kind and a
 precision parameter ``prec`` of shape ``(B, *param)``:
 
     kind 0 isotropic  prec (B,)          kind 2 block  prec (B, k, k)   (P = I_{d/k} ⊗ prec)
@@ -40,7 +40,7 @@ def apply_precision(prec: torch.Tensor, kind: int, v: torch.Tensor) -> torch.Ten
 #
 # The compiled ops (C++ and Triton) have fused first-order backward kernels only.  A second
 # backward through them would silently return zeros; the node below makes it raise instead.
-# (Forward mode is refused at the op's entry: etweedie.ops._prep.kernel_or_reference.)
+# (Forward mode is refused at the op's entry: etweedie.ops._call.kernel_or_reference.)
 
 
 class _FirstOrderOnly(torch.autograd.Function):

@@ -330,7 +330,7 @@ def initial_states(
 
 
 # ---------------------------------------------------------------------------- posterior draws
-# Draw dtypes langevin_step reads as they are (the score ops' dtype rule, etweedie/ops/_prep.py).
+# Draw dtypes langevin_step reads as they are (the score ops' dtype rule, etweedie/ops/_args.py).
 LOW_PRECISION_DRAWS = (torch.bfloat16, torch.float16)
 
 
