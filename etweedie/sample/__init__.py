@@ -11,8 +11,9 @@ Every sampler takes ``(posterior, y0, path, schedule, *, generator, ..., callbac
 * :func:`sample_langevin` — the paper's annealed Langevin with the fused Energy-Tweedie score.
 
 The paths themselves (t ↦ (β, λ, σ, u, v) and their realized-RMS schedules) are in
-:mod:`etweedie.sample.paths`.  :func:`initial_states` draws chain starts, :func:`sample_sharded` splits any sampler's chains
-over ``torchrun`` processes, :class:`DrawCounter` counts the posterior draws a run takes.
+:mod:`etweedie.sample.paths`.  :func:`initial_states` draws chain starts, :func:`sample_sharded`
+splits any sampler's chains over ``torchrun`` processes, :class:`DrawCounter` counts the
+posterior draws a run takes.
 """
 
 from .langevin import ThroughputTimer, sample_langevin
